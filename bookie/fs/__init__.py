@@ -1,0 +1,132 @@
+"""The file-system seam under the journal and the ledger storage.
+
+Theory of operation
+-------------------
+Everything the bookie persists goes through a :class:`FileSystem`. Two implementations
+exist and the same code and tests run on both:
+
+* :class:`bookie.fs.real.RealFS` - the machine's disk, through :mod:`bookie.native`
+  (the cffi shim or its pure-Python twin), with O_DIRECT where the file system allows it;
+* :class:`bookie.fs.mem.MemFS` - an in-memory twin that remembers what was synced and
+  can :meth:`~bookie.fs.mem.MemFS.crash` (unsynced bytes are dropped or torn, unsynced
+  directory entries vanish) or fail the next write or sync, so crash tests can run by the
+  thousand.
+
+The contract the storage code may rely on (and no more):
+
+* ``File.sync()`` (fdatasync) makes the file's bytes and size durable, not its name;
+* a new name (create, rename, remove) is durable only after ``fsync_dir`` of its parent;
+* a write that was not synced may be lost whole, lost in part, or kept - in any mix of
+  512-byte sectors; a single sector is never torn.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+__all__ = ["File", "FileSystem", "AlignedBuffer", "SECTOR"]
+
+#: The smallest unit a crash cannot tear (and the unit MemFS tears by).
+SECTOR = 512
+
+
+@runtime_checkable
+class AlignedBuffer(Protocol):
+    """A writable buffer whose start is aligned for O_DIRECT I/O."""
+
+    @property
+    def view(self) -> memoryview:
+        """A writable byte view of the whole buffer (format ``B``)."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class File(Protocol):
+    """An open file. Offsets are absolute; there is no file position."""
+
+    path: str
+    #: True when opened with O_DIRECT: writes must be aligned in offset, length and memory.
+    direct: bool
+
+    def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int: ...
+
+    def pread(self, size: int, offset: int) -> bytes: ...
+
+    def sync(self) -> None:
+        """fdatasync: the data and the size written so far are durable."""
+        ...
+
+    def truncate(self, size: int) -> None: ...
+
+    def allocate(self, offset: int, length: int) -> None:
+        """Reserve zero-filled space (fallocate, mode 0: the size grows)."""
+        ...
+
+    def size(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class FileSystem(Protocol):
+    """Paths are plain strings; directories are created with ``makedirs``."""
+
+    #: Alignment (bytes) of O_DIRECT I/O on this file system.
+    alignment: int
+
+    def open(self, path: str, *, create: bool = False, direct: bool = False) -> File:
+        """Open read-write. ``direct`` asks for O_DIRECT; where the file system refuses
+        it the file is opened buffered and ``File.direct`` is False."""
+        ...
+
+    def alloc_buffer(self, size: int) -> AlignedBuffer: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def listdir(self, path: str) -> list[str]: ...
+
+    def makedirs(self, path: str) -> None: ...
+
+    def remove(self, path: str) -> None: ...
+
+    def rename(self, src: str, dst: str) -> None:
+        """Atomic replace of ``dst`` (durable after ``fsync_dir`` of the parent)."""
+        ...
+
+    def fsync_dir(self, path: str) -> None: ...
+
+    def disk_usage(self, path: str) -> float:
+        """Fraction (0..1) of the file system holding ``path`` that is used."""
+        ...
+
+
+def read_all(fs: FileSystem, path: str) -> bytes:
+    """Read a whole (small) file through the seam."""
+    f = fs.open(path)
+    try:
+        return f.pread(f.size(), 0)
+    finally:
+        f.close()
+
+
+def parent_dir(path: str) -> str:
+    head, _, _ = path.rstrip("/").rpartition("/")
+    return head or "/"
+
+
+def write_atomic(fs: FileSystem, path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` durably: write ``.tmp``, sync, rename, sync dir.
+
+    After a crash the file holds either the old or the new bytes, never a mix."""
+    tmp = path + ".tmp"
+    f = fs.open(tmp, create=True)
+    try:
+        f.truncate(0)
+        f.pwrite(data, 0)
+        f.sync()
+    finally:
+        f.close()
+    fs.rename(tmp, path)
+    fs.fsync_dir(parent_dir(path))

@@ -1,0 +1,45 @@
+"""The bookie journal: group-committed, checksummed frames on aligned, synced writes.
+
+See :mod:`bookie.journal._writer` (writing), :mod:`bookie.journal._replay` (reading back),
+:mod:`bookie.journal._policy` (when to flush) and docs/format.md for the bytes.
+"""
+
+from bookie.journal._format import FrameType, JournalHeader, journal_name, parse_journal_name
+from bookie.journal._mark import LogMark, highest_mark, read_marks, write_mark
+from bookie.journal._policy import FlushReason, GroupCommitPolicy, flush_reason, wait_timeout
+from bookie.journal._replay import (
+    RepairResult,
+    ReplayReport,
+    ReplayTarget,
+    TornTail,
+    repair_journal,
+    replay,
+    scan_journal,
+)
+from bookie.journal._writer import Callback, Journal, JournalConfig, JournalStats, list_journals
+
+__all__ = [
+    "Callback",
+    "FlushReason",
+    "FrameType",
+    "GroupCommitPolicy",
+    "Journal",
+    "JournalConfig",
+    "JournalHeader",
+    "JournalStats",
+    "LogMark",
+    "RepairResult",
+    "ReplayReport",
+    "ReplayTarget",
+    "TornTail",
+    "flush_reason",
+    "highest_mark",
+    "journal_name",
+    "list_journals",
+    "parse_journal_name",
+    "read_marks",
+    "repair_journal",
+    "replay",
+    "scan_journal",
+    "wait_timeout",
+]

@@ -1,0 +1,140 @@
+"""Journal file format: header block and frames (see docs/format.md, "Journal").
+
+A journal file ``<id:016x>.txn`` starts with one alignment-sized header block, then
+holds frames back to back. Every flush starts on an alignment boundary and ends with a
+PADDING frame up to the next boundary, so O_DIRECT writes are whole blocks and each
+flush's first frame carries ``FLAG_FLUSH_START``. Frame type 0 is invalid, so the zeroed
+(preallocated) space after the last flush is never mistaken for data.
+
+Frame: ``crc32c u32 | type u8 | flags u8 | reserved u16 | length u32 | body``; the CRC
+covers everything after itself (type .. end of body). All integers little-endian.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+from crc32c import crc32c
+
+from walkit.errors import FormatError
+
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "FrameType",
+    "FLAG_FLUSH_START",
+    "FRAME_HEADER",
+    "MAX_FRAME_BODY",
+    "JournalHeader",
+    "journal_name",
+    "parse_journal_name",
+    "frame_crc",
+    "parse_frame",
+    "padding_size",
+    "ENTRY_PREFIX",
+    "LEDGER_PREFIX",
+    "LAC_BODY",
+]
+
+MAGIC = b"WKJOURNL"
+VERSION = 1  # 1: first format (header block, CRC32C frames, padding at each flush)
+
+_HEADER = struct.Struct("<8sHHIQI")  # magic, version, reserved, alignment, journal id, crc
+FRAME_HEADER = struct.Struct("<IBBHI")  # crc, type, flags, reserved, length
+_FRAME_TAIL = struct.Struct("<BBHI")  # the part of the frame header the CRC covers
+ENTRY_PREFIX = struct.Struct("<Qq")  # ledger id, entry id
+LEDGER_PREFIX = struct.Struct("<Q")  # ledger id (master key, fence frames)
+LAC_BODY = struct.Struct("<Qq")  # ledger id, explicit LAC
+
+#: Bound checked before any allocation while reading (an entry is at most 5 MiB on the
+#: wire; a frame body adds 16 bytes of ids).
+MAX_FRAME_BODY = 64 << 20
+
+FLAG_FLUSH_START = 0x01
+_SUFFIX = ".txn"
+
+
+class FrameType(enum.IntEnum):
+    INVALID = 0
+    ENTRY = 1
+    MASTER_KEY = 2
+    FENCE = 3
+    LAC = 4
+    PADDING = 5
+
+
+@dataclass(frozen=True)
+class JournalHeader:
+    journal_id: int
+    alignment: int
+    version: int = VERSION
+
+    def encode(self) -> bytes:
+        """The full header block (``alignment`` bytes)."""
+        raw = _HEADER.pack(MAGIC, self.version, 0, self.alignment, self.journal_id, 0)
+        crc = crc32c(raw[: _HEADER.size - 4])
+        raw = raw[: _HEADER.size - 4] + struct.pack("<I", crc)
+        return raw + bytes(self.alignment - len(raw))
+
+    @classmethod
+    def decode(cls, raw: bytes, *, path: str = "") -> JournalHeader:
+        if len(raw) < _HEADER.size:
+            raise FormatError("journal header is short", path=path, size=len(raw))
+        magic, version, _, alignment, journal_id, crc = _HEADER.unpack_from(raw)
+        if magic != MAGIC:
+            raise FormatError("not a walkit journal (bad magic)", path=path)
+        if crc32c(raw[: _HEADER.size - 4]) != crc:
+            raise FormatError("journal header checksum mismatch", path=path)
+        if version != VERSION:
+            raise FormatError("unsupported journal format version", path=path, version=version)
+        if alignment < 512 or alignment & (alignment - 1):
+            raise FormatError("bad journal alignment", path=path, alignment=alignment)
+        return cls(journal_id=journal_id, alignment=alignment, version=version)
+
+
+def journal_name(journal_id: int) -> str:
+    return f"{journal_id:016x}{_SUFFIX}"
+
+
+def parse_journal_name(name: str) -> int | None:
+    """The journal id of a file name, or None when it is not a journal file."""
+    stem, dot, suffix = name.partition(".")
+    if "." + suffix != _SUFFIX or len(stem) != 16:
+        return None
+    try:
+        return int(stem, 16)
+    except ValueError:
+        return None
+
+
+def frame_crc(ftype: int, flags: int, length: int, *body: bytes | memoryview) -> int:
+    """CRC32C of a frame: its header after the CRC field, then the body parts."""
+    crc = crc32c(_FRAME_TAIL.pack(ftype, flags, 0, length))
+    for part in body:
+        crc = crc32c(part, crc)
+    return crc
+
+
+def parse_frame(view: memoryview, pos: int, limit: int) -> tuple[int, int, int] | None:
+    """Validate the frame at ``pos`` (ending at or before ``limit``) and return
+    ``(type, flags, body_length)``, or None when it is not a valid frame."""
+    if limit - pos < FRAME_HEADER.size:
+        return None
+    crc, ftype, flags, reserved, length = FRAME_HEADER.unpack_from(view, pos)
+    if ftype == 0 or ftype > FrameType.PADDING or reserved or length > MAX_FRAME_BODY:
+        return None
+    end = pos + FRAME_HEADER.size + length
+    if end > limit or crc32c(view[pos + 4 : end]) != crc:
+        return None
+    return ftype, flags, length
+
+
+def padding_size(fill: int, alignment: int) -> int:
+    """Bytes of PADDING frame (header included) that bring ``fill`` to a boundary;
+    0 when already aligned. Never less than a frame header."""
+    pad = -fill % alignment
+    if pad and pad < FRAME_HEADER.size:
+        pad += alignment
+    return pad

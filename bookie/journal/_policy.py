@@ -1,0 +1,75 @@
+"""Group commit: when does the journal thread write and fdatasync its batch?
+
+BookKeeper's rule (Journal.run), as a pure function so that it can be tested on a
+fake clock. A batch is flushed when any of these holds:
+
+* the oldest pending entry has waited ``journalMaxGroupWaitMSec`` (default 2 ms) - and
+  the next queued entry has not (overdue entries still in the queue join the batch
+  first, as BookKeeper's ``groupWhenTimeout`` does; otherwise a journal that fell behind
+  would flush every entry on its own and never catch up);
+* buffered bytes reached ``journalBufferedWritesThreshold`` (default 512 KiB);
+* buffered entries reached ``journalBufferedEntriesThreshold`` (default 0 = off);
+* the queue is empty and ``journalFlushWhenQueueEmpty`` is set (default off).
+
+Waiting trades latency for batch size: every flush costs one write and one fdatasync
+however many entries it carries.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["GroupCommitPolicy", "FlushReason", "flush_reason", "wait_timeout"]
+
+
+class FlushReason(enum.Enum):
+    MAX_WAIT = "max_wait"
+    MAX_BYTES = "max_bytes"
+    MAX_ENTRIES = "max_entries"
+    QUEUE_EMPTY = "queue_empty"
+    SHUTDOWN = "shutdown"
+
+
+@dataclass(frozen=True)
+class GroupCommitPolicy:
+    max_group_wait: float = 0.002  # journalMaxGroupWaitMSec=2: bounds added latency
+    buffered_writes_threshold: int = 512 * 1024  # journalBufferedWritesThreshold
+    buffered_entries_threshold: int = 0  # journalBufferedEntriesThreshold (0 = off)
+    flush_when_queue_empty: bool = False  # journalFlushWhenQueueEmpty
+
+
+def flush_reason(
+    policy: GroupCommitPolicy,
+    *,
+    now: float,
+    oldest_enqueued: float | None,
+    buffered_bytes: int,
+    buffered_entries: int,
+    next_enqueued: float | None,
+) -> FlushReason | None:
+    """Why the pending batch must be flushed now, or None to keep gathering.
+
+    ``oldest_enqueued`` is when the oldest entry of the batch was queued (None: the
+    batch is empty, and an empty batch is never flushed); ``next_enqueued`` when the
+    next entry still in the queue was queued (None: the queue is empty)."""
+    if oldest_enqueued is None:
+        return None
+    wait = policy.max_group_wait
+    if now - oldest_enqueued >= wait and (next_enqueued is None or now - next_enqueued < wait):
+        return FlushReason.MAX_WAIT
+    if buffered_bytes >= policy.buffered_writes_threshold:
+        return FlushReason.MAX_BYTES
+    if 0 < policy.buffered_entries_threshold <= buffered_entries:
+        return FlushReason.MAX_ENTRIES
+    if next_enqueued is None and policy.flush_when_queue_empty:
+        return FlushReason.QUEUE_EMPTY
+    return None
+
+
+def wait_timeout(policy: GroupCommitPolicy, *, now: float, oldest_enqueued: float | None) -> float | None:
+    """How long the journal thread may sleep waiting for more entries: until the
+    oldest pending entry reaches the group wait, or forever (None) with no batch."""
+    if oldest_enqueued is None:
+        return None
+    return max(0.0, oldest_enqueued + policy.max_group_wait - now)

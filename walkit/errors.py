@@ -1,0 +1,178 @@
+"""The one exception tree of walkit.
+
+Every error walkit raises on purpose is a :class:`WalkitError`. Each class has a
+stable integer ``code`` (never reused, never renumbered) so that errors can cross
+process and wire boundaries, and :meth:`WalkitError.from_code` rebuilds the class
+from the number.
+
+::
+
+    WalkitError
+    ├── UsageError                  "you did it": bad arguments, misuse
+    │   ├── InvalidArgumentError
+    │   ├── EntryTooLargeError
+    │   ├── LedgerClosedError
+    │   └── UnauthorizedError        wrong password / master key (EUA)
+    ├── LedgerFencedError            the ledger was fenced by a recoverer (EFENCED)
+    ├── NoSuchLedgerError            (ENOLEDGER)
+    ├── NoSuchEntryError             (ENOENTRY)
+    ├── BookieError                  "the world failed" on a bookie
+    │   ├── BookieUnavailableError
+    │   ├── BookieReadOnlyError      (EREADONLY)
+    │   ├── BookieShutdownError
+    │   └── NativeIOError            an OSError from the native layer (keeps errno)
+    ├── StorageError                 bytes on disk are not what they must be
+    │   ├── CorruptionError          bad data followed by good data: refuse to hide it
+    │   ├── CookieError              missing / foreign cookie: wrong or wiped disk
+    │   └── FormatError              unknown magic or format version
+    └── ConfigError                  a configuration value is invalid
+
+Errors carry ``key=value`` context in their message, and where the world failed the
+original exception as ``__cause__`` (``raise … from exc``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "WalkitError",
+    "UsageError",
+    "InvalidArgumentError",
+    "EntryTooLargeError",
+    "LedgerClosedError",
+    "UnauthorizedError",
+    "LedgerFencedError",
+    "NoSuchLedgerError",
+    "NoSuchEntryError",
+    "BookieError",
+    "BookieUnavailableError",
+    "BookieReadOnlyError",
+    "BookieShutdownError",
+    "NativeIOError",
+    "StorageError",
+    "CorruptionError",
+    "CookieError",
+    "FormatError",
+    "ConfigError",
+]
+
+_BY_CODE: dict[int, type[WalkitError]] = {}
+
+
+def _context(context: dict[str, object]) -> str:
+    return " ".join(f"{k}={v}" for k, v in context.items() if v is not None)
+
+
+class WalkitError(Exception):
+    """Base of every walkit error. ``code`` is stable across releases."""
+
+    code: ClassVar[int] = 1
+
+    def __init__(self, message: str = "", **context: object) -> None:
+        self.context = {k: v for k, v in context.items() if v is not None}
+        text = message or type(self).__name__
+        ctx = _context(self.context)
+        super().__init__(f"{text} ({ctx})" if ctx else text)
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        code = cls.__dict__.get("code")
+        if code is None:
+            return
+        if code in _BY_CODE and _BY_CODE[code] is not cls:
+            raise TypeError(f"error code {code} used twice: {_BY_CODE[code]} and {cls}")
+        _BY_CODE[code] = cls
+
+    @staticmethod
+    def from_code(code: int, message: str = "", **context: object) -> WalkitError:
+        """Rebuild an error from its stable code (unknown codes give WalkitError)."""
+        cls = _BY_CODE.get(code, WalkitError)
+        return cls(message, **context)
+
+
+_BY_CODE[1] = WalkitError
+
+
+class UsageError(WalkitError):
+    code = 100
+
+
+class InvalidArgumentError(UsageError, ValueError):
+    code = 101
+
+
+class EntryTooLargeError(UsageError, ValueError):
+    code = 102
+
+
+class LedgerClosedError(UsageError):
+    code = 103
+
+
+class UnauthorizedError(UsageError):
+    code = 104
+
+
+class LedgerFencedError(WalkitError):
+    code = 200
+
+
+class NoSuchLedgerError(WalkitError):
+    code = 201
+
+
+class NoSuchEntryError(WalkitError):
+    code = 202
+
+
+class BookieError(WalkitError):
+    code = 300
+
+
+class BookieUnavailableError(BookieError):
+    code = 301
+
+
+class BookieReadOnlyError(BookieError):
+    code = 302
+
+
+class BookieShutdownError(BookieError):
+    code = 303
+
+
+class NativeIOError(BookieError, OSError):
+    """An ``OSError`` raised by the I/O layer; ``errno`` and ``filename`` are kept."""
+
+    code = 304
+
+    def __init__(self, errno_: int, message: str = "", **context: object) -> None:
+        WalkitError.__init__(self, message or "I/O error", errno=errno_, **context)
+        self.errno = errno_
+        self.strerror = message
+        path = context.get("path")
+        self.filename = str(path) if path is not None else None
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "I/O error"
+
+
+class StorageError(WalkitError):
+    code = 400
+
+
+class CorruptionError(StorageError):
+    code = 401
+
+
+class CookieError(StorageError):
+    code = 402
+
+
+class FormatError(StorageError):
+    code = 403
+
+
+class ConfigError(WalkitError, ValueError):
+    code = 500
