@@ -16,6 +16,7 @@ from the number.
     ├── LedgerFencedError            the ledger was fenced by a recoverer (EFENCED)
     ├── NoSuchLedgerError            (ENOLEDGER)
     ├── NoSuchEntryError             (ENOENTRY)
+    ├── DigestMismatchError          an entry's digest does not match its bytes
     ├── BookieError                  "the world failed" on a bookie
     │   ├── BookieUnavailableError
     │   ├── BookieReadOnlyError      (EREADONLY)
@@ -45,6 +46,7 @@ __all__ = [
     "LedgerFencedError",
     "NoSuchLedgerError",
     "NoSuchEntryError",
+    "DigestMismatchError",
     "BookieError",
     "BookieUnavailableError",
     "BookieReadOnlyError",
@@ -124,6 +126,10 @@ class NoSuchLedgerError(WalkitError):
 
 class NoSuchEntryError(WalkitError):
     code = 202
+
+
+class DigestMismatchError(WalkitError):
+    code = 203
 
 
 class BookieError(WalkitError):

@@ -41,7 +41,6 @@ class GroupCommitPolicy:
 
 def flush_reason(
     policy: GroupCommitPolicy,
-    *,
     now: float,
     oldest_enqueued: float | None,
     buffered_bytes: int,

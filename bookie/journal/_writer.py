@@ -1,19 +1,27 @@
-"""The journal writer: one thread, group commit, one aligned write + one fdatasync.
+"""The journal writer: group commit, one aligned write + one fdatasync per batch.
 
 Theory of operation
 -------------------
 Producers call :meth:`Journal.log_entry` (and the meta-record variants) from any thread:
-that only appends a tuple to a deque and, when the journal thread sleeps, wakes it. The
-journal thread drains the deque into an aligned buffer, frame after frame (header, ids,
-payload, CRC32C), asking :func:`bookie.journal.flush_reason` after each one whether the
-batch must go out. A flush pads the buffer to the alignment with a PADDING frame, writes
-it with one ``pwrite`` at an aligned offset (O_DIRECT where allowed) and calls one
-``fdatasync``; then every callback of the batch runs, in queue order, on the journal
-thread - one wake-up per batch, not per entry. Callbacks must be quick and never block.
+that only appends a tuple to a deque and, when the journal thread sleeps, wakes it.
 
-A frame larger than the buffer is written out in aligned pieces before the flush (the
-``fdatasync`` still covers them). Space ahead of the tail is zero-filled in steps of
-``prealloc_size``, so most fdatasyncs need not commit a size change. After a flush that
+Two threads share the work, as BookKeeper's journal and force-write threads do:
+
+* the **journal thread** drains the deque into an aligned buffer, frame after frame
+  (header, ids, payload, CRC32C), asking :func:`~bookie.journal.flush_reason` after each
+  one whether the batch must go out. When it must, the batch is padded to the alignment
+  with a PADDING frame and handed to the sync thread. While the sync thread is still busy
+  with the previous batch, records that keep arriving join the ready batch (up to the
+  buffer's size): the busier the disk, the larger the batches;
+* the **sync thread** writes the batch with one ``pwrite`` at an aligned offset (O_DIRECT
+  where allowed), calls one ``fdatasync``, then runs every callback of the batch in queue
+  order and the flush listeners - one wake-up per batch, not per entry. Callbacks must be
+  quick and never block. Two buffers alternate, so framing the next batch (CPU, holds the
+  GIL) overlaps the write and sync of the previous one (I/O, releases it).
+
+A frame larger than the buffer is written out in aligned pieces before its batch (the
+batch's fdatasync covers them). Space ahead of the tail is reserved (fallocate) in steps
+of ``prealloc_size``, so most fdatasyncs need not grow the file. After a batch that
 leaves the file past ``max_size`` the journal rolls to a new file (header written and
 synced, directory synced) before the next batch.
 
@@ -26,6 +34,7 @@ submissions - the bookie must not acknowledge anything it cannot make durable.
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 from collections import deque
@@ -35,7 +44,7 @@ from typing import Any
 
 from crc32c import crc32c
 
-from bookie.fs import File, FileSystem
+from bookie.fs import AlignedBuffer, File, FileSystem
 from bookie.journal._format import (
     ENTRY_PREFIX,
     FLAG_FLUSH_START,
@@ -61,6 +70,9 @@ log = logging.getLogger("bookie.journal")
 Callback = Callable[[BaseException | None, Any], None]
 
 _STOP = object()
+_ENTRY_HEAD = struct.Struct("<IBBHIQq")  # frame header + ledger id + entry id, in one pack
+_U32 = struct.Struct("<I")
+_ENTRY = int(FrameType.ENTRY)
 
 
 @dataclass(frozen=True)
@@ -69,11 +81,11 @@ class JournalConfig:
     policy: GroupCommitPolicy = field(default_factory=GroupCommitPolicy)
     alignment: int = 4096  # O_DIRECT needs 4 KiB on the disks we target
     max_size: int = 2048 << 20  # journalMaxSizeMB=2048: roll after this many bytes
-    prealloc_size: int = 16 << 20  # journalPreAllocSizeMB=16: zero-fill step ahead of the tail
+    prealloc_size: int = 16 << 20  # journalPreAllocSizeMB=16: fallocate step ahead of the tail
     max_backups: int = 5  # journalMaxBackups=5: old journals kept behind the mark
     sync_data: bool = True  # journalSyncData=true: fdatasync before acknowledging
     direct_io: bool = True  # O_DIRECT when the file system allows it
-    buffer_size: int = 1 << 20  # one batch fits: at least the bytes threshold
+    buffer_size: int = 4 << 20  # per buffer (two alternate): the largest batch; >= the bytes threshold
 
 
 @dataclass
@@ -91,6 +103,25 @@ def list_journals(fs: FileSystem, directory: str) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
+def _call_back(records: list[tuple[Any, ...]], error: BaseException | None) -> None:
+    """Run the callbacks of queued records (field 4, with field 5 as context), in order."""
+    for rec in records:
+        cb = rec[4]
+        if cb is not None:
+            cb(error, rec[5])
+
+
+class _Batch:
+    """A batch handed from the journal thread to the sync thread."""
+
+    __slots__ = ("buf", "length", "offset", "journal_id", "records", "reason")
+
+    def __init__(self, buf: AlignedBuffer, length: int, offset: int, journal_id: int,
+                 records: list[tuple[Any, ...]], reason: FlushReason) -> None:
+        self.buf, self.length, self.offset, self.journal_id = buf, length, offset, journal_id
+        self.records, self.reason = records, reason
+
+
 class Journal:
     """Group-committing journal over a :class:`bookie.fs.FileSystem`."""
 
@@ -104,10 +135,12 @@ class Journal:
         self._waiting = False
         self._error: BaseException | None = None
         self._closed = False
-        size = max(config.buffer_size, config.policy.buffered_writes_threshold + a)
-        self._buf = fs.alloc_buffer(-(-size // a) * a)
+        size = -(-max(config.buffer_size, config.policy.buffered_writes_threshold + a) // a) * a
+        self._bufs = [fs.alloc_buffer(size), fs.alloc_buffer(size)]
+        self._buf = self._bufs[0]
         self._view = self._buf.view
-        self._zeros = bytes(a + FRAME_HEADER.size)
+        self._cap = size
+        self._zeros = bytes(2 * a)
         self._file: File | None = None
         self._journal_id = -1
         self._file_pos = 0  # file offset of buffer[0]; always aligned
@@ -115,19 +148,28 @@ class Journal:
         self._mid_batch = False
         self._allocated = 0
         self._durable = LogMark(-1, 0)
-        self._thread: threading.Thread | None = None
+        # hand-off to the sync thread: at most one batch in flight
+        self._sync_cond = threading.Condition(threading.Lock())
+        self._handoff: _Batch | None = None
+        self._sync_busy = False
+        self._threads: list[threading.Thread] = []
         self.stats = JournalStats()
         self.direct = False
+        #: Called on the sync thread after each batch's callbacks, with the new durable
+        #: mark: one wake-up per batch for whoever waits on many entries.
+        self.flush_listeners: list[Callable[[LogMark], None]] = []
 
     # --- lifecycle --------------------------------------------------------------------
     def start(self) -> LogMark:
-        """Open a new journal file (id one above every existing one), start the thread
+        """Open a new journal file (id one above every existing one), start the threads
         and return the position where this run's records begin."""
         self._fs.makedirs(self._cfg.directory)
         existing = list_journals(self._fs, self._cfg.directory)
         self._open_file((existing[-1] + 1) if existing else 1)
-        self._thread = threading.Thread(target=self._run, name="bookie-journal", daemon=True)
-        self._thread.start()
+        for target, name in ((self._run, "bookie-journal"), (self._sync_run, "bookie-journal-sync")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
         return self._durable
 
     def shutdown(self) -> None:
@@ -138,12 +180,18 @@ class Journal:
             self._closed = True
             self._queue.append(_STOP)
             self._cond.notify()
-        if self._thread is not None:
-            self._thread.join()
+        for t in self._threads:
+            t.join()
         if self._file is not None:
             self._file.close()
             self._file = None
-        self._buf.close()
+        for b in self._bufs:
+            b.close()
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The I/O error that killed the journal, if one did."""
+        return self._error
 
     @property
     def current_journal_id(self) -> int:
@@ -165,7 +213,13 @@ class Journal:
 
     # --- producers ------------------------------------------------------------------------
     def log_entry(self, ledger_id: int, entry_id: int, data: bytes, callback: Callback | None = None, ctx: Any = None) -> None:
-        self._submit((FrameType.ENTRY, ledger_id, entry_id, data, callback, ctx, self._clock()))
+        # _submit inlined: this is the hottest call of the bookie.
+        if self._closed or self._error is not None:
+            raise self._dead_error()
+        self._queue.append((_ENTRY, ledger_id, entry_id, data, callback, ctx, self._clock()))
+        if self._waiting:
+            with self._cond:
+                self._cond.notify()
 
     def log_master_key(self, ledger_id: int, key: bytes, callback: Callback | None = None, ctx: Any = None) -> None:
         self._submit((FrameType.MASTER_KEY, ledger_id, 0, key, callback, ctx, self._clock()))
@@ -191,45 +245,102 @@ class Journal:
 
     # --- the journal thread -------------------------------------------------------------
     def _run(self) -> None:
-        batch: list[tuple[Callback | None, Any]] = []
-        oldest: float | None = None
-        stopping = False
-        q, policy, clock = self._queue, self._cfg.policy, self._clock
+        batch: list[tuple[Any, ...]] = []
         try:
-            while True:
-                reason = None
-                while q and reason is None:
-                    rec = q.popleft()
-                    if rec is _STOP:
-                        stopping = True
-                        break
-                    batch.append((rec[4], rec[5]))
-                    self._append_record(rec)
-                    if oldest is None:
-                        oldest = rec[6]
-                    reason = self._reason(oldest, len(batch))
-                if stopping and batch:
-                    reason = FlushReason.SHUTDOWN
-                if reason is None and batch:
-                    reason = self._reason(oldest, len(batch))
+            while self._error is None:
+                reason, stopping = self._drain(batch)
                 if reason is not None:
-                    self._flush(batch, reason)
-                    batch, oldest = [], None
+                    self._gather_while_busy(batch)
+                    self._hand_off(batch, reason)
+                    batch = []
                 if stopping:
+                    self._hand_off_stop()
                     self._fail_queued(self._dead_error())
                     return
                 if reason is None:
-                    self._sleep(wait_timeout(policy, now=clock(), oldest_enqueued=oldest))
+                    oldest = batch[0][6] if batch else None
+                    self._sleep(wait_timeout(self._cfg.policy, now=self._clock(), oldest_enqueued=oldest))
+            self._fail(self._error, batch)
         except BaseException as exc:  # noqa: BLE001 - any failure kills the journal
-            self._die(exc, batch)
+            self._fail(exc, batch)
+        finally:
+            with self._sync_cond:
+                self._sync_cond.notify_all()
 
-    def _reason(self, oldest: float | None, entries: int) -> FlushReason | None:
+    def _drain(self, batch: list[tuple[Any, ...]]) -> tuple[FlushReason | None, bool]:
+        """Frame queued records into the buffer until the policy says flush or the queue
+        is empty. Returns (reason to flush or None, whether the stop marker came)."""
+        q, policy, clock, append = self._queue, self._cfg.policy, self._clock, self._append_record
+        oldest = batch[0][6] if batch else None
+        while q:
+            rec = q.popleft()
+            if rec is _STOP:
+                return (FlushReason.SHUTDOWN if batch else None), True
+            batch.append(rec)
+            append(rec)
+            if oldest is None:
+                oldest = rec[6]
+            head = q[0] if q else None
+            reason = flush_reason(policy, clock(), oldest, self._fill, len(batch), None if head is None or head is _STOP else head[6])
+            if reason is not None:
+                return reason, False
+        if not batch:
+            return None, False
+        return flush_reason(policy, clock(), oldest, self._fill, len(batch), None), False
+
+    def _gather_while_busy(self, batch: list[tuple[Any, ...]]) -> None:
+        """While the sync thread is still busy, let queued records join the ready batch
+        (as long as they fit in the buffer)."""
         q = self._queue
-        head = q[0] if q else None
-        return flush_reason(
-            self._cfg.policy, now=self._clock(), oldest_enqueued=oldest, buffered_bytes=self._fill,
-            buffered_entries=entries, next_enqueued=None if head is None or head is _STOP else head[6],
-        )
+        while self._sync_busy and self._error is None:
+            head = q[0] if q else None
+            if head is not None and head is not _STOP and self._fits(head):
+                q.popleft()
+                batch.append(head)
+                self._append_record(head)
+                continue
+            with self._sync_cond:
+                if self._sync_busy:
+                    self._sync_cond.wait(0.001 if head is None else None)
+
+    def _fits(self, rec: tuple[Any, ...]) -> bool:
+        return self._fill + FRAME_HEADER.size + ENTRY_PREFIX.size + len(rec[3]) + 2 * self._cfg.alignment <= self._cap
+
+    def _hand_off(self, batch: list[tuple[Any, ...]], reason: FlushReason) -> None:
+        self._pad()
+        with self._sync_cond:
+            while self._sync_busy and self._error is None:
+                self._sync_cond.wait()
+            if self._error is not None:
+                raise self._error
+            end = self._file_pos + self._fill
+            if end > self._allocated:
+                self._preallocate(end)
+            self._handoff = _Batch(self._buf, self._fill, self._file_pos, self._journal_id, batch, reason)
+            self._sync_busy = True
+            self._sync_cond.notify_all()
+        self._file_pos = end
+        self._fill = 0
+        self._mid_batch = False
+        self._buf = self._bufs[1] if self._buf is self._bufs[0] else self._bufs[0]
+        self._view = self._buf.view
+        if self._file_pos >= self._cfg.max_size:
+            self._wait_sync_idle()
+            self._roll()
+
+    def _hand_off_stop(self) -> None:
+        self._wait_sync_idle()
+        with self._sync_cond:
+            self._handoff = None
+            self._sync_busy = True  # the sync thread sees busy without a batch: stop
+            self._sync_cond.notify_all()
+
+    def _wait_sync_idle(self) -> None:
+        with self._sync_cond:
+            while self._sync_busy and self._error is None:
+                self._sync_cond.wait()
+            if self._error is not None:
+                raise self._error
 
     def _sleep(self, timeout: float | None) -> None:
         with self._cond:
@@ -238,12 +349,11 @@ class Journal:
                 self._cond.wait(timeout)
             self._waiting = False
 
-    def _die(self, exc: BaseException, batch: list[tuple[Callback | None, Any]]) -> None:
-        log.error("journal %d failed, failing %d pending records: %s", self._journal_id, len(batch), exc)
-        self._error = exc
-        for cb, ctx in batch:
-            if cb is not None:
-                cb(exc, ctx)
+    def _fail(self, exc: BaseException, batch: list[tuple[Any, ...]]) -> None:
+        if self._error is None:
+            log.error("journal %d failed: %s", self._journal_id, exc)
+            self._error = exc
+        _call_back(batch, exc)
         self._fail_queued(exc)
 
     def _fail_queued(self, exc: BaseException) -> None:
@@ -252,39 +362,75 @@ class Journal:
             if rec is not _STOP and rec[4] is not None:
                 rec[4](exc, rec[5])
 
+    # --- the sync thread ----------------------------------------------------------------------
+    def _sync_run(self) -> None:
+        while True:
+            with self._sync_cond:
+                while not self._sync_busy and self._error is None:
+                    self._sync_cond.wait()
+                batch = self._handoff
+                if batch is None:  # stop, or the journal thread died
+                    return
+            try:
+                self._write_batch(batch)
+            except BaseException as exc:  # noqa: BLE001 - any failure kills the journal
+                log.error("journal %d: write of %d records failed: %s", batch.journal_id, len(batch.records), exc)
+                self._error = exc
+                _call_back(batch.records, exc)
+                with self._cond:
+                    self._cond.notify()
+            with self._sync_cond:
+                self._handoff = None
+                self._sync_busy = False
+                self._sync_cond.notify_all()
+                if self._error is not None:
+                    return
+
+    def _write_batch(self, b: _Batch) -> None:
+        f = self._file
+        assert f is not None
+        f.pwrite(b.buf.view[: b.length], b.offset)
+        if self._cfg.sync_data:
+            f.sync()
+        self._durable = LogMark(b.journal_id, b.offset + b.length)
+        st = self.stats
+        st.flushes += 1
+        st.records += len(b.records)
+        st.bytes_written += b.length
+        st.reasons[b.reason.value] = st.reasons.get(b.reason.value, 0) + 1
+        _call_back(b.records, None)
+        for listener in self.flush_listeners:
+            listener(self._durable)
+
     # --- frames into the buffer -------------------------------------------------------------
     def _append_record(self, rec: tuple[Any, ...]) -> None:
         ftype, ledger_id, arg, data = rec[0], rec[1], rec[2], rec[3]
-        if ftype == FrameType.ENTRY:
-            self._append_frame(ftype, ENTRY_PREFIX.pack(ledger_id, arg), data)
+        if ftype == _ENTRY:
+            n = len(data)
+            pos = self._fill
+            total = _ENTRY_HEAD.size + n
+            if pos + total + 2 * self._cfg.alignment > self._cap:
+                self._append_frame(ftype, ENTRY_PREFIX.pack(ledger_id, arg), data)
+                return
+            # The fast path: one header pack, one copy, one CRC, one CRC pack.
+            flags = 0 if pos or self._mid_batch else FLAG_FLUSH_START
+            view = self._view
+            _ENTRY_HEAD.pack_into(view, pos, 0, ftype, flags, 0, n + ENTRY_PREFIX.size, ledger_id, arg)
+            end = pos + total
+            view[pos + _ENTRY_HEAD.size : end] = data
+            _U32.pack_into(view, pos, crc32c(view[pos + 4 : end]))
+            self._fill = end
         elif ftype == FrameType.MASTER_KEY:
             self._append_frame(ftype, LEDGER_PREFIX.pack(ledger_id), data)
         elif ftype == FrameType.FENCE:
             self._append_frame(ftype, LEDGER_PREFIX.pack(ledger_id), b"")
         else:
             self._append_frame(ftype, LAC_BODY.pack(ledger_id, arg), b"")
-        self.stats.records += 1
 
     def _append_frame(self, ftype: int, prefix: bytes, data: bytes) -> None:
         # The first frame of a flush sits at an aligned file offset; a spill can also
         # empty the buffer in the middle of a batch, hence _mid_batch.
         flags = FLAG_FLUSH_START if self._fill == 0 and not self._mid_batch else 0
-        length = len(prefix) + len(data)
-        total = FRAME_HEADER.size + length
-        if self._fill + total > len(self._buf):
-            self._spill()
-        if self._fill + total > len(self._buf):
-            self._append_large(ftype, flags, prefix, data)
-            return
-        pos, view = self._fill, self._view
-        body = pos + FRAME_HEADER.size
-        FRAME_HEADER.pack_into(view, pos, 0, ftype, flags, 0, length)
-        view[body : body + len(prefix)] = prefix
-        view[body + len(prefix) : pos + total] = data
-        FRAME_HEADER.pack_into(view, pos, crc32c(view[pos + 4 : pos + total]), ftype, flags, 0, length)
-        self._fill = pos + total
-
-    def _append_large(self, ftype: int, flags: int, prefix: bytes, data: bytes) -> None:
         length = len(prefix) + len(data)
         crc = frame_crc(ftype, flags, length, prefix, data)
         self._append_bytes(FRAME_HEADER.pack(crc, ftype, flags, 0, length) + prefix)
@@ -293,8 +439,8 @@ class Journal:
     def _append_bytes(self, data: bytes | memoryview) -> None:
         mv = memoryview(data)
         while mv:
-            room = len(self._buf) - self._fill
-            if room == 0:
+            room = self._cap - 2 * self._cfg.alignment - self._fill
+            if room <= 0:
                 self._spill()
                 continue
             chunk = mv[:room]
@@ -303,75 +449,45 @@ class Journal:
             mv = mv[len(chunk) :]
 
     def _spill(self) -> None:
-        """Write the whole aligned blocks of the buffer (no sync) to make room."""
+        """Write the whole aligned blocks of the buffer (no sync) to make room; the
+        batch's fdatasync covers them (the previous batch, maybe still being written by
+        the sync thread, lies wholly before ``_file_pos``)."""
         a = self._cfg.alignment
         aligned = self._fill - self._fill % a
-        if not aligned:
-            return
-        self._write(self._view[:aligned])
+        f = self._file
+        assert f is not None
+        end = self._file_pos + aligned
+        if end > self._allocated:
+            self._preallocate(end)
+        f.pwrite(self._view[:aligned], self._file_pos)
+        self._file_pos = end
         rest = self._fill - aligned
         self._view[:rest] = self._view[aligned : self._fill]
         self._fill = rest
         self._mid_batch = True
 
-    # --- flush, write, roll ---------------------------------------------------------------
-    def _flush(self, batch: list[tuple[Callback | None, Any]], reason: FlushReason) -> None:
-        self._pad()
-        self._write(self._view[: self._fill])
-        self._fill = 0
-        self._mid_batch = False
-        if self._cfg.sync_data:
-            assert self._file is not None
-            self._file.sync()
-        self._durable = LogMark(self._journal_id, self._file_pos)
-        st = self.stats
-        st.flushes += 1
-        st.reasons[reason.value] = st.reasons.get(reason.value, 0) + 1
-        for cb, ctx in batch:
-            if cb is not None:
-                cb(None, ctx)
-        if self._file_pos >= self._cfg.max_size:
-            self._roll()
-
+    # --- pad, preallocate, roll ---------------------------------------------------------------
     def _pad(self) -> None:
+        """Close the batch with a PADDING frame up to the next aligned offset (the buffer
+        always keeps two alignments of room for it)."""
         pad = padding_size(self._fill, self._cfg.alignment)
         if not pad:
             return
-        if self._fill + pad > len(self._buf):
-            self._spill()
         pos, view = self._fill, self._view
-        view[pos : pos + pad] = self._zeros[:pad] if pad <= len(self._zeros) else bytes(pad)
-        FRAME_HEADER.pack_into(view, pos, 0, FrameType.PADDING, 0, 0, pad - FRAME_HEADER.size)
-        FRAME_HEADER.pack_into(
-            view, pos, crc32c(view[pos + 4 : pos + pad]), FrameType.PADDING, 0, 0, pad - FRAME_HEADER.size
-        )
+        view[pos : pos + pad] = self._zeros[:pad]
+        body = pad - FRAME_HEADER.size
+        FRAME_HEADER.pack_into(view, pos, 0, FrameType.PADDING, 0, 0, body)
+        _U32.pack_into(view, pos, crc32c(view[pos + 4 : pos + pad]))
         self._fill = pos + pad
 
-    def _write(self, data: memoryview) -> None:
-        f = self._file
-        assert f is not None
-        end = self._file_pos + len(data)
-        if end > self._allocated:
-            self._preallocate(end)
-        f.pwrite(data, self._file_pos)
-        self._file_pos = end
-        self.stats.bytes_written += len(data)
-
     def _preallocate(self, end: int) -> None:
-        """Zero-fill ahead so later fdatasyncs need not commit a size change."""
+        """Reserve space ahead of the tail (fallocate) in ``prealloc_size`` steps, so
+        most writes land inside the file and an fdatasync need not grow it."""
         f = self._file
         assert f is not None
         step = max(self._cfg.prealloc_size, self._cfg.alignment)
         target = -(-end // step) * step
-        zeros = self._fs.alloc_buffer(min(1 << 20, target - self._allocated))
-        try:
-            pos = self._allocated
-            while pos < target:
-                n = min(len(zeros), target - pos)
-                f.pwrite(zeros.view[:n], pos)
-                pos += n
-        finally:
-            zeros.close()
+        f.allocate(self._allocated, target - self._allocated)
         self._allocated = target
 
     def _roll(self) -> None:

@@ -1,0 +1,354 @@
+"""The bookie core: ledger storage behind a journal, with checkpoints and restart.
+
+Theory of operation
+-------------------
+*Add*: check the master key (stored and journaled on the ledger's first add or fence;
+a different key is refused with ``UnauthorizedError``) and the fence (``LedgerFencedError``
+unless it is a recovery add), put the entry in ledger storage (memory), then hand it to
+the journal. The returned future completes when the journal's fdatasync covering the
+entry returned - that is what makes an acknowledgement durable.
+
+*Fence*: set the flag, journal a FENCE record, answer when it is durable; afterwards
+normal adds are refused for good (the flag survives restarts by replay or checkpoint).
+
+*Checkpoint* (every ``flushInterval`` ms, when ``flushEntriesThreshold`` entries wait in
+memory, and at start and shutdown): take the journal's durable mark M, flush and sync
+ledger storage, write M into every ledger directory, delete journal files behind M
+beyond ``journalMaxBackups``. Every record before M was put in storage before it was
+journaled, so after the flush it is durable in storage; replaying from M is enough.
+
+*Restart*: check the cookies, open storage, replay journals from the highest mark
+(a torn tail is truncated and reported; corruption stops the start), start a new
+journal file and checkpoint at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from bookie._config import BookieConfig
+from bookie.cookie import Cookie, check_or_write_cookies
+from bookie.fs import FileSystem
+from bookie.journal import (
+    GroupCommitPolicy,
+    Journal,
+    JournalConfig,
+    LogMark,
+    ReplayReport,
+    highest_mark,
+    replay,
+    write_mark,
+)
+from bookie.storage import LedgerStorage
+from walkit.errors import (
+    BookieShutdownError,
+    EntryTooLargeError,
+    InvalidArgumentError,
+    LedgerFencedError,
+    NativeIOError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+    WalkitError,
+)
+from walkit.protocol import parse_entry_header
+
+__all__ = ["Bookie", "LAST_ENTRY"]
+
+log = logging.getLogger("bookie")
+
+#: ``read_entry(ledger, LAST_ENTRY)`` reads the last entry stored (BookKeeper's -1).
+LAST_ENTRY = -1
+_MAX_LEDGER_ID = (1 << 63) - 1
+_MAX_KEY = 64
+
+
+def _journal_config(c: BookieConfig) -> JournalConfig:
+    policy = GroupCommitPolicy(
+        max_group_wait=c.journal_max_group_wait_msec / 1000.0,
+        buffered_writes_threshold=c.journal_buffered_writes_threshold,
+        buffered_entries_threshold=c.journal_buffered_entries_threshold,
+        flush_when_queue_empty=c.journal_flush_when_queue_empty,
+    )
+    return JournalConfig(
+        directory=c.journal_directory,
+        policy=policy,
+        alignment=c.journal_alignment_size,
+        max_size=c.journal_max_size_mb << 20,
+        prealloc_size=c.journal_pre_alloc_size_mb << 20,
+        max_backups=c.journal_max_backups,
+        sync_data=c.journal_sync_data,
+        direct_io=c.journal_direct_io,
+    )
+
+
+def _as_walkit_error(exc: BaseException) -> WalkitError:
+    if isinstance(exc, WalkitError):
+        return exc
+    if isinstance(exc, OSError):
+        err = NativeIOError(exc.errno or 5, "journal write failed")
+    else:
+        err = BookieShutdownError("journal failed")
+    err.__cause__ = exc
+    return err
+
+
+def _resolve(err: BaseException | None, fut: Future[Any]) -> None:
+    if err is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(_as_walkit_error(err))
+
+
+class _StorageReplay:
+    """Journal replay applies records straight to ledger storage."""
+
+    def __init__(self, storage: LedgerStorage) -> None:
+        self.s = storage
+
+    def replay_entry(self, ledger_id: int, entry_id: int, data: bytes) -> None:
+        self.s.add_entry(ledger_id, entry_id, data)
+
+    def replay_master_key(self, ledger_id: int, key: bytes) -> None:
+        self.s.set_master_key(ledger_id, key)
+
+    def replay_fence(self, ledger_id: int) -> None:
+        self.s.set_fenced(ledger_id)
+
+    def replay_lac(self, ledger_id: int, lac: int) -> None:
+        self.s.set_explicit_lac(ledger_id, max(lac, self.s.explicit_lac(ledger_id) or -1))
+
+
+class Bookie:
+    """A storage server's core, without the network (``bookie.server`` calls this)."""
+
+    def __init__(self, config: BookieConfig, *, fs: FileSystem | None = None, instance_id: str | None = None) -> None:
+        if fs is None:
+            from bookie.fs.real import RealFS
+
+            fs = RealFS()
+        self.config = config
+        self.fs = fs
+        self.instance_id = instance_id
+        self.cookie: Cookie | None = None
+        self.replay_report: ReplayReport | None = None
+        self._lock = threading.Lock()
+        self._ckpt_lock = threading.Lock()
+        self._ckpt_wake = threading.Event()
+        self._ckpt_thread: threading.Thread | None = None
+        self._pending = 0
+        self._running = False
+        self._storage: LedgerStorage | None = None
+        self._journal: Journal | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        c, fs = self.config, self.fs
+        for d in [c.journal_directory, *c.ledger_directories]:
+            fs.makedirs(d)
+        self.cookie = check_or_write_cookies(
+            fs, c.effective_bookie_id, c.journal_directory, list(c.ledger_directories), self.instance_id
+        )
+        self._storage = LedgerStorage(
+            fs, list(c.ledger_directories), entry_log_size_limit=c.entry_log_size_limit, open_index_files=c.open_file_limit
+        )
+        self._storage.open()
+        mark = highest_mark(fs, list(c.ledger_directories))
+        self.replay_report = replay(fs, c.journal_directory, mark, _StorageReplay(self._storage))
+        log.info(
+            "bookie %s replayed %d records (%d entries) from %s, torn tails: %d",
+            c.effective_bookie_id, self.replay_report.records, self.replay_report.entries, mark, len(self.replay_report.torn),
+        )
+        self._journal = Journal(fs, _journal_config(c))
+        self._journal.start()
+        self._running = True
+        self.checkpoint()
+        self._ckpt_thread = threading.Thread(target=self._checkpoint_loop, name="bookie-checkpoint", daemon=True)
+        self._ckpt_thread.start()
+
+    def shutdown(self) -> None:
+        """Complete every add already accepted, checkpoint, and close the storage."""
+        if not self._running:
+            return
+        with self._lock:
+            self._running = False
+        self._ckpt_wake.set()
+        if self._ckpt_thread is not None:
+            self._ckpt_thread.join()
+        journal, storage = self._journal, self._storage
+        assert journal is not None and storage is not None
+        journal.shutdown()
+        if journal.failed is None:
+            self._checkpoint_now()
+        storage.close()
+
+    def __enter__(self) -> Bookie:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    @property
+    def storage(self) -> LedgerStorage:
+        if self._storage is None:
+            raise BookieShutdownError("bookie not started", bookie=self.config.effective_bookie_id)
+        return self._storage
+
+    @property
+    def journal(self) -> Journal:
+        if self._journal is None:
+            raise BookieShutdownError("bookie not started", bookie=self.config.effective_bookie_id)
+        return self._journal
+
+    # --- writes ---------------------------------------------------------------------------
+    def add_entry(
+        self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, recovery: bool = False
+    ) -> Future[None]:
+        """Store an entry; the future completes once it is durable (journal fdatasync)."""
+        fut: Future[None] = Future()
+        try:
+            self._check_entry(ledger_id, entry_id, master_key, payload)
+            with self._lock:
+                self._check_running()
+                self._admit_key(ledger_id, master_key)
+                if not recovery and self.storage.is_fenced(ledger_id):
+                    raise LedgerFencedError("ledger is fenced", ledger=ledger_id, entry=entry_id)
+                self.storage.add_entry(ledger_id, entry_id, payload)
+                self.journal.log_entry(ledger_id, entry_id, payload, _resolve, fut)
+            self._count_pending()
+        except WalkitError as exc:
+            fut.set_exception(exc)
+        return fut
+
+    def fence(self, ledger_id: int, master_key: bytes) -> Future[None]:
+        """Fence a ledger; done when the fence is durable. Creates the ledger's state when
+        this bookie has never seen it, so a late add from the old writer is refused."""
+        fut: Future[None] = Future()
+        try:
+            self._check_ledger(ledger_id, master_key)
+            with self._lock:
+                self._check_running()
+                self._admit_key(ledger_id, master_key)
+                self.storage.set_fenced(ledger_id)
+                self.journal.log_fence(ledger_id, _resolve, fut)
+        except WalkitError as exc:
+            fut.set_exception(exc)
+        return fut
+
+    def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> Future[None]:
+        """Record an explicit LAC (a writer's LAC that rode on no entry yet)."""
+        fut: Future[None] = Future()
+        try:
+            self._check_ledger(ledger_id, master_key)
+            with self._lock:
+                self._check_running()
+                self._admit_key(ledger_id, master_key)
+                current = self.storage.explicit_lac(ledger_id)
+                self.storage.set_explicit_lac(ledger_id, max(lac, -1 if current is None else current))
+                self.journal.log_lac(ledger_id, lac, _resolve, fut)
+        except WalkitError as exc:
+            fut.set_exception(exc)
+        return fut
+
+    def _admit_key(self, ledger_id: int, master_key: bytes) -> None:
+        stored = self.storage.master_key(ledger_id)
+        if stored is None:
+            self.storage.set_master_key(ledger_id, master_key)
+            self.journal.log_master_key(ledger_id, master_key)
+        elif stored != master_key:
+            raise UnauthorizedError("master key does not match", ledger=ledger_id)
+
+    # --- reads ------------------------------------------------------------------------------
+    def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        """An entry as it was added (``LAST_ENTRY``: the highest stored one)."""
+        s = self.storage
+        if not s.has_ledger(ledger_id):
+            raise NoSuchLedgerError("ledger not on this bookie", ledger=ledger_id, bookie=self.config.effective_bookie_id)
+        if entry_id == LAST_ENTRY:
+            entry_id = s.last_entry_id(ledger_id)
+        return s.get_entry(ledger_id, entry_id)
+
+    def read_lac(self, ledger_id: int) -> int:
+        """max(explicit LAC, the LAC carried by the last stored entry); -1 when none."""
+        s = self.storage
+        if not s.has_ledger(ledger_id):
+            raise NoSuchLedgerError("ledger not on this bookie", ledger=ledger_id, bookie=self.config.effective_bookie_id)
+        explicit = s.explicit_lac(ledger_id)
+        lac = -1 if explicit is None else explicit
+        last = s.last_entry_id(ledger_id)
+        if last >= 0:
+            lac = max(lac, parse_entry_header(s.get_entry(ledger_id, last)).lac)
+        return lac
+
+    def is_fenced(self, ledger_id: int) -> bool:
+        return self.storage.is_fenced(ledger_id)
+
+    def ledgers(self) -> list[int]:
+        return self.storage.ledgers()
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        with self._lock:
+            self.storage.delete_ledger(ledger_id)
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def checkpoint(self) -> LogMark:
+        """Flush storage and advance the LastLogMark; returns the new mark."""
+        with self._lock:
+            self._check_running()
+        return self._checkpoint_now()
+
+    def _checkpoint_now(self) -> LogMark:
+        with self._ckpt_lock:
+            mark = self.journal.last_mark()
+            self._pending = 0
+            self.storage.flush()
+            write_mark(self.fs, list(self.config.ledger_directories), mark)
+            self.journal.gc(mark)
+            return mark
+
+    def _count_pending(self) -> None:
+        self._pending += 1
+        if self._pending >= self.config.flush_entries_threshold:
+            self._ckpt_wake.set()
+
+    def _checkpoint_loop(self) -> None:
+        interval = self.config.flush_interval / 1000.0
+        while True:
+            self._ckpt_wake.wait(interval)
+            self._ckpt_wake.clear()
+            if not self._running:
+                return
+            try:
+                self._checkpoint_now()
+            except Exception:  # noqa: BLE001 - report and retry at the next interval
+                log.exception("checkpoint failed; journals are kept until one succeeds")
+
+    # --- checks -----------------------------------------------------------------------------
+    def _check_running(self) -> None:
+        if not self._running:
+            raise BookieShutdownError("bookie is not running", bookie=self.config.effective_bookie_id)
+
+    def _check_ledger(self, ledger_id: int, master_key: bytes) -> None:
+        if not isinstance(ledger_id, int) or not 0 <= ledger_id <= _MAX_LEDGER_ID:
+            raise InvalidArgumentError("ledger id out of range", ledger=ledger_id)
+        if not isinstance(master_key, bytes) or not 0 < len(master_key) <= _MAX_KEY:
+            raise InvalidArgumentError("master key must be 1..64 bytes", ledger=ledger_id)
+
+    def _check_entry(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes) -> None:
+        self._check_ledger(ledger_id, master_key)
+        if not isinstance(entry_id, int) or entry_id < 0:
+            raise InvalidArgumentError("entry id must be >= 0", ledger=ledger_id, entry=entry_id)
+        if len(payload) > self.config.netty_max_frame_size_bytes:
+            raise EntryTooLargeError(
+                "entry too large", ledger=ledger_id, entry=entry_id, size=len(payload), limit=self.config.netty_max_frame_size_bytes
+            )
+        header = parse_entry_header(payload)
+        if (header.ledger_id, header.entry_id) != (ledger_id, entry_id):
+            raise InvalidArgumentError(
+                "entry header names another entry", ledger=ledger_id, entry=entry_id,
+                header_ledger=header.ledger_id, header_entry=header.entry_id,
+            )

@@ -1,0 +1,122 @@
+"""Bookie configuration: BookKeeper's key names and defaults, loadable from TOML.
+
+Attributes are snake_case; the TOML keys are BookKeeper's (``journalMaxGroupWaitMSec``,
+``ledgerDirectories``, ...). Keys that walkit adds are marked "walkit" below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from walkit.errors import ConfigError
+
+__all__ = ["BookieConfig"]
+
+
+def _key(key: str, default: Any) -> Any:
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"key": key})
+    return field(default=default, metadata={"key": key})
+
+
+@dataclass
+class BookieConfig:
+    # Identity and network (the server comes with a later issue; the id names the cookie).
+    bookie_id: str = _key("bookieId", "")  # default: "127.0.0.1:<bookiePort>"
+    bookie_port: int = _key("bookiePort", 3181)
+    metadata_service_uri: str = _key("metadataServiceUri", "")
+    # Directories.
+    journal_directory: str = _key("journalDirectory", "/tmp/bk-txn")
+    ledger_directories: list[str] = _key("ledgerDirectories", ["/tmp/bk-data"])
+    # Journal group commit: wait at most 2 ms or 512 KiB to batch many entries per fsync.
+    journal_max_group_wait_msec: float = _key("journalMaxGroupWaitMSec", 2.0)
+    journal_buffered_writes_threshold: int = _key("journalBufferedWritesThreshold", 512 * 1024)
+    journal_buffered_entries_threshold: int = _key("journalBufferedEntriesThreshold", 0)
+    journal_flush_when_queue_empty: bool = _key("journalFlushWhenQueueEmpty", False)
+    # Journal files: 2 GiB files, zero-filled 16 MiB ahead, 5 kept behind the mark.
+    journal_max_size_mb: int = _key("journalMaxSizeMB", 2048)
+    journal_pre_alloc_size_mb: int = _key("journalPreAllocSizeMB", 16)
+    journal_max_backups: int = _key("journalMaxBackups", 5)
+    # walkit: 4 KiB, the O_DIRECT alignment of today's disks (BookKeeper's default is 512).
+    journal_alignment_size: int = _key("journalAlignmentSize", 4096)
+    journal_sync_data: bool = _key("journalSyncData", True)  # false: ack before fdatasync
+    journal_direct_io: bool = _key("journalDirectIO", True)  # walkit: O_DIRECT when allowed
+    # Ledger storage and checkpoints.
+    entry_log_size_limit: int = _key("entryLogSizeLimit", 1 << 30)
+    open_file_limit: int = _key("openFileLimit", 1024)  # index files kept open (BK: 20000)
+    flush_interval: int = _key("flushInterval", 60000)  # ms between checkpoints
+    # walkit: checkpoint early once this many entries wait in memory, bounding RAM.
+    flush_entries_threshold: int = _key("flushEntriesThreshold", 200_000)
+    # Limits and disk usage (read-only mode comes with the server).
+    netty_max_frame_size_bytes: int = _key("nettyMaxFrameSizeBytes", 5 * 1024 * 1024)
+    disk_usage_threshold: float = _key("diskUsageThreshold", 0.95)
+    disk_usage_lwm_threshold: float = _key("diskUsageLwmThreshold", 0.90)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def effective_bookie_id(self) -> str:
+        return self.bookie_id or f"127.0.0.1:{self.bookie_port}"
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            expected = {"int": int, "float": (int, float), "bool": bool, "str": str}.get(str(f.type))
+            if expected is not None and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
+                raise ConfigError("wrong type", key=f.metadata["key"], value=repr(value), expected=f.type)
+        if not self.ledger_directories or not all(isinstance(d, str) and d for d in self.ledger_directories):
+            raise ConfigError("ledgerDirectories must be a non-empty list of paths", value=self.ledger_directories)
+        if len(set(self.ledger_directories)) != len(self.ledger_directories):
+            raise ConfigError("ledgerDirectories lists a directory twice", value=self.ledger_directories)
+        a = self.journal_alignment_size
+        if a < 512 or a & (a - 1):
+            raise ConfigError("journalAlignmentSize must be a power of two >= 512", value=a)
+        positive = {
+            "journalMaxSizeMB": self.journal_max_size_mb,
+            "journalPreAllocSizeMB": self.journal_pre_alloc_size_mb,
+            "journalBufferedWritesThreshold": self.journal_buffered_writes_threshold,
+            "entryLogSizeLimit": self.entry_log_size_limit,
+            "openFileLimit": self.open_file_limit,
+            "flushInterval": self.flush_interval,
+            "flushEntriesThreshold": self.flush_entries_threshold,
+            "nettyMaxFrameSizeBytes": self.netty_max_frame_size_bytes,
+        }
+        for key, value in positive.items():
+            if value <= 0:
+                raise ConfigError("must be positive", key=key, value=value)
+        if self.journal_max_group_wait_msec < 0 or self.journal_buffered_entries_threshold < 0 or self.journal_max_backups < 0:
+            raise ConfigError("journal thresholds must not be negative")
+        if not 0 < self.disk_usage_lwm_threshold <= self.disk_usage_threshold <= 1:
+            raise ConfigError(
+                "need 0 < diskUsageLwmThreshold <= diskUsageThreshold <= 1",
+                lwm=self.disk_usage_lwm_threshold, threshold=self.disk_usage_threshold,
+            )
+
+    @classmethod
+    def keys(cls) -> dict[str, str]:
+        """BookKeeper key -> attribute name."""
+        return {f.metadata["key"]: f.name for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> BookieConfig:
+        known = cls.keys()
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ConfigError("unknown configuration keys", keys=",".join(unknown))
+        return cls(**{known[k]: v for k, v in values.items()})
+
+    @classmethod
+    def from_toml(cls, path: str) -> BookieConfig:
+        try:
+            with open(path, "rb") as fh:
+                values = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError("cannot read configuration", path=path) from exc
+        return cls.from_dict(values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.metadata["key"]: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -1,0 +1,237 @@
+"""``walkit bench journal``: the journal against the disk's own floor, in one run.
+
+Measured, in this order, on one directory of the real disk:
+
+* **floor**: one 4 KiB O_DIRECT write + fdatasync per entry into a zero-filled file
+  (what a journal without group commit could do at best);
+* **raw sequential**: 1 MiB O_DIRECT writes, one fdatasync per write (the bandwidth a
+  journal of large batches could reach at best);
+* for each entry size: the journal with **one writer** waiting for each acknowledgement,
+  then with **256 entries in flight** (a producer thread that refills as batches are
+  acknowledged, woken once per batch).
+
+Latencies are from submission to acknowledgement. The figures are medians of the run,
+so compare them with each other (ratios), not with another day's run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bookie.fs import FileSystem
+from bookie.fs.real import RealFS
+from bookie.journal import GroupCommitPolicy, Journal, JournalConfig, LogMark
+
+__all__ = ["BenchResult", "run_journal_bench", "format_markdown"]
+
+SIZES = (100, 1024, 64 * 1024)
+IN_FLIGHT = 256
+
+
+@dataclass
+class BenchResult:
+    name: str
+    entry_size: int
+    entries: int
+    seconds: float
+    entries_per_s: float
+    mb_per_s: float
+    p50_ms: float
+    p99_ms: float
+    p999_ms: float
+
+
+def _percentile(sorted_ns: list[int], q: float) -> float:
+    if not sorted_ns:
+        return 0.0
+    i = min(len(sorted_ns) - 1, int(q * len(sorted_ns)))
+    return sorted_ns[i] / 1e6
+
+
+def _result(name: str, size: int, lat_ns: list[int], seconds: float) -> BenchResult:
+    lat_ns.sort()
+    n = len(lat_ns)
+    return BenchResult(
+        name, size, n, round(seconds, 3), round(n / seconds, 1), round(n * size / seconds / 1e6, 2),
+        round(_percentile(lat_ns, 0.50), 3), round(_percentile(lat_ns, 0.99), 3), round(_percentile(lat_ns, 0.999), 3),
+    )
+
+
+def _raw_writes(fs: FileSystem, directory: str, name: str, block: int, seconds: float) -> BenchResult:
+    """O_DIRECT writes of ``block`` bytes + fdatasync each, into a zero-filled file."""
+    path = f"{directory}/{name}.raw"
+    f = fs.open(path, create=True, direct=True)
+    buf = fs.alloc_buffer(max(block, 1 << 20))
+    total = 256 << 20
+    try:
+        for off in range(0, total, len(buf)):
+            f.pwrite(buf.view, off)
+        f.sync()
+        buf.view[:block] = os.urandom(block)
+        lat: list[int] = []
+        pos, start = 0, time.perf_counter()
+        deadline = start + seconds
+        while time.perf_counter() < deadline and pos + block <= total:
+            t0 = time.perf_counter_ns()
+            f.pwrite(buf.view[:block], pos)
+            f.sync()
+            lat.append(time.perf_counter_ns() - t0)
+            pos += block
+        return _result(name, block, lat, time.perf_counter() - start)
+    finally:
+        buf.close()
+        f.close()
+        fs.remove(path)
+
+
+def _journal(fs: FileSystem, directory: str, policy: GroupCommitPolicy | None = None) -> Journal:
+    cfg = JournalConfig(directory=directory, policy=policy or GroupCommitPolicy(), max_size=512 << 20)
+    j = Journal(fs, cfg)
+    j.start()
+    return j
+
+
+def _one_writer(fs: FileSystem, directory: str, size: int, seconds: float) -> BenchResult:
+    j = _journal(fs, directory)
+    payload = os.urandom(size)
+    done = threading.Event()
+    lat: list[int] = []
+
+    def ack(err: BaseException | None, t0: int) -> None:
+        lat.append(time.perf_counter_ns() - t0)
+        done.set()
+
+    try:
+        start = time.perf_counter()
+        deadline = start + seconds
+        entry = 0
+        while time.perf_counter() < deadline:
+            done.clear()
+            j.log_entry(1, entry, payload, ack, time.perf_counter_ns())
+            done.wait()
+            entry += 1
+        return _result("journal, 1 writer", size, lat, time.perf_counter() - start)
+    finally:
+        j.shutdown()
+
+
+def _in_flight(fs: FileSystem, directory: str, size: int, seconds: float, window: int = IN_FLIGHT) -> BenchResult:
+    j = _journal(fs, directory)
+    payload = os.urandom(size)
+    lat: list[int] = []
+    batch_done = threading.Event()
+    j.flush_listeners.append(lambda _mark: batch_done.set())
+    append, clock = lat.append, time.perf_counter_ns
+
+    def ack(err: BaseException | None, t0: int) -> None:
+        append(clock() - t0)
+
+    try:
+        start = time.perf_counter()
+        deadline = start + seconds
+        submitted = 0
+        log_entry = j.log_entry
+        while True:
+            while submitted - len(lat) >= window:
+                batch_done.wait()
+                batch_done.clear()
+            if submitted % 256 == 0 and time.perf_counter() >= deadline:
+                break
+            log_entry(1, submitted, payload, ack, clock())
+            submitted += 1
+        while len(lat) < submitted:
+            batch_done.wait(0.1)
+            batch_done.clear()
+        return _result(f"journal, {window} in flight", size, lat, time.perf_counter() - start)
+    finally:
+        j.shutdown()
+
+
+def _fresh(base: str, name: str) -> str:
+    path = os.path.join(base, name)
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def run_journal_bench(directory: str | None = None, seconds: float = 3.0, sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
+    base = directory or tempfile.mkdtemp(prefix="walkit-bench-", dir=os.getcwd())
+    os.makedirs(base, exist_ok=True)
+    fs = RealFS()
+    results: list[BenchResult] = []
+    try:
+        raw_dir = _fresh(base, "raw")
+        results.append(_raw_writes(fs, raw_dir, "floor: 4 KiB O_DIRECT write + fdatasync", 4096, seconds))
+        results.append(_raw_writes(fs, raw_dir, "raw sequential: 1 MiB O_DIRECT write + fdatasync", 1 << 20, seconds))
+        probe = _journal(fs, _fresh(base, "probe"))
+        direct = probe.direct
+        probe.shutdown()
+        for size in sizes:
+            results.append(_one_writer(fs, _fresh(base, f"one-{size}"), size, seconds))
+            results.append(_in_flight(fs, _fresh(base, f"flight-{size}"), size, seconds))
+    finally:
+        if directory is None:
+            shutil.rmtree(base, ignore_errors=True)
+    return {
+        "backend": _backend_name(),
+        "o_direct": direct,
+        "seconds_per_case": seconds,
+        "results": [asdict(r) for r in results],
+        "checks": _checks(results),
+    }
+
+
+def _backend_name() -> str:
+    from bookie import native
+
+    return native.BACKEND
+
+
+def _checks(results: list[BenchResult]) -> dict[str, Any]:
+    """The issue's targets, computed from this run's own figures."""
+    by = {(r.name, r.entry_size): r for r in results}
+    floor = next(r for r in results if r.name.startswith("floor"))
+    raw = next(r for r in results if r.name.startswith("raw"))
+    flight_1k = by.get((f"journal, {IN_FLIGHT} in flight", 1024))
+    flight_64k = by.get((f"journal, {IN_FLIGHT} in flight", 64 * 1024))
+    out: dict[str, Any] = {}
+    if flight_1k:
+        out["1KiB_in_flight_entries_per_s"] = flight_1k.entries_per_s
+        out["1KiB_ratio_to_floor"] = round(flight_1k.entries_per_s / floor.entries_per_s, 2)
+        out["1KiB_p99_ms"] = flight_1k.p99_ms
+        out["1KiB_target_met"] = (
+            flight_1k.entries_per_s >= 100_000
+            and flight_1k.entries_per_s >= 10 * floor.entries_per_s
+            and flight_1k.p99_ms <= 5.0
+        )
+    if flight_64k:
+        out["64KiB_fraction_of_raw_bandwidth"] = round(flight_64k.mb_per_s / raw.mb_per_s, 2)
+        out["64KiB_target_met"] = flight_64k.mb_per_s >= 0.6 * raw.mb_per_s
+    return out
+
+
+def format_markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"backend: {report['backend']}, O_DIRECT: {report['o_direct']}, {report['seconds_per_case']} s per case",
+        "",
+        "| case | entry | entries/s | MB/s | p50 ms | p99 ms | p99.9 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in report["results"]:
+        lines.append(
+            f"| {r['name']} | {r['entry_size']} B | {r['entries_per_s']:,.0f} | {r['mb_per_s']:,.1f} | "
+            f"{r['p50_ms']} | {r['p99_ms']} | {r['p999_ms']} |"
+        )
+    lines += ["", "checks: " + json.dumps(report["checks"])]
+    return "\n".join(lines)
+
+
+def mark_str(mark: LogMark) -> str:
+    return f"{mark.journal_id:016x}:{mark.offset}"

@@ -1,0 +1,184 @@
+"""Cookies: a stamp in every bookie directory that says whose and which disk it is.
+
+Theory of operation
+-------------------
+A :class:`Cookie` names the bookie id, the journal dir, the ordered ledger dirs and the
+cluster instance id. The file ``COOKIE`` (format in ``docs/format.md``, "Cookie": a
+binary header with magic, version, body length and CRC32C, then a JSON body) is written
+into the journal dir and every ledger dir when a bookie starts for the first time.
+
+Guarantees: :func:`check_or_write_cookies` refuses to start (``CookieError``) when a
+directory lost its cookie while others kept theirs — a wiped or replaced disk whose
+data the bookie would otherwise silently not have — when a directory holds data but no
+directory has a cookie, and when any cookie names another bookie, another directory
+list (order matters: a ledger lives in dir ``ledger_id % len(dirs)``) or another
+cluster. :meth:`Cookie.verify_matches` is the one comparison, shared with the check
+against the cookie kept in the metadata store.
+
+Assumptions: cookies are written with ``write_atomic`` (tmp, sync, rename, fsync dir),
+so each file is whole or absent. Recovery: none is automatic. A crash in the middle of
+the very first start can leave some directories with a cookie and some without; the
+bookie then refuses to start, like for a wiped disk, and an operator who knows the
+bookie never stored anything removes the ``COOKIE`` files.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, fields
+
+from crc32c import crc32c
+
+from bookie.fs import FileSystem, parent_dir, write_atomic
+from walkit.errors import CookieError, CorruptionError, FormatError
+
+__all__ = ["Cookie", "COOKIE_FILE", "check_or_write_cookies"]
+
+COOKIE_FILE = "COOKIE"
+_MAGIC = b"WKCOOKIE"
+_VERSION = 1  # 1: first format (binary header, JSON body)
+_HEADER = struct.Struct("<8sHHII")  # magic, version, reserved, body length, crc32c(body)
+_MAX_BODY = 64 << 10  # bound checked before reading the body
+#: Names that do not count as data when deciding whether a directory is new.
+_NOT_DATA = frozenset({COOKIE_FILE + ".tmp", "lost+found"})
+
+
+@dataclass(frozen=True)
+class Cookie:
+    bookie_id: str
+    journal_dir: str
+    ledger_dirs: tuple[str, ...]
+    instance_id: str | None = None
+
+    def directories(self) -> list[str]:
+        """Every directory that holds a copy (the journal dir first, no repeats)."""
+        return list(dict.fromkeys([self.journal_dir, *self.ledger_dirs]))
+
+    def verify_matches(self, other: Cookie, **context: object) -> None:
+        """Raise ``CookieError`` naming the first field that differs, with both values."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if mine != theirs:
+                raise CookieError(
+                    f"cookie {f.name} differs", expected=_show(mine), found=_show(theirs), **context
+                )
+
+    def encode(self) -> bytes:
+        body = json.dumps(
+            {
+                "bookie_id": self.bookie_id,
+                "journal_dir": self.journal_dir,
+                "ledger_dirs": list(self.ledger_dirs),
+                "instance_id": self.instance_id,
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        ).encode()
+        return _HEADER.pack(_MAGIC, _VERSION, 0, len(body), crc32c(body)) + body
+
+    @classmethod
+    def decode(cls, raw: bytes, *, path: str = "") -> Cookie:
+        body = _check_header(raw, path)
+        try:
+            obj = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CorruptionError("cookie body is not JSON", path=path) from exc
+        return _from_json(obj, path)
+
+
+def _check_header(raw: bytes, path: str) -> bytes:
+    if len(raw) < _HEADER.size:
+        raise CorruptionError("cookie truncated", path=path, size=len(raw))
+    magic, version, _, length, crc = _HEADER.unpack_from(raw)
+    if magic != _MAGIC:
+        raise FormatError("not a cookie", path=path, magic=magic.hex())
+    if version != _VERSION:
+        raise FormatError("unknown cookie version", path=path, version=version)
+    if not 0 < length <= _MAX_BODY or len(raw) != _HEADER.size + length:
+        raise CorruptionError("cookie length invalid", path=path, length=length, size=len(raw))
+    body = raw[_HEADER.size :]
+    if crc32c(body) != crc:
+        raise CorruptionError("cookie CRC mismatch", path=path)
+    return body
+
+
+def _from_json(obj: object, path: str) -> Cookie:
+    keys = {"bookie_id", "journal_dir", "ledger_dirs", "instance_id"}
+    if not isinstance(obj, dict) or set(obj) != keys:
+        raise CorruptionError("cookie body has the wrong fields", path=path)
+    dirs, instance = obj["ledger_dirs"], obj["instance_id"]
+    ok = (
+        isinstance(obj["bookie_id"], str)
+        and isinstance(obj["journal_dir"], str)
+        and isinstance(dirs, list)
+        and all(isinstance(d, str) for d in dirs)
+        and (instance is None or isinstance(instance, str))
+    )
+    if not ok:
+        raise CorruptionError("cookie field has the wrong type", path=path)
+    return Cookie(obj["bookie_id"], obj["journal_dir"], tuple(dirs), instance)
+
+
+def _show(value: object) -> str:
+    return ",".join(value) if isinstance(value, tuple) else repr(value)
+
+
+def _norm(path: str) -> str:
+    return path.rstrip("/") or "/"
+
+
+def _read_cookie(fs: FileSystem, d: str) -> Cookie | None:
+    path = f"{d}/{COOKIE_FILE}"
+    if not fs.exists(path):
+        return None
+    f = fs.open(path)
+    try:
+        size = f.size()
+        if size > _HEADER.size + _MAX_BODY:
+            raise CorruptionError("cookie too large", path=path, size=size)
+        return Cookie.decode(f.pread(size, 0), path=path)
+    finally:
+        f.close()
+
+
+def _require_empty(fs: FileSystem, d: str) -> None:
+    data = [n for n in fs.listdir(d) if n not in _NOT_DATA] if fs.exists(d) else []
+    if data:
+        raise CookieError("directory holds data but no cookie", dir=d, found=",".join(data[:3]))
+
+
+def _write_cookie(fs: FileSystem, d: str, cookie: Cookie) -> None:
+    if not fs.exists(d):
+        fs.makedirs(d)
+        fs.fsync_dir(parent_dir(d))
+    write_atomic(fs, f"{d}/{COOKIE_FILE}", cookie.encode())
+
+
+def check_or_write_cookies(
+    fs: FileSystem,
+    bookie_id: str,
+    journal_dir: str,
+    ledger_dirs: list[str],
+    instance_id: str | None,
+) -> Cookie:
+    """Check every directory's cookie against the configuration, or stamp a new bookie."""
+    expected = Cookie(bookie_id, _norm(journal_dir), tuple(_norm(d) for d in ledger_dirs), instance_id)
+    dirs = expected.directories()
+    found = {d: _read_cookie(fs, d) for d in dirs}
+    present = [d for d in dirs if found[d] is not None]
+    if not present:
+        for d in dirs:
+            _require_empty(fs, d)
+        for d in dirs:
+            _write_cookie(fs, d, expected)
+        return expected
+    missing = [d for d in dirs if found[d] is None]
+    if missing:
+        raise CookieError(
+            "missing cookie: directory was wiped or replaced?", dir=missing[0], cookie_in=present[0]
+        )
+    for d, cookie in found.items():
+        if cookie is not None:
+            expected.verify_matches(cookie, dir=d)
+    return expected

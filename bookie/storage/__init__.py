@@ -1,0 +1,12 @@
+"""Ledger storage of a bookie: entry logs plus per-ledger index files.
+
+See :mod:`bookie.storage._storage` for the theory of operation and ``docs/format.md``
+("Entry log", "Index file") for the bytes on disk.
+"""
+
+from __future__ import annotations
+
+from bookie.storage._format import MAX_ENTRY_ID, MAX_ENTRY_SIZE, MAX_MASTER_KEY
+from bookie.storage._storage import LedgerStorage
+
+__all__ = ["LedgerStorage", "MAX_ENTRY_ID", "MAX_ENTRY_SIZE", "MAX_MASTER_KEY"]

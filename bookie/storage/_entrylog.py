@@ -1,0 +1,112 @@
+"""Entry logs: append-only files holding the entries of every ledger of a ledger dir.
+
+Theory of operation
+-------------------
+An entry log ``<id:016x>.log`` is a 512-byte header (magic, version, log id, CRC32C)
+followed by records ``length | crc32c | ledger id | entry id | data`` (format in
+``docs/format.md``). :class:`EntryLogWriter` appends records to an in-memory buffer and
+writes the buffer at the file's end when it passes a size threshold, when the log rolls,
+and when the storage flushes; records still in the buffer are read from memory.
+
+Guarantees: a record's location (log id, offset) never changes once it is handed out,
+and once :meth:`EntryLogWriter.write_out` and ``sync`` returned, the record and the
+header are durable. :func:`read_record` checks length bounds, CRC and the (ledger, entry)
+ids of what it reads and raises :class:`~walkit.errors.CorruptionError` otherwise.
+
+Assumptions: the caller serialises calls on one writer (the storage's lock) and only
+points its index at records whose log was synced and whose name was made durable
+(``fsync_dir``). Recovery: nothing to do here. A log is never appended to after a
+restart (the tail of the log that was active at a crash may hold torn records, but no
+index slot points there); a new log with a higher id is started instead.
+"""
+
+from __future__ import annotations
+
+from bookie.fs import File, FileSystem
+from bookie.storage._format import (
+    LOG_HEADER_SIZE,
+    RECORD_HEADER,
+    check_log_header,
+    check_record,
+    encode_log_header,
+    record_length,
+    record_prefix,
+)
+
+__all__ = ["EntryLogWriter", "open_log_for_read", "read_record"]
+
+#: First read of a record: its header and, for most entries, all of its data.
+_FIRST_READ = 4096
+
+
+class EntryLogWriter:
+    """The active (or rolled, not yet synced) entry log of one ledger dir."""
+
+    def __init__(self, fs: FileSystem, path: str, log_id: int) -> None:
+        self.path = path
+        self.log_id = log_id
+        self.file = fs.open(path, create=True)
+        self.file.truncate(0)
+        self._buf = bytearray(encode_log_header(log_id))
+        self._buf_start = 0
+
+    @property
+    def position(self) -> int:
+        """Offset the next record will get."""
+        return self._buf_start + len(self._buf)
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def append(self, ledger_id: int, entry_id: int, data: bytes) -> int:
+        """Buffer one record; return its offset."""
+        offset = self.position
+        self._buf += record_prefix(ledger_id, entry_id, data)
+        self._buf += data
+        return offset
+
+    def write_out(self) -> None:
+        """Write the buffer at the end of the file (no sync)."""
+        if self._buf:
+            self.file.pwrite(self._buf, self._buf_start)
+            self._buf_start += len(self._buf)
+            self._buf = bytearray()
+
+    def read_buffered(self, offset: int, ledger_id: int, entry_id: int) -> bytes | None:
+        """The data of the record at ``offset`` if it is still in the buffer."""
+        if offset < self._buf_start:
+            return None
+        rel = offset - self._buf_start
+        where = self._where(offset, ledger_id, entry_id)
+        total = record_length(bytes(self._buf[rel : rel + RECORD_HEADER.size]), where)
+        return check_record(bytes(self._buf[rel : rel + total]), ledger_id, entry_id, where)
+
+    def close(self) -> None:
+        self.file.close()
+
+    def _where(self, offset: int, ledger_id: int, entry_id: int) -> dict[str, object]:
+        return {"ledger": ledger_id, "entry": entry_id, "log": self.log_id, "offset": offset}
+
+
+def open_log_for_read(fs: FileSystem, path: str, log_id: int) -> File:
+    """Open an entry log and check its header."""
+    f = fs.open(path)
+    try:
+        check_log_header(f.pread(LOG_HEADER_SIZE, 0), log_id, path)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def read_record(f: File, log_id: int, offset: int, ledger_id: int, entry_id: int) -> bytes:
+    """Read, verify and return the data of the record at ``offset`` of log ``log_id``."""
+    where: dict[str, object] = {
+        "ledger": ledger_id, "entry": entry_id, "log": log_id, "offset": offset
+    }
+    raw = f.pread(_FIRST_READ, offset)
+    total = record_length(raw, where)
+    if len(raw) < total:
+        raw += f.pread(total - len(raw), offset + len(raw))
+    return check_record(raw, ledger_id, entry_id, where)

@@ -1,0 +1,145 @@
+"""The per-ledger state API of the ledger storage (master key, fence, explicit LAC).
+
+Theory of operation
+-------------------
+:class:`LedgerStates` holds one :class:`~bookie.storage._index.LedgerState` per ledger
+in RAM (a few dozen bytes each — never anything per entry) behind the storage's lock.
+A setter changes the state and marks it dirty; the next flush writes the index-file
+header, so the state is durable once a flush that started after the setter returned
+has completed (until then the journal holds it). Setters create the ledger if it is
+absent, as ``add_entry`` does: journal replay may meet a fence or a LAC before any
+entry of a ledger. Queries of an absent ledger answer as for a fresh one (no key, not
+fenced, no LAC), except :meth:`LedgerStates.last_entry_id`, which raises.
+
+It also keeps the storage's lifecycle flags: not yet open, open, or *failed* after an
+I/O error on the write path — then every write raises ``StorageError`` (with the first
+failure as ``__cause__``) until the storage is reopened from what is on disk.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from bookie.storage._format import MAX_LEDGER_ID, MAX_MASTER_KEY
+from bookie.storage._index import LedgerState
+from walkit.errors import InvalidArgumentError, NoSuchLedgerError, StorageError, UsageError
+
+__all__ = ["LedgerStates"]
+
+_MIN_LAC = -1
+
+
+class LedgerStates:
+    """Per-ledger state and lifecycle; the base of ``LedgerStorage``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._states: dict[int, LedgerState] = {}
+        #: Ledgers whose header changed since it was last handed to a flush.
+        self._dirty: set[int] = set()
+        self._failure: BaseException | None = None
+        self._is_open = False
+
+    # --- per-ledger state -----------------------------------------------------------
+    def set_master_key(self, ledger_id: int, key: bytes) -> None:
+        """Store the ledger's master key (creating the ledger if absent)."""
+        if len(key) > MAX_MASTER_KEY:
+            raise InvalidArgumentError("master key too long", ledger=ledger_id, length=len(key))
+        key = bytes(key)
+        with self._lock:
+            state = self._writable_state(ledger_id)
+            if state.master_key != key:
+                state.master_key = key
+                self._dirty.add(ledger_id)
+
+    def master_key(self, ledger_id: int) -> bytes | None:
+        with self._lock:
+            state = self._readable_state(ledger_id)
+            return state.master_key if state is not None else None
+
+    def set_fenced(self, ledger_id: int) -> bool:
+        """Fence the ledger; True if it was not fenced before."""
+        with self._lock:
+            state = self._writable_state(ledger_id)
+            if state.fenced:
+                return False
+            state.fenced = True
+            self._dirty.add(ledger_id)
+            return True
+
+    def is_fenced(self, ledger_id: int) -> bool:
+        with self._lock:
+            state = self._readable_state(ledger_id)
+            return state is not None and state.fenced
+
+    def set_explicit_lac(self, ledger_id: int, lac: int) -> None:
+        if not _MIN_LAC <= lac <= MAX_LEDGER_ID:
+            raise InvalidArgumentError("explicit LAC out of range", ledger=ledger_id, lac=lac)
+        with self._lock:
+            state = self._writable_state(ledger_id)
+            if state.explicit_lac != lac:
+                state.explicit_lac = lac
+                self._dirty.add(ledger_id)
+
+    def explicit_lac(self, ledger_id: int) -> int | None:
+        with self._lock:
+            state = self._readable_state(ledger_id)
+            return state.explicit_lac if state is not None else None
+
+    def has_ledger(self, ledger_id: int) -> bool:
+        with self._lock:
+            return self._readable_state(ledger_id) is not None
+
+    def ledgers(self) -> list[int]:
+        with self._lock:
+            self._check_open()
+            return sorted(self._states)
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        """Highest stored entry id (-1 when the ledger has no entry)."""
+        with self._lock:
+            return self._existing_state(ledger_id).last_entry_id
+
+    # --- helpers (call with the lock held) --------------------------------------------
+    def _readable_state(self, ledger_id: int) -> LedgerState | None:
+        self._check_open()
+        return self._states.get(ledger_id)
+
+    def _existing_state(self, ledger_id: int) -> LedgerState:
+        state = self._readable_state(ledger_id)
+        if state is None:
+            raise NoSuchLedgerError("ledger not stored", ledger=ledger_id)
+        return state
+
+    def _writable_state(self, ledger_id: int) -> LedgerState:
+        if not 0 <= ledger_id <= MAX_LEDGER_ID:
+            raise InvalidArgumentError("ledger id out of range", ledger=ledger_id)
+        self._check_writable()
+        state = self._states.get(ledger_id)
+        if state is None:
+            state = self._states[ledger_id] = LedgerState(ledger_id)
+            self._dirty.add(ledger_id)
+        return state
+
+    def _check_open(self) -> None:
+        if not self._is_open:
+            raise UsageError("ledger storage is not open")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._failure is not None:
+            raise StorageError(
+                "ledger storage failed earlier; reopen it to recover", cause=repr(self._failure)
+            ) from self._failure
+
+    @contextmanager
+    def _failing(self) -> Iterator[None]:
+        """Any error inside leaves the storage failed (the first error is kept)."""
+        try:
+            yield
+        except BaseException as exc:
+            if self._failure is None:
+                self._failure = exc
+            raise

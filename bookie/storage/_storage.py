@@ -1,0 +1,300 @@
+"""LedgerStorage: entries and per-ledger state of a bookie, in entry logs plus an index.
+
+Theory of operation
+-------------------
+``add_entry`` appends a record to the active entry log of the ledger's dir
+(``ledger_id % len(dirs)``) through an in-memory buffer and remembers the entry's
+location in a *pending* map; ``set_master_key`` / ``set_fenced`` / ``set_explicit_lac``
+change the ledger's in-memory state and mark it dirty. Nothing is durable until
+:meth:`LedgerStorage.flush` (the bookie's checkpoint), whose order is the whole
+crash-safety argument:
+
+1. under the lock: write out the log buffers, take the pending map and snapshots of the
+   dirty headers (new adds go to a fresh pending map meanwhile);
+2. without the lock: sync every entry log written since the last flush, fsync the logs
+   directory if a log was created — now every taken record is durable and reachable;
+3. write the taken slots and headers into the index files and sync each (a new index
+   file is written as ``.tmp``, synced, renamed), fsync the directories that got a
+   new index file or bucket;
+4. under the lock: drop the taken map (reads now find those entries in the index).
+
+So an index slot never points at bytes that are not durable; after a crash an entry
+is either reachable and byte-identical or absent, and everything a completed flush
+covered is there. The RAM kept per entry is the pending map only: empty after a flush.
+
+Assumes: the journal holds everything since the last completed flush and replays it
+(re-adds overwrite, which is why they are allowed). Recovers: :meth:`open` reads every
+index header (the newer valid copy of two), removes ``.idx.tmp`` files a crash left
+behind, and starts new entry logs. Any I/O error on the write path leaves the
+storage *failed*: writes and flushes raise ``StorageError`` until it is reopened (after
+a failed fsync the kernel may have dropped the dirty pages, so a retry could lie).
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from dataclasses import dataclass
+
+from bookie.fs import File, FileSystem
+from bookie.storage._entrylog import open_log_for_read, read_record
+from bookie.storage._format import (
+    MAX_ENTRY_ID,
+    MAX_ENTRY_SIZE,
+    IndexHeader,
+    check_entry_ids,
+    check_limits,
+    unpack_location,
+)
+from bookie.storage._handles import HandleCache
+from bookie.storage._index import load_index, read_slot, write_header, write_slots
+from bookie.storage._ledgerdir import LedgerDir, LogFlush
+from bookie.storage._state import LedgerStates
+from walkit.errors import CorruptionError, EntryTooLargeError, NoSuchEntryError, NoSuchLedgerError
+
+__all__ = ["LedgerStorage"]
+
+_OPEN_LOG_FILES = 64  # entry logs kept open for reads (each dir holds few logs at a time)
+_WRITE_BUFFER = 256 << 10  # entry-log buffer written at this size
+
+
+@dataclass
+class _FlushPlan:
+    logs: list[LogFlush]
+    slots: dict[int, dict[int, int]]
+    headers: dict[int, IndexHeader]
+    created: set[int]
+
+
+class LedgerStorage(LedgerStates):
+    """Thread-safe ledger storage over a :class:`~bookie.fs.FileSystem`."""
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        ledger_dirs: list[str],
+        *,
+        entry_log_size_limit: int = 1 << 30,
+        open_index_files: int = 256,
+        write_buffer_size: int = _WRITE_BUFFER,
+    ) -> None:
+        check_limits(ledger_dirs, entry_log_size_limit, open_index_files, write_buffer_size)
+        super().__init__()
+        self._fs = fs
+        self._dirs = [
+            LedgerDir(fs, root, i, entry_log_size_limit, write_buffer_size)
+            for i, root in enumerate(ledger_dirs)
+        ]
+        self._flush_lock = threading.Lock()
+        self._pending: dict[int, dict[int, int]] = {}
+        self._flushing: dict[int, dict[int, int]] = {}
+        self._index_files: HandleCache[int] = HandleCache(self._open_index, open_index_files)
+        self._log_files: HandleCache[tuple[int, int]] = HandleCache(self._open_log, _OPEN_LOG_FILES)
+
+    # --- lifecycle ------------------------------------------------------------------
+    def open(self) -> None:
+        """Load every ledger's state from the dirs (made if missing)."""
+        with self._flush_lock, self._lock:
+            if self._is_open:
+                return
+            self._states, self._pending, self._flushing, self._dirty = {}, {}, {}, set()
+            self._failure = None
+            for d in self._dirs:
+                d.prepare()
+                d.scan_logs()
+                for ledger_id, path in d.scan_index():
+                    self._load_ledger(d, ledger_id, path)
+            self._is_open = True
+
+    def close(self) -> None:
+        """Flush (unless the storage failed) and release every file."""
+        if not self._is_open:
+            return
+        try:
+            if self._failure is None:
+                self.flush()
+        finally:
+            with self._flush_lock, self._lock:
+                for d in self._dirs:
+                    d.close()
+                self._index_files.close_all()
+                self._log_files.close_all()
+                self._pending, self._flushing = {}, {}
+                self._is_open = False
+
+    # --- entries --------------------------------------------------------------------
+    def add_entry(self, ledger_id: int, entry_id: int, data: bytes) -> None:
+        """Store an entry (creating the ledger if needed); re-adding overwrites."""
+        check_entry_ids(ledger_id, entry_id)
+        if len(data) > MAX_ENTRY_SIZE:
+            raise EntryTooLargeError("entry too large", ledger=ledger_id, entry=entry_id, size=len(data))
+        d = self._dir(ledger_id)
+        with self._lock:
+            state = self._writable_state(ledger_id)
+            with self._failing():
+                location = d.append(ledger_id, entry_id, bytes(data))
+            state.last_entry_id = max(state.last_entry_id, entry_id)
+            self._pending.setdefault(ledger_id, {})[entry_id] = location
+
+    def get_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        """The entry's data, verified (CRC and ids) against the stored record."""
+        d = self._dir(ledger_id)
+        with self._lock:
+            state = self._existing_state(ledger_id)
+            if not 0 <= entry_id <= MAX_ENTRY_ID:
+                raise NoSuchEntryError("entry id out of range", ledger=ledger_id, entry=entry_id)
+            location = self._memory_slot(ledger_id, entry_id)
+            if location:
+                data = d.read_buffered(location, ledger_id, entry_id)
+                if data is not None:
+                    return data
+            on_disk = state.on_disk
+        if not location and on_disk:
+            location = self._disk_slot(ledger_id, entry_id)
+        if not location:
+            raise NoSuchEntryError("entry not stored", ledger=ledger_id, entry=entry_id)
+        return self._read_log(d, location, ledger_id, entry_id)
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        """Forget the ledger: index file and state (entry-log space is left to GC)."""
+        d = self._dir(ledger_id)
+        with self._flush_lock:
+            with self._lock:
+                self._check_writable()
+                state = self._existing_state(ledger_id)
+                del self._states[ledger_id]
+                self._pending.pop(ledger_id, None)
+                self._dirty.discard(ledger_id)
+            if state.on_disk:  # remove before discarding: no reader caches a stale handle
+                with self._failing():  # a file left behind would haunt a re-created ledger
+                    self._fs.remove(d.index_path(ledger_id))
+                    self._fs.fsync_dir(d.bucket_dir(ledger_id))
+            self._index_files.discard(ledger_id)
+
+    def pending_index_entries(self) -> int:
+        """Entries whose location is only in RAM (0 right after a flush)."""
+        with self._lock:
+            return sum(len(m) for t in (self._pending, self._flushing) for m in t.values())
+
+    # --- flush ----------------------------------------------------------------------
+    def flush(self) -> None:
+        """Make everything added so far durable (see the module docstring for the order)."""
+        with self._flush_lock:
+            with self._lock:
+                self._check_writable()
+                with self._failing():
+                    plan = self._begin_flush()
+            with self._failing():
+                self._sync_logs(plan)
+                self._write_index(plan)
+            with self._lock:
+                self._end_flush(plan)
+
+    def _begin_flush(self) -> _FlushPlan:
+        logs = [d.begin_flush() for d in self._dirs]
+        slots, self._pending = self._pending, {}
+        self._flushing = slots
+        self._dirty |= {lid for lid in slots if not self._states[lid].on_disk}
+        headers = {lid: self._states[lid].snapshot() for lid in self._dirty}
+        self._dirty = set()
+        created = {lid for lid in headers if not self._states[lid].on_disk}
+        return _FlushPlan(logs=logs, slots=slots, headers=headers, created=created)
+
+    def _sync_logs(self, plan: _FlushPlan) -> None:
+        for log_flush in plan.logs:
+            for writer in log_flush.sync:
+                writer.file.sync()
+        for log_flush in plan.logs:
+            if log_flush.fsync_dir is not None:
+                self._fs.fsync_dir(log_flush.fsync_dir)
+
+    def _write_index(self, plan: _FlushPlan) -> None:
+        new_dirs: set[str] = set()
+        for ledger_id in sorted(plan.slots.keys() | plan.headers.keys()):
+            created = ledger_id in plan.created
+            if created:
+                new_dirs |= self._make_bucket(ledger_id)
+            with self._index_files.use(ledger_id, create=created) as f:
+                header = plan.headers.get(ledger_id)
+                if header is not None:
+                    write_header(f, header)
+                write_slots(f, plan.slots.get(ledger_id, {}))
+                f.sync()
+            if created:  # reopen later under the final name (clearer errors)
+                d = self._dir(ledger_id)
+                self._fs.rename(d.new_index_path(ledger_id), d.index_path(ledger_id))
+                self._index_files.discard(ledger_id)
+        for path in sorted(new_dirs, key=len, reverse=True):  # buckets before index/
+            self._fs.fsync_dir(path)
+
+    def _make_bucket(self, ledger_id: int) -> set[str]:
+        """The directories to fsync once the ledger's new index file is in place."""
+        d = self._dir(ledger_id)
+        if d.ensure_bucket(ledger_id):
+            return {d.bucket_dir(ledger_id), d.index_dir}
+        return {d.bucket_dir(ledger_id)}
+
+    def _end_flush(self, plan: _FlushPlan) -> None:
+        for ledger_id, header in plan.headers.items():
+            state = self._states.get(ledger_id)
+            if state is not None:
+                state.seq = header.seq
+                state.on_disk = True
+        self._flushing = {}
+        for log_flush in plan.logs:
+            for writer in log_flush.close:
+                writer.close()
+
+    # --- helpers --------------------------------------------------------------------
+    def _dir(self, ledger_id: int) -> LedgerDir:
+        return self._dirs[ledger_id % len(self._dirs)]
+
+    def _load_ledger(self, d: LedgerDir, ledger_id: int, path: str) -> None:
+        if ledger_id % len(self._dirs) != d.number:
+            raise CorruptionError("ledger index in the wrong ledger dir", ledger=ledger_id, dir=d.root)
+        f = self._fs.open(path)
+        try:
+            self._states[ledger_id] = load_index(f, ledger_id, path)
+        finally:
+            f.close()
+
+    def _memory_slot(self, ledger_id: int, entry_id: int) -> int:
+        for table in (self._pending, self._flushing):
+            slots = table.get(ledger_id)
+            if slots is not None and entry_id in slots:
+                return slots[entry_id]
+        return 0
+
+    def _disk_slot(self, ledger_id: int, entry_id: int) -> int:
+        try:
+            with self._index_files.use(ledger_id) as f:
+                return read_slot(f, entry_id)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+            raise NoSuchLedgerError("ledger deleted", ledger=ledger_id) from exc
+
+    def _read_log(self, d: LedgerDir, location: int, ledger_id: int, entry_id: int) -> bytes:
+        log_id, offset = unpack_location(location)
+        try:
+            with self._log_files.use((d.number, log_id)) as f:
+                return read_record(f, log_id, offset, ledger_id, entry_id)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+            raise CorruptionError(
+                "index points at a missing entry log", ledger=ledger_id, entry=entry_id, log=log_id
+            ) from exc
+
+    def _open_index(self, ledger_id: int, create: bool) -> File:
+        """The index file, or with ``create`` a new, empty ``.tmp`` file for it."""
+        d = self._dir(ledger_id)
+        if not create:
+            return self._fs.open(d.index_path(ledger_id))
+        f = self._fs.open(d.new_index_path(ledger_id), create=True)
+        f.truncate(0)
+        return f
+
+    def _open_log(self, key: tuple[int, int], create: bool) -> File:
+        d = self._dirs[key[0]]
+        return open_log_for_read(self._fs, d.log_path(key[1]), key[1])

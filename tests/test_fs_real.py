@@ -1,0 +1,249 @@
+"""RealFS on both bookie.native backends, and agreement with its twin MemFS.
+
+``tmp_path`` is on ext4 (O_DIRECT honoured). /dev/shm is tmpfs: before Linux 6.6 it
+refused O_DIRECT, since then it grants it, so that test checks RealFS against what the
+running kernel says and the refusal itself is injected into the backend's open.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from bookie import native
+from bookie.fs import FileSystem, read_all, write_atomic
+from bookie.fs.mem import MemFS
+from bookie.fs.real import ALIGNMENT, RealFS
+from walkit.errors import NativeIOError
+
+PAGE = ALIGNMENT
+
+
+@pytest.fixture(params=["native", "python"])
+def rfs(request: pytest.FixtureRequest) -> RealFS:
+    try:
+        return RealFS(native.get_backend(request.param))
+    except ImportError as exc:
+        if native.MODE == "require":
+            raise
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def shm_dir() -> Iterator[str]:
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    path = tempfile.mkdtemp(prefix="walkit-test-", dir="/dev/shm")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def kernel_grants_o_direct(directory: str) -> bool:
+    path = os.path.join(directory, ".probe")
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o644))
+        return True
+    except OSError as exc:
+        assert exc.errno == errno.EINVAL
+        return False
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def fs_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "bookie.fs" and r.levelno == logging.WARNING]
+
+
+def refuse_direct(monkeypatch: pytest.MonkeyPatch, backend: native.Backend) -> None:
+    """Make ``backend`` open like a file system without O_DIRECT (EINVAL at open)."""
+    real_open = backend._open
+
+    def refusing(path: str, create: bool, direct: bool, readonly: bool) -> int:
+        if direct:
+            raise native.io_error(errno.EINVAL, "open", path=path)
+        return real_open(path, create, direct, readonly)
+
+    monkeypatch.setattr(backend, "_open", refusing)
+
+
+# --- O_DIRECT and its fallback ------------------------------------------------------
+def test_direct_file_on_ext4(rfs: RealFS, tmp_path: Path) -> None:
+    f = rfs.open(str(tmp_path / "j.txn"), create=True, direct=True)
+    buf = rfs.alloc_buffer(2 * PAGE)
+    try:
+        assert f.direct
+        buf.view[:11] = b"hello world"
+        assert f.pwrite(buf.view, 0) == 2 * PAGE
+        f.sync()
+        assert f.size() == 2 * PAGE
+        assert f.pread(5, 6) == b"world"  # unaligned read of a direct file
+        assert f.pread(10, 2 * PAGE - 3) == bytes(3)
+    finally:
+        f.close()
+        buf.close()
+
+
+def test_unaligned_write_to_direct_file_is_einval(rfs: RealFS, tmp_path: Path) -> None:
+    f = rfs.open(str(tmp_path / "j"), create=True, direct=True)
+    buf = rfs.alloc_buffer(2 * PAGE)
+    try:
+        for data, offset in ((buf.view[:100], 0), (buf.view[:PAGE], 512)):
+            with pytest.raises(NativeIOError) as info:
+                f.pwrite(data, offset)
+            assert info.value.errno == errno.EINVAL
+        assert f.size() == 0
+    finally:
+        f.close()
+        buf.close()
+
+
+def test_dev_shm_follows_the_kernel(rfs: RealFS, shm_dir: str,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    granted = kernel_grants_o_direct(shm_dir)
+    f = rfs.open(os.path.join(shm_dir, "a"), create=True, direct=True)
+    try:
+        assert f.direct is granted
+        assert len(fs_warnings(caplog)) == (0 if granted else 1)
+    finally:
+        f.close()
+
+
+def test_refused_direct_warns_once_per_directory(rfs: RealFS, shm_dir: str,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    refuse_direct(monkeypatch, rfs.backend)
+    other = os.path.join(shm_dir, "other")
+    rfs.makedirs(other)
+    files = [rfs.open(os.path.join(d, name), create=True, direct=True)
+             for d, name in ((shm_dir, "a"), (shm_dir, "b"), (other, "c"))]
+    try:
+        assert [f.direct for f in files] == [False, False, False]
+        warnings = fs_warnings(caplog)
+        assert len(warnings) == 2
+        assert shm_dir in warnings[0] and "O_DIRECT" in warnings[0]
+        assert "buffered" in warnings[0] and other in warnings[1]
+        files[0].pwrite(b"not aligned", 3)  # a buffered file takes any write
+        files[0].sync()
+        assert files[0].pread(100, 0) == bytes(3) + b"not aligned"
+        RealFS(rfs.backend).open(os.path.join(shm_dir, "d"), create=True, direct=True).close()
+        assert len(fs_warnings(caplog)) == 3  # once per RealFS instance
+    finally:
+        for f in files:
+            f.close()
+
+
+# --- files --------------------------------------------------------------------------
+def test_allocate_and_truncate(rfs: RealFS, tmp_path: Path) -> None:
+    f = rfs.open(str(tmp_path / "e.log"), create=True)
+    try:
+        f.pwrite(b"abc", 0)
+        f.allocate(0, 2 * PAGE)
+        assert f.size() == 2 * PAGE
+        assert f.pread(2 * PAGE, 0) == b"abc" + bytes(2 * PAGE - 3)
+        f.truncate(2)
+        assert f.size() == 2 and f.pread(10, 0) == b"ab"
+    finally:
+        f.close()
+
+
+def test_closed_file_refuses_io(rfs: RealFS, tmp_path: Path) -> None:
+    f = rfs.open(str(tmp_path / "x"), create=True, direct=True)
+    f.close()
+    f.close()  # idempotent
+    for call in (lambda: f.pwrite(b"", 0), lambda: f.pread(1, 0), f.sync, f.size):
+        with pytest.raises(ValueError):
+            call()
+
+
+def test_alloc_buffer_is_aligned(rfs: RealFS) -> None:
+    buf = rfs.alloc_buffer(3 * PAGE)
+    try:
+        assert len(buf) == 3 * PAGE
+        assert ctypes.addressof(ctypes.c_char.from_buffer(buf.view)) % PAGE == 0
+    finally:
+        buf.close()
+
+
+# --- names --------------------------------------------------------------------------
+def test_names(rfs: RealFS, tmp_path: Path) -> None:
+    d = str(tmp_path / "a" / "b")
+    rfs.makedirs(d)
+    rfs.makedirs(d)  # idempotent
+    rfs.open(f"{d}/2.log", create=True).close()
+    rfs.open(f"{d}/1.log", create=True).close()
+    assert rfs.listdir(d) == ["1.log", "2.log"]
+    rfs.rename(f"{d}/1.log", f"{d}/2.log")  # replaces
+    assert rfs.listdir(d) == ["2.log"] and not rfs.exists(f"{d}/1.log")
+    rfs.remove(f"{d}/2.log")
+    rfs.fsync_dir(d)
+    assert rfs.listdir(d) == [] and rfs.exists(d)
+    assert rfs.listdir(str(tmp_path / "a")) == ["b"]
+
+
+@pytest.mark.parametrize("op", ["open", "remove", "rename", "listdir", "fsync_dir"])
+def test_missing_names_are_enoent(rfs: RealFS, tmp_path: Path, op: str) -> None:
+    missing = str(tmp_path / "nope")
+    calls: dict[str, Callable[[], object]] = {
+        "open": lambda: rfs.open(missing), "remove": lambda: rfs.remove(missing),
+        "rename": lambda: rfs.rename(missing, missing + "2"),
+        "listdir": lambda: rfs.listdir(missing), "fsync_dir": lambda: rfs.fsync_dir(missing),
+    }
+    with pytest.raises(NativeIOError) as info:
+        calls[op]()
+    assert isinstance(info.value, OSError) and info.value.errno == errno.ENOENT
+    assert missing in str(info.value)
+
+
+def test_disk_usage(rfs: RealFS, tmp_path: Path) -> None:
+    usage = rfs.disk_usage(str(tmp_path))
+    _total, used, free = shutil.disk_usage(tmp_path)
+    assert 0.0 < usage < 1.0
+    assert usage == pytest.approx(used / (used + free), abs=0.01)
+
+
+# --- the twin agrees ----------------------------------------------------------------
+def scenario(fs: FileSystem, root: str) -> list[object]:
+    """A small workload; returns what it observed, which must not depend on ``fs``."""
+    seen: list[object] = []
+    d = f"{root}/ledgers"
+    fs.makedirs(d)
+    f = fs.open(f"{d}/0000000000000001.log", create=True, direct=True)
+    buf = fs.alloc_buffer(PAGE)
+    buf.view[:5] = b"entry"
+    f.pwrite(buf.view, 0)
+    f.sync()
+    f.allocate(0, 3 * PAGE)
+    seen += [f.size(), f.pread(8, 2), f.pread(4, 3 * PAGE - 2)]
+    f.truncate(PAGE)
+    seen.append(f.size())
+    f.close()
+    buf.close()
+    write_atomic(fs, f"{d}/cookie", b"v1")
+    write_atomic(fs, f"{d}/cookie", b"v2")
+    fs.rename(f"{d}/0000000000000001.log", f"{d}/0000000000000002.log")
+    fs.fsync_dir(d)
+    seen += [fs.listdir(d), read_all(fs, f"{d}/cookie"), fs.exists(f"{d}/cookie.tmp")]
+    fs.remove(f"{d}/cookie")
+    seen += [fs.listdir(d), fs.exists(f"{d}/cookie"), fs.exists(d)]
+    for bad in (lambda: fs.open(f"{d}/cookie"), lambda: fs.remove(f"{d}/cookie"),
+                lambda: fs.open(f"{root}/no/dir", create=True)):
+        with pytest.raises(OSError) as info:
+            bad()
+        seen.append(info.value.errno)
+    return seen
+
+
+def test_memfs_and_realfs_agree(rfs: RealFS, tmp_path: Path) -> None:
+    mem = scenario(MemFS(), "/data")
+    assert mem[-3:] == [errno.ENOENT] * 3
+    assert scenario(rfs, str(tmp_path)) == mem

@@ -1,0 +1,104 @@
+"""Entries as they travel and rest: header, digest, payload (docs/format.md, "Entry").
+
+::
+
+    0        8        16       24       32           32+d
+    +--------+--------+--------+--------+------------+---------+
+    | ledger | entry  |  lac   | length |  digest    | payload |
+    |  u64   |  i64   |  i64   |  u64   |  d bytes   |         |
+    +--------+--------+--------+--------+------------+---------+
+
+Big-endian (network order). ``lac`` is the writer's last-add-confirmed when it sent the
+entry; ``length`` the ledger's length in bytes including this payload. The digest covers
+the 32-byte header and the payload: CRC32C (4 bytes), HMAC-SHA256 keyed by the ledger's
+master key (32 bytes, "mac") or nothing ("none"). Bookies store the whole entry as it
+came and read ids and LAC from its header; only readers check the digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass
+from typing import Literal
+
+from crc32c import crc32c
+
+from walkit.errors import DigestMismatchError, InvalidArgumentError
+
+__all__ = [
+    "ENTRY_HEADER",
+    "DigestType",
+    "EntryHeader",
+    "digest_size",
+    "encode_entry",
+    "decode_entry",
+    "parse_entry_header",
+    "master_key",
+]
+
+ENTRY_HEADER = struct.Struct(">QqqQ")
+DigestType = Literal["crc32c", "mac", "none"]
+_SIZES: dict[str, int] = {"crc32c": 4, "mac": 32, "none": 0}
+_CRC = struct.Struct(">I")
+
+
+@dataclass(frozen=True)
+class EntryHeader:
+    ledger_id: int
+    entry_id: int
+    lac: int
+    length: int
+
+
+def digest_size(digest: str) -> int:
+    try:
+        return _SIZES[digest]
+    except KeyError:
+        raise InvalidArgumentError("unknown digest type", digest=digest, known=",".join(_SIZES)) from None
+
+
+def master_key(password: bytes) -> bytes:
+    """The key a writer proves itself with (sent with adds and fences, never stored in
+    clear in metadata): SHA-256 of b"ledger" + password."""
+    return hashlib.sha256(b"ledger" + password).digest()
+
+
+def _digest(digest: str, key: bytes, header: bytes, payload: bytes | memoryview) -> bytes:
+    if digest == "crc32c":
+        return _CRC.pack(crc32c(payload, crc32c(header)))
+    if digest == "mac":
+        mac = hmac.new(key, header, hashlib.sha256)
+        mac.update(payload)
+        return mac.digest()
+    digest_size(digest)
+    return b""
+
+
+def encode_entry(
+    ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes, *, digest: str = "crc32c", key: bytes = b""
+) -> bytes:
+    header = ENTRY_HEADER.pack(ledger_id, entry_id, lac, length)
+    return header + _digest(digest, key, header, payload) + payload
+
+
+def parse_entry_header(data: bytes | memoryview) -> EntryHeader:
+    """The header of a stored or received entry (no digest check)."""
+    if len(data) < ENTRY_HEADER.size:
+        raise InvalidArgumentError("entry shorter than its header", size=len(data))
+    return EntryHeader(*ENTRY_HEADER.unpack_from(data))
+
+
+def decode_entry(data: bytes, *, digest: str = "crc32c", key: bytes = b"") -> tuple[EntryHeader, bytes]:
+    """Check the digest and split an entry into header and payload."""
+    header = parse_entry_header(data)
+    d = digest_size(digest)
+    if len(data) < ENTRY_HEADER.size + d:
+        raise DigestMismatchError("entry shorter than header and digest", ledger=header.ledger_id, entry=header.entry_id)
+    raw_header = data[: ENTRY_HEADER.size]
+    payload = data[ENTRY_HEADER.size + d :]
+    expected = _digest(digest, key, raw_header, payload)
+    if not hmac.compare_digest(expected, data[ENTRY_HEADER.size : ENTRY_HEADER.size + d]):
+        raise DigestMismatchError("entry digest mismatch", ledger=header.ledger_id, entry=header.entry_id, digest=digest)
+    return header, payload
