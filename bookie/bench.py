@@ -27,12 +27,13 @@ from typing import Any
 
 from bookie.fs import FileSystem
 from bookie.fs.real import RealFS
-from bookie.journal import GroupCommitPolicy, Journal, JournalConfig, LogMark
+from bookie.journal import GroupCommitPolicy, Journal, JournalConfig
 
 __all__ = ["BenchResult", "run_journal_bench", "format_markdown"]
 
 SIZES = (100, 1024, 64 * 1024)
 IN_FLIGHT = 256
+BK_DEFAULTS = " (BookKeeper defaults: 2 ms group wait)"
 
 
 @dataclass
@@ -98,8 +99,10 @@ def _journal(fs: FileSystem, directory: str, policy: GroupCommitPolicy | None = 
     return j
 
 
-def _one_writer(fs: FileSystem, directory: str, size: int, seconds: float) -> BenchResult:
-    j = _journal(fs, directory)
+def _one_writer(
+    fs: FileSystem, directory: str, size: int, seconds: float, policy: GroupCommitPolicy | None = None, label: str = ""
+) -> BenchResult:
+    j = _journal(fs, directory, policy)
     payload = os.urandom(size)
     done = threading.Event()
     lat: list[int] = []
@@ -117,13 +120,16 @@ def _one_writer(fs: FileSystem, directory: str, size: int, seconds: float) -> Be
             j.log_entry(1, entry, payload, ack, time.perf_counter_ns())
             done.wait()
             entry += 1
-        return _result("journal, 1 writer", size, lat, time.perf_counter() - start)
+        return _result(f"journal, 1 writer{label}", size, lat, time.perf_counter() - start)
     finally:
         j.shutdown()
 
 
-def _in_flight(fs: FileSystem, directory: str, size: int, seconds: float, window: int = IN_FLIGHT) -> BenchResult:
-    j = _journal(fs, directory)
+def _in_flight(
+    fs: FileSystem, directory: str, size: int, seconds: float, policy: GroupCommitPolicy | None = None, label: str = ""
+) -> BenchResult:
+    window = IN_FLIGHT
+    j = _journal(fs, directory, policy)
     payload = os.urandom(size)
     lat: list[int] = []
     batch_done = threading.Event()
@@ -149,7 +155,7 @@ def _in_flight(fs: FileSystem, directory: str, size: int, seconds: float, window
         while len(lat) < submitted:
             batch_done.wait(0.1)
             batch_done.clear()
-        return _result(f"journal, {window} in flight", size, lat, time.perf_counter() - start)
+        return _result(f"journal, {window} in flight{label}", size, lat, time.perf_counter() - start)
     finally:
         j.shutdown()
 
@@ -176,6 +182,11 @@ def run_journal_bench(directory: str | None = None, seconds: float = 3.0, sizes:
         for size in sizes:
             results.append(_one_writer(fs, _fresh(base, f"one-{size}"), size, seconds))
             results.append(_in_flight(fs, _fresh(base, f"flight-{size}"), size, seconds))
+        # For comparison: BookKeeper's own default, which waits up to 2 ms to group
+        # even when the disk is idle (journalFlushWhenQueueEmpty=false).
+        bk = GroupCommitPolicy(flush_when_queue_empty=False)
+        results.append(_one_writer(fs, _fresh(base, "bk-one"), 1024, seconds, bk, BK_DEFAULTS))
+        results.append(_in_flight(fs, _fresh(base, "bk-flight"), 1024, seconds, bk, BK_DEFAULTS))
     finally:
         if directory is None:
             shutil.rmtree(base, ignore_errors=True)
@@ -231,7 +242,3 @@ def format_markdown(report: dict[str, Any]) -> str:
         )
     lines += ["", "checks: " + json.dumps(report["checks"])]
     return "\n".join(lines)
-
-
-def mark_str(mark: LogMark) -> str:
-    return f"{mark.journal_id:016x}:{mark.offset}"

@@ -1,0 +1,71 @@
+"""The ``walkit`` command line.
+
+``walkit bench journal``   measure the journal against the disk's floor (docs/performance.md)
+``walkit journal repair``  keep a ``.broken`` copy of a damaged journal and truncate it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _bench_journal(args: argparse.Namespace) -> int:
+    from bookie.bench import format_markdown, run_journal_bench
+
+    report = run_journal_bench(args.dir, seconds=args.seconds)
+    print(json.dumps(report, indent=2) if args.json else format_markdown(report))
+    return 0
+
+
+def _journal_repair(args: argparse.Namespace) -> int:
+    from bookie.fs.real import RealFS
+    from bookie.journal import repair_journal
+
+    result = repair_journal(RealFS(), args.path)
+    print(
+        f"kept {result.broken_copy}; truncated {result.path} at offset {result.truncated_at} "
+        f"({result.dropped_bytes} bytes dropped; entries in them are lost on this bookie "
+        f"and must come back from their other replicas)"
+    )
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="walkit", description="walkit: a replicated write-ahead log")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level to stderr")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
+    bj = bench.add_parser("journal", help="the journal vs. the disk's own floor")
+    bj.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bj.add_argument("--seconds", type=float, default=3.0, help="duration of each case (default 3)")
+    bj.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temporary one here)")
+    bj.set_defaults(func=_bench_journal)
+
+    journal = sub.add_parser("journal", help="journal tools").add_subparsers(dest="what", required=True)
+    jr = journal.add_parser("repair", help="keep PATH.broken and truncate PATH at its first bad frame")
+    jr.add_argument("path", help="a journal file (<id:016x>.txn) the bookie refused to replay")
+    jr.set_defaults(func=_journal_repair)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
+    from walkit.errors import WalkitError
+
+    try:
+        return int(args.func(args))
+    except WalkitError as exc:
+        print(f"walkit: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
