@@ -1,0 +1,53 @@
+"""The entry format: header, digests, tamper detection."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from walkit.errors import DigestMismatchError, InvalidArgumentError, WalkitError
+from walkit.protocol import ENTRY_HEADER, decode_entry, digest_size, encode_entry, master_key, parse_entry_header
+
+KEY = master_key(b"pw")
+
+
+@pytest.mark.parametrize("digest", ["crc32c", "mac", "none"])
+@given(payload=st.binary(max_size=2048), ledger=st.integers(0, 2**63 - 1), entry=st.integers(0, 2**62))
+def test_round_trip(digest: str, payload: bytes, ledger: int, entry: int) -> None:
+    raw = encode_entry(ledger, entry, entry - 1, len(payload), payload, digest=digest, key=KEY)
+    assert len(raw) == ENTRY_HEADER.size + digest_size(digest) + len(payload)
+    header, out = decode_entry(raw, digest=digest, key=KEY)
+    assert out == payload
+    assert (header.ledger_id, header.entry_id, header.lac, header.length) == (ledger, entry, entry - 1, len(payload))
+    assert parse_entry_header(raw) == header
+
+
+@pytest.mark.parametrize("digest", ["crc32c", "mac"])
+@pytest.mark.parametrize("where", [0, 9, 17, 25, 33, -1])
+def test_any_flipped_byte_is_detected(digest: str, where: int) -> None:
+    raw = bytearray(encode_entry(3, 4, 2, 10, b"0123456789", digest=digest, key=KEY))
+    raw[where] ^= 0x40
+    with pytest.raises(DigestMismatchError) as info:
+        decode_entry(bytes(raw), digest=digest, key=KEY)
+    assert isinstance(info.value, WalkitError)
+
+
+def test_mac_depends_on_the_key() -> None:
+    raw = encode_entry(1, 0, -1, 3, b"abc", digest="mac", key=KEY)
+    with pytest.raises(DigestMismatchError):
+        decode_entry(raw, digest="mac", key=master_key(b"other"))
+
+
+def test_master_key_is_derived_not_the_password() -> None:
+    assert master_key(b"pw") != b"pw" and len(master_key(b"pw")) == 32
+    assert master_key(b"pw") == master_key(b"pw") != master_key(b"pw2")
+
+
+def test_bad_input_is_a_clear_error() -> None:
+    with pytest.raises(InvalidArgumentError, match="digest"):
+        encode_entry(1, 0, -1, 0, b"", digest="sha1")
+    with pytest.raises(InvalidArgumentError, match="shorter than its header"):
+        parse_entry_header(b"\x00" * 31)
+    with pytest.raises(DigestMismatchError):
+        decode_entry(encode_entry(1, 0, -1, 0, b"", digest="none")[:32], digest="mac", key=KEY)
