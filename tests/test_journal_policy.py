@@ -37,17 +37,26 @@ class Case:
     want: FlushReason | None = None
 
 
-P = GroupCommitPolicy(max_group_wait=W)  # otherwise BookKeeper's defaults: 512 KiB, entries off, queue-empty off
-BIG = GroupCommitPolicy(max_group_wait=3600.0)  # the clock never triggers by itself
+def pol(wait: float = W, nbytes: int = 512 * KIB, entries: int = 0, queue_empty: bool = False) -> GroupCommitPolicy:
+    """Every field spelled out: the rows must not depend on the defaults of the day."""
+    return GroupCommitPolicy(
+        max_group_wait=wait, buffered_writes_threshold=nbytes, buffered_entries_threshold=entries, flush_when_queue_empty=queue_empty
+    )
+
+
+P = pol()  # one trigger at a time: wait W, 512 KiB, entries off, queue-empty off
+BK = pol(wait=0.002)  # BookKeeper's defaults (walkit turns flush-when-queue-empty on)
+BIG = pol(wait=3600.0)  # the clock never triggers by itself
 T0 = 1024.0  # a fake clock reading far from 0, as time.monotonic() is
 
 CASES = [
+    # --- BookKeeper's settings, from a clock at 0 -----------------------------------------
+    Case("BookKeeper settings: 1 ms in, nothing", BK, 0.001, 0.0),
+    Case("BookKeeper settings: 2 ms in, max wait", BK, 0.002, 0.0, want=FlushReason.MAX_WAIT),
+    Case("BookKeeper settings: 512 KiB", BK, 0.0, 0.0, nbytes=512 * KIB, want=FlushReason.MAX_BYTES),
     # --- the empty batch -------------------------------------------------------------
-    Case("BookKeeper defaults: 1 ms in, nothing", GroupCommitPolicy(), 0.001, 0.0),
-    Case("BookKeeper defaults: 2 ms in, max wait", GroupCommitPolicy(), 0.002, 0.0, want=FlushReason.MAX_WAIT),
-    Case("BookKeeper defaults: 512 KiB", GroupCommitPolicy(), 0.0, 0.0, nbytes=512 * KIB, want=FlushReason.MAX_BYTES),
     Case("empty batch, queue empty, long after", P, T0 + 10, None, entries=0),
-    Case("empty batch even with flush-when-queue-empty", GroupCommitPolicy(max_group_wait=W, flush_when_queue_empty=True), T0, None, entries=0),
+    Case("empty batch even with flush-when-queue-empty", pol(queue_empty=True), T0, None, entries=0),
     Case("empty batch ignores byte counters", P, T0, None, nbytes=10 << 20, entries=0),
     Case("empty batch with an overdue queue", P, T0 + 1, None, entries=0, next_enqueued=T0),
     # --- max wait ---------------------------------------------------------------------
@@ -69,21 +78,21 @@ CASES = [
     Case("exactly at the bytes threshold", P, T0, T0, nbytes=512 * KIB, want=FlushReason.MAX_BYTES),
     Case("over the bytes threshold", P, T0, T0, nbytes=3 << 20, want=FlushReason.MAX_BYTES),
     Case("bytes threshold with overdue queue still flushes", P, T0 + 1, T0, nbytes=512 * KIB, next_enqueued=T0, want=FlushReason.MAX_BYTES),
-    Case("small bytes threshold", GroupCommitPolicy(max_group_wait=W, buffered_writes_threshold=4096), T0, T0, nbytes=4096, want=FlushReason.MAX_BYTES),
+    Case("small bytes threshold", pol(nbytes=4096), T0, T0, nbytes=4096, want=FlushReason.MAX_BYTES),
     # --- entries threshold --------------------------------------------------------------
     Case("entries threshold off (0): a million entries", P, T0, T0, nbytes=100, entries=1_000_000),
-    Case("one entry under the entries threshold", GroupCommitPolicy(max_group_wait=W, buffered_entries_threshold=10), T0, T0, entries=9),
-    Case("exactly at the entries threshold", GroupCommitPolicy(max_group_wait=W, buffered_entries_threshold=10), T0, T0, entries=10, want=FlushReason.MAX_ENTRIES),
-    Case("over the entries threshold", GroupCommitPolicy(max_group_wait=W, buffered_entries_threshold=10), T0, T0, entries=11, want=FlushReason.MAX_ENTRIES),
-    Case("entries threshold 1: every entry", GroupCommitPolicy(max_group_wait=W, buffered_entries_threshold=1), T0, T0, entries=1, next_enqueued=T0, want=FlushReason.MAX_ENTRIES),
+    Case("one entry under the entries threshold", pol(entries=10), T0, T0, entries=9),
+    Case("exactly at the entries threshold", pol(entries=10), T0, T0, entries=10, want=FlushReason.MAX_ENTRIES),
+    Case("over the entries threshold", pol(entries=10), T0, T0, entries=11, want=FlushReason.MAX_ENTRIES),
+    Case("entries threshold 1: every entry", pol(entries=1), T0, T0, entries=1, next_enqueued=T0, want=FlushReason.MAX_ENTRIES),
     # --- flush when the queue is empty --------------------------------------------------
     Case("queue empty, option off", P, T0, T0, next_enqueued=None),
-    Case("queue empty, option on", GroupCommitPolicy(max_group_wait=W, flush_when_queue_empty=True), T0, T0, want=FlushReason.QUEUE_EMPTY),
-    Case("queue not empty, option on", GroupCommitPolicy(max_group_wait=W, flush_when_queue_empty=True), T0, T0, next_enqueued=T0),
-    Case("queue empty, option on, overdue: max wait wins", GroupCommitPolicy(max_group_wait=W, flush_when_queue_empty=True), T0 + W, T0, want=FlushReason.MAX_WAIT),
+    Case("queue empty, option on", pol(queue_empty=True), T0, T0, want=FlushReason.QUEUE_EMPTY),
+    Case("queue not empty, option on", pol(queue_empty=True), T0, T0, next_enqueued=T0),
+    Case("queue empty, option on, overdue: max wait wins", pol(queue_empty=True), T0 + W, T0, want=FlushReason.MAX_WAIT),
     # --- several triggers: the order the function documents -------------------------------
-    Case("bytes and entries: bytes first", GroupCommitPolicy(max_group_wait=W, buffered_entries_threshold=2), T0, T0, nbytes=1 << 20, entries=2, want=FlushReason.MAX_BYTES),
-    Case("entries and queue empty: entries first", GroupCommitPolicy(max_group_wait=W, buffered_entries_threshold=2, flush_when_queue_empty=True), T0, T0, entries=2, want=FlushReason.MAX_ENTRIES),
+    Case("bytes and entries: bytes first", pol(entries=2), T0, T0, nbytes=1 << 20, entries=2, want=FlushReason.MAX_BYTES),
+    Case("entries and queue empty: entries first", pol(entries=2, queue_empty=True), T0, T0, entries=2, want=FlushReason.MAX_ENTRIES),
 ]
 
 
@@ -226,4 +235,49 @@ def test_journal_groups_overdue_backlog_into_one_flush() -> None:
         assert journal.stats.reasons == {"max_wait": 1}, f"flush reasons: {journal.stats.reasons}"
     finally:
         clock.gate.set()
+        journal.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("policy", "sizes", "reason"),
+    [
+        (pol(wait=3600.0, queue_empty=True), [10], "queue_empty"),
+        (pol(wait=3600.0, entries=3), [10, 10, 10], "max_entries"),
+        (pol(wait=3600.0, nbytes=8 * KIB), [3000, 3000, 3000], "max_bytes"),
+    ],
+    ids=["queue empty", "entries threshold", "bytes threshold"],
+)
+def test_each_trigger_flushes_a_journal_on_a_frozen_clock(policy: GroupCommitPolicy, sizes: list[int], reason: str) -> None:
+    """With the clock frozen, only the trigger under test can flush - and it does, on the
+    record that reaches it (not before: the earlier ones wait)."""
+    fs, clock = MemFS(), FakeClock()
+    journal = Journal(fs, JournalConfig("/j", policy=policy, prealloc_size=64 * KIB), clock=clock)
+    journal.start()
+    acked: list[tuple[int, BaseException | None]] = []
+    try:
+        for i, n in enumerate(sizes):
+            if i:
+                time.sleep(0.02)  # let the thread take the previous record alone
+                assert acked == [], f"flushed after {i} of {len(sizes)} records: {journal.stats}"
+            journal.log_entry(1, i, bytes(n), lambda err, ctx: acked.append((ctx, err)), i)
+        _wait_for(lambda: len(acked) == len(sizes), f"the {reason} flush")
+        assert acked == [(i, None) for i in range(len(sizes))], f"acks: {acked}"
+        assert journal.stats.reasons == {reason: 1}, f"flush reasons: {journal.stats.reasons}"
+    finally:
+        journal.shutdown()
+
+
+@pytest.mark.parametrize("wait", [float("inf"), 1e10])
+def test_unbounded_group_wait_does_not_kill_the_journal(wait: float) -> None:
+    journal = Journal(MemFS(), JournalConfig("/j", policy=pol(wait=wait, entries=2), prealloc_size=64 * KIB))
+    journal.start()
+    acked: list[tuple[int, BaseException | None]] = []
+    try:
+        journal.log_entry(1, 0, b"a", lambda err, ctx: acked.append((ctx, err)), 0)
+        time.sleep(0.05)  # the thread parks with a timeout computed from the huge wait
+        assert journal.failed is None, f"the journal died waiting: {journal.failed!r}"
+        journal.log_entry(1, 1, b"b", lambda err, ctx: acked.append((ctx, err)), 1)  # entries threshold: flush
+        _wait_for(lambda: len(acked) == 2, "the entries-threshold flush")
+        assert acked == [(0, None), (1, None)], f"acks: {acked}"
+    finally:
         journal.shutdown()

@@ -46,6 +46,7 @@ __all__ = ["ReplayTarget", "ReplayReport", "TornTail", "replay", "repair_journal
 log = logging.getLogger("bookie.journal")
 
 _WINDOW = 8 << 20
+_DEFAULT_ALIGNMENT = 4096  # where to look for flush starts when a header is unreadable
 
 
 class ReplayTarget(Protocol):
@@ -215,10 +216,11 @@ def replay(fs: FileSystem, directory: str, start: LogMark | None, target: Replay
             r = _Reader(f)
             if header is not None:
                 for ftype, _, body in _frames(r, max(begin, first), stop):
-                    report.records += 1
-                    report.entries += _apply(target, ftype, body)
+                    if ftype != FrameType.PADDING:
+                        report.records += 1
+                        report.entries += _apply(target, ftype, body)
             end = stop[0] if stop else _Stop(0, r.size)
-            later = any(_file_has_frames(fs, directory, j) for j in ids[n + 1 :])
+            later = header is not None and any(_file_has_frames(fs, directory, j) for j in ids[n + 1 :])
             _judge_end(f, r, jid, end, header, later, report)
         finally:
             f.close()
@@ -226,16 +228,36 @@ def replay(fs: FileSystem, directory: str, start: LogMark | None, target: Replay
 
 
 def _judge_end(f: File, r: _Reader, jid: int, end: _Stop, header: JournalHeader | None, later: bool, report: ReplayReport) -> None:
-    alignment = header.alignment if header else 4096
-    follows = _valid_flush_after(r, end.offset, alignment) if header else None
-    if follows is not None or (later and not _all_zero(r, end.offset)) or (later and header is None):
-        raise CorruptionError(
-            "journal is damaged before data that was synced after it; refusing to start "
-            "(`walkit journal repair` keeps a .broken copy and truncates there)",
-            path=f.path, journal=jid, offset=end.offset, valid_data_at=follows,
-        )
-    if _all_zero(r, end.offset):
+    """Decide what the first invalid position of a file means (module docstring)."""
+    if header is None:
+        _judge_headerless(f, r, jid, report)
         return
+    follows = _valid_flush_after(r, end.offset, header.alignment)
+    if follows is not None or (later and not _all_zero(r, end.offset)):
+        raise _corruption(f, jid, end.offset, follows)
+    if not _all_zero(r, end.offset):
+        _truncate_torn(f, jid, end, report)
+
+
+def _judge_headerless(f: File, r: _Reader, jid: int, report: ReplayReport) -> None:
+    """A file whose header is damaged or missing: data after it is corruption (it was
+    synced after the header); otherwise it was torn at creation and holds nothing."""
+    follows = _valid_flush_after(r, 0, _DEFAULT_ALIGNMENT)
+    if follows is not None:
+        raise _corruption(f, jid, 0, follows)
+    if not _all_zero(r, 0):
+        _truncate_torn(f, jid, _Stop(0, r.size), report)
+
+
+def _corruption(f: File, jid: int, offset: int, follows: int | None) -> CorruptionError:
+    return CorruptionError(
+        "journal is damaged before data that was synced after it; refusing to start "
+        "(`walkit journal repair` keeps a .broken copy and truncates there)",
+        path=f.path, journal=jid, offset=offset, valid_data_at=follows,
+    )
+
+
+def _truncate_torn(f: File, jid: int, end: _Stop, report: ReplayReport) -> None:
     tail = TornTail(jid, end.offset, end.size - end.offset)
     log.warning("journal %s: torn tail of %d bytes at offset %d truncated", f.path, tail.dropped_bytes, tail.offset)
     f.truncate(end.offset)

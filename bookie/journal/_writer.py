@@ -60,7 +60,7 @@ from bookie.journal._format import (
 )
 from bookie.journal._mark import LogMark
 from bookie.journal._policy import FlushReason, GroupCommitPolicy, flush_reason, wait_timeout
-from walkit.errors import BookieShutdownError, NativeIOError
+from walkit.errors import BookieShutdownError, InvalidArgumentError, NativeIOError
 
 __all__ = ["Journal", "JournalConfig", "JournalStats", "Callback", "list_journals"]
 
@@ -101,6 +101,22 @@ def list_journals(fs: FileSystem, directory: str) -> list[int]:
     """Ids of the journal files in ``directory``, ascending."""
     ids = (parse_journal_name(n) for n in fs.listdir(directory))
     return sorted(i for i in ids if i is not None)
+
+
+_U64_MAX = (1 << 64) - 1
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _check_ids(ledger_id: int, value: int) -> None:
+    """Refuse, in the caller's thread, what the journal thread could not frame."""
+    if not (type(ledger_id) is int and type(value) is int and 0 <= ledger_id <= _U64_MAX and _I64_MIN <= value <= _I64_MAX):
+        raise InvalidArgumentError("journal record ids out of range", ledger=ledger_id, value=value)
+
+
+def _check_bytes(data: Any) -> bytes:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError("journal record data must be bytes", type=type(data).__name__)
+    return data  # type: ignore[return-value]
 
 
 def _call_back(records: list[tuple[Any, ...]], error: BaseException | None) -> None:
@@ -213,29 +229,29 @@ class Journal:
 
     # --- producers ------------------------------------------------------------------------
     def log_entry(self, ledger_id: int, entry_id: int, data: bytes, callback: Callback | None = None, ctx: Any = None) -> None:
-        # _submit inlined: this is the hottest call of the bookie.
-        if self._closed or self._error is not None:
-            raise self._dead_error()
-        self._queue.append((_ENTRY, ledger_id, entry_id, data, callback, ctx, self._clock()))
-        if self._waiting:
-            with self._cond:
-                self._cond.notify()
+        _check_ids(ledger_id, entry_id)
+        self._submit((_ENTRY, ledger_id, entry_id, _check_bytes(data), callback, ctx, self._clock()))
 
     def log_master_key(self, ledger_id: int, key: bytes, callback: Callback | None = None, ctx: Any = None) -> None:
-        self._submit((FrameType.MASTER_KEY, ledger_id, 0, key, callback, ctx, self._clock()))
+        _check_ids(ledger_id, 0)
+        self._submit((FrameType.MASTER_KEY, ledger_id, 0, _check_bytes(key), callback, ctx, self._clock()))
 
     def log_fence(self, ledger_id: int, callback: Callback | None = None, ctx: Any = None) -> None:
+        _check_ids(ledger_id, 0)
         self._submit((FrameType.FENCE, ledger_id, 0, b"", callback, ctx, self._clock()))
 
     def log_lac(self, ledger_id: int, lac: int, callback: Callback | None = None, ctx: Any = None) -> None:
+        _check_ids(ledger_id, lac)
         self._submit((FrameType.LAC, ledger_id, lac, b"", callback, ctx, self._clock()))
 
     def _submit(self, record: tuple[Any, ...]) -> None:
-        if self._closed or self._error is not None:
-            raise self._dead_error()
-        self._queue.append(record)
-        if self._waiting:
-            with self._cond:
+        # Under the lock: a record is either refused here or called back later, even
+        # when the journal dies or shuts down at this very moment (_fail_queued).
+        with self._cond:
+            if self._closed or self._error is not None:
+                raise self._dead_error()
+            self._queue.append(record)
+            if self._waiting:
                 self._cond.notify()
 
     def _dead_error(self) -> BaseException:
@@ -252,7 +268,6 @@ class Journal:
                 if reason is not None:
                     self._gather_while_busy(batch)
                     self._hand_off(batch, reason)
-                    batch = []
                 if stopping:
                     self._hand_off_stop()
                     self._fail_queued(self._dead_error())
@@ -316,9 +331,10 @@ class Journal:
             end = self._file_pos + self._fill
             if end > self._allocated:
                 self._preallocate(end)
-            self._handoff = _Batch(self._buf, self._fill, self._file_pos, self._journal_id, batch, reason)
+            self._handoff = _Batch(self._buf, self._fill, self._file_pos, self._journal_id, list(batch), reason)
             self._sync_busy = True
             self._sync_cond.notify_all()
+        batch.clear()  # the sync thread owns these records now: never call them back here
         self._file_pos = end
         self._fill = 0
         self._mid_batch = False
@@ -346,7 +362,7 @@ class Journal:
         with self._cond:
             self._waiting = True
             if not self._queue:
-                self._cond.wait(timeout)
+                self._cond.wait(None if timeout is None else min(timeout, threading.TIMEOUT_MAX))
             self._waiting = False
 
     def _fail(self, exc: BaseException, batch: list[tuple[Any, ...]]) -> None:
@@ -357,10 +373,10 @@ class Journal:
         self._fail_queued(exc)
 
     def _fail_queued(self, exc: BaseException) -> None:
-        while self._queue:
-            rec = self._queue.popleft()
-            if rec is not _STOP and rec[4] is not None:
-                rec[4](exc, rec[5])
+        with self._cond:
+            records = [r for r in self._queue if r is not _STOP]
+            self._queue.clear()
+        _call_back(records, exc)
 
     # --- the sync thread ----------------------------------------------------------------------
     def _sync_run(self) -> None:
@@ -450,10 +466,12 @@ class Journal:
 
     def _spill(self) -> None:
         """Write the whole aligned blocks of the buffer (no sync) to make room; the
-        batch's fdatasync covers them (the previous batch, maybe still being written by
-        the sync thread, lies wholly before ``_file_pos``)."""
+        batch's fdatasync covers them. It waits until the previous batch is synced:
+        otherwise a power cut could keep this spill yet lose part of that batch, and
+        replay would see valid data after a hole - corruption, not a torn tail."""
         a = self._cfg.alignment
         aligned = self._fill - self._fill % a
+        self._wait_sync_idle()
         f = self._file
         assert f is not None
         end = self._file_pos + aligned
