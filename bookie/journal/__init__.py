@@ -42,4 +42,5 @@ __all__ = [
     "replay",
     "scan_journal",
     "wait_timeout",
+    "write_mark",
 ]

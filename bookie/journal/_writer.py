@@ -34,7 +34,6 @@ submissions - the bookie must not acknowledge anything it cannot make durable.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
 from collections import deque
@@ -42,22 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from crc32c import crc32c
-
 from bookie.fs import AlignedBuffer, File, FileSystem
-from bookie.journal._format import (
-    ENTRY_PREFIX,
-    FLAG_FLUSH_START,
-    FRAME_HEADER,
-    LAC_BODY,
-    LEDGER_PREFIX,
-    FrameType,
-    JournalHeader,
-    frame_crc,
-    journal_name,
-    padding_size,
-    parse_journal_name,
-)
+from bookie.journal._format import FrameType, JournalHeader, journal_name, parse_journal_name
+from bookie.journal._framing import ENTRY, FrameBuffer, frame_size
 from bookie.journal._mark import LogMark
 from bookie.journal._policy import FlushReason, GroupCommitPolicy, flush_reason, wait_timeout
 from walkit.errors import BookieShutdownError, InvalidArgumentError, NativeIOError
@@ -70,9 +56,6 @@ log = logging.getLogger("bookie.journal")
 Callback = Callable[[BaseException | None, Any], None]
 
 _STOP = object()
-_ENTRY_HEAD = struct.Struct("<IBBHIQq")  # frame header + ledger id + entry id, in one pack
-_U32 = struct.Struct("<I")
-_ENTRY = int(FrameType.ENTRY)
 
 
 @dataclass(frozen=True)
@@ -153,15 +136,10 @@ class Journal:
         self._closed = False
         size = -(-max(config.buffer_size, config.policy.buffered_writes_threshold + a) // a) * a
         self._bufs = [fs.alloc_buffer(size), fs.alloc_buffer(size)]
-        self._buf = self._bufs[0]
-        self._view = self._buf.view
-        self._cap = size
-        self._zeros = bytes(2 * a)
+        self._frames = FrameBuffer(self._bufs[0], a, self._spill)
         self._file: File | None = None
         self._journal_id = -1
-        self._file_pos = 0  # file offset of buffer[0]; always aligned
-        self._fill = 0
-        self._mid_batch = False
+        self._file_pos = 0  # file offset of the batch being built; always aligned
         self._allocated = 0
         self._durable = LogMark(-1, 0)
         # hand-off to the sync thread: at most one batch in flight
@@ -230,7 +208,7 @@ class Journal:
     # --- producers ------------------------------------------------------------------------
     def log_entry(self, ledger_id: int, entry_id: int, data: bytes, callback: Callback | None = None, ctx: Any = None) -> None:
         _check_ids(ledger_id, entry_id)
-        self._submit((_ENTRY, ledger_id, entry_id, _check_bytes(data), callback, ctx, self._clock()))
+        self._submit((ENTRY, ledger_id, entry_id, _check_bytes(data), callback, ctx, self._clock()))
 
     def log_master_key(self, ledger_id: int, key: bytes, callback: Callback | None = None, ctx: Any = None) -> None:
         _check_ids(ledger_id, 0)
@@ -285,7 +263,8 @@ class Journal:
     def _drain(self, batch: list[tuple[Any, ...]]) -> tuple[FlushReason | None, bool]:
         """Frame queued records into the buffer until the policy says flush or the queue
         is empty. Returns (reason to flush or None, whether the stop marker came)."""
-        q, policy, clock, append = self._queue, self._cfg.policy, self._clock, self._append_record
+        q, policy, clock, frames = self._queue, self._cfg.policy, self._clock, self._frames
+        append = frames.append
         oldest = batch[0][6] if batch else None
         while q:
             rec = q.popleft()
@@ -296,12 +275,12 @@ class Journal:
             if oldest is None:
                 oldest = rec[6]
             head = q[0] if q else None
-            reason = flush_reason(policy, clock(), oldest, self._fill, len(batch), None if head is None or head is _STOP else head[6])
+            reason = flush_reason(policy, clock(), oldest, frames.fill, len(batch), None if head is None or head is _STOP else head[6])
             if reason is not None:
                 return reason, False
         if not batch:
             return None, False
-        return flush_reason(policy, clock(), oldest, self._fill, len(batch), None), False
+        return flush_reason(policy, clock(), oldest, frames.fill, len(batch), None), False
 
     def _gather_while_busy(self, batch: list[tuple[Any, ...]]) -> None:
         """While the sync thread is still busy, let queued records join the ready batch
@@ -309,37 +288,32 @@ class Journal:
         q = self._queue
         while self._sync_busy and self._error is None:
             head = q[0] if q else None
-            if head is not None and head is not _STOP and self._fits(head):
+            if head is not None and head is not _STOP and self._frames.fits(frame_size(head)):
                 q.popleft()
                 batch.append(head)
-                self._append_record(head)
+                self._frames.append(head)
                 continue
             with self._sync_cond:
                 if self._sync_busy:
                     self._sync_cond.wait(0.001 if head is None else None)
 
-    def _fits(self, rec: tuple[Any, ...]) -> bool:
-        return self._fill + FRAME_HEADER.size + ENTRY_PREFIX.size + len(rec[3]) + 2 * self._cfg.alignment <= self._cap
-
     def _hand_off(self, batch: list[tuple[Any, ...]], reason: FlushReason) -> None:
-        self._pad()
+        frames = self._frames
+        frames.pad()
         with self._sync_cond:
             while self._sync_busy and self._error is None:
                 self._sync_cond.wait()
             if self._error is not None:
                 raise self._error
-            end = self._file_pos + self._fill
+            end = self._file_pos + frames.fill
             if end > self._allocated:
                 self._preallocate(end)
-            self._handoff = _Batch(self._buf, self._fill, self._file_pos, self._journal_id, list(batch), reason)
+            self._handoff = _Batch(frames.buf, frames.fill, self._file_pos, self._journal_id, list(batch), reason)
             self._sync_busy = True
             self._sync_cond.notify_all()
         batch.clear()  # the sync thread owns these records now: never call them back here
         self._file_pos = end
-        self._fill = 0
-        self._mid_batch = False
-        self._buf = self._bufs[1] if self._buf is self._bufs[0] else self._bufs[0]
-        self._view = self._buf.view
+        frames.use(self._bufs[1] if frames.buf is self._bufs[0] else self._bufs[0])
         if self._file_pos >= self._cfg.max_size:
             self._wait_sync_idle()
             self._roll()
@@ -418,85 +392,20 @@ class Journal:
         for listener in self.flush_listeners:
             listener(self._durable)
 
-    # --- frames into the buffer -------------------------------------------------------------
-    def _append_record(self, rec: tuple[Any, ...]) -> None:
-        ftype, ledger_id, arg, data = rec[0], rec[1], rec[2], rec[3]
-        if ftype == _ENTRY:
-            n = len(data)
-            pos = self._fill
-            total = _ENTRY_HEAD.size + n
-            if pos + total + 2 * self._cfg.alignment > self._cap:
-                self._append_frame(ftype, ENTRY_PREFIX.pack(ledger_id, arg), data)
-                return
-            # The fast path: one header pack, one copy, one CRC, one CRC pack.
-            flags = 0 if pos or self._mid_batch else FLAG_FLUSH_START
-            view = self._view
-            _ENTRY_HEAD.pack_into(view, pos, 0, ftype, flags, 0, n + ENTRY_PREFIX.size, ledger_id, arg)
-            end = pos + total
-            view[pos + _ENTRY_HEAD.size : end] = data
-            _U32.pack_into(view, pos, crc32c(view[pos + 4 : end]))
-            self._fill = end
-        elif ftype == FrameType.MASTER_KEY:
-            self._append_frame(ftype, LEDGER_PREFIX.pack(ledger_id), data)
-        elif ftype == FrameType.FENCE:
-            self._append_frame(ftype, LEDGER_PREFIX.pack(ledger_id), b"")
-        else:
-            self._append_frame(ftype, LAC_BODY.pack(ledger_id, arg), b"")
-
-    def _append_frame(self, ftype: int, prefix: bytes, data: bytes) -> None:
-        # The first frame of a flush sits at an aligned file offset; a spill can also
-        # empty the buffer in the middle of a batch, hence _mid_batch.
-        flags = FLAG_FLUSH_START if self._fill == 0 and not self._mid_batch else 0
-        length = len(prefix) + len(data)
-        crc = frame_crc(ftype, flags, length, prefix, data)
-        self._append_bytes(FRAME_HEADER.pack(crc, ftype, flags, 0, length) + prefix)
-        self._append_bytes(data)
-
-    def _append_bytes(self, data: bytes | memoryview) -> None:
-        mv = memoryview(data)
-        while mv:
-            room = self._cap - 2 * self._cfg.alignment - self._fill
-            if room <= 0:
-                self._spill()
-                continue
-            chunk = mv[:room]
-            self._view[self._fill : self._fill + len(chunk)] = chunk
-            self._fill += len(chunk)
-            mv = mv[len(chunk) :]
-
-    def _spill(self) -> None:
-        """Write the whole aligned blocks of the buffer (no sync) to make room; the
-        batch's fdatasync covers them. It waits until the previous batch is synced:
+    # --- spill, preallocate, roll ---------------------------------------------------------------
+    def _spill(self, blocks: memoryview) -> None:
+        """Write whole aligned blocks of a batch that outgrew the buffer (no sync; the
+        batch's fdatasync covers them). It waits until the previous batch is synced:
         otherwise a power cut could keep this spill yet lose part of that batch, and
         replay would see valid data after a hole - corruption, not a torn tail."""
-        a = self._cfg.alignment
-        aligned = self._fill - self._fill % a
         self._wait_sync_idle()
         f = self._file
         assert f is not None
-        end = self._file_pos + aligned
+        end = self._file_pos + len(blocks)
         if end > self._allocated:
             self._preallocate(end)
-        f.pwrite(self._view[:aligned], self._file_pos)
+        f.pwrite(blocks, self._file_pos)
         self._file_pos = end
-        rest = self._fill - aligned
-        self._view[:rest] = self._view[aligned : self._fill]
-        self._fill = rest
-        self._mid_batch = True
-
-    # --- pad, preallocate, roll ---------------------------------------------------------------
-    def _pad(self) -> None:
-        """Close the batch with a PADDING frame up to the next aligned offset (the buffer
-        always keeps two alignments of room for it)."""
-        pad = padding_size(self._fill, self._cfg.alignment)
-        if not pad:
-            return
-        pos, view = self._fill, self._view
-        view[pos : pos + pad] = self._zeros[:pad]
-        body = pad - FRAME_HEADER.size
-        FRAME_HEADER.pack_into(view, pos, 0, FrameType.PADDING, 0, 0, body)
-        _U32.pack_into(view, pos, crc32c(view[pos + 4 : pos + pad]))
-        self._fill = pos + pad
 
     def _preallocate(self, end: int) -> None:
         """Reserve space ahead of the tail (fallocate) in ``prealloc_size`` steps, so
