@@ -42,7 +42,7 @@ from bookie.journal import (
     replay,
     write_mark,
 )
-from bookie.storage import LedgerStorage
+from bookie.storage import MAX_ENTRY_ID, MAX_ENTRY_SIZE, LedgerStorage
 from walkit.errors import (
     BookieShutdownError,
     EntryTooLargeError,
@@ -88,7 +88,7 @@ def _as_walkit_error(exc: BaseException) -> WalkitError:
     if isinstance(exc, WalkitError):
         return exc
     if isinstance(exc, OSError):
-        err = NativeIOError(exc.errno or 5, "journal write failed")
+        err = NativeIOError(exc.errno or 5, f"bookie I/O failed: {exc}")
     else:
         err = BookieShutdownError("journal failed")
     err.__cause__ = exc
@@ -118,7 +118,8 @@ class _StorageReplay:
         self.s.set_fenced(ledger_id)
 
     def replay_lac(self, ledger_id: int, lac: int) -> None:
-        self.s.set_explicit_lac(ledger_id, max(lac, self.s.explicit_lac(ledger_id) or -1))
+        current = self.s.explicit_lac(ledger_id)
+        self.s.set_explicit_lac(ledger_id, lac if current is None else max(lac, current))
 
 
 class Bookie:
@@ -180,9 +181,11 @@ class Bookie:
         journal, storage = self._journal, self._storage
         assert journal is not None and storage is not None
         journal.shutdown()
-        if journal.failed is None:
-            self._checkpoint_now()
-        storage.close()
+        try:
+            if journal.failed is None:
+                self._checkpoint_now()
+        finally:
+            storage.close()
 
     def __enter__(self) -> Bookie:
         self.start()
@@ -219,8 +222,8 @@ class Bookie:
                 self.storage.add_entry(ledger_id, entry_id, payload)
                 self.journal.log_entry(ledger_id, entry_id, payload, _resolve, fut)
             self._count_pending()
-        except WalkitError as exc:
-            fut.set_exception(exc)
+        except (WalkitError, OSError) as exc:  # a dead disk fails the future, not the call
+            fut.set_exception(_as_walkit_error(exc))
         return fut
 
     def fence(self, ledger_id: int, master_key: bytes) -> Future[None]:
@@ -234,8 +237,8 @@ class Bookie:
                 self._admit_key(ledger_id, master_key)
                 self.storage.set_fenced(ledger_id)
                 self.journal.log_fence(ledger_id, _resolve, fut)
-        except WalkitError as exc:
-            fut.set_exception(exc)
+        except (WalkitError, OSError) as exc:  # a dead disk fails the future, not the call
+            fut.set_exception(_as_walkit_error(exc))
         return fut
 
     def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> Future[None]:
@@ -249,8 +252,8 @@ class Bookie:
                 current = self.storage.explicit_lac(ledger_id)
                 self.storage.set_explicit_lac(ledger_id, max(lac, -1 if current is None else current))
                 self.journal.log_lac(ledger_id, lac, _resolve, fut)
-        except WalkitError as exc:
-            fut.set_exception(exc)
+        except (WalkitError, OSError) as exc:  # a dead disk fails the future, not the call
+            fut.set_exception(_as_walkit_error(exc))
         return fut
 
     def _admit_key(self, ledger_id: int, master_key: bytes) -> None:
@@ -339,9 +342,9 @@ class Bookie:
 
     def _check_entry(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes) -> None:
         self._check_ledger(ledger_id, master_key)
-        if not isinstance(entry_id, int) or entry_id < 0:
-            raise InvalidArgumentError("entry id must be >= 0", ledger=ledger_id, entry=entry_id)
-        if len(payload) > self.config.netty_max_frame_size_bytes:
+        if not isinstance(entry_id, int) or not 0 <= entry_id <= MAX_ENTRY_ID:
+            raise InvalidArgumentError("entry id out of range", ledger=ledger_id, entry=entry_id, max=MAX_ENTRY_ID)
+        if len(payload) > min(self.config.netty_max_frame_size_bytes, MAX_ENTRY_SIZE):
             raise EntryTooLargeError(
                 "entry too large", ledger=ledger_id, entry=entry_id, size=len(payload), limit=self.config.netty_max_frame_size_bytes
             )

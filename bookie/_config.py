@@ -70,7 +70,7 @@ class BookieConfig:
             expected = {"int": int, "float": (int, float), "bool": bool, "str": str}.get(str(f.type))
             if expected is not None and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
                 raise ConfigError("wrong type", key=f.metadata["key"], value=repr(value), expected=f.type)
-        if not self.ledger_directories or not all(isinstance(d, str) and d for d in self.ledger_directories):
+        if not isinstance(self.ledger_directories, list) or not self.ledger_directories or not all(isinstance(d, str) and d for d in self.ledger_directories):
             raise ConfigError("ledgerDirectories must be a non-empty list of paths", value=self.ledger_directories)
         if len(set(self.ledger_directories)) != len(self.ledger_directories):
             raise ConfigError("ledgerDirectories lists a directory twice", value=self.ledger_directories)
