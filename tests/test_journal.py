@@ -246,6 +246,11 @@ class _SpyFile:
         self._events.append(("write", self._inner.path, offset, len(memoryview(data))))
         return n
 
+    def pwritev(self, buffers: list[Any], offset: int) -> int:
+        n = self._inner.pwritev(buffers, offset)
+        self._events.append(("write", self._inner.path, offset, n))
+        return n
+
     def sync(self) -> None:
         self._inner.sync()
         self._events.append(("sync", self._inner.path))
@@ -255,7 +260,7 @@ class _SpyFile:
 
 
 class SpyFS:
-    """Wraps a FileSystem; logs every completed pwrite and sync of every file."""
+    """Wraps a FileSystem; logs every completed pwrite(v) and sync of every file."""
 
     def __init__(self, inner: FileSystem) -> None:
         self._inner = inner
@@ -526,13 +531,13 @@ class LostCallback(AssertionError):
 
 def test_record_submitted_while_the_journal_dies_is_called_back(mem: Env) -> None:
     """Deterministic replay of the race: the producer is paused (by a trace hook) after
-    log_entry's liveness check and before its append, while another record makes the
-    journal die and drain its queue. The paused record must still be called back."""
+    the liveness check and before the record is framed into the batch, while another
+    record makes the journal die. The paused record must still be called back."""
     fs = mem.fs
     assert isinstance(fs, MemFS)
     j = mem.journal()
     acks = Acks()
-    codes = {Journal.log_entry.__code__, Journal._submit.__code__}  # log_entry may inline _submit
+    codes = {Journal._add.__code__}
     paused: list[bool] = []
 
     def kill_the_journal() -> None:
@@ -545,7 +550,7 @@ def test_record_submitted_while_the_journal_dies_is_called_back(mem: Env) -> Non
 
     def local(frame: Any, event: str, arg: Any) -> Any:
         line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-        if event == "line" and "_queue.append(" in line and not paused:
+        if event == "line" and "_frames.append(" in line and not paused:
             paused.append(True)
             killer = threading.Thread(target=kill_the_journal)
             killer.start()
@@ -560,7 +565,7 @@ def test_record_submitted_while_the_journal_dies_is_called_back(mem: Env) -> Non
         j.log_entry(1, 1, b"racing", acks, "racing")
     finally:
         sys.settrace(None)
-    assert paused, "the trace hook never found the queue append in Journal.log_entry/_submit"
+    assert paused, "the trace hook never found the framing call in Journal._add"
     deadline = time.monotonic() + 2
     while len(acks.calls) < 2 and time.monotonic() < deadline:
         time.sleep(0.001)

@@ -53,6 +53,10 @@ class File(Protocol):
 
     def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int: ...
 
+    def pwritev(self, buffers: list[memoryview], offset: int) -> int:
+        """Write the buffers back to back from ``offset`` in one call."""
+        ...
+
     def pread(self, size: int, offset: int) -> bytes: ...
 
     def sync(self) -> None:

@@ -109,15 +109,28 @@ class _MemFile:
         with self._fs._lock:
             self._check()
             self._fs._mutate("write")
-            n = len(data)
-            if self.direct and (offset % self._fs.alignment or n % self._fs.alignment):
-                raise OSError(errno.EINVAL, f"unaligned O_DIRECT write offset={offset} len={n}")
-            d = self._inode.data
-            if len(d) < offset:
-                d.extend(bytes(offset - len(d)))
-            d[offset : offset + n] = data
-            self._inode.touch(offset, offset + n)
-            return n
+            return self._write_at(data, offset)
+
+    def _write_at(self, data: bytes | bytearray | memoryview, offset: int) -> int:
+        n = len(data)
+        if self.direct and (offset % self._fs.alignment or n % self._fs.alignment):
+            raise OSError(errno.EINVAL, f"unaligned O_DIRECT write offset={offset} len={n}")
+        d = self._inode.data
+        if len(d) < offset:
+            d.extend(bytes(offset - len(d)))
+        d[offset : offset + n] = data
+        self._inode.touch(offset, offset + n)
+        return n
+
+    def pwritev(self, buffers: list[memoryview], offset: int) -> int:
+        """Gathered write: one operation (one crash point), bytes kept in order."""
+        with self._fs._lock:
+            self._check()
+            self._fs._mutate("write")
+            pos = offset
+            for b in buffers:
+                pos += self._write_at(b, pos)
+            return pos - offset
 
     def pread(self, size: int, offset: int) -> bytes:
         with self._fs._lock:

@@ -73,6 +73,15 @@ class RealFile:
             self._check_aligned(offset, _nbytes(data))
         return self._backend.pwrite(fd, data, offset)
 
+    def pwritev(self, buffers: list[memoryview], offset: int) -> int:
+        fd = self._live_fd()
+        if self.direct:
+            pos = offset
+            for b in buffers:
+                self._check_aligned(pos, _nbytes(b))
+                pos += _nbytes(b)
+        return self._backend.pwritev(fd, buffers, offset)
+
     def pread(self, size: int, offset: int) -> bytes:
         self._live_fd()
         return self._backend.pread(self._read_fd, size, offset)

@@ -35,7 +35,7 @@ class FlushReason(enum.Enum):
     SHUTDOWN = "shutdown"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GroupCommitPolicy:
     max_group_wait: float = 0.002  # journalMaxGroupWaitMSec=2: bounds added latency
     buffered_writes_threshold: int = 512 * 1024  # journalBufferedWritesThreshold

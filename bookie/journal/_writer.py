@@ -2,33 +2,34 @@
 
 Theory of operation
 -------------------
-Producers call :meth:`Journal.log_entry` (and the meta-record variants) from any thread:
-that only appends a tuple to a deque and, when the journal thread sleeps, wakes it.
+Producers call :meth:`Journal.log_entry` (and the meta-record variants) from any thread.
+Under the journal's lock the record is framed straight into the batch being built (an
+aligned :class:`~bookie.journal._framing.FrameBuffer`: header, ids, payload, CRC32C) and
+its callback is appended to the batch. Framing in the caller's thread means a record is
+touched once, and the journal threads wake once per batch, not per record - in CPython,
+where every thread shares one core's worth of bytecode, that is what throughput is made of.
 
-Two threads share the work, as BookKeeper's journal and force-write threads do:
+* The **journal thread** decides when the batch goes out: it asks the pure
+  :func:`~bookie.journal.flush_reason` policy (the oldest record's wait, buffered bytes and
+  entries, flush-when-the-queue-is-empty) whenever it wakes. Producers wake it for the
+  first record of a batch, and - while it sleeps out a group wait - when the policy says
+  a threshold was reached. When a batch must go and the sync thread is free, it pads the
+  batch to the alignment (PADDING frame), swaps in an empty buffer and hands the batch
+  over. While the sync thread is busy, records keep joining the batch: the busier the
+  disk, the larger the batches.
+* The **sync thread** writes the batch with one ``pwrite`` at an aligned offset (O_DIRECT
+  where allowed), calls one ``fdatasync``, then runs the batch's callbacks in submission
+  order and the flush listeners. Callbacks must be quick; they may submit new records
+  (appending never blocks: a batch larger than its buffer gets a larger buffer).
 
-* the **journal thread** drains the deque into an aligned buffer, frame after frame
-  (header, ids, payload, CRC32C), asking :func:`~bookie.journal.flush_reason` after each
-  one whether the batch must go out. When it must, the batch is padded to the alignment
-  with a PADDING frame and handed to the sync thread. While the sync thread is still busy
-  with the previous batch, records that keep arriving join the ready batch (up to the
-  buffer's size): the busier the disk, the larger the batches;
-* the **sync thread** writes the batch with one ``pwrite`` at an aligned offset (O_DIRECT
-  where allowed), calls one ``fdatasync``, then runs every callback of the batch in queue
-  order and the flush listeners - one wake-up per batch, not per entry. Callbacks must be
-  quick and never block. Two buffers alternate, so framing the next batch (CPU, holds the
-  GIL) overlaps the write and sync of the previous one (I/O, releases it).
-
-A frame larger than the buffer is written out in aligned pieces before its batch (the
-batch's fdatasync covers them). Space ahead of the tail is reserved (fallocate) in steps
-of ``prealloc_size``, so most fdatasyncs need not grow the file. After a batch that
-leaves the file past ``max_size`` the journal rolls to a new file (header written and
-synced, directory synced) before the next batch.
+Space ahead of the tail is reserved (fallocate) in steps of ``prealloc_size``, so most
+fdatasyncs need not grow the file. A batch that leaves the file past ``max_size`` makes
+the journal roll to a new file (header written and synced, directory synced).
 
 Durability: a callback receives ``None`` only after the fdatasync that covers its frame
-returned (or, with ``sync_data=False``, after the write). Any I/O error kills the
-journal: the batch and everything queued later fail with that error, and so do later
-submissions - the bookie must not acknowledge anything it cannot make durable.
+returned (or, with ``sync_data=False``, after the write). Any I/O error kills the journal:
+the batch in flight, the batch being built and every later submission fail - exactly once
+each - and nothing later is acknowledged.
 """
 
 from __future__ import annotations
@@ -36,14 +37,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from bookie.fs import AlignedBuffer, File, FileSystem
 from bookie.journal._format import FrameType, JournalHeader, journal_name, parse_journal_name
-from bookie.journal._framing import ENTRY, FrameBuffer, frame_size
+from bookie.journal._framing import ENTRY, FrameBuffer, Segment
 from bookie.journal._mark import LogMark
 from bookie.journal._policy import FlushReason, GroupCommitPolicy, flush_reason, wait_timeout
 from walkit.errors import BookieShutdownError, InvalidArgumentError, NativeIOError
@@ -55,7 +55,6 @@ log = logging.getLogger("bookie.journal")
 #: ``callback(error, ctx)``: error is None once the record is durable.
 Callback = Callable[[BaseException | None, Any], None]
 
-_STOP = object()
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ class JournalConfig:
     max_backups: int = 5  # journalMaxBackups=5: old journals kept behind the mark
     sync_data: bool = True  # journalSyncData=true: fdatasync before acknowledging
     direct_io: bool = True  # O_DIRECT when the file system allows it
-    buffer_size: int = 4 << 20  # per buffer (two alternate): the largest batch; >= the bytes threshold
+    buffer_size: int = 1 << 20  # one segment; a larger batch is several (written with one pwritev)
 
 
 @dataclass
@@ -102,23 +101,26 @@ def _check_bytes(data: Any) -> bytes:
     return data  # type: ignore[return-value]
 
 
-def _call_back(records: list[tuple[Any, ...]], error: BaseException | None) -> None:
-    """Run the callbacks of queued records (field 4, with field 5 as context), in order."""
-    for rec in records:
-        cb = rec[4]
-        if cb is not None:
-            cb(error, rec[5])
+def _call_back(records: list[tuple[Callback, Any]], error: BaseException | None) -> None:
+    """Run a batch's callbacks, in submission order."""
+    for cb, ctx in records:
+        cb(error, ctx)
 
 
 class _Batch:
     """A batch handed from the journal thread to the sync thread."""
 
-    __slots__ = ("buf", "length", "offset", "journal_id", "records", "reason")
+    __slots__ = ("segments", "length", "offset", "journal_id", "records", "reason")
 
-    def __init__(self, buf: AlignedBuffer, length: int, offset: int, journal_id: int,
-                 records: list[tuple[Any, ...]], reason: FlushReason) -> None:
-        self.buf, self.length, self.offset, self.journal_id = buf, length, offset, journal_id
+    def __init__(self, segments: list[Segment], offset: int, journal_id: int,
+                 records: list[tuple[Callback, Any]], reason: FlushReason) -> None:
+        self.segments, self.offset, self.journal_id = segments, offset, journal_id
+        self.length = sum(n for _, n in segments)
         self.records, self.reason = records, reason
+
+
+_IDLE, _UNTIMED, _TIMED = 0, 1, 2  # what the journal thread is waiting for
+_POOL = 16  # spare buffers kept: 16 x buffer_size of memory at most when idle
 
 
 class Journal:
@@ -129,23 +131,29 @@ class Journal:
         self._fs = fs
         self._cfg = config
         self._clock = clock
-        self._queue: deque[Any] = deque()
-        self._cond = threading.Condition(threading.Lock())
-        self._waiting = False
-        self._error: BaseException | None = None
+        self._buf_size = -(-max(config.buffer_size, config.policy.buffered_writes_threshold + 2 * a) // a) * a
+        # Producer state, all under _lock: the batch being built.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # wakes the journal thread
+        self._pool: list[AlignedBuffer] = []  # spare standard buffers (under _lock)
+        self._frames = FrameBuffer(a, self._get_buffer, self._put_buffer)
+        self._records: list[tuple[Callback, Any]] = []  # callbacks of the batch being built
+        self._entries = 0
+        self._oldest: float | None = None
+        self._waiting = _IDLE
         self._closed = False
-        size = -(-max(config.buffer_size, config.policy.buffered_writes_threshold + a) // a) * a
-        self._bufs = [fs.alloc_buffer(size), fs.alloc_buffer(size)]
-        self._frames = FrameBuffer(self._bufs[0], a, self._spill)
+        self._error: BaseException | None = None
+        # Journal-thread state: the file and where the next batch goes.
         self._file: File | None = None
         self._journal_id = -1
-        self._file_pos = 0  # file offset of the batch being built; always aligned
+        self._file_pos = 0  # file offset of the next batch; always aligned
         self._allocated = 0
         self._durable = LogMark(-1, 0)
-        # hand-off to the sync thread: at most one batch in flight
+        # Hand-off to the sync thread: at most one batch in flight.
         self._sync_cond = threading.Condition(threading.Lock())
         self._handoff: _Batch | None = None
         self._sync_busy = False
+        self._sync_stop = False
         self._threads: list[threading.Thread] = []
         self.stats = JournalStats()
         self.direct = False
@@ -167,20 +175,20 @@ class Journal:
         return self._durable
 
     def shutdown(self) -> None:
-        """Flush everything queued so far, then stop. Later submissions fail."""
-        with self._cond:
+        """Flush everything submitted so far, then stop. Later submissions fail."""
+        with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._queue.append(_STOP)
             self._cond.notify()
         for t in self._threads:
             t.join()
         if self._file is not None:
             self._file.close()
             self._file = None
-        for b in self._bufs:
-            b.close()
+        for buf in [self._frames.buf, *self._pool]:
+            buf.close()
+        self._pool.clear()
 
     @property
     def failed(self) -> BaseException | None:
@@ -207,30 +215,49 @@ class Journal:
 
     # --- producers ------------------------------------------------------------------------
     def log_entry(self, ledger_id: int, entry_id: int, data: bytes, callback: Callback | None = None, ctx: Any = None) -> None:
-        _check_ids(ledger_id, entry_id)
-        self._submit((ENTRY, ledger_id, entry_id, _check_bytes(data), callback, ctx, self._clock()))
+        if (
+            type(ledger_id) is not int or type(entry_id) is not int or not 0 <= ledger_id <= _U64_MAX
+            or not _I64_MIN <= entry_id <= _I64_MAX or not isinstance(data, (bytes, bytearray, memoryview))
+        ):
+            _check_ids(ledger_id, entry_id)
+            _check_bytes(data)
+        self._add(ENTRY, ledger_id, entry_id, data, callback, ctx)
 
     def log_master_key(self, ledger_id: int, key: bytes, callback: Callback | None = None, ctx: Any = None) -> None:
         _check_ids(ledger_id, 0)
-        self._submit((FrameType.MASTER_KEY, ledger_id, 0, _check_bytes(key), callback, ctx, self._clock()))
+        self._add(FrameType.MASTER_KEY, ledger_id, 0, _check_bytes(key), callback, ctx)
 
     def log_fence(self, ledger_id: int, callback: Callback | None = None, ctx: Any = None) -> None:
         _check_ids(ledger_id, 0)
-        self._submit((FrameType.FENCE, ledger_id, 0, b"", callback, ctx, self._clock()))
+        self._add(FrameType.FENCE, ledger_id, 0, b"", callback, ctx)
 
     def log_lac(self, ledger_id: int, lac: int, callback: Callback | None = None, ctx: Any = None) -> None:
         _check_ids(ledger_id, lac)
-        self._submit((FrameType.LAC, ledger_id, lac, b"", callback, ctx, self._clock()))
+        self._add(FrameType.LAC, ledger_id, lac, b"", callback, ctx)
 
-    def _submit(self, record: tuple[Any, ...]) -> None:
-        # Under the lock: a record is either refused here or called back later, even
-        # when the journal dies or shuts down at this very moment (_fail_queued).
-        with self._cond:
+    def _add(self, ftype: int, ledger_id: int, arg: int, data: Any, callback: Callback | None, ctx: Any) -> None:
+        # Under the lock: a record is either refused here or called back later exactly
+        # once, even when the journal dies or shuts down at this very moment.
+        lock = self._lock  # acquire/release: cheaper than `with` on this hot path
+        lock.acquire()
+        try:
             if self._closed or self._error is not None:
                 raise self._dead_error()
-            self._queue.append(record)
-            if self._waiting:
+            self._frames.append(ftype, ledger_id, arg, data)
+            if callback is not None:
+                self._records.append((callback, ctx))
+            self._entries += 1
+            if self._oldest is None:
+                self._oldest = self._clock()
+            if self._waiting == _UNTIMED or (self._waiting == _TIMED and self._reason() is not None):
+                self._waiting = _IDLE
                 self._cond.notify()
+        finally:
+            lock.release()
+
+    def _reason(self) -> FlushReason | None:
+        """The policy's verdict on the batch being built (producers, lock held)."""
+        return flush_reason(self._cfg.policy, self._clock(), self._oldest, self._frames.size, self._entries, None)
 
     def _dead_error(self) -> BaseException:
         if self._error is not None:
@@ -239,174 +266,145 @@ class Journal:
 
     # --- the journal thread -------------------------------------------------------------
     def _run(self) -> None:
-        batch: list[tuple[Any, ...]] = []
         try:
             while self._error is None:
-                reason, stopping = self._drain(batch)
-                if reason is not None:
-                    self._gather_while_busy(batch)
-                    self._hand_off(batch, reason)
-                if stopping:
-                    self._hand_off_stop()
-                    self._fail_queued(self._dead_error())
-                    return
+                reason = self._await_batch()
                 if reason is None:
-                    oldest = batch[0][6] if batch else None
-                    self._sleep(wait_timeout(self._cfg.policy, now=self._clock(), oldest_enqueued=oldest))
-            self._fail(self._error, batch)
+                    break  # shut down with nothing left
+                self._wait_sync_idle()
+                self._hand_off(reason)
         except BaseException as exc:  # noqa: BLE001 - any failure kills the journal
-            self._fail(exc, batch)
+            self._die(exc)
         finally:
             with self._sync_cond:
+                self._sync_stop = True
                 self._sync_cond.notify_all()
-
-    def _drain(self, batch: list[tuple[Any, ...]]) -> tuple[FlushReason | None, bool]:
-        """Frame queued records into the buffer until the policy says flush or the queue
-        is empty. Returns (reason to flush or None, whether the stop marker came)."""
-        q, policy, clock, frames = self._queue, self._cfg.policy, self._clock, self._frames
-        append = frames.append
-        oldest = batch[0][6] if batch else None
-        while q:
-            rec = q.popleft()
-            if rec is _STOP:
-                return (FlushReason.SHUTDOWN if batch else None), True
-            batch.append(rec)
-            append(rec)
-            if oldest is None:
-                oldest = rec[6]
-            head = q[0] if q else None
-            reason = flush_reason(policy, clock(), oldest, frames.fill, len(batch), None if head is None or head is _STOP else head[6])
-            if reason is not None:
-                return reason, False
-        if not batch:
-            return None, False
-        return flush_reason(policy, clock(), oldest, frames.fill, len(batch), None), False
-
-    def _gather_while_busy(self, batch: list[tuple[Any, ...]]) -> None:
-        """While the sync thread is still busy, let queued records join the ready batch
-        (as long as they fit in the buffer)."""
-        q = self._queue
-        while self._sync_busy and self._error is None:
-            head = q[0] if q else None
-            if head is not None and head is not _STOP and self._frames.fits(frame_size(head)):
-                q.popleft()
-                batch.append(head)
-                self._frames.append(head)
-                continue
-            with self._sync_cond:
-                if self._sync_busy:
-                    self._sync_cond.wait(0.001 if head is None else None)
-
-    def _hand_off(self, batch: list[tuple[Any, ...]], reason: FlushReason) -> None:
-        frames = self._frames
-        frames.pad()
-        with self._sync_cond:
-            while self._sync_busy and self._error is None:
-                self._sync_cond.wait()
             if self._error is not None:
-                raise self._error
-            end = self._file_pos + frames.fill
-            if end > self._allocated:
-                self._preallocate(end)
-            self._handoff = _Batch(frames.buf, frames.fill, self._file_pos, self._journal_id, list(batch), reason)
+                self._die(self._error)
+
+    def _await_batch(self) -> FlushReason | None:
+        """Sleep until the policy says the batch must go (None: shut down, batch empty).
+        The clock is read before taking the lock, never while holding it."""
+        while True:
+            now = self._clock()
+            with self._lock:
+                if self._error is not None:
+                    raise self._error
+                if self._entries == 0:
+                    if self._closed:
+                        return None
+                    self._waiting = _UNTIMED
+                    self._cond.wait()
+                    continue
+                if self._closed:
+                    return FlushReason.SHUTDOWN
+                reason = flush_reason(self._cfg.policy, now, self._oldest, self._frames.size, self._entries, None)
+                if reason is not None:
+                    self._waiting = _IDLE
+                    return reason
+                timeout = wait_timeout(self._cfg.policy, now=now, oldest_enqueued=self._oldest)
+                self._waiting = _TIMED
+                self._cond.wait(None if timeout is None else min(timeout, threading.TIMEOUT_MAX))
+
+    def _hand_off(self, reason: FlushReason) -> None:
+        """Close the batch being built and give it to the (idle) sync thread."""
+        with self._lock:
+            segments, records = self._frames.take(), self._records
+            self._records, self._entries, self._oldest = [], 0, None
+        batch = _Batch(segments, self._file_pos, self._journal_id, records, reason)
+        self._file_pos += batch.length
+        if self._file_pos > self._allocated:
+            try:
+                self._preallocate(self._file_pos)
+            except BaseException as exc:  # these records left the batch: fail them here
+                _call_back(records, exc)
+                raise
+        with self._sync_cond:
+            self._handoff = batch
             self._sync_busy = True
             self._sync_cond.notify_all()
-        batch.clear()  # the sync thread owns these records now: never call them back here
-        self._file_pos = end
-        frames.use(self._bufs[1] if frames.buf is self._bufs[0] else self._bufs[0])
         if self._file_pos >= self._cfg.max_size:
             self._wait_sync_idle()
             self._roll()
-
-    def _hand_off_stop(self) -> None:
-        self._wait_sync_idle()
-        with self._sync_cond:
-            self._handoff = None
-            self._sync_busy = True  # the sync thread sees busy without a batch: stop
-            self._sync_cond.notify_all()
 
     def _wait_sync_idle(self) -> None:
         with self._sync_cond:
             while self._sync_busy and self._error is None:
                 self._sync_cond.wait()
-            if self._error is not None:
-                raise self._error
+        if self._error is not None:
+            raise self._error
 
-    def _sleep(self, timeout: float | None) -> None:
-        with self._cond:
-            self._waiting = True
-            if not self._queue:
-                self._cond.wait(None if timeout is None else min(timeout, threading.TIMEOUT_MAX))
-            self._waiting = False
-
-    def _fail(self, exc: BaseException, batch: list[tuple[Any, ...]]) -> None:
-        if self._error is None:
-            log.error("journal %d failed: %s", self._journal_id, exc)
-            self._error = exc
-        _call_back(batch, exc)
-        self._fail_queued(exc)
-
-    def _fail_queued(self, exc: BaseException) -> None:
-        with self._cond:
-            records = [r for r in self._queue if r is not _STOP]
-            self._queue.clear()
+    def _die(self, exc: BaseException) -> None:
+        """Fail the batch being built and refuse everything later (exactly once each)."""
+        with self._lock:
+            if self._error is None:
+                log.error("journal %d failed: %s", self._journal_id, exc)
+                self._error = exc
+            records, self._records = self._records, []
+            self._entries, self._oldest = 0, None
         _call_back(records, exc)
 
     # --- the sync thread ----------------------------------------------------------------------
     def _sync_run(self) -> None:
         while True:
             with self._sync_cond:
-                while not self._sync_busy and self._error is None:
+                while not self._sync_busy and not self._sync_stop:
                     self._sync_cond.wait()
                 batch = self._handoff
-                if batch is None:  # stop, or the journal thread died
+                if batch is None:
                     return
-            try:
-                self._write_batch(batch)
-            except BaseException as exc:  # noqa: BLE001 - any failure kills the journal
-                log.error("journal %d: write of %d records failed: %s", batch.journal_id, len(batch.records), exc)
-                self._error = exc
-                _call_back(batch.records, exc)
-                with self._cond:
-                    self._cond.notify()
+            failed = self._write_batch(batch)
             with self._sync_cond:
                 self._handoff = None
                 self._sync_busy = False
                 self._sync_cond.notify_all()
-                if self._error is not None:
-                    return
+            if failed:
+                return
 
-    def _write_batch(self, b: _Batch) -> None:
+    def _write_batch(self, b: _Batch) -> bool:
+        """Write, sync and acknowledge one batch; True when the journal died doing it."""
         f = self._file
         assert f is not None
-        f.pwrite(b.buf.view[: b.length], b.offset)
-        if self._cfg.sync_data:
-            f.sync()
+        try:
+            f.pwritev([buf.view[:n] for buf, n in b.segments], b.offset)
+            if self._cfg.sync_data:
+                f.sync()
+        except BaseException as exc:  # noqa: BLE001 - any failure kills the journal
+            log.error("journal %d: write of %d records failed: %s", b.journal_id, len(b.records), exc)
+            with self._lock:
+                self._error = self._error or exc
+                self._cond.notify()
+            _call_back(b.records, exc)
+            return True
         self._durable = LogMark(b.journal_id, b.offset + b.length)
         st = self.stats
         st.flushes += 1
         st.records += len(b.records)
         st.bytes_written += b.length
         st.reasons[b.reason.value] = st.reasons.get(b.reason.value, 0) + 1
+        with self._lock:
+            for buf, _ in b.segments:
+                self._put_buffer(buf)
         _call_back(b.records, None)
         for listener in self.flush_listeners:
             listener(self._durable)
+        return False
 
-    # --- spill, preallocate, roll ---------------------------------------------------------------
-    def _spill(self, blocks: memoryview) -> None:
-        """Write whole aligned blocks of a batch that outgrew the buffer (no sync; the
-        batch's fdatasync covers them). It waits until the previous batch is synced:
-        otherwise a power cut could keep this spill yet lose part of that batch, and
-        replay would see valid data after a hole - corruption, not a torn tail."""
-        self._wait_sync_idle()
-        f = self._file
-        assert f is not None
-        end = self._file_pos + len(blocks)
-        if end > self._allocated:
-            self._preallocate(end)
-        f.pwrite(blocks, self._file_pos)
-        self._file_pos = end
+    # --- buffers (called with _lock held) ----------------------------------------------------
+    def _get_buffer(self, min_size: int) -> AlignedBuffer:
+        """A standard buffer from the pool, or a new one; a larger one when asked."""
+        if min_size <= self._buf_size:
+            return self._pool.pop() if self._pool else self._fs.alloc_buffer(self._buf_size)
+        a = self._cfg.alignment
+        return self._fs.alloc_buffer(-(-min_size // a) * a)
 
+    def _put_buffer(self, buf: AlignedBuffer) -> None:
+        if len(buf) == self._buf_size and len(self._pool) < _POOL and not self._closed:
+            self._pool.append(buf)
+        else:
+            buf.close()
+
+    # --- preallocate, roll ---------------------------------------------------------------------
     def _preallocate(self, end: int) -> None:
         """Reserve space ahead of the tail (fallocate) in ``prealloc_size`` steps, so
         most writes land inside the file and an fdatasync need not grow it."""
