@@ -1,6 +1,6 @@
 """Group commit: the pure flush decision on a fake clock, then the same rule inside a Journal.
 
-The table rows read as "the policy, the state of the batch and of the queue at ``now``,
+The table rows read as "the policy, the state of the batch at ``now``,
 and what the journal must do". A Journal test then shows that the writer asks the policy
 with its own clock and nothing else: on a frozen fake clock with a huge group wait no
 flush happens, however long the real clock runs, until the fake clock is moved.
@@ -33,7 +33,6 @@ class Case:
     oldest: float | None
     nbytes: int = 0
     entries: int = 1
-    next_enqueued: float | None = None
     want: FlushReason | None = None
 
 
@@ -58,37 +57,29 @@ CASES = [
     Case("empty batch, queue empty, long after", P, T0 + 10, None, entries=0),
     Case("empty batch even with flush-when-queue-empty", pol(queue_empty=True), T0, None, entries=0),
     Case("empty batch ignores byte counters", P, T0, None, nbytes=10 << 20, entries=0),
-    Case("empty batch with an overdue queue", P, T0 + 1, None, entries=0, next_enqueued=T0),
     # --- max wait ---------------------------------------------------------------------
     Case("fresh entry, queue empty: keep gathering", P, T0, T0),
     Case("just under the group wait", P, T0 + W * 0.999, T0),
     Case("exactly at the group wait", P, T0 + W, T0, want=FlushReason.MAX_WAIT),
     Case("past the group wait", P, T0 + 1.0, T0, want=FlushReason.MAX_WAIT),
-    Case("overdue, next queued entry is fresh", P, T0 + W, T0, next_enqueued=T0 + W, want=FlushReason.MAX_WAIT),
-    Case("overdue, next queued just under the wait", P, T0 + W, T0, next_enqueued=T0 + W * 0.001, want=FlushReason.MAX_WAIT),
-    # groupWhenTimeout: overdue entries still queued join the batch first
-    Case("overdue, next queued also overdue: gather", P, T0 + W, T0, next_enqueued=T0),
-    Case("overdue, next queued overdue long ago: gather", P, T0 + 5, T0, next_enqueued=T0 + 1),
-    Case("overdue, next queued exactly at the wait: gather", P, T0 + 2 * W, T0, next_enqueued=T0 + W),
-    Case("not yet due, next queued (older clock) irrelevant", P, T0 + W / 2, T0, next_enqueued=T0),
+    Case("not yet due: half the wait", P, T0 + W / 2, T0),
     Case("huge wait: an hour in, nothing", BIG, T0 + 3599, T0),
     Case("huge wait: an hour later, flush", BIG, T0 + 3600, T0, want=FlushReason.MAX_WAIT),
     # --- bytes threshold ------------------------------------------------------------
     Case("one byte under the bytes threshold", P, T0, T0, nbytes=512 * KIB - 1),
     Case("exactly at the bytes threshold", P, T0, T0, nbytes=512 * KIB, want=FlushReason.MAX_BYTES),
     Case("over the bytes threshold", P, T0, T0, nbytes=3 << 20, want=FlushReason.MAX_BYTES),
-    Case("bytes threshold with overdue queue still flushes", P, T0 + 1, T0, nbytes=512 * KIB, next_enqueued=T0, want=FlushReason.MAX_BYTES),
+    Case("bytes threshold while overdue: max wait first", P, T0 + 1, T0, nbytes=512 * KIB, want=FlushReason.MAX_WAIT),
     Case("small bytes threshold", pol(nbytes=4096), T0, T0, nbytes=4096, want=FlushReason.MAX_BYTES),
     # --- entries threshold --------------------------------------------------------------
     Case("entries threshold off (0): a million entries", P, T0, T0, nbytes=100, entries=1_000_000),
     Case("one entry under the entries threshold", pol(entries=10), T0, T0, entries=9),
     Case("exactly at the entries threshold", pol(entries=10), T0, T0, entries=10, want=FlushReason.MAX_ENTRIES),
     Case("over the entries threshold", pol(entries=10), T0, T0, entries=11, want=FlushReason.MAX_ENTRIES),
-    Case("entries threshold 1: every entry", pol(entries=1), T0, T0, entries=1, next_enqueued=T0, want=FlushReason.MAX_ENTRIES),
+    Case("entries threshold 1: every entry", pol(entries=1), T0, T0, entries=1, want=FlushReason.MAX_ENTRIES),
     # --- flush when the queue is empty --------------------------------------------------
-    Case("queue empty, option off", P, T0, T0, next_enqueued=None),
+    Case("queue empty, option off", P, T0, T0),
     Case("queue empty, option on", pol(queue_empty=True), T0, T0, want=FlushReason.QUEUE_EMPTY),
-    Case("queue not empty, option on", pol(queue_empty=True), T0, T0, next_enqueued=T0),
     Case("queue empty, option on, overdue: max wait wins", pol(queue_empty=True), T0 + W, T0, want=FlushReason.MAX_WAIT),
     # --- several triggers: the order the function documents -------------------------------
     Case("bytes and entries: bytes first", pol(entries=2), T0, T0, nbytes=1 << 20, entries=2, want=FlushReason.MAX_BYTES),
@@ -100,7 +91,7 @@ CASES = [
 def test_flush_reason(case: Case) -> None:
     got = flush_reason(
         case.policy, now=case.now, oldest_enqueued=case.oldest, buffered_bytes=case.nbytes,
-        buffered_entries=case.entries, next_enqueued=case.next_enqueued,
+        buffered_entries=case.entries,
     )
     assert got is case.want, f"{case.name}: flush_reason -> {got}, expected {case.want} ({case})"
 
@@ -133,8 +124,8 @@ def test_wait_timeout_ends_where_flush_reason_starts(elapsed: float) -> None:
     now = T0 + elapsed
     timeout = wait_timeout(P, now=now, oldest_enqueued=T0)
     assert timeout is not None
-    reason_now = flush_reason(P, now=now, oldest_enqueued=T0, buffered_bytes=0, buffered_entries=1, next_enqueued=None)
-    reason_after = flush_reason(P, now=now + timeout, oldest_enqueued=T0, buffered_bytes=0, buffered_entries=1, next_enqueued=None)
+    reason_now = flush_reason(P, now=now, oldest_enqueued=T0, buffered_bytes=0, buffered_entries=1)
+    reason_after = flush_reason(P, now=now + timeout, oldest_enqueued=T0, buffered_bytes=0, buffered_entries=1)
     assert reason_after is FlushReason.MAX_WAIT, f"after sleeping {timeout}s at +{elapsed}s the batch is still not due"
     assert (timeout == 0.0) == (reason_now is FlushReason.MAX_WAIT), (
         f"at +{elapsed}s: timeout {timeout} but flush_reason says {reason_now}"

@@ -3,14 +3,14 @@
 BookKeeper's rule (Journal.run), as a pure function so that it can be tested on a
 fake clock. A batch is flushed when any of these holds:
 
-* the oldest pending entry has waited ``journalMaxGroupWaitMSec`` (default 2 ms) - and
-  the next queued entry has not (overdue entries still in the queue join the batch
-  first, as BookKeeper's ``groupWhenTimeout`` does; otherwise a journal that fell behind
-  would flush every entry on its own and never catch up);
+* the oldest pending entry has waited ``journalMaxGroupWaitMSec`` (default 2 ms);
 * buffered bytes reached ``journalBufferedWritesThreshold`` (default 512 KiB);
 * buffered entries reached ``journalBufferedEntriesThreshold`` (default 0 = off);
 * the queue is empty and ``journalFlushWhenQueueEmpty`` is set - **walkit's default is
-  on** (BookKeeper's is off). With a sync thread that gathers records while the previous
+  on** (BookKeeper's is off). Our writer frames every record into the batch as it is
+  submitted, so no record ever waits in a queue outside the batch: this trigger means
+  "flush as soon as the journal thread looks" (and BookKeeper's ``groupWhenTimeout``,
+  which lets overdue queued entries join a timed-out batch, holds by construction). With a sync thread that gathers records while the previous
   fdatasync runs, batches grow by themselves under load, so waiting on an idle disk only
   adds latency: a lone writer is acknowledged in ~0.2 ms instead of ~2.3 ms, and 256
   entries in flight are not capped at 256 per 2 ms (docs/performance.md).
@@ -49,23 +49,20 @@ def flush_reason(
     oldest_enqueued: float | None,
     buffered_bytes: int,
     buffered_entries: int,
-    next_enqueued: float | None,
 ) -> FlushReason | None:
     """Why the pending batch must be flushed now, or None to keep gathering.
 
     ``oldest_enqueued`` is when the oldest entry of the batch was queued (None: the
-    batch is empty, and an empty batch is never flushed); ``next_enqueued`` when the
-    next entry still in the queue was queued (None: the queue is empty)."""
+    batch is empty, and an empty batch is never flushed)."""
     if oldest_enqueued is None:
         return None
-    wait = policy.max_group_wait
-    if now - oldest_enqueued >= wait and (next_enqueued is None or now - next_enqueued < wait):
+    if now - oldest_enqueued >= policy.max_group_wait:
         return FlushReason.MAX_WAIT
     if buffered_bytes >= policy.buffered_writes_threshold:
         return FlushReason.MAX_BYTES
     if 0 < policy.buffered_entries_threshold <= buffered_entries:
         return FlushReason.MAX_ENTRIES
-    if next_enqueued is None and policy.flush_when_queue_empty:
+    if policy.flush_when_queue_empty:
         return FlushReason.QUEUE_EMPTY
     return None
 

@@ -257,7 +257,7 @@ class Journal:
 
     def _reason(self) -> FlushReason | None:
         """The policy's verdict on the batch being built (producers, lock held)."""
-        return flush_reason(self._cfg.policy, self._clock(), self._oldest, self._frames.size, self._entries, None)
+        return flush_reason(self._cfg.policy, self._clock(), self._oldest, self._frames.size, self._entries)
 
     def _dead_error(self) -> BaseException:
         if self._error is not None:
@@ -298,7 +298,7 @@ class Journal:
                     continue
                 if self._closed:
                     return FlushReason.SHUTDOWN
-                reason = flush_reason(self._cfg.policy, now, self._oldest, self._frames.size, self._entries, None)
+                reason = flush_reason(self._cfg.policy, now, self._oldest, self._frames.size, self._entries)
                 if reason is not None:
                     self._waiting = _IDLE
                     return reason
