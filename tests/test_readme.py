@@ -1,0 +1,24 @@
+"""The README's example runs as written (with its directories moved under tmp_path)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_readme_python_example_runs(tmp_path: Path) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    assert blocks, "README.md has no python example"
+    for code in blocks:
+        code = code.replace("/var/lib/walkit", str(tmp_path))
+        exec(compile(code, str(README), "exec"), {"__name__": "readme_example"})
+    assert (tmp_path / "journal").is_dir() and (tmp_path / "ledgers" / "COOKIE").is_file()
+
+
+def test_readme_names_the_two_commands_ci_runs() -> None:
+    text = README.read_text()
+    assert "./dev main" in text and "./dev test" in text
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert "./dev test" in ci
