@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -93,6 +94,12 @@ def _as_walkit_error(exc: BaseException) -> WalkitError:
         err = BookieShutdownError("journal failed")
     err.__cause__ = exc
     return err
+
+
+def _failed(exc: WalkitError) -> Future[None]:
+    fut: Future[None] = Future()
+    fut.set_exception(exc)
+    return fut
 
 
 def _resolve(err: BaseException | None, fut: Future[Any]) -> None:
@@ -211,48 +218,52 @@ class Bookie:
         self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, recovery: bool = False
     ) -> Future[None]:
         """Store an entry; the future completes once it is durable (journal fdatasync)."""
-        fut: Future[None] = Future()
+
+        def store(fut: Future[None]) -> None:
+            if not recovery and self.storage.is_fenced(ledger_id):
+                raise LedgerFencedError("ledger is fenced", ledger=ledger_id, entry=entry_id)
+            self.storage.add_entry(ledger_id, entry_id, payload)
+            self.journal.log_entry(ledger_id, entry_id, payload, _resolve, fut)
+
         try:
-            self._check_entry(ledger_id, entry_id, master_key, payload)
-            with self._lock:
-                self._check_running()
-                self._admit_key(ledger_id, master_key)
-                if not recovery and self.storage.is_fenced(ledger_id):
-                    raise LedgerFencedError("ledger is fenced", ledger=ledger_id, entry=entry_id)
-                self.storage.add_entry(ledger_id, entry_id, payload)
-                self.journal.log_entry(ledger_id, entry_id, payload, _resolve, fut)
-            self._count_pending()
-        except (WalkitError, OSError) as exc:  # a dead disk fails the future, not the call
-            fut.set_exception(_as_walkit_error(exc))
+            self._check_entry(ledger_id, entry_id, payload)
+        except WalkitError as exc:
+            return _failed(exc)
+        fut = self._keyed_write(ledger_id, master_key, store)
+        self._count_pending()
         return fut
 
     def fence(self, ledger_id: int, master_key: bytes) -> Future[None]:
         """Fence a ledger; done when the fence is durable. Creates the ledger's state when
         this bookie has never seen it, so a late add from the old writer is refused."""
-        fut: Future[None] = Future()
-        try:
-            self._check_ledger(ledger_id, master_key)
-            with self._lock:
-                self._check_running()
-                self._admit_key(ledger_id, master_key)
-                self.storage.set_fenced(ledger_id)
-                self.journal.log_fence(ledger_id, _resolve, fut)
-        except (WalkitError, OSError) as exc:  # a dead disk fails the future, not the call
-            fut.set_exception(_as_walkit_error(exc))
-        return fut
+
+        def fence(fut: Future[None]) -> None:
+            self.storage.set_fenced(ledger_id)
+            self.journal.log_fence(ledger_id, _resolve, fut)
+
+        return self._keyed_write(ledger_id, master_key, fence)
 
     def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> Future[None]:
         """Record an explicit LAC (a writer's LAC that rode on no entry yet)."""
+
+        def record(fut: Future[None]) -> None:
+            current = self.storage.explicit_lac(ledger_id)
+            self.storage.set_explicit_lac(ledger_id, max(lac, -1 if current is None else current))
+            self.journal.log_lac(ledger_id, lac, _resolve, fut)
+
+        return self._keyed_write(ledger_id, master_key, record)
+
+    def _keyed_write(self, ledger_id: int, master_key: bytes, write: Callable[[Future[None]], None]) -> Future[None]:
+        """Check the key, then ``write`` under the bookie lock; errors fail the future
+        (a dead disk included), they never escape the call."""
         fut: Future[None] = Future()
         try:
             self._check_ledger(ledger_id, master_key)
             with self._lock:
                 self._check_running()
                 self._admit_key(ledger_id, master_key)
-                current = self.storage.explicit_lac(ledger_id)
-                self.storage.set_explicit_lac(ledger_id, max(lac, -1 if current is None else current))
-                self.journal.log_lac(ledger_id, lac, _resolve, fut)
-        except (WalkitError, OSError) as exc:  # a dead disk fails the future, not the call
+                write(fut)
+        except (WalkitError, OSError) as exc:
             fut.set_exception(_as_walkit_error(exc))
         return fut
 
@@ -340,8 +351,7 @@ class Bookie:
         if not isinstance(master_key, bytes) or not 0 < len(master_key) <= _MAX_KEY:
             raise InvalidArgumentError("master key must be 1..64 bytes", ledger=ledger_id)
 
-    def _check_entry(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes) -> None:
-        self._check_ledger(ledger_id, master_key)
+    def _check_entry(self, ledger_id: int, entry_id: int, payload: bytes) -> None:
         if not isinstance(entry_id, int) or not 0 <= entry_id <= MAX_ENTRY_ID:
             raise InvalidArgumentError("entry id out of range", ledger=ledger_id, entry=entry_id, max=MAX_ENTRY_ID)
         if len(payload) > min(self.config.netty_max_frame_size_bytes, MAX_ENTRY_SIZE):

@@ -43,30 +43,14 @@ from bookie.journal import (
 )
 from bookie.journal._format import FLAG_FLUSH_START, FRAME_HEADER, MAX_FRAME_BODY, frame_crc, parse_frame
 from walkit.errors import BookieShutdownError, CorruptionError, WalkitError
+from journal_support import Rec, Recorder, submit
 
 KIB = 1024
 A = 4096
-Rec = tuple[Any, ...]
 
 
 # --- the driver ------------------------------------------------------------------------------
 
-
-class Recorder:
-    def __init__(self) -> None:
-        self.records: list[Rec] = []
-
-    def replay_entry(self, ledger_id: int, entry_id: int, data: bytes) -> None:
-        self.records.append(("entry", ledger_id, entry_id, data))
-
-    def replay_master_key(self, ledger_id: int, key: bytes) -> None:
-        self.records.append(("master_key", ledger_id, key))
-
-    def replay_fence(self, ledger_id: int) -> None:
-        self.records.append(("fence", ledger_id))
-
-    def replay_lac(self, ledger_id: int, lac: int) -> None:
-        self.records.append(("lac", ledger_id, lac))
 
 
 def do_replay(fs: FileSystem, directory: str, mark: LogMark | None = None) -> tuple[ReplayReport, list[Rec]]:
@@ -75,15 +59,6 @@ def do_replay(fs: FileSystem, directory: str, mark: LogMark | None = None) -> tu
     return report, target.records
 
 
-def submit(j: Journal, rec: Rec, cb: Any = None, ctx: Any = None) -> None:
-    if rec[0] == "entry":
-        j.log_entry(rec[1], rec[2], rec[3], cb, ctx)
-    elif rec[0] == "master_key":
-        j.log_master_key(rec[1], rec[2], cb, ctx)
-    elif rec[0] == "fence":
-        j.log_fence(rec[1], cb, ctx)
-    else:
-        j.log_lac(rec[1], rec[2], cb, ctx)
 
 
 @dataclass(frozen=True)
