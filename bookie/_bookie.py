@@ -80,6 +80,7 @@ def _journal_config(c: BookieConfig) -> JournalConfig:
         max_size=c.journal_max_size_mb << 20,
         prealloc_size=c.journal_pre_alloc_size_mb << 20,
         max_backups=c.journal_max_backups,
+        recycle_files=c.journal_recycle_files,
         sync_data=c.journal_sync_data,
         direct_io=c.journal_direct_io,
     )

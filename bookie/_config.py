@@ -42,6 +42,9 @@ class BookieConfig:
     journal_max_size_mb: int = _key("journalMaxSizeMB", 2048)
     journal_pre_alloc_size_mb: int = _key("journalPreAllocSizeMB", 16)
     journal_max_backups: int = _key("journalMaxBackups", 5)
+    # walkit: retired journals kept for reuse, so appends overwrite written blocks
+    # instead of converting fresh (fallocated) extents at every fdatasync.
+    journal_recycle_files: int = _key("journalRecycleFiles", 2)
     # walkit: 4 KiB, the O_DIRECT alignment of today's disks (BookKeeper's default is 512).
     journal_alignment_size: int = _key("journalAlignmentSize", 4096)
     journal_sync_data: bool = _key("journalSyncData", True)  # false: ack before fdatasync
@@ -90,7 +93,8 @@ class BookieConfig:
         for key, value in positive.items():
             if value <= 0:
                 raise ConfigError("must be positive", key=key, value=value)
-        if self.journal_max_group_wait_msec < 0 or self.journal_buffered_entries_threshold < 0 or self.journal_max_backups < 0:
+        if min(self.journal_max_group_wait_msec, self.journal_buffered_entries_threshold, self.journal_max_backups,
+               self.journal_recycle_files) < 0:
             raise ConfigError("journal thresholds must not be negative")
         if not 0 < self.disk_usage_lwm_threshold <= self.disk_usage_threshold <= 1:
             raise ConfigError(

@@ -10,7 +10,9 @@ Measured, in this order, on one directory of the real disk:
   at each fdatasync);
 * for each entry size: the journal with **one writer** waiting for each acknowledgement,
   then with **256 entries in flight** (a producer thread that refills as batches are
-  acknowledged, woken once per batch).
+  acknowledged, woken once per batch). The journal runs in steady state: it appends into
+  recycled files (64 MiB each, a checkpoint after every roll), as a bookie that has been
+  up for a while does.
 
 Latencies are from submission to acknowledgement. The figures are medians of the run,
 so compare them with each other (ratios), not with another day's run.
@@ -29,13 +31,14 @@ from typing import Any
 
 from bookie.fs import FileSystem
 from bookie.fs.real import RealFS
-from bookie.journal import GroupCommitPolicy, Journal, JournalConfig
+from bookie.journal import GroupCommitPolicy, Journal, JournalConfig, LogMark
 
 __all__ = ["BenchResult", "run_journal_bench", "format_markdown"]
 
 SIZES = (100, 1024, 64 * 1024)
 IN_FLIGHT = 256
 BK_DEFAULTS = " (BookKeeper defaults: 2 ms group wait)"
+_BENCH_FILE = 64 << 20  # journal file size in the bench: recycling starts early
 RAW_NEW_SPACE = "raw sequential into fallocated space (as a journal appends)"
 
 
@@ -102,10 +105,35 @@ def _raw_writes(
 
 
 def _journal(fs: FileSystem, directory: str, policy: GroupCommitPolicy | None = None) -> Journal:
-    cfg = JournalConfig(directory=directory, policy=policy or GroupCommitPolicy(), max_size=512 << 20)
+    """A journal in steady state: files roll every 64 MiB and each roll is followed by a
+    checkpoint (gc with no backups), so the journal appends into recycled files, as a
+    bookie that has been running for a while does. Two free files are made first."""
+    cfg = JournalConfig(
+        directory=directory, policy=policy or GroupCommitPolicy(), max_size=_BENCH_FILE, max_backups=0, recycle_files=2
+    )
+    _warm_up(fs, cfg)
     j = Journal(fs, cfg)
     j.start()
+    rolled = [j.current_journal_id]
+
+    def checkpoint_after_roll(mark: LogMark) -> None:
+        if mark.journal_id != rolled[0]:
+            rolled[0] = mark.journal_id
+            j.gc(mark)
+
+    j.flush_listeners.append(checkpoint_after_roll)
     return j
+
+
+def _warm_up(fs: FileSystem, cfg: JournalConfig) -> None:
+    """Fill and retire enough journal files to leave ``recycle_files`` free ones."""
+    j = Journal(fs, cfg)
+    j.start()
+    chunk = bytes(1 << 20)
+    for i in range((cfg.recycle_files + 1) * (cfg.max_size >> 20) + 1):
+        j.log_entry(0, i, chunk)
+    j.shutdown()
+    j.gc(LogMark(j.current_journal_id + 1, 0))
 
 
 def _one_writer(

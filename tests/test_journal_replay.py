@@ -41,7 +41,7 @@ from bookie.journal import (
     replay,
     scan_journal,
 )
-from bookie.journal._format import FLAG_FLUSH_START, FRAME_HEADER, MAX_FRAME_BODY, frame_crc, parse_frame
+from bookie.journal._format import FLAG_FLUSH_START, FRAME_HEADER, MAX_FRAME_BODY, frame_crc, frame_seed, parse_frame
 from walkit.errors import BookieShutdownError, CorruptionError, WalkitError
 from journal_support import Rec, Recorder, submit
 
@@ -787,7 +787,7 @@ def test_frames_written_by_a_journal_parse_back(records: list[Rec]) -> None:
     raw = memoryview(read_all(fs, "/p/0000000000000001.txn"))
     pos, seen = A, []
     while True:
-        parsed = parse_frame(raw, pos, len(raw))
+        parsed = parse_frame(raw, pos, len(raw), frame_seed(1))
         if parsed is None:
             break
         ftype, flags, length = parsed
@@ -810,17 +810,18 @@ def test_frames_written_by_a_journal_parse_back(records: list[Rec]) -> None:
     assert seen == want, "frames do not round-trip"
 
 
-@given(data=st.binary(max_size=200), pos=st.integers(0, 200), limit=st.integers(0, 200))
-def test_parse_frame_on_random_bytes_never_raises(data: bytes, pos: int, limit: int) -> None:
+@given(data=st.binary(max_size=200), pos=st.integers(0, 200), limit=st.integers(0, 200), jid=st.integers(0, 2**64 - 1))
+def test_parse_frame_on_random_bytes_never_raises(data: bytes, pos: int, limit: int, jid: int) -> None:
     limit = min(limit, len(data))
     pos = min(pos, limit)
-    parsed = parse_frame(memoryview(data), pos, limit)
+    seed = frame_seed(jid)
+    parsed = parse_frame(memoryview(data), pos, limit, seed)
     if parsed is not None:
         ftype, flags, length = parsed
         assert FrameType.ENTRY <= ftype <= FrameType.PADDING and 0 <= length <= MAX_FRAME_BODY
         assert pos + FRAME_HEADER.size + length <= limit, "a frame reaching past the limit was accepted"
         body = data[pos + FRAME_HEADER.size : pos + FRAME_HEADER.size + length]
-        assert int.from_bytes(data[pos : pos + 4], "little") == frame_crc(ftype, flags, length, body)
+        assert int.from_bytes(data[pos : pos + 4], "little") == frame_crc(ftype, flags, length, body, seed)
 
 
 @given(
@@ -830,14 +831,17 @@ def test_parse_frame_on_random_bytes_never_raises(data: bytes, pos: int, limit: 
     where=st.integers(0, 10_000),
     mask=st.integers(1, 255),
     slack=st.binary(max_size=16),
+    jid=st.integers(1, 2**64 - 1),
 )
 def test_parse_frame_accepts_valid_and_rejects_any_one_byte_damage(
-    ftype: int, flags: int, body: bytes, where: int, mask: int, slack: bytes
+    ftype: int, flags: int, body: bytes, where: int, mask: int, slack: bytes, jid: int
 ) -> None:
-    frame = FRAME_HEADER.pack(frame_crc(ftype, flags, len(body), body), ftype, flags, 0, len(body)) + body
+    seed = frame_seed(jid)
+    frame = FRAME_HEADER.pack(frame_crc(ftype, flags, len(body), body, seed), ftype, flags, 0, len(body)) + body
     raw = b"\xff" * 3 + frame + slack
-    assert parse_frame(memoryview(raw), 3, len(raw)) == (ftype, flags, len(body)), "a valid frame was rejected"
-    assert parse_frame(memoryview(raw), 3, 3 + len(frame) - 1) is None, "a frame cut by the limit was accepted"
+    assert parse_frame(memoryview(raw), 3, len(raw), seed) == (ftype, flags, len(body)), "a valid frame was rejected"
+    assert parse_frame(memoryview(raw), 3, 3 + len(frame) - 1, seed) is None, "a frame cut by the limit was accepted"
+    assert parse_frame(memoryview(raw), 3, len(raw), frame_seed(jid - 1)) is None, "a frame of another journal id was accepted"
     damaged = bytearray(raw)
     damaged[3 + where % len(frame)] ^= mask
-    assert parse_frame(memoryview(bytes(damaged)), 3, len(raw)) is None, f"a flip at {where % len(frame)} went unnoticed"
+    assert parse_frame(memoryview(bytes(damaged)), 3, len(raw), seed) is None, f"a flip at {where % len(frame)} went unnoticed"

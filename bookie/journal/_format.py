@@ -6,8 +6,11 @@ PADDING frame up to the next boundary, so O_DIRECT writes are whole blocks and e
 flush's first frame carries ``FLAG_FLUSH_START``. Frame type 0 is invalid, so the zeroed
 (preallocated) space after the last flush is never mistaken for data.
 
-Frame: ``crc32c u32 | type u8 | flags u8 | reserved u16 | length u32 | body``; the CRC
-covers everything after itself (type .. end of body). All integers little-endian.
+Frame: ``crc32c u32 | type u8 | flags u8 | reserved u16 | length u32 | body``; the CRC,
+seeded with the CRC32C of the file's journal id, covers everything after itself (type ..
+end of body). All integers little-endian. A recycled file (an old journal reused for a
+new id, so appends overwrite written blocks instead of converting fresh extents) keeps
+its earlier life's bytes after the new tail; the seed makes those frames invalid now.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "journal_name",
     "parse_journal_name",
     "frame_crc",
+    "frame_seed",
     "parse_frame",
     "padding_size",
     "ENTRY_PREFIX",
@@ -39,10 +43,11 @@ __all__ = [
 ]
 
 MAGIC = b"WKJOURNL"
-VERSION = 1  # 1: first format (header block, CRC32C frames, padding at each flush)
+VERSION = 1  # 1: first format (header block, id-seeded CRC32C frames, padding at each flush)
 
-_HEADER = struct.Struct("<8sHHIQI")  # magic, version, reserved, alignment, journal id, crc
+_HEADER = struct.Struct("<8sHHIQQI")  # magic, version, reserved, alignment, journal id, previous id, crc
 FRAME_HEADER = struct.Struct("<IBBHI")  # crc, type, flags, reserved, length
+_ID = struct.Struct("<Q")
 _FRAME_TAIL = struct.Struct("<BBHI")  # the part of the frame header the CRC covers
 ENTRY_PREFIX = struct.Struct("<Qq")  # ledger id, entry id
 LEDGER_PREFIX = struct.Struct("<Q")  # ledger id (master key, fence frames)
@@ -69,11 +74,14 @@ class FrameType(enum.IntEnum):
 class JournalHeader:
     journal_id: int
     alignment: int
+    #: The id this file had before it was recycled (0: a new file). Frames of that
+    #: earlier life may follow this one's last frame; their CRC seed tells them apart.
+    previous_id: int = 0
     version: int = VERSION
 
     def encode(self) -> bytes:
         """The full header block (``alignment`` bytes)."""
-        raw = _HEADER.pack(MAGIC, self.version, 0, self.alignment, self.journal_id, 0)
+        raw = _HEADER.pack(MAGIC, self.version, 0, self.alignment, self.journal_id, self.previous_id, 0)
         crc = crc32c(raw[: _HEADER.size - 4])
         raw = raw[: _HEADER.size - 4] + struct.pack("<I", crc)
         return raw + bytes(self.alignment - len(raw))
@@ -82,7 +90,7 @@ class JournalHeader:
     def decode(cls, raw: bytes, *, path: str = "") -> JournalHeader:
         if len(raw) < _HEADER.size:
             raise FormatError("journal header is short", path=path, size=len(raw))
-        magic, version, _, alignment, journal_id, crc = _HEADER.unpack_from(raw)
+        magic, version, _, alignment, journal_id, previous_id, crc = _HEADER.unpack_from(raw)
         if magic != MAGIC:
             raise FormatError("not a walkit journal (bad magic)", path=path)
         if crc32c(raw[: _HEADER.size - 4]) != crc:
@@ -91,7 +99,7 @@ class JournalHeader:
             raise FormatError("unsupported journal format version", path=path, version=version)
         if alignment < 512 or alignment & (alignment - 1):
             raise FormatError("bad journal alignment", path=path, alignment=alignment)
-        return cls(journal_id=journal_id, alignment=alignment, version=version)
+        return cls(journal_id=journal_id, alignment=alignment, previous_id=previous_id, version=version)
 
 
 def journal_name(journal_id: int) -> str:
@@ -109,24 +117,27 @@ def parse_journal_name(name: str) -> int | None:
         return None
 
 
-def frame_crc(ftype: int, flags: int, length: int, *body: bytes | memoryview) -> int:
-    """CRC32C of a frame: its header after the CRC field, then the body parts."""
-    crc = crc32c(_FRAME_TAIL.pack(ftype, flags, 0, length))
-    for part in body:
-        crc = crc32c(part, crc)
-    return crc
+def frame_seed(journal_id: int) -> int:
+    """The CRC seed of a file's frames: the CRC32C of its journal id (8 bytes, LE).
+    Frames of a recycled file's earlier life fail the CRC of its new life."""
+    return crc32c(_ID.pack(journal_id))
 
 
-def parse_frame(view: memoryview, pos: int, limit: int) -> tuple[int, int, int] | None:
-    """Validate the frame at ``pos`` (ending at or before ``limit``) and return
-    ``(type, flags, body_length)``, or None when it is not a valid frame."""
+def frame_crc(ftype: int, flags: int, length: int, body: bytes | memoryview, seed: int) -> int:
+    """The CRC a frame must carry (the rule; the writer computes it in place)."""
+    return crc32c(body, crc32c(_FRAME_TAIL.pack(ftype, flags, 0, length), seed))
+
+
+def parse_frame(view: memoryview, pos: int, limit: int, seed: int) -> tuple[int, int, int] | None:
+    """Validate the frame at ``pos`` (ending at or before ``limit``) with the file's CRC
+    ``seed`` and return ``(type, flags, body_length)``, or None when it is not one."""
     if limit - pos < FRAME_HEADER.size:
         return None
     crc, ftype, flags, reserved, length = FRAME_HEADER.unpack_from(view, pos)
     if ftype == 0 or ftype > FrameType.PADDING or reserved or length > MAX_FRAME_BODY:
         return None
     end = pos + FRAME_HEADER.size + length
-    if end > limit or crc32c(view[pos + 4 : end]) != crc:
+    if end > limit or crc32c(view[pos + 4 : end], seed) != crc:
         return None
     return ftype, flags, length
 

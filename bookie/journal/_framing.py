@@ -43,6 +43,8 @@ class FrameBuffer:
         self._get = get_buffer
         self._put = put_buffer
         self._zeros = bytes(2 * alignment)
+        #: CRC seed of the file this batch will be written to (``frame_seed``).
+        self.seed = 0
         self.segments: list[Segment] = []
         self._sealed = 0
         self._use(get_buffer(0))
@@ -72,7 +74,7 @@ class FrameBuffer:
         else:
             head.pack_into(view, pos, 0, ftype, flags, 0, length, ledger_id)
         view[pos + head.size : end] = data
-        _U32.pack_into(view, pos, crc32c(view[pos + 4 : end]))
+        _U32.pack_into(view, pos, crc32c(view[pos + 4 : end], self.seed))
         self.fill = end
 
     def take(self) -> list[Segment]:
@@ -111,5 +113,5 @@ class FrameBuffer:
         pos, view = self.fill, self._view
         view[pos : pos + pad] = self._zeros[:pad]
         FRAME_HEADER.pack_into(view, pos, 0, FrameType.PADDING, 0, 0, pad - FRAME_HEADER.size)
-        _U32.pack_into(view, pos, crc32c(view[pos + 4 : pos + pad]))
+        _U32.pack_into(view, pos, crc32c(view[pos + 4 : pos + pad], self.seed))
         self.fill = pos + pad

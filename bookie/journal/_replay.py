@@ -11,6 +11,8 @@ the first position that is not a valid frame. What that position means:
   ``FLAG_FLUSH_START``) and no frame in a later file: a **torn tail** - the last flush
   did not reach the disk whole. Nothing in it was acknowledged (acks follow the
   fdatasync), so the file is truncated there, durably, and the tail is reported;
+* in a recycled file (see ``_format``), a zero block: the terminator written after every
+  batch, so the clean end of this life (the earlier life's bytes follow);
 * valid data follows: **corruption** of bytes that were synced, and maybe acknowledged.
   Replay raises :class:`~walkit.errors.CorruptionError` and the bookie refuses to start;
   :func:`repair_journal` keeps a ``.broken`` copy and truncates at the bad frame, a
@@ -34,6 +36,7 @@ from bookie.journal._format import (
     MAX_FRAME_BODY,
     FrameType,
     JournalHeader,
+    frame_seed,
     journal_name,
     parse_frame,
 )
@@ -101,7 +104,7 @@ class _Reader:
         return self._data, pos - self._start
 
 
-def _frames(r: _Reader, start: int, stop: list[_Stop]) -> Iterator[tuple[int, int, memoryview]]:
+def _frames(r: _Reader, start: int, stop: list[_Stop], seed: int) -> Iterator[tuple[int, int, memoryview]]:
     """Valid frames from ``start``: (type, flags, body). Appends where it stopped."""
     pos = start
     hs = FRAME_HEADER.size
@@ -113,7 +116,7 @@ def _frames(r: _Reader, start: int, stop: list[_Stop]) -> Iterator[tuple[int, in
         if length > MAX_FRAME_BODY or pos + hs + length > r.size:
             break
         view, i = r.window(pos, hs + length)
-        parsed = parse_frame(view, i, len(view))
+        parsed = parse_frame(view, i, len(view), seed)
         if parsed is None:
             break
         ftype, flags, _ = parsed
@@ -122,7 +125,7 @@ def _frames(r: _Reader, start: int, stop: list[_Stop]) -> Iterator[tuple[int, in
     stop.append(_Stop(pos, r.size))
 
 
-def _valid_flush_after(r: _Reader, pos: int, alignment: int) -> int | None:
+def _valid_flush_after(r: _Reader, pos: int, alignment: int, seed: int) -> int | None:
     """Offset of a valid flush start at an aligned offset beyond ``pos``, if any."""
     off = (pos // alignment + 1) * alignment
     hs = FRAME_HEADER.size
@@ -132,16 +135,18 @@ def _valid_flush_after(r: _Reader, pos: int, alignment: int) -> int | None:
             length = FRAME_HEADER.unpack_from(view, i)[4]
             if length <= MAX_FRAME_BODY:
                 view, i = r.window(off, hs + length)
-                if parse_frame(view, i, len(view)) is not None:
+                if parse_frame(view, i, len(view), seed) is not None:
                     return off
         off += alignment
     return None
 
 
-def _all_zero(r: _Reader, pos: int) -> bool:
-    while pos < r.size:
+def _all_zero(r: _Reader, pos: int, end: int | None = None) -> bool:
+    """Whether bytes [pos, end) (default: to the end of the file) are all zero."""
+    end = r.size if end is None else min(end, r.size)
+    while pos < end:
         view, i = r.window(pos, 1)
-        chunk = view[i:]
+        chunk = view[i : i + end - pos]
         if chunk.tobytes().strip(b"\x00"):
             return False
         pos += len(chunk)
@@ -152,9 +157,11 @@ def _open_journal(fs: FileSystem, directory: str, jid: int) -> tuple[File, Journ
     path = f"{directory}/{journal_name(jid)}"
     f = fs.open(path)
     try:
-        header = JournalHeader.decode(f.pread(64, 0), path=path)
+        header: JournalHeader | None = JournalHeader.decode(f.pread(64, 0), path=path)
     except FormatError:
         header = None
+    if header is not None and header.journal_id != jid:
+        header = None  # renamed for recycling, header not rewritten yet: nothing of this id
     return f, header
 
 
@@ -167,7 +174,7 @@ def scan_journal(fs: FileSystem, directory: str, jid: int, start: int | None = N
             return [], _Stop(0, f.size()), 0
         stop: list[_Stop] = []
         r = _Reader(f)
-        frames = [(t, fl, bytes(b)) for t, fl, b in _frames(r, start or header.alignment, stop)]
+        frames = [(t, fl, bytes(b)) for t, fl, b in _frames(r, start or header.alignment, stop, frame_seed(jid))]
         return frames, stop[0], header.alignment
     finally:
         f.close()
@@ -179,7 +186,7 @@ def _file_has_frames(fs: FileSystem, directory: str, jid: int) -> bool:
         if header is None:
             return False
         stop: list[_Stop] = []
-        return next(_frames(_Reader(f), header.alignment, stop), None) is not None
+        return next(_frames(_Reader(f), header.alignment, stop, frame_seed(jid)), None) is not None
     finally:
         f.close()
 
@@ -215,7 +222,7 @@ def replay(fs: FileSystem, directory: str, start: LogMark | None, target: Replay
             stop: list[_Stop] = []
             r = _Reader(f)
             if header is not None:
-                for ftype, _, body in _frames(r, max(begin, first), stop):
+                for ftype, _, body in _frames(r, max(begin, first), stop, frame_seed(jid)):
                     if ftype != FrameType.PADDING:
                         report.records += 1
                         report.entries += _apply(target, ftype, body)
@@ -232,7 +239,9 @@ def _judge_end(f: File, r: _Reader, jid: int, end: _Stop, header: JournalHeader 
     if header is None:
         _judge_headerless(f, r, jid, report)
         return
-    follows = _valid_flush_after(r, end.offset, header.alignment)
+    if header.previous_id and _all_zero(r, end.offset, end.offset + header.alignment):
+        return  # a recycled file's terminator: what follows is its earlier life
+    follows = _valid_flush_after(r, end.offset, header.alignment, frame_seed(jid))
     if follows is not None or (later and not _all_zero(r, end.offset)):
         raise _corruption(f, jid, end.offset, follows)
     if not _all_zero(r, end.offset):
@@ -242,7 +251,7 @@ def _judge_end(f: File, r: _Reader, jid: int, end: _Stop, header: JournalHeader 
 def _judge_headerless(f: File, r: _Reader, jid: int, report: ReplayReport) -> None:
     """A file whose header is damaged or missing: data after it is corruption (it was
     synced after the header); otherwise it was torn at creation and holds nothing."""
-    follows = _valid_flush_after(r, 0, _DEFAULT_ALIGNMENT)
+    follows = _valid_flush_after(r, 0, _DEFAULT_ALIGNMENT, frame_seed(jid))
     if follows is not None:
         raise _corruption(f, jid, 0, follows)
     if not _all_zero(r, 0):

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bookie.fs import AlignedBuffer, File, FileSystem
-from bookie.journal._format import FrameType, JournalHeader, journal_name, parse_journal_name
+from bookie.journal._format import FrameType, JournalHeader, frame_seed, journal_name, parse_journal_name
 from bookie.journal._framing import ENTRY, FrameBuffer, Segment
 from bookie.journal._mark import LogMark
 from bookie.journal._policy import FlushReason, GroupCommitPolicy, flush_reason, wait_timeout
@@ -65,6 +65,7 @@ class JournalConfig:
     max_size: int = 2048 << 20  # journalMaxSizeMB=2048: roll after this many bytes
     prealloc_size: int = 16 << 20  # journalPreAllocSizeMB=16: fallocate step ahead of the tail
     max_backups: int = 5  # journalMaxBackups=5: old journals kept behind the mark
+    recycle_files: int = 2  # walkit: retired journals kept for reuse (appends into written blocks)
     sync_data: bool = True  # journalSyncData=true: fdatasync before acknowledging
     direct_io: bool = True  # O_DIRECT when the file system allows it
     buffer_size: int = 1 << 20  # one segment; a larger batch is several (written with one pwritev)
@@ -82,6 +83,16 @@ class JournalStats:
 def list_journals(fs: FileSystem, directory: str) -> list[int]:
     """Ids of the journal files in ``directory``, ascending."""
     ids = (parse_journal_name(n) for n in fs.listdir(directory))
+    return sorted(i for i in ids if i is not None)
+
+
+_FREE = ".free"  # a retired journal kept for recycling: <id:016x>.txn.free
+
+
+def _free_files(fs: FileSystem, directory: str) -> list[int]:
+    """Old ids of the free (recyclable) journal files, ascending."""
+    names = (n[: -len(_FREE)] for n in fs.listdir(directory) if n.endswith(_FREE))
+    ids = (parse_journal_name(n) for n in names)
     return sorted(i for i in ids if i is not None)
 
 
@@ -110,13 +121,15 @@ def _call_back(records: list[tuple[Callback, Any]], error: BaseException | None)
 class _Batch:
     """A batch handed from the journal thread to the sync thread."""
 
-    __slots__ = ("segments", "length", "offset", "journal_id", "records", "reason")
+    __slots__ = ("segments", "length", "offset", "journal_id", "records", "reason", "terminator")
 
     def __init__(self, segments: list[Segment], offset: int, journal_id: int,
                  records: list[tuple[Callback, Any]], reason: FlushReason) -> None:
         self.segments, self.offset, self.journal_id = segments, offset, journal_id
         self.length = sum(n for _, n in segments)
         self.records, self.reason = records, reason
+        #: a zero block written after the batch (recycled files: marks the end of this life)
+        self.terminator: memoryview | None = None
 
 
 _IDLE, _UNTIMED, _TIMED = 0, 1, 2  # what the journal thread is waiting for
@@ -141,7 +154,7 @@ class Journal:
         self._entries = 0
         self._oldest: float | None = None
         self._waiting = _IDLE
-        self._closed = False
+        self._closed = True  # until start(): nothing may be framed before the file's seed is known
         self._error: BaseException | None = None
         # Journal-thread state: the file and where the next batch goes.
         self._file: File | None = None
@@ -151,6 +164,9 @@ class Journal:
         self._durable = LogMark(-1, 0)
         # Hand-off to the sync thread: at most one batch in flight.
         self._sync_cond = threading.Condition(threading.Lock())
+        self._files_lock = threading.Lock()  # gc (checkpoint thread) vs. roll (journal thread)
+        self._zero_block = fs.alloc_buffer(a)
+        self._terminator: memoryview | None = None
         self._handoff: _Batch | None = None
         self._sync_busy = False
         self._sync_stop = False
@@ -166,8 +182,13 @@ class Journal:
         """Open a new journal file (id one above every existing one), start the threads
         and return the position where this run's records begin."""
         self._fs.makedirs(self._cfg.directory)
-        existing = list_journals(self._fs, self._cfg.directory)
-        self._open_file((existing[-1] + 1) if existing else 1)
+        # Above every id ever used here, free files included: a recycled file must never
+        # get back the id (and so the CRC seed) of its earlier life.
+        used = list_journals(self._fs, self._cfg.directory) + _free_files(self._fs, self._cfg.directory)
+        self._open_file(max(used, default=0) + 1)
+        with self._lock:
+            self._frames.seed = frame_seed(self._journal_id)
+            self._closed = False
         for target, name in ((self._run, "bookie-journal"), (self._sync_run, "bookie-journal-sync")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -177,7 +198,7 @@ class Journal:
     def shutdown(self) -> None:
         """Flush everything submitted so far, then stop. Later submissions fail."""
         with self._lock:
-            if self._closed:
+            if self._closed or not self._threads:
                 return
             self._closed = True
             self._cond.notify()
@@ -186,7 +207,7 @@ class Journal:
         if self._file is not None:
             self._file.close()
             self._file = None
-        for buf in [self._frames.buf, *self._pool]:
+        for buf in [self._frames.buf, *self._pool, self._zero_block]:
             buf.close()
         self._pool.clear()
 
@@ -204,13 +225,22 @@ class Journal:
         return self._durable
 
     def gc(self, mark: LogMark) -> list[int]:
-        """Remove journal files wholly before ``mark``, keeping ``max_backups`` of them."""
-        old = [i for i in list_journals(self._fs, self._cfg.directory) if i < mark.journal_id]
-        doomed = old[: max(0, len(old) - self._cfg.max_backups)]
-        for jid in doomed:
-            self._fs.remove(f"{self._cfg.directory}/{journal_name(jid)}")
-        if doomed:
-            self._fs.fsync_dir(self._cfg.directory)
+        """Retire journal files wholly before ``mark``, keeping ``max_backups`` of them:
+        up to ``recycle_files`` become free files for later rolls, the rest are removed."""
+        d = self._cfg.directory
+        with self._files_lock:
+            old = [i for i in list_journals(self._fs, d) if i < mark.journal_id]
+            doomed = old[: max(0, len(old) - self._cfg.max_backups)]
+            free = len(_free_files(self._fs, d))
+            for jid in doomed:
+                path = f"{d}/{journal_name(jid)}"
+                if free < self._cfg.recycle_files:
+                    self._fs.rename(path, path + _FREE)
+                    free += 1
+                else:
+                    self._fs.remove(path)
+            if doomed:
+                self._fs.fsync_dir(d)
         return doomed
 
     # --- producers ------------------------------------------------------------------------
@@ -311,11 +341,15 @@ class Journal:
         with self._lock:
             segments, records = self._frames.take(), self._records
             self._records, self._entries, self._oldest = [], 0, None
-        batch = _Batch(segments, self._file_pos, self._journal_id, records, reason)
-        self._file_pos += batch.length
-        if self._file_pos > self._allocated:
+            batch = _Batch(segments, self._file_pos, self._journal_id, records, reason)
+            batch.terminator = self._terminator
+            self._file_pos += batch.length
+            if self._file_pos >= self._cfg.max_size:  # the next batch goes to the next file
+                self._frames.seed = frame_seed(self._journal_id + 1)
+        end = self._file_pos + (len(batch.terminator) if batch.terminator is not None else 0)
+        if end > self._allocated:
             try:
-                self._preallocate(self._file_pos)
+                self._preallocate(end)
             except BaseException as exc:  # these records left the batch: fail them here
                 _call_back(records, exc)
                 raise
@@ -366,7 +400,10 @@ class Journal:
         f = self._file
         assert f is not None
         try:
-            f.pwritev([buf.view[:n] for buf, n in b.segments], b.offset)
+            views = [buf.view[:n] for buf, n in b.segments]
+            if b.terminator is not None:
+                views.append(b.terminator)
+            f.pwritev(views, b.offset)
             if self._cfg.sync_data:
                 f.sync()
         except BaseException as exc:  # noqa: BLE001 - any failure kills the journal
@@ -422,22 +459,33 @@ class Journal:
         self._open_file(self._journal_id + 1)
 
     def _open_file(self, journal_id: int) -> None:
-        a = self._cfg.alignment
-        path = f"{self._cfg.directory}/{journal_name(journal_id)}"
-        try:
-            f = self._fs.open(path, create=True, direct=self._cfg.direct_io)
-        except OSError as exc:
-            raise NativeIOError(exc.errno or 5, "cannot create journal", path=path) from exc
-        self.direct = f.direct
-        header = self._fs.alloc_buffer(a)
-        try:
-            header.view[:] = JournalHeader(journal_id=journal_id, alignment=a).encode()
-            f.pwrite(header.view, 0)
-        finally:
-            header.close()
-        f.sync()
-        self._fs.fsync_dir(self._cfg.directory)
+        """Start journal ``journal_id``: a recycled free file when there is one (its blocks
+        are already written, so appends need no extent conversion), else a new file."""
+        a, d = self._cfg.alignment, self._cfg.directory
+        path = f"{d}/{journal_name(journal_id)}"
+        with self._files_lock:
+            free = _free_files(self._fs, d)
+            previous = free[0] if free else 0
+            try:
+                if previous:
+                    self._fs.rename(f"{d}/{journal_name(previous)}{_FREE}", path)
+                f = self._fs.open(path, create=True, direct=self._cfg.direct_io)
+            except OSError as exc:
+                raise NativeIOError(exc.errno or 5, "cannot create journal", path=path) from exc
+            self.direct = f.direct
+            header = self._fs.alloc_buffer(a)
+            try:
+                header.view[:] = JournalHeader(journal_id=journal_id, alignment=a, previous_id=previous).encode()
+                f.pwrite(header.view, 0)
+            finally:
+                header.close()
+            f.sync()
+            self._fs.fsync_dir(d)
         self._file, self._journal_id = f, journal_id
-        self._file_pos = self._allocated = a
+        self._file_pos = a
+        self._allocated = max(a, f.size() // a * a) if previous else a
+        # In a recycled file the earlier life's bytes follow our tail: each batch is
+        # followed by a zero block so that replay can tell where this life ends.
+        self._terminator = self._zero_block.view if previous else None
         self._durable = LogMark(journal_id, a)
         log.info("journal %s opened (direct=%s)", path, f.direct)
