@@ -22,9 +22,13 @@ where every thread shares one core's worth of bytecode, that is what throughput 
   order and the flush listeners. Callbacks must be quick; they may submit new records
   (appending never blocks: a batch larger than its buffer gets a larger buffer).
 
-Space ahead of the tail is reserved (fallocate) in steps of ``prealloc_size``, so most
-fdatasyncs need not grow the file. A batch that leaves the file past ``max_size`` makes
-the journal roll to a new file (header written and synced, directory synced).
+A batch that leaves the file past ``max_size`` makes the journal roll to the next id.
+The next file is a recycled one when :meth:`Journal.gc` kept a retired journal free
+(appends then overwrite written blocks: no extent conversion at each fdatasync), else a
+new file whose space is reserved (fallocate) in steps of ``prealloc_size``. Frames carry
+a CRC seeded with the file's id, so a recycled file's earlier life never reads as this
+one; each batch written into a recycled file is followed by a zero block that marks
+where this life ends (docs/format.md).
 
 Durability: a callback receives ``None`` only after the fdatasync that covers its frame
 returned (or, with ``sync_data=False``, after the write). Any I/O error kills the journal:
