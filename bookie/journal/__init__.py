@@ -16,7 +16,8 @@ from bookie.journal._replay import (
     replay,
     scan_journal,
 )
-from bookie.journal._writer import Callback, Journal, JournalConfig, JournalStats, list_journals
+from bookie.journal._files import list_journals
+from bookie.journal._writer import Callback, Journal, JournalConfig, JournalStats
 
 __all__ = [
     "Callback",

@@ -41,7 +41,7 @@ from bookie.journal._format import (
     parse_frame,
 )
 from bookie.journal._mark import LogMark
-from bookie.journal._writer import list_journals
+from bookie.journal._files import list_journals
 from walkit.errors import CorruptionError, FormatError
 
 __all__ = ["ReplayTarget", "ReplayReport", "TornTail", "replay", "repair_journal", "RepairResult", "scan_journal"]

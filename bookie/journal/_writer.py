@@ -45,14 +45,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bookie.fs import AlignedBuffer, File, FileSystem
-from bookie.journal._format import FrameType, JournalHeader, frame_seed, journal_name, parse_journal_name
+from bookie.fs import AlignedBuffer, FileSystem
+from bookie.journal._files import JournalFiles, OpenJournal
+from bookie.journal._format import FrameType, frame_seed
 from bookie.journal._framing import ENTRY, FrameBuffer, Segment
 from bookie.journal._mark import LogMark
 from bookie.journal._policy import FlushReason, GroupCommitPolicy, flush_reason, wait_timeout
-from walkit.errors import BookieShutdownError, InvalidArgumentError, NativeIOError
+from walkit.errors import BookieShutdownError, InvalidArgumentError
 
-__all__ = ["Journal", "JournalConfig", "JournalStats", "Callback", "list_journals"]
+__all__ = ["Journal", "JournalConfig", "JournalStats", "Callback"]
 
 log = logging.getLogger("bookie.journal")
 
@@ -82,22 +83,6 @@ class JournalStats:
     bytes_written: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
     rolls: int = 0
-
-
-def list_journals(fs: FileSystem, directory: str) -> list[int]:
-    """Ids of the journal files in ``directory``, ascending."""
-    ids = (parse_journal_name(n) for n in fs.listdir(directory))
-    return sorted(i for i in ids if i is not None)
-
-
-_FREE = ".free"  # a retired journal kept for recycling: <id:016x>.txn.free
-
-
-def _free_files(fs: FileSystem, directory: str) -> list[int]:
-    """Old ids of the free (recyclable) journal files, ascending."""
-    names = (n[: -len(_FREE)] for n in fs.listdir(directory) if n.endswith(_FREE))
-    ids = (parse_journal_name(n) for n in names)
-    return sorted(i for i in ids if i is not None)
 
 
 _U64_MAX = (1 << 64) - 1
@@ -161,14 +146,16 @@ class Journal:
         self._closed = True  # until start(): nothing may be framed before the file's seed is known
         self._error: BaseException | None = None
         # Journal-thread state: the file and where the next batch goes.
-        self._file: File | None = None
+        self._files = JournalFiles(
+            fs, config.directory, alignment=a, direct_io=config.direct_io, prealloc_size=config.prealloc_size,
+            max_backups=config.max_backups, recycle_files=config.recycle_files,
+        )
+        self._current: OpenJournal | None = None
         self._journal_id = -1
         self._file_pos = 0  # file offset of the next batch; always aligned
-        self._allocated = 0
         self._durable = LogMark(-1, 0)
         # Hand-off to the sync thread: at most one batch in flight.
         self._sync_cond = threading.Condition(threading.Lock())
-        self._files_lock = threading.Lock()  # gc (checkpoint thread) vs. roll (journal thread)
         self._zero_block = fs.alloc_buffer(a)
         self._terminator: memoryview | None = None
         self._handoff: _Batch | None = None
@@ -186,10 +173,7 @@ class Journal:
         """Open a new journal file (id one above every existing one), start the threads
         and return the position where this run's records begin."""
         self._fs.makedirs(self._cfg.directory)
-        # Above every id ever used here, free files included: a recycled file must never
-        # get back the id (and so the CRC seed) of its earlier life.
-        used = list_journals(self._fs, self._cfg.directory) + _free_files(self._fs, self._cfg.directory)
-        self._open_file(max(used, default=0) + 1)
+        self._open_file(self._files.next_id())
         with self._lock:
             self._frames.seed = frame_seed(self._journal_id)
             self._closed = False
@@ -208,9 +192,9 @@ class Journal:
             self._cond.notify()
         for t in self._threads:
             t.join()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._current is not None:
+            self._current.file.close()
+            self._current = None
         for buf in [self._frames.buf, *self._pool, self._zero_block]:
             buf.close()
         self._pool.clear()
@@ -231,21 +215,7 @@ class Journal:
     def gc(self, mark: LogMark) -> list[int]:
         """Retire journal files wholly before ``mark``, keeping ``max_backups`` of them:
         up to ``recycle_files`` become free files for later rolls, the rest are removed."""
-        d = self._cfg.directory
-        with self._files_lock:
-            old = [i for i in list_journals(self._fs, d) if i < mark.journal_id]
-            doomed = old[: max(0, len(old) - self._cfg.max_backups)]
-            free = len(_free_files(self._fs, d))
-            for jid in doomed:
-                path = f"{d}/{journal_name(jid)}"
-                if free < self._cfg.recycle_files:
-                    self._fs.rename(path, path + _FREE)
-                    free += 1
-                else:
-                    self._fs.remove(path)
-            if doomed:
-                self._fs.fsync_dir(d)
-        return doomed
+        return self._files.retire(mark.journal_id)
 
     # --- producers ------------------------------------------------------------------------
     def log_entry(self, ledger_id: int, entry_id: int, data: bytes, callback: Callback | None = None, ctx: Any = None) -> None:
@@ -351,12 +321,12 @@ class Journal:
             if self._file_pos >= self._cfg.max_size:  # the next batch goes to the next file
                 self._frames.seed = frame_seed(self._journal_id + 1)
         end = self._file_pos + (len(batch.terminator) if batch.terminator is not None else 0)
-        if end > self._allocated:
-            try:
-                self._preallocate(end)
-            except BaseException as exc:  # these records left the batch: fail them here
-                _call_back(records, exc)
-                raise
+        try:
+            assert self._current is not None
+            self._current.reserve(end)
+        except BaseException as exc:  # these records left the batch: fail them here
+            _call_back(records, exc)
+            raise
         with self._sync_cond:
             self._handoff = batch
             self._sync_busy = True
@@ -401,8 +371,8 @@ class Journal:
 
     def _write_batch(self, b: _Batch) -> bool:
         """Write, sync and acknowledge one batch; True when the journal died doing it."""
-        f = self._file
-        assert f is not None
+        assert self._current is not None
+        f = self._current.file
         try:
             views = [buf.view[:n] for buf, n in b.segments]
             if b.terminator is not None:
@@ -445,51 +415,19 @@ class Journal:
         else:
             buf.close()
 
-    # --- preallocate, roll ---------------------------------------------------------------------
-    def _preallocate(self, end: int) -> None:
-        """Reserve space ahead of the tail (fallocate) in ``prealloc_size`` steps, so
-        most writes land inside the file and an fdatasync need not grow it."""
-        f = self._file
-        assert f is not None
-        step = max(self._cfg.prealloc_size, self._cfg.alignment)
-        target = -(-end // step) * step
-        f.allocate(self._allocated, target - self._allocated)
-        self._allocated = target
-
+    # --- roll ---------------------------------------------------------------------------------
     def _roll(self) -> None:
-        assert self._file is not None
-        self._file.close()
+        assert self._current is not None
+        self._current.file.close()
         self.stats.rolls += 1
         self._open_file(self._journal_id + 1)
 
     def _open_file(self, journal_id: int) -> None:
-        """Start journal ``journal_id``: a recycled free file when there is one (its blocks
-        are already written, so appends need no extent conversion), else a new file."""
-        a, d = self._cfg.alignment, self._cfg.directory
-        path = f"{d}/{journal_name(journal_id)}"
-        with self._files_lock:
-            free = _free_files(self._fs, d)
-            previous = free[0] if free else 0
-            try:
-                if previous:
-                    self._fs.rename(f"{d}/{journal_name(previous)}{_FREE}", path)
-                f = self._fs.open(path, create=True, direct=self._cfg.direct_io)
-            except OSError as exc:
-                raise NativeIOError(exc.errno or 5, "cannot create journal", path=path) from exc
-            self.direct = f.direct
-            header = self._fs.alloc_buffer(a)
-            try:
-                header.view[:] = JournalHeader(journal_id=journal_id, alignment=a, previous_id=previous).encode()
-                f.pwrite(header.view, 0)
-            finally:
-                header.close()
-            f.sync()
-            self._fs.fsync_dir(d)
-        self._file, self._journal_id = f, journal_id
-        self._file_pos = a
-        self._allocated = max(a, f.size() // a * a) if previous else a
+        cur = self._current = self._files.open(journal_id)
+        self.direct = cur.file.direct
+        self._journal_id = journal_id
+        self._file_pos = self._cfg.alignment
         # In a recycled file the earlier life's bytes follow our tail: each batch is
         # followed by a zero block so that replay can tell where this life ends.
-        self._terminator = self._zero_block.view if previous else None
-        self._durable = LogMark(journal_id, a)
-        log.info("journal %s opened (direct=%s)", path, f.direct)
+        self._terminator = self._zero_block.view if cur.previous_id else None
+        self._durable = LogMark(journal_id, self._file_pos)
