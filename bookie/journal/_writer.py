@@ -61,7 +61,6 @@ log = logging.getLogger("bookie.journal")
 Callback = Callable[[BaseException | None, Any], None]
 
 
-
 @dataclass(frozen=True)
 class JournalConfig:
     directory: str
