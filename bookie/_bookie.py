@@ -89,6 +89,7 @@ def _journal_config(c: BookieConfig) -> JournalConfig:
 def _as_walkit_error(exc: BaseException) -> WalkitError:
     if isinstance(exc, WalkitError):
         return exc
+    err: WalkitError
     if isinstance(exc, OSError):
         err = NativeIOError(exc.errno or 5, f"bookie I/O failed: {exc}")
     else:

@@ -70,10 +70,12 @@ class BookieConfig:
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            expected = {"int": int, "float": (int, float), "bool": bool, "str": str}.get(str(f.type))
+            types: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "bool": bool, "str": str}
+            expected = types.get(str(f.type))
             if expected is not None and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
                 raise ConfigError("wrong type", key=f.metadata["key"], value=repr(value), expected=f.type)
-        if not isinstance(self.ledger_directories, list) or not self.ledger_directories or not all(isinstance(d, str) and d for d in self.ledger_directories):
+        dirs = self.ledger_directories
+        if not isinstance(dirs, list) or not dirs or not all(isinstance(d, str) and d for d in dirs):
             raise ConfigError("ledgerDirectories must be a non-empty list of paths", value=self.ledger_directories)
         if len(set(self.ledger_directories)) != len(self.ledger_directories):
             raise ConfigError("ledgerDirectories lists a directory twice", value=self.ledger_directories)

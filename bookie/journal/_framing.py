@@ -47,6 +47,7 @@ class FrameBuffer:
         self.seed = 0
         self.segments: list[Segment] = []
         self._sealed = 0
+        self.fill = 0
         self._use(get_buffer(0))
 
     @property
