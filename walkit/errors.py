@@ -26,6 +26,13 @@ from the number.
     │   ├── CorruptionError          bad data followed by good data: refuse to hide it
     │   ├── CookieError              missing / foreign cookie: wrong or wiped disk
     │   └── FormatError              unknown magic or format version
+    ├── MetadataError                the metadata store said no, or could not be reached
+    │   ├── MetadataVersionError     a conditional write lost its compare-and-set
+    │   ├── NodeExistsError
+    │   ├── NoNodeError
+    │   ├── NotEmptyError
+    │   ├── SessionExpiredError      the store session ended: ephemeral nodes are gone
+    │   └── MetadataUnavailableError the store cannot be reached (after bounded retries)
     └── ConfigError                  a configuration value is invalid
 
 Errors carry ``key=value`` context in their message, and where the world failed the
@@ -57,6 +64,13 @@ __all__ = [
     "CookieError",
     "FormatError",
     "ConfigError",
+    "MetadataError",
+    "MetadataVersionError",
+    "NodeExistsError",
+    "NoNodeError",
+    "NotEmptyError",
+    "SessionExpiredError",
+    "MetadataUnavailableError",
 ]
 
 _BY_CODE: dict[int, type[WalkitError]] = {}
@@ -182,3 +196,31 @@ class FormatError(StorageError):
 
 class ConfigError(WalkitError, ValueError):
     code = 500
+
+
+class MetadataError(WalkitError):
+    code = 600
+
+
+class MetadataVersionError(MetadataError):
+    code = 601
+
+
+class NodeExistsError(MetadataError):
+    code = 602
+
+
+class NoNodeError(MetadataError):
+    code = 603
+
+
+class NotEmptyError(MetadataError):
+    code = 604
+
+
+class SessionExpiredError(MetadataError):
+    code = 605
+
+
+class MetadataUnavailableError(MetadataError):
+    code = 606

@@ -1,0 +1,53 @@
+"""walkit's metadata: one store interface, two drivers, the ledger metadata on top.
+
+- :class:`MetadataStore` (``_store``): a ZooKeeper-shaped tree with versioned CAS,
+  ephemeral and sequential nodes, transactions, watches and sessions;
+- drivers chosen by URI (:func:`open_metadata_store`): ``zk://`` (Apache ZooKeeper
+  through kazoo, ``_zk``) and ``local://`` (an SQLite file shared by the processes of
+  one machine, ``_local``);
+- :class:`LedgerMetadata` (``_ledger``) and the ledger path layouts (``_paths``).
+"""
+
+from walkit.metadata._ledger import Fragment, LedgerMetadata, LedgerState
+from walkit.metadata._local import LocalMetadataStore
+from walkit.metadata._paths import Layout, iter_ledger_ids, ledger_path, ledger_path_prefixes, parse_ledger_path
+from walkit.metadata._store import (
+    ANY_VERSION,
+    Check,
+    Create,
+    Delete,
+    MetadataStore,
+    Op,
+    SessionState,
+    SetData,
+    Stat,
+    Watch,
+    check_path,
+)
+from walkit.metadata._uri import MetadataURI, open_metadata_store, parse_metadata_uri
+
+__all__ = [
+    "ANY_VERSION",
+    "Check",
+    "Create",
+    "Delete",
+    "Fragment",
+    "Layout",
+    "LedgerMetadata",
+    "LedgerState",
+    "LocalMetadataStore",
+    "MetadataStore",
+    "MetadataURI",
+    "Op",
+    "SessionState",
+    "SetData",
+    "Stat",
+    "Watch",
+    "check_path",
+    "iter_ledger_ids",
+    "ledger_path",
+    "ledger_path_prefixes",
+    "open_metadata_store",
+    "parse_ledger_path",
+    "parse_metadata_uri",
+]

@@ -1,0 +1,495 @@
+"""The embedded metadata store: the ZooKeeper-shaped tree in one SQLite file.
+
+Theory of operation
+-------------------
+``LocalMetadataStore(directory)`` keeps the tree in ``<directory>/metadata.sqlite``,
+shared by any number of stores in any number of processes on one machine.
+
+Schema::
+
+    nodes(path PK, parent, data, version, cversion, ctime, mtime,
+          ephemeral_owner, mzxid, pzxid)           -- index on parent
+    sessions(id INTEGER PK AUTOINCREMENT, expires_at)
+    meta(key PK, value)                            -- 'seq': the change counter
+
+Guarantees.
+
+* Every operation is one short SQLite transaction; writes take ``BEGIN IMMEDIATE``
+  (the database write lock) so reads-then-writes such as a version check are atomic
+  across processes: CAS on ``version`` is linearizable. A :meth:`transaction` runs all
+  its ops in one such transaction and rolls back on the first failure.
+* The WAL journal with ``synchronous=FULL`` makes each committed write durable; a crash
+  mid-transaction leaves the previous state.
+* Each write that changes the tree bumps the global counter ``meta.seq`` once and
+  stamps it on the nodes it touched: ``mzxid`` (node created or data set) and ``pzxid``
+  (children created or deleted). A delete-and-recreate therefore never looks unchanged.
+* Sequential children are named ``<path><parent cversion:010d>``; ``cversion`` only
+  grows, so names under one parent are unique and increasing.
+* Ephemeral nodes belong to a session row with a lease (``expires_at``). A heartbeat
+  thread renews the lease every ``session_timeout / 3``. Any store that sees an expired
+  session (at the start of every write transaction and in its poller) deletes that
+  session's ephemeral nodes and its row, so the nodes of a killed process vanish within
+  about ``session_timeout`` plus a poll interval.
+* Watches: a poller thread checks ``meta.seq`` every ``poll_interval``; when it moved,
+  it compares each watched path's ``mzxid`` / ``pzxid`` / existence with what it last
+  reported and calls back on the poller thread. Several changes between two polls are
+  reported once, with the latest state (as ZooKeeper watches do). The first call, with
+  the state at registration, runs synchronously in the registering thread.
+
+Assumptions. The processes share one clock (``time.time``) and a local file system
+with working POSIX locks (not NFS). Callbacks do not block for long and do not call
+the store from a session listener.
+
+Recovery. If this store finds its own session gone (the process was paused past the
+lease, or :meth:`expire_session` was called), it tells listeners ``LOST`` (its
+ephemeral nodes are gone), opens a new session and tells them ``CONNECTED``; creating an
+ephemeral node with a dead session raises ``SessionExpiredError``. A database that stays
+locked past ``busy_timeout`` raises ``MetadataUnavailableError`` with the cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from walkit.errors import (
+    InvalidArgumentError,
+    MetadataError,
+    MetadataUnavailableError,
+    MetadataVersionError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    SessionExpiredError,
+)
+from walkit.metadata._store import (
+    ANY_VERSION,
+    Check,
+    Create,
+    Delete,
+    Op,
+    SessionState,
+    SetData,
+    Stat,
+    Watch,
+    check_path,
+)
+
+__all__ = ["LocalMetadataStore"]
+
+_log = logging.getLogger(__name__)
+
+_BUSY_TIMEOUT_MS = 10_000  # a writer waits this long for the lock before giving up
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS nodes (
+    path TEXT PRIMARY KEY, parent TEXT, data BLOB NOT NULL,
+    version INTEGER NOT NULL, cversion INTEGER NOT NULL,
+    ctime REAL NOT NULL, mtime REAL NOT NULL, ephemeral_owner INTEGER NOT NULL,
+    mzxid INTEGER NOT NULL, pzxid INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS nodes_parent ON nodes(parent);
+CREATE INDEX IF NOT EXISTS nodes_owner ON nodes(ephemeral_owner);
+CREATE TABLE IF NOT EXISTS sessions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, expires_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta VALUES ('seq', 0);
+INSERT OR IGNORE INTO nodes VALUES ('/', NULL, x'', 0, 0, 0, 0, 0, 0, 0);
+"""
+
+_COLUMNS = "path, data, version, cversion, ctime, mtime, ephemeral_owner, mzxid, pzxid"
+
+
+class _Row(NamedTuple):
+    path: str
+    data: bytes
+    version: int
+    cversion: int
+    ctime: float
+    mtime: float
+    owner: int
+    mzxid: int
+    pzxid: int
+
+
+def _blob(data: bytes, path: str) -> bytes:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError("node data must be bytes", path=path, type=type(data).__name__)
+    return bytes(data)
+
+
+def _parent(path: str) -> str:
+    return path.rsplit("/", 1)[0] or "/"
+
+
+class _Txn:
+    """The tree operations inside one open SQLite transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, now: float) -> None:
+        self.conn = conn
+        self.now = now
+        self._seq: int | None = None
+
+    def seq(self) -> int:
+        """The change number of this transaction (bumped on first use)."""
+        if self._seq is None:
+            self.conn.execute("UPDATE meta SET value = value + 1 WHERE key = 'seq'")
+            self._seq = int(self.conn.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()[0])
+        return self._seq
+
+    def row(self, path: str) -> _Row | None:
+        found = self.conn.execute(f"SELECT {_COLUMNS} FROM nodes WHERE path = ?", (path,)).fetchone()
+        return _Row(*found) if found else None
+
+    def must(self, path: str, ctx: dict[str, object]) -> _Row:
+        found = self.row(path)
+        if found is None:
+            raise NoNodeError("no such node", path=path, **ctx)
+        return found
+
+    def stat(self, row: _Row) -> Stat:
+        count = self.conn.execute("SELECT COUNT(*) FROM nodes WHERE parent = ?", (row.path,)).fetchone()[0]
+        return Stat(row.version, row.cversion, row.owner, row.ctime, row.mtime, int(count))
+
+    def children(self, path: str) -> list[str]:
+        rows = self.conn.execute("SELECT path FROM nodes WHERE parent = ?", (path,)).fetchall()
+        return sorted(str(r[0]).rsplit("/", 1)[1] for r in rows)
+
+    def touch_parent(self, parent: str) -> None:
+        self.conn.execute("UPDATE nodes SET cversion = cversion + 1, pzxid = ? WHERE path = ?",
+                          (self.seq(), parent))
+
+    def create(self, op: Create, owner: int, make_parents: bool, ctx: dict[str, object]) -> str:
+        if op.path == "/":
+            raise NodeExistsError("node exists", path="/", **ctx)
+        if not op.sequential:  # a sequential path may end in "/": the suffix is the name
+            check_path(op.path)
+        parent = check_path(_parent(op.path))
+        prow = self.row(parent)
+        if prow is None and make_parents:
+            self.make_path(parent, ctx)
+            prow = self.must(parent, ctx)
+        if prow is None:
+            raise NoNodeError("parent node does not exist", path=op.path, parent=parent, **ctx)
+        if prow.owner:
+            raise InvalidArgumentError("ephemeral nodes cannot have children", path=op.path, **ctx)
+        name = check_path(f"{op.path}{prow.cversion:010d}" if op.sequential else op.path)
+        if self.row(name) is not None:
+            raise NodeExistsError("node exists", path=name, **ctx)
+        if op.ephemeral and not self.session_alive(owner):
+            raise SessionExpiredError("session expired", session=owner, path=name, **ctx)
+        seq = self.seq()
+        self.conn.execute("INSERT INTO nodes VALUES (?, ?, ?, 0, 0, ?, ?, ?, ?, ?)",
+                          (name, parent, _blob(op.data, name), self.now, self.now, owner if op.ephemeral else 0, seq, seq))
+        self.touch_parent(parent)
+        return name
+
+    def make_path(self, path: str, ctx: dict[str, object]) -> None:
+        if path == "/" or self.row(path) is not None:
+            return
+        self.make_path(_parent(path), ctx)
+        self.create(Create(path), 0, False, ctx)
+
+    def set(self, op: SetData, ctx: dict[str, object]) -> Stat:
+        row = self.must(op.path, ctx)
+        self.check_version(row, op.version, ctx)
+        self.conn.execute("UPDATE nodes SET data = ?, version = version + 1, mtime = ?, mzxid = ? WHERE path = ?",
+                          (_blob(op.data, op.path), self.now, self.seq(), op.path))
+        return self.stat(self.must(op.path, ctx))
+
+    def delete(self, op: Delete, recursive: bool, ctx: dict[str, object]) -> None:
+        if op.path == "/":
+            raise InvalidArgumentError("the root cannot be deleted", path="/", **ctx)
+        row = self.must(op.path, ctx)
+        self.check_version(row, op.version, ctx)
+        if self.stat(row).num_children and not recursive:
+            raise NotEmptyError("node has children", path=op.path, **ctx)
+        prefix = op.path + "/"
+        self.conn.execute("DELETE FROM nodes WHERE substr(path, 1, ?) = ?", (len(prefix), prefix))
+        self.conn.execute("DELETE FROM nodes WHERE path = ?", (op.path,))
+        self.touch_parent(_parent(op.path))
+
+    def check(self, op: Check, ctx: dict[str, object]) -> None:
+        self.check_version(self.must(op.path, ctx), op.version, ctx)
+
+    @staticmethod
+    def check_version(row: _Row, expected: int, ctx: dict[str, object]) -> None:
+        if expected != ANY_VERSION and expected != row.version:
+            raise MetadataVersionError("version mismatch", path=row.path, expected=expected,
+                                       actual=row.version, **ctx)
+
+    def apply(self, op: Op, owner: int, ctx: dict[str, object]) -> str | Stat | None:
+        if isinstance(op, Create):
+            return self.create(op, owner, False, ctx)
+        if isinstance(op, SetData):
+            return self.set(op, ctx)
+        if isinstance(op, Delete):
+            self.delete(op, False, ctx)
+        else:
+            self.check(op, ctx)
+        return None
+
+    def session_alive(self, session: int) -> bool:
+        found = self.conn.execute("SELECT expires_at FROM sessions WHERE id = ?", (session,)).fetchone()
+        return found is not None and float(found[0]) >= self.now
+
+    def end_sessions(self, sessions: Sequence[int]) -> None:
+        """Delete the sessions and their ephemeral nodes."""
+        for session in sessions:
+            rows = self.conn.execute("SELECT path FROM nodes WHERE ephemeral_owner = ?", (session,)).fetchall()
+            for (path,) in rows:
+                self.delete(Delete(str(path)), True, {})
+            self.conn.execute("DELETE FROM sessions WHERE id = ?", (session,))
+
+    def reap_expired(self) -> None:
+        rows = self.conn.execute("SELECT id FROM sessions WHERE expires_at < ?", (self.now,)).fetchall()
+        self.end_sessions([int(r[0]) for r in rows])
+
+
+class _Db:
+    """One SQLite connection guarded by a lock; one short transaction per call."""
+
+    def __init__(self, file: str) -> None:
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = sqlite3.connect(file, isolation_level=None, check_same_thread=False,
+                                     timeout=_BUSY_TIMEOUT_MS / 1000)
+        for pragma in (f"busy_timeout = {_BUSY_TIMEOUT_MS}", "journal_mode = WAL", "synchronous = FULL"):
+            self._conn.execute(f"PRAGMA {pragma}")
+        with self.write(reap=False) as tx:
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                tx.conn.execute(statement)
+
+    @contextlib.contextmanager
+    def _txn(self, begin: str, reap: bool) -> Iterator[_Txn]:
+        with self._lock:
+            if self._conn is None:
+                raise MetadataUnavailableError("metadata store is closed")
+            conn = self._conn
+            try:
+                conn.execute(begin)
+            except sqlite3.Error as exc:
+                raise MetadataUnavailableError("metadata database unavailable", error=exc) from exc
+            try:
+                tx = _Txn(conn, time.time())
+                if reap:
+                    tx.reap_expired()
+                yield tx
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                conn.execute("ROLLBACK")
+                raise MetadataUnavailableError("metadata database failed", error=exc) from exc
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    def read(self) -> contextlib.AbstractContextManager[_Txn]:
+        return self._txn("BEGIN", reap=False)
+
+    def write(self, reap: bool = True) -> contextlib.AbstractContextManager[_Txn]:
+        return self._txn("BEGIN IMMEDIATE", reap=reap)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+@dataclass
+class _Watch:
+    store: LocalMetadataStore
+    key: int
+    path: str
+    children: bool
+    callback: Callable[..., None]
+    token: tuple[int, ...] | None = None  # None: not observed yet; (-1,): node absent
+
+    def cancel(self) -> None:
+        self.store._watches.pop(self.key, None)
+
+
+class LocalMetadataStore:
+    """A :class:`~walkit.metadata._store.MetadataStore` on ``<directory>/metadata.sqlite``."""
+
+    def __init__(self, directory: str, *, session_timeout: float = 10.0, poll_interval: float = 0.05) -> None:
+        if session_timeout <= 0 or poll_interval <= 0:
+            raise InvalidArgumentError("timeouts must be positive", session_timeout=session_timeout,
+                                       poll_interval=poll_interval)
+        os.makedirs(directory, exist_ok=True)
+        self._timeout = session_timeout
+        self._poll_interval = poll_interval
+        self._db = _Db(os.path.join(directory, "metadata.sqlite"))
+        self._session_lock = threading.Lock()
+        self._listeners: list[Callable[[SessionState], None]] = []
+        self._watches: dict[int, _Watch] = {}
+        self._keys = itertools.count(1)
+        self._stop = threading.Event()
+        self._session = self._open_session()
+        self._threads = [threading.Thread(target=self._heartbeat_loop, name="walkit-md-heartbeat", daemon=True),
+                         threading.Thread(target=self._poll_loop, name="walkit-md-poller", daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    # -- the MetadataStore protocol ------------------------------------------------
+
+    @property
+    def session_id(self) -> int:
+        return self._session
+
+    def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False, sequential: bool = False,
+               make_parents: bool = False) -> str:
+        with self._db.write() as tx:
+            return tx.create(Create(path, data, ephemeral, sequential), self._session, make_parents, {})
+
+    def get(self, path: str) -> tuple[bytes, Stat]:
+        with self._db.read() as tx:
+            row = tx.must(check_path(path), {})
+            return bytes(row.data), tx.stat(row)
+
+    def exists(self, path: str) -> Stat | None:
+        with self._db.read() as tx:
+            row = tx.row(check_path(path))
+            return tx.stat(row) if row else None
+
+    def set(self, path: str, data: bytes, version: int = ANY_VERSION) -> Stat:
+        with self._db.write() as tx:
+            return tx.set(SetData(check_path(path), data, version), {})
+
+    def delete(self, path: str, version: int = ANY_VERSION, *, recursive: bool = False) -> None:
+        with self._db.write() as tx:
+            tx.delete(Delete(check_path(path), version), recursive, {})
+
+    def children(self, path: str) -> list[str]:
+        with self._db.read() as tx:
+            tx.must(check_path(path), {})
+            return tx.children(path)
+
+    def transaction(self, ops: Sequence[Op]) -> list[str | Stat | None]:
+        with self._db.write() as tx:
+            return [tx.apply(op, self._session, {"op_index": i}) for i, op in enumerate(ops)]
+
+    def watch_data(self, path: str, callback: Callable[[bytes | None, Stat | None], None]) -> Watch:
+        return self._add_watch(check_path(path), False, callback)
+
+    def watch_children(self, path: str, callback: Callable[[list[str] | None], None]) -> Watch:
+        return self._add_watch(check_path(path), True, callback)
+
+    def add_session_listener(self, callback: Callable[[SessionState], None]) -> None:
+        self._listeners.append(callback)
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()
+        self._watches.clear()
+        with contextlib.suppress(MetadataError), self._db.write() as tx:
+            tx.end_sessions([self._session])
+        self._db.close()
+
+    # -- test hook -------------------------------------------------------------------
+
+    def expire_session(self) -> None:
+        """End the session now, as a ZooKeeper session expiry would: its ephemeral nodes
+        go, listeners see LOST, then a new session and CONNECTED."""
+        old = self._session
+        with self._db.write() as tx:
+            tx.end_sessions([old])
+        self._replace_session(old)
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def _open_session(self) -> int:
+        with self._db.write() as tx:
+            cur = tx.conn.execute("INSERT INTO sessions (expires_at) VALUES (?)", (tx.now + self._timeout,))
+            return int(cur.lastrowid or 0)
+
+    def _replace_session(self, old: int) -> None:
+        with self._session_lock:
+            if self._session != old or self._stop.is_set():
+                return
+            self._notify(SessionState.LOST)
+            self._session = self._open_session()
+            self._notify(SessionState.CONNECTED)
+
+    def _notify(self, state: SessionState) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(state)
+            except Exception:
+                _log.exception("session listener failed state=%s", state.value)
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self._timeout / 3):
+            session = self._session
+            try:
+                with self._db.write() as tx:  # reaping first also ends our own lapsed lease
+                    cur = tx.conn.execute("UPDATE sessions SET expires_at = ? WHERE id = ?",
+                                          (tx.now + self._timeout, session))
+                    alive = cur.rowcount == 1
+            except MetadataError:
+                _log.warning("session heartbeat failed session=%d", session, exc_info=True)
+                continue
+            if not alive:
+                self._replace_session(session)
+
+    # -- watches -----------------------------------------------------------------------
+
+    def _add_watch(self, path: str, children: bool, callback: Callable[..., None]) -> Watch:
+        watch = _Watch(self, next(self._keys), path, children, callback)
+        args = self._observe(watch)
+        assert args is not None  # a fresh watch has no token yet, so it always reports
+        callback(*args)
+        self._watches[watch.key] = watch
+        return watch
+
+    def _observe(self, watch: _Watch) -> tuple[object, ...] | None:
+        """Read the watched state; None when it has not changed since the last report."""
+        with self._db.read() as tx:
+            row = tx.row(watch.path)
+            token = (-1,) if row is None else (row.pzxid if watch.children else row.mzxid,)
+            if token == watch.token:
+                return None
+            watch.token = token
+            if watch.children:
+                return (tx.children(watch.path) if row else None,)
+            return (bytes(row.data), tx.stat(row)) if row else (None, None)
+
+    def _poll_loop(self) -> None:
+        last_seq = -1
+        while not self._stop.wait(self._poll_interval):
+            try:
+                last_seq = self._poll_once(last_seq)
+            except MetadataError:
+                _log.warning("metadata poll failed", exc_info=True)
+
+    def _poll_once(self, last_seq: int) -> int:
+        with self._db.read() as tx:
+            seq = int(tx.conn.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()[0])
+            expired = tx.conn.execute("SELECT 1 FROM sessions WHERE expires_at < ? LIMIT 1", (tx.now,)).fetchone()
+        if expired:
+            with self._db.write():  # the write transaction reaps
+                pass
+            return last_seq
+        if seq != last_seq:
+            for watch in list(self._watches.values()):
+                self._fire(watch)
+        return seq
+
+    def _fire(self, watch: _Watch) -> None:
+        args = self._observe(watch)
+        if args is None or watch.key not in self._watches:
+            return
+        try:
+            watch.callback(*args)
+        except Exception:
+            _log.exception("watch callback failed path=%s", watch.path)

@@ -1,0 +1,57 @@
+"""Metadata service URIs: which driver, where, and which ledger layout.
+
+- ``zk://h1:2181,h2:2181/ledgers`` - Apache ZooKeeper through kazoo; the path is the
+  cluster root (BookKeeper's ``zkLedgersRootPath``). ``zk+hierarchical://`` (the default
+  layout) and ``zk+flat://`` choose how ledger paths are laid out.
+- ``local:///path/to/dir`` - the embedded SQLite store in that directory; the cluster
+  root inside it is ``/ledgers``. ``local+flat://`` chooses the flat layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from walkit.errors import InvalidArgumentError
+from walkit.metadata._paths import Layout
+from walkit.metadata._store import MetadataStore, check_path
+
+__all__ = ["MetadataURI", "parse_metadata_uri", "open_metadata_store"]
+
+_LOCAL_ROOT = "/ledgers"
+
+
+@dataclass(frozen=True)
+class MetadataURI:
+    driver: str  # "zk" or "local"
+    location: str  # ZooKeeper hosts, or the local directory
+    root: str  # the cluster root path inside the store
+    layout: Layout
+
+
+def parse_metadata_uri(uri: str) -> MetadataURI:
+    parts = urlsplit(uri)
+    scheme, _, layout_name = parts.scheme.partition("+")
+    layout = layout_name or "hierarchical"
+    if layout not in ("hierarchical", "flat") or scheme not in ("zk", "local"):
+        raise InvalidArgumentError("unknown metadata service URI scheme", uri=uri, known="zk, zk+flat, zk+hierarchical, local")
+    if scheme == "zk":
+        if not parts.netloc:
+            raise InvalidArgumentError("zk:// URI needs host:port[,host:port...]", uri=uri)
+        root = parts.path.rstrip("/") or "/ledgers"
+        return MetadataURI("zk", parts.netloc, check_path(root), layout)  # type: ignore[arg-type]
+    if parts.netloc or not parts.path:
+        raise InvalidArgumentError("local:// URI is local:///absolute/directory", uri=uri)
+    return MetadataURI("local", parts.path, _LOCAL_ROOT, layout)  # type: ignore[arg-type]
+
+
+def open_metadata_store(uri: str | MetadataURI, *, session_timeout: float = 10.0) -> MetadataStore:
+    """A store for the URI (kazoo is imported only for zk://)."""
+    parsed = parse_metadata_uri(uri) if isinstance(uri, str) else uri
+    if parsed.driver == "zk":
+        from walkit.metadata._zk import ZooKeeperStore
+
+        return ZooKeeperStore(parsed.location, session_timeout=session_timeout)
+    from walkit.metadata._local import LocalMetadataStore
+
+    return LocalMetadataStore(parsed.location, session_timeout=session_timeout)

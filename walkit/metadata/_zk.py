@@ -1,0 +1,294 @@
+"""The ZooKeeper driver: :class:`~walkit.metadata._store.MetadataStore` over kazoo.
+
+Theory of operation
+-------------------
+This is the only module that imports kazoo; every kazoo error is translated here into a
+walkit error (``raise ... from``). Each call goes through kazoo's own retry policy
+(:class:`kazoo.retry.KazooRetry`): connection loss is retried with bounded backoff and a
+deadline, session expiry is not (ephemeral nodes are gone; the caller must know).
+kazoo reconnects by itself; after a session expiry it opens a *new* session, and the
+listeners registered with :meth:`ZooKeeperStore.add_session_listener` hear LOST then
+CONNECTED so that owners can recreate their ephemeral nodes. kazoo's
+``transaction().commit()`` does not raise: every result is checked here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError as KzNodeExists,
+    NoChildrenForEphemeralsError,
+    NoNodeError as KzNoNode,
+    NotEmptyError as KzNotEmpty,
+    OperationTimeoutError,
+    RolledBackError,
+    SessionExpiredError as KzSessionExpired,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry, RetryFailedError
+
+from walkit.errors import (
+    InvalidArgumentError,
+    MetadataError,
+    MetadataUnavailableError,
+    MetadataVersionError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    SessionExpiredError,
+)
+from walkit.metadata._store import ANY_VERSION, check_path, Create, Delete, Op, SessionState, SetData, Stat, Watch
+
+__all__ = ["ZooKeeperStore"]
+
+T = TypeVar("T")
+
+_STATES = {
+    KazooState.CONNECTED: SessionState.CONNECTED,
+    KazooState.SUSPENDED: SessionState.SUSPENDED,
+    KazooState.LOST: SessionState.LOST,
+}
+
+
+def _translate(exc: BaseException, path: str, **context: Any) -> MetadataError | InvalidArgumentError:
+    """The walkit error for a kazoo failure on ``path``."""
+    if isinstance(exc, BadVersionError):
+        return MetadataVersionError("version mismatch", path=path, **context)
+    if isinstance(exc, KzNoNode):
+        return NoNodeError("no such node", path=path, **context)
+    if isinstance(exc, KzNodeExists):
+        return NodeExistsError("node exists", path=path, **context)
+    if isinstance(exc, KzNotEmpty):
+        return NotEmptyError("node has children", path=path, **context)
+    if isinstance(exc, NoChildrenForEphemeralsError):
+        return InvalidArgumentError("ephemeral nodes cannot have children", path=path, **context)
+    if isinstance(exc, KzSessionExpired):
+        return SessionExpiredError("ZooKeeper session expired", path=path, **context)
+    if isinstance(exc, (ConnectionLoss, OperationTimeoutError, KazooTimeoutError, RetryFailedError)):
+        return MetadataUnavailableError("ZooKeeper unreachable", path=path, **context)
+    return MetadataError(f"ZooKeeper error: {type(exc).__name__}", path=path, **context)
+
+
+def _stat(z: Any) -> Stat:
+    return Stat(
+        version=z.version, cversion=z.cversion, ephemeral_owner=z.ephemeralOwner,
+        ctime=z.ctime / 1000.0, mtime=z.mtime / 1000.0, num_children=z.numChildren,
+    )
+
+
+class _Watch:
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ZooKeeperStore:
+    """A session on a ZooKeeper ensemble (``hosts`` like "h1:2181,h2:2181")."""
+
+    def __init__(self, hosts: str, *, session_timeout: float = 10.0, connect_timeout: float = 15.0,
+                 retry_deadline: float = 30.0) -> None:
+        retry = {"max_tries": -1, "delay": 0.1, "max_delay": 2.0, "deadline": retry_deadline}
+        self._client = KazooClient(
+            hosts=hosts, timeout=session_timeout, connection_retry=dict(retry), command_retry=dict(retry)
+        )
+        self._retry: KazooRetry = self._client.retry
+        self._listeners: list[Callable[[SessionState], None]] = []
+        self._lock = threading.Lock()
+        self._client.add_listener(self._on_state)
+        try:
+            self._client.start(timeout=connect_timeout)
+        except KazooTimeoutError as exc:
+            self._client.close()
+            raise MetadataUnavailableError("cannot connect to ZooKeeper", hosts=hosts) from exc
+        self.hosts = hosts
+
+    # --- session ------------------------------------------------------------------------
+    @property
+    def session_id(self) -> int:
+        cid = self._client.client_id
+        return int(cid[0]) if cid else 0
+
+    def add_session_listener(self, callback: Callable[[SessionState], None]) -> None:
+        with self._lock:
+            self._listeners.append(callback)
+
+    def _on_state(self, state: str) -> None:
+        # kazoo's event thread: listeners must not block or call ZooKeeper here.
+        mapped = _STATES.get(state)
+        if mapped is None:
+            return
+        with self._lock:
+            listeners = list(self._listeners)
+        for cb in listeners:
+            cb(mapped)
+        if mapped is SessionState.LOST:
+            # kazoo opens a new session by itself; say so once it is there.
+            self._client.handler.spawn(self._announce_reconnect)
+
+    def _announce_reconnect(self) -> None:
+        if self._client.connected:
+            with self._lock:
+                listeners = list(self._listeners)
+            for cb in listeners:
+                cb(SessionState.CONNECTED)
+
+    def expire_session(self) -> None:
+        """Test hook: make the server expire this session (ZooKeeper's own recipe: a
+        second client with the same session id connects and closes)."""
+        sid, passwd = self._client.client_id
+        other = KazooClient(hosts=self.hosts, client_id=(sid, passwd))
+        other.start(timeout=15)
+        other.stop()
+        other.close()
+
+    def close(self) -> None:
+        self._client.stop()
+        self._client.close()
+
+    # --- operations -----------------------------------------------------------------------
+    def _call(self, path: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            result: T = self._retry(fn, *args, **kwargs)
+            return result
+        except KazooException as exc:
+            raise _translate(exc, path) from exc
+        except (KazooTimeoutError, RetryFailedError) as exc:
+            raise _translate(exc, path) from exc
+
+    def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False, sequential: bool = False,
+               make_parents: bool = False) -> str:
+        check_path(path)
+        _check_data(path, data)
+        return str(self._call(path, self._client.create, path, data, ephemeral=ephemeral, sequence=sequential,
+                              makepath=make_parents))
+
+    def get(self, path: str) -> tuple[bytes, Stat]:
+        check_path(path)
+        data, z = self._call(path, self._client.get, path)
+        return bytes(data), _stat(z)
+
+    def exists(self, path: str) -> Stat | None:
+        check_path(path)
+        z = self._call(path, self._client.exists, path)
+        return None if z is None else _stat(z)
+
+    def set(self, path: str, data: bytes, version: int = ANY_VERSION) -> Stat:
+        check_path(path)
+        _check_data(path, data)
+        try:
+            return _stat(self._call(path, self._client.set, path, data, version=version))
+        except MetadataVersionError as exc:
+            raise self._version_error(path, version) from exc
+
+    def delete(self, path: str, version: int = ANY_VERSION, *, recursive: bool = False) -> None:
+        check_path(path)
+        try:
+            self._call(path, self._client.delete, path, version=version, recursive=recursive)
+        except MetadataVersionError as exc:
+            raise self._version_error(path, version) from exc
+
+    def _version_error(self, path: str, expected: int) -> MetadataVersionError:
+        """A CAS failure with the versions that clashed (the actual one read after)."""
+        current = self.exists(path)
+        return MetadataVersionError("version mismatch", path=path, expected=expected,
+                                    actual=None if current is None else current.version)
+
+    def children(self, path: str) -> list[str]:
+        check_path(path)
+        return sorted(self._call(path, self._client.get_children, path))
+
+    def transaction(self, ops: Sequence[Op]) -> list[str | Stat | None]:
+        for op in ops:
+            check_path(op.path)
+            if isinstance(op, (Create, SetData)):
+                _check_data(op.path, op.data)
+        try:
+            results = self._retry(self._commit, ops)
+        except (KazooException, KazooTimeoutError, RetryFailedError) as exc:
+            raise _translate(exc, ops[0].path if ops else "/") from exc
+        for i, (op, res) in enumerate(zip(ops, results)):
+            if isinstance(res, Exception) and not isinstance(res, RolledBackError):
+                raise _translate(res, op.path, op_index=i) from res
+        return [_result(op, res) for op, res in zip(ops, results)]
+
+    def _commit(self, ops: Sequence[Op]) -> list[Any]:
+        t = self._client.transaction()
+        for op in ops:
+            if isinstance(op, Create):
+                t.create(op.path, op.data, ephemeral=op.ephemeral, sequence=op.sequential)
+            elif isinstance(op, SetData):
+                t.set_data(op.path, op.data, version=op.version)
+            elif isinstance(op, Delete):
+                t.delete(op.path, version=op.version)
+            else:
+                t.check(op.path, op.version)
+        return list(t.commit())
+
+    # --- watches ---------------------------------------------------------------------------
+    def watch_data(self, path: str, callback: Callable[[bytes | None, Stat | None], None]) -> Watch:
+        check_path(path)
+        w = _Watch()
+
+        def fire(data: bytes | None, z: Any) -> bool | None:
+            if w.cancelled:
+                return False
+            callback(None if z is None else bytes(data or b""), None if z is None else _stat(z))
+            return None
+
+        self._client.DataWatch(path, fire)
+        return w
+
+    def watch_children(self, path: str, callback: Callable[[list[str] | None], None]) -> Watch:
+        """kazoo's ChildrenWatch stops silently when the node goes: a DataWatch tracks the
+        node's existence, says None when it is gone, and starts a new ChildrenWatch
+        whenever it (re)appears."""
+        check_path(path)
+        w = _Watch()
+        generation = [0]
+        active = [False]
+
+        def on_children(names: list[str], gen: int) -> bool | None:
+            if w.cancelled or gen != generation[0]:
+                return False
+            callback(sorted(names))
+            return None
+
+        def on_node(data: bytes | None, z: Any) -> bool | None:
+            if w.cancelled:
+                return False
+            if z is None:
+                generation[0] += 1
+                active[0] = False
+                callback(None)
+            elif not active[0]:
+                active[0] = True
+                gen = generation[0] = generation[0] + 1
+                self._client.ChildrenWatch(path, lambda names: on_children(names, gen))
+            return None
+
+        self._client.DataWatch(path, on_node)
+        return w
+
+
+def _result(op: Op, res: Any) -> str | Stat | None:
+    if isinstance(op, Create):
+        return str(res)
+    if isinstance(op, SetData):
+        return _stat(res)
+    return None
+
+
+def _check_data(path: str, data: object) -> None:
+    if not isinstance(data, bytes):
+        raise InvalidArgumentError("node data must be bytes", path=path, type=type(data).__name__)
+
+
