@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -171,3 +172,28 @@ def test_a_new_journal_id_is_above_the_free_files_ids() -> None:
     later = write_and_wait(j2, 2, 0, 5)
     j2.shutdown()
     assert entries(fs) == later, "replay read frames of a free file's earlier life"
+
+
+def test_a_recycled_file_with_nothing_written_yet_ends_cleanly() -> None:
+    """A roll into a recycled file right before shutdown: its new life is empty, and the
+    earlier life's bytes right after the header must not read as a torn tail."""
+    fs = MemFS()
+    j = Journal(fs, config(max_size=16 * KIB))  # a header + 3 one-entry batches per file
+    j.start()
+    write_and_wait(j, 1, 0, 3)
+    wait_for_journal(j, 2)
+    j.gc(j.last_mark())  # journal 1 becomes a free file
+    write_and_wait(j, 1, 3, 3)  # fills journal 2; the roll takes the free file
+    wait_for_journal(j, 3)
+    j.shutdown()  # nothing was written into journal 3's new life
+    header = JournalHeader.decode(read_all(fs, f"{D}/{j.current_journal_id:016x}.txn")[:64])
+    assert header.previous_id == 1, f"the test did not roll into the recycled file: {header}"
+    report = replay(fs, D, None, Recorder())
+    assert not report.torn, f"an empty recycled life was taken for a torn tail: {report.torn}"
+
+
+def wait_for_journal(j: Journal, journal_id: int) -> None:
+    deadline = time.monotonic() + 5
+    while j.current_journal_id != journal_id:
+        assert time.monotonic() < deadline, f"journal {journal_id} was never opened (at {j.current_journal_id})"
+        time.sleep(0.001)

@@ -94,7 +94,10 @@ class JournalFiles:
                 f = self._fs.open(path, create=True, direct=self._direct_io)
             except OSError as exc:
                 raise NativeIOError(exc.errno or 5, "cannot create journal", path=path) from exc
-            self._write_header(f, JournalHeader(journal_id=journal_id, alignment=a, previous_id=previous))
+            # A recycled file also gets its terminator right away: an empty new life must
+            # end at a zero block too, not run into the earlier life's frames.
+            self._write_header(f, JournalHeader(journal_id=journal_id, alignment=a, previous_id=previous),
+                               terminated=bool(previous))
             self._fs.fsync_dir(d)
         allocated = max(a, f.size() // a * a) if previous else a
         log.info("journal %s opened (direct=%s, recycled from %s)", path, f.direct, previous or "-")
@@ -119,10 +122,11 @@ class JournalFiles:
                 self._fs.fsync_dir(d)
         return doomed
 
-    def _write_header(self, f: File, header: JournalHeader) -> None:
-        buf = self._fs.alloc_buffer(self._alignment)
+    def _write_header(self, f: File, header: JournalHeader, *, terminated: bool) -> None:
+        a = self._alignment
+        buf = self._fs.alloc_buffer(2 * a if terminated else a)  # zero-filled
         try:
-            buf.view[:] = header.encode()
+            buf.view[:a] = header.encode()
             f.pwrite(buf.view, 0)
         finally:
             buf.close()
