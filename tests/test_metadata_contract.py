@@ -23,12 +23,14 @@ from typing import Any, Protocol
 import pytest
 
 from walkit.errors import (
+    ClusterLayoutError,
     InvalidArgumentError,
     MetadataVersionError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
 )
+from walkit.metadata._cluster import CLUSTER_DIRS, init_cluster, read_cluster
 from walkit.metadata._local import LocalMetadataStore
 from walkit.metadata._zk import ZooKeeperStore
 from walkit.metadata._store import Check, Create, Delete, MetadataStore, SessionState, SetData, Stat
@@ -389,3 +391,48 @@ def test_local_lapsed_lease_reconnects_with_new_session(tmp_path: Path) -> None:
         assert store.get("/eph")[1].ephemeral_owner == store.session_id
     finally:
         store.close()
+
+
+# -- on top of the store: the cluster layout (same tests on every driver) --------------------
+
+
+def test_init_cluster_is_idempotent_and_complete(store: ExpirableStore) -> None:
+    info = init_cluster(store, "/ledgers")
+    assert str(uuid.UUID(info.instance_id)) == info.instance_id and info.layout == "hierarchical"
+    assert init_cluster(store, "/ledgers") == info, "a second init must change nothing"
+    assert read_cluster(store, "/ledgers") == info
+    for d in CLUSTER_DIRS:
+        assert store.exists(f"/ledgers/{d}") is not None, d
+
+
+def test_concurrent_inits_agree_on_one_cluster(driver: Driver) -> None:
+    stores = [driver.make_store() for _ in range(4)]
+    results: list[object] = []
+    barrier = threading.Barrier(len(stores))
+
+    def run(s: ExpirableStore) -> None:
+        barrier.wait()
+        results.append(init_cluster(s, "/deep/root"))
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 4 and len({r.instance_id for r in results}) == 1, results  # type: ignore[attr-defined]
+
+
+def test_cluster_errors_are_clear(store: ExpirableStore) -> None:
+    with pytest.raises(ClusterLayoutError, match="walkit init"):
+        read_cluster(store, "/ledgers")
+    init_cluster(store, "/ledgers", "flat")
+    with pytest.raises(ClusterLayoutError) as info:
+        init_cluster(store, "/ledgers", "hierarchical")
+    assert info.value.context["existing"] == "flat"
+    store.set("/ledgers/LAYOUT", b"bookkeeper layout 2\n")
+    with pytest.raises(ClusterLayoutError, match="cannot use"):
+        read_cluster(store, "/ledgers")
+    store.set("/ledgers/LAYOUT", b"walkit-layout 1\nledgers flat\n")
+    store.set("/ledgers/INSTANCEID", b"not-a-uuid")
+    with pytest.raises(ClusterLayoutError, match="UUID"):
+        read_cluster(store, "/ledgers")

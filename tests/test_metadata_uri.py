@@ -51,3 +51,15 @@ def test_open_zk(zk_server: object) -> None:
         store.delete("/uri-test")
     finally:
         store.close()
+
+
+def test_walkit_init_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from walkit.cli import main
+
+    uri = f"local://{tmp_path}/md"
+    assert main(["init", "--metadata", uri]) == 0
+    first = capsys.readouterr().out
+    assert main(["init", "--metadata", uri]) == 0
+    assert capsys.readouterr().out == first, "init is idempotent: same cluster, same instance id"
+    assert main(["init", "--metadata", f"local+flat://{tmp_path}/md"]) == 2  # clear error, exit 2
+    assert "another ledger layout" in capsys.readouterr().err

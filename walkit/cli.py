@@ -1,5 +1,6 @@
 """The ``walkit`` command line.
 
+``walkit init``            create the cluster layout in the metadata store (idempotent)
 ``walkit bench journal``   measure the journal against the disk's floor (docs/performance.md)
 ``walkit journal repair``  keep a ``.broken`` copy of a damaged journal and truncate it
 """
@@ -36,6 +37,19 @@ def _journal_repair(args: argparse.Namespace) -> int:
     return 0
 
 
+def _init(args: argparse.Namespace) -> int:
+    from walkit.metadata import init_cluster, open_metadata_store, parse_metadata_uri
+
+    uri = parse_metadata_uri(args.metadata)
+    store = open_metadata_store(uri)
+    try:
+        info = init_cluster(store, uri.root, uri.layout)
+    finally:
+        store.close()
+    print(f"cluster {info.instance_id} at {args.metadata} (ledger layout: {info.layout})")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="walkit", description="walkit: a replicated write-ahead log")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level to stderr")
@@ -47,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     bj.add_argument("--seconds", type=float, default=3.0, help="duration of each case (default 3)")
     bj.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temporary one here)")
     bj.set_defaults(func=_bench_journal)
+
+    init = sub.add_parser("init", help="create the cluster layout in the metadata store (idempotent)")
+    init.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
+    init.set_defaults(func=_init)
 
     journal = sub.add_parser("journal", help="journal tools").add_subparsers(dest="what", required=True)
     jr = journal.add_parser("repair", help="keep PATH.broken and truncate PATH at its first bad frame")

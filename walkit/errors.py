@@ -32,7 +32,8 @@ from the number.
     │   ├── NoNodeError
     │   ├── NotEmptyError
     │   ├── SessionExpiredError      the store session ended: ephemeral nodes are gone
-    │   └── MetadataUnavailableError the store cannot be reached (after bounded retries)
+    │   ├── MetadataUnavailableError the store cannot be reached (after bounded retries)
+    │   └── ClusterLayoutError       no cluster, or one this walkit cannot use
     └── ConfigError                  a configuration value is invalid
 
 Errors carry ``key=value`` context in their message, and where the world failed the
@@ -71,6 +72,7 @@ __all__ = [
     "NotEmptyError",
     "SessionExpiredError",
     "MetadataUnavailableError",
+    "ClusterLayoutError",
 ]
 
 _BY_CODE: dict[int, type[WalkitError]] = {}
@@ -224,3 +226,7 @@ class SessionExpiredError(MetadataError):
 
 class MetadataUnavailableError(MetadataError):
     code = 606
+
+
+class ClusterLayoutError(MetadataError):
+    code = 607

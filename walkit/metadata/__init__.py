@@ -8,6 +8,7 @@
 - :class:`LedgerMetadata` (``_ledger``) and the ledger path layouts (``_paths``).
 """
 
+from walkit.metadata._cluster import ClusterInfo, init_cluster, read_cluster
 from walkit.metadata._ledger import Fragment, LedgerMetadata, LedgerState
 from walkit.metadata._local import LocalMetadataStore
 from walkit.metadata._paths import Layout, iter_ledger_ids, ledger_path, ledger_path_prefixes, parse_ledger_path
@@ -29,6 +30,7 @@ from walkit.metadata._uri import MetadataURI, open_metadata_store, parse_metadat
 __all__ = [
     "ANY_VERSION",
     "Check",
+    "ClusterInfo",
     "Create",
     "Delete",
     "Fragment",
@@ -44,10 +46,12 @@ __all__ = [
     "Stat",
     "Watch",
     "check_path",
+    "init_cluster",
     "iter_ledger_ids",
     "ledger_path",
     "ledger_path_prefixes",
     "open_metadata_store",
     "parse_ledger_path",
     "parse_metadata_uri",
+    "read_cluster",
 ]
