@@ -23,6 +23,7 @@ from bookie.fs import FileSystem, read_all, write_atomic
 from bookie.fs.mem import MemFS
 from bookie.fs.real import ALIGNMENT, RealFS
 from walkit.errors import NativeIOError
+from native_support import refuse_direct
 
 PAGE = ALIGNMENT
 
@@ -63,17 +64,6 @@ def fs_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records
             if r.name == "bookie.fs" and r.levelno == logging.WARNING]
 
-
-def refuse_direct(monkeypatch: pytest.MonkeyPatch, backend: native.Backend) -> None:
-    """Make ``backend`` open like a file system without O_DIRECT (EINVAL at open)."""
-    real_open = backend._open
-
-    def refusing(path: str, create: bool, direct: bool, readonly: bool) -> int:
-        if direct:
-            raise native.io_error(errno.EINVAL, "open", path=path)
-        return real_open(path, create, direct, readonly)
-
-    monkeypatch.setattr(backend, "_open", refusing)
 
 
 # --- O_DIRECT and its fallback ------------------------------------------------------

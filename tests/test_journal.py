@@ -638,3 +638,14 @@ def test_many_producers(env: Env) -> None:
         want = [("entry", 100 + t, i, t.to_bytes(1, "little") * (i % 64) + i.to_bytes(4, "little")) for i in range(per_thread)]
         assert mine == want, f"thread {t}: replay lost, changed or reordered its entries"
     check_flush_layout(frames_of(env.fs, env.dir), j.stats.flushes)
+
+
+def test_stats_count_every_record_with_or_without_callback(mem: Env) -> None:
+    j = mem.journal()
+    acks = Acks()
+    j.log_master_key(1, b"k")  # no callback
+    j.log_fence(1)  # no callback
+    j.log_entry(1, 0, b"x", acks, "e")
+    acks.wait(1)
+    j.shutdown()
+    assert j.stats.records == 3, f"stats: {j.stats}"

@@ -52,13 +52,10 @@ A = 4096
 # --- the driver ------------------------------------------------------------------------------
 
 
-
 def do_replay(fs: FileSystem, directory: str, mark: LogMark | None = None) -> tuple[ReplayReport, list[Rec]]:
     target = Recorder()
     report = replay(fs, directory, mark, target)
     return report, target.records
-
-
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import pytest
 
 from bookie import native
 from walkit.errors import ConfigError, NativeIOError
+from native_support import refuse_direct
 
 PAGE = 4096
 
@@ -100,14 +101,7 @@ def test_unaligned_direct_write_is_einval(backend: native.Backend, direct_fd: in
 
 def test_refused_direct_falls_back_to_buffered(backend: native.Backend, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    real_open = backend._open
-
-    def refusing(path: str, create: bool, direct: bool, readonly: bool) -> int:
-        if direct:
-            raise native.io_error(errno.EINVAL, "open", path=path)
-        return real_open(path, create, direct, readonly)
-
-    monkeypatch.setattr(backend, "_open", refusing)
+    refuse_direct(monkeypatch, backend)
     fd, granted = backend.open_file(str(tmp_path / "f"), create=True, direct=True)
     try:
         assert not granted

@@ -109,13 +109,14 @@ def _call_back(records: list[tuple[Callback, Any]], error: BaseException | None)
 class _Batch:
     """A batch handed from the journal thread to the sync thread."""
 
-    __slots__ = ("segments", "length", "offset", "journal_id", "records", "reason", "terminator")
+    __slots__ = ("segments", "length", "offset", "journal_id", "records", "count", "reason", "terminator")
 
     def __init__(self, segments: list[Segment], offset: int, journal_id: int,
-                 records: list[tuple[Callback, Any]], reason: FlushReason) -> None:
+                 records: list[tuple[Callback, Any]], count: int, reason: FlushReason) -> None:
         self.segments, self.offset, self.journal_id = segments, offset, journal_id
         self.length = sum(n for _, n in segments)
-        self.records, self.reason = records, reason
+        self.records, self.reason = records, reason  # records: the callbacks only
+        self.count = count  # every framed record, with a callback or not
         #: a zero block written after the batch (recycled files: marks the end of this life)
         self.terminator: memoryview | None = None
 
@@ -312,9 +313,9 @@ class Journal:
     def _hand_off(self, reason: FlushReason) -> None:
         """Close the batch being built and give it to the (idle) sync thread."""
         with self._lock:
-            segments, records = self._frames.take(), self._records
+            segments, records, count = self._frames.take(), self._records, self._entries
             self._records, self._entries, self._oldest = [], 0, None
-            batch = _Batch(segments, self._file_pos, self._journal_id, records, reason)
+            batch = _Batch(segments, self._file_pos, self._journal_id, records, count, reason)
             batch.terminator = self._terminator
             self._file_pos += batch.length
             if self._file_pos >= self._cfg.max_size:  # the next batch goes to the next file
@@ -389,7 +390,7 @@ class Journal:
         self._durable = LogMark(b.journal_id, b.offset + b.length)
         st = self.stats
         st.flushes += 1
-        st.records += len(b.records)
+        st.records += b.count
         st.bytes_written += b.length
         st.reasons[b.reason.value] = st.reasons.get(b.reason.value, 0) + 1
         with self._lock:
