@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from zk_support import ZooKeeperServer
+from zk_support import ZooKeeperEnsemble, ZooKeeperServer
 
 
 @pytest.fixture(scope="session")
@@ -17,3 +17,21 @@ def zk_server() -> Iterator[ZooKeeperServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def zk_ensemble_module() -> Iterator[ZooKeeperEnsemble]:
+    """A fresh 3-node ZooKeeper ensemble on 127.0.0.1 per test module."""
+    ensemble = ZooKeeperEnsemble()
+    try:
+        yield ensemble
+    finally:
+        ensemble.stop()
+
+
+@pytest.fixture
+def zk_ensemble(zk_ensemble_module: ZooKeeperEnsemble) -> ZooKeeperEnsemble:
+    """The module's ensemble with all three nodes serving: nodes killed by an earlier test
+    (even a failed one) are restarted on their own data before this test starts."""
+    zk_ensemble_module.restore()
+    return zk_ensemble_module

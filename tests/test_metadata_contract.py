@@ -1,12 +1,4 @@
-"""Contract tests for every MetadataStore driver.
-
-Each test takes ``driver`` (a :class:`Driver`): ``driver.make_store()`` opens one more
-client on the same backing location, so several instances model several clients.
-Multi-process tests pass the picklable ``driver.spec`` to a child, which opens its own
-client with :func:`open_store`. To add a driver (e.g. ``zk``): add a param to the
-``driver`` fixture and a branch to :func:`open_store`; the store must also offer the
-``expire_session()`` test hook (simulated ZooKeeper session expiry).
-"""
+"""Contract tests for every MetadataStore driver (fixtures: ``metadata_support``)."""
 
 from __future__ import annotations
 
@@ -15,13 +7,12 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 
+from metadata_support import SESSION_TIMEOUT, Driver, ExpirableStore, StoreSpec, driver, open_store, ready_child, store, wait_for
 from walkit.errors import (
     ClusterLayoutError,
     InvalidArgumentError,
@@ -32,75 +23,9 @@ from walkit.errors import (
 )
 from walkit.metadata._cluster import CLUSTER_DIRS, init_cluster, read_cluster
 from walkit.metadata._local import LocalMetadataStore
-from walkit.metadata._zk import ZooKeeperStore
 from walkit.metadata._store import Check, Create, Delete, MetadataStore, SessionState, SetData, Stat
 
-SESSION_TIMEOUT = 1.0  # short leases so expiry tests stay quick
-
-
-class ExpirableStore(MetadataStore, Protocol):
-    def expire_session(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class StoreSpec:
-    """Picklable: where a driver's backing store lives."""
-
-    driver: str
-    location: str
-
-
-def open_store(spec: StoreSpec, session_timeout: float = SESSION_TIMEOUT) -> ExpirableStore:
-    if spec.driver == "local":
-        return LocalMetadataStore(spec.location, session_timeout=session_timeout, poll_interval=0.02)
-    if spec.driver == "zk":
-        return ZooKeeperStore(spec.location, session_timeout=session_timeout)
-    raise AssertionError(f"unknown driver {spec.driver}")
-
-
-def _zk_location(request: pytest.FixtureRequest) -> str:
-    """A fresh chroot on the session's real ZooKeeper, so tests never see each other."""
-    server = request.getfixturevalue("zk_server")
-    chroot = f"/contract-{uuid.uuid4().hex}"
-    admin = ZooKeeperStore(server.hosts)
-    try:
-        admin.create(chroot)
-    finally:
-        admin.close()
-    return server.hosts + chroot
-
-
-@dataclass
-class Driver:
-    spec: StoreSpec
-    opened: list[ExpirableStore] = field(default_factory=list)
-
-    def make_store(self, session_timeout: float = SESSION_TIMEOUT) -> ExpirableStore:
-        store = open_store(self.spec, session_timeout)
-        self.opened.append(store)
-        return store
-
-
-@pytest.fixture(params=["local", "zk"])
-def driver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Driver]:
-    location = str(tmp_path / "md") if request.param == "local" else _zk_location(request)
-    result = Driver(StoreSpec(request.param, location))
-    yield result
-    for store in result.opened:
-        store.close()
-
-
-@pytest.fixture
-def store(driver: Driver) -> ExpirableStore:
-    return driver.make_store()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
+__all__ = ["driver", "store"]  # fixtures used by name
 
 
 # -- basic semantics -------------------------------------------------------------------
@@ -354,21 +279,12 @@ def test_multiprocess_sequential_and_cas(driver: Driver) -> None:
 
 def test_killed_process_ephemeral_node_expires(driver: Driver) -> None:
     observer = driver.make_store()
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    proc = ctx.Process(target=ephemeral_worker, args=(driver.spec, out))
-    proc.start()
-    try:
-        assert out.get(timeout=30) == "ready"
+    with ready_child(ephemeral_worker, driver.spec) as kill:
         assert observer.exists("/killed") is not None
-        proc.kill()
-        proc.join(timeout=10)
+        kill()
         killed_at = time.monotonic()
         wait_for(lambda: observer.exists("/killed") is None, timeout=SESSION_TIMEOUT * 4)
         assert time.monotonic() - killed_at < SESSION_TIMEOUT * 3
-    finally:
-        proc.kill()
-        proc.join()
 
 
 # -- local driver only -------------------------------------------------------------------

@@ -13,10 +13,10 @@ from walkit.metadata import LocalMetadataStore, MetadataURI, open_metadata_store
 @pytest.mark.parametrize(
     ("uri", "want"),
     [
-        ("zk://127.0.0.1:2181/ledgers", MetadataURI("zk", "127.0.0.1:2181", "/ledgers", "hierarchical")),
+        ("zk://127.0.0.1:2181/ledgers", MetadataURI("zk", "127.0.0.1:2181", "/ledgers", None)),
         ("zk+flat://h1:2181,h2:2182/bk/ledgers", MetadataURI("zk", "h1:2181,h2:2182", "/bk/ledgers", "flat")),
         ("zk+hierarchical://h:1/", MetadataURI("zk", "h:1", "/ledgers", "hierarchical")),
-        ("local:///var/lib/walkit/md", MetadataURI("local", "/var/lib/walkit/md", "/ledgers", "hierarchical")),
+        ("local:///var/lib/walkit/md", MetadataURI("local", "/var/lib/walkit/md", "/ledgers", None)),
         ("local+flat:///d", MetadataURI("local", "/d", "/ledgers", "flat")),
     ],
 )

@@ -33,7 +33,9 @@ from the number.
     │   ├── NotEmptyError
     │   ├── SessionExpiredError      the store session ended: ephemeral nodes are gone
     │   ├── MetadataUnavailableError the store cannot be reached (after bounded retries)
-    │   └── ClusterLayoutError       no cluster, or one this walkit cannot use
+    │   ├── ClusterLayoutError       no cluster, or one this walkit cannot use
+    │   ├── LedgerExistsError        ledger metadata already stored under that id
+    │   └── BookieIdInUseError       another live bookie is registered with this id
     └── ConfigError                  a configuration value is invalid
 
 Errors carry ``key=value`` context in their message, and where the world failed the
@@ -73,6 +75,8 @@ __all__ = [
     "SessionExpiredError",
     "MetadataUnavailableError",
     "ClusterLayoutError",
+    "LedgerExistsError",
+    "BookieIdInUseError",
 ]
 
 _BY_CODE: dict[int, type[WalkitError]] = {}
@@ -230,3 +234,11 @@ class MetadataUnavailableError(MetadataError):
 
 class ClusterLayoutError(MetadataError):
     code = 607
+
+
+class LedgerExistsError(MetadataError):
+    code = 608
+
+
+class BookieIdInUseError(MetadataError):
+    code = 609

@@ -5,12 +5,18 @@
 - drivers chosen by URI (:func:`open_metadata_store`): ``zk://`` (Apache ZooKeeper
   through kazoo, ``_zk``) and ``local://`` (an SQLite file shared by the processes of
   one machine, ``_local``);
-- :class:`LedgerMetadata` (``_ledger``) and the ledger path layouts (``_paths``).
+- :class:`LedgerMetadata` (``_ledger``) and the ledger path layouts (``_paths``);
+- the cluster layout (``_cluster``), the ledger manager (``_ledgers``), bookie
+  registration (``_registration``), and :func:`connect` (``_connect``), which checks a
+  cluster before anything uses it.
 """
 
 from walkit.metadata._cluster import ClusterInfo, init_cluster, read_cluster
+from walkit.metadata._connect import Cluster, connect
 from walkit.metadata._ledger import Fragment, LedgerMetadata, LedgerState
+from walkit.metadata._ledgers import LedgerManager
 from walkit.metadata._local import LocalMetadataStore
+from walkit.metadata._registration import BookieRegistration, BookieSet, list_bookies, read_cookie, watch_bookies, write_cookie
 from walkit.metadata._paths import Layout, iter_ledger_ids, ledger_path, ledger_path_prefixes, parse_ledger_path
 from walkit.metadata._store import (
     ANY_VERSION,
@@ -29,12 +35,16 @@ from walkit.metadata._uri import MetadataURI, open_metadata_store, parse_metadat
 
 __all__ = [
     "ANY_VERSION",
+    "BookieRegistration",
+    "BookieSet",
     "Check",
+    "Cluster",
     "ClusterInfo",
     "Create",
     "Delete",
     "Fragment",
     "Layout",
+    "LedgerManager",
     "LedgerMetadata",
     "LedgerState",
     "LocalMetadataStore",
@@ -46,12 +56,17 @@ __all__ = [
     "Stat",
     "Watch",
     "check_path",
+    "connect",
     "init_cluster",
     "iter_ledger_ids",
     "ledger_path",
+    "list_bookies",
     "ledger_path_prefixes",
     "open_metadata_store",
     "parse_ledger_path",
     "parse_metadata_uri",
     "read_cluster",
+    "read_cookie",
+    "watch_bookies",
+    "write_cookie",
 ]

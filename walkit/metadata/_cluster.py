@@ -23,7 +23,7 @@ from walkit.errors import ClusterLayoutError, NodeExistsError, NoNodeError
 from walkit.metadata._paths import LAYOUTS, Layout
 from walkit.metadata._store import Create, MetadataStore, check_path
 
-__all__ = ["ClusterInfo", "init_cluster", "read_cluster", "CLUSTER_DIRS"]
+__all__ = ["ClusterInfo", "init_cluster", "read_cluster", "cluster_path", "CLUSTER_DIRS"]
 
 _LAYOUT_HEADER = "walkit-layout 1"
 CLUSTER_DIRS = ("available", "available/readonly", "cookies", "idgen")
@@ -34,6 +34,11 @@ class ClusterInfo:
     root: str
     instance_id: str
     layout: Layout
+
+
+def cluster_path(root: str, name: str) -> str:
+    """``<root>/<name>`` (also for the root "/")."""
+    return f"{'' if root == '/' else root}/{name}"
 
 
 def _encode_layout(layout: Layout) -> bytes:
@@ -54,8 +59,8 @@ def read_cluster(store: MetadataStore, root: str) -> ClusterInfo:
     """The cluster at ``root``; ClusterLayoutError when there is none or it is unusable."""
     check_path(root)
     try:
-        instance, _ = store.get(f"{root}/INSTANCEID")
-        layout_raw, _ = store.get(f"{root}/LAYOUT")
+        instance, _ = store.get(cluster_path(root, "INSTANCEID"))
+        layout_raw, _ = store.get(cluster_path(root, "LAYOUT"))
     except NoNodeError as exc:
         raise ClusterLayoutError("no walkit cluster here: run `walkit init --metadata URI`", root=root) from exc
     try:
@@ -65,15 +70,16 @@ def read_cluster(store: MetadataStore, root: str) -> ClusterInfo:
     return ClusterInfo(root, instance_id, _decode_layout(layout_raw, root))
 
 
-def init_cluster(store: MetadataStore, root: str, layout: Layout = "hierarchical") -> ClusterInfo:
-    """Create the layout at ``root`` if it is not there (idempotent, safe to race)."""
+def init_cluster(store: MetadataStore, root: str, layout: Layout | None = None) -> ClusterInfo:
+    """Create the layout at ``root`` if it is not there (idempotent, safe to race).
+    ``layout`` None: hierarchical for a new cluster, whatever an existing one has."""
     check_path(root)
-    if layout not in LAYOUTS:
+    if layout is not None and layout not in LAYOUTS:
         raise ClusterLayoutError("unknown ledger layout", layout=layout, known=",".join(LAYOUTS))
-    if store.exists(f"{root}/INSTANCEID") is None:
-        _create(store, root, layout)
+    if store.exists(cluster_path(root, "INSTANCEID")) is None:
+        _create(store, root, layout or "hierarchical")
     info = read_cluster(store, root)
-    if info.layout != layout:
+    if layout is not None and info.layout != layout:
         raise ClusterLayoutError(
             "the cluster exists with another ledger layout", root=root, existing=info.layout, requested=layout
         )
@@ -86,7 +92,8 @@ def _create(store: MetadataStore, root: str, layout: Layout) -> None:
     if root != "/" and store.exists(root) is None:
         with contextlib.suppress(NodeExistsError):
             store.create(root, make_parents=True)
-    ops = [Create(f"{root}/{d}") for d in CLUSTER_DIRS]
-    ops += [Create(f"{root}/LAYOUT", _encode_layout(layout)), Create(f"{root}/INSTANCEID", str(uuid.uuid4()).encode())]
+    ops = [Create(cluster_path(root, d)) for d in CLUSTER_DIRS]
+    ops += [Create(cluster_path(root, "LAYOUT"), _encode_layout(layout)),
+            Create(cluster_path(root, "INSTANCEID"), str(uuid.uuid4()).encode())]
     with contextlib.suppress(NodeExistsError):
         store.transaction(ops)

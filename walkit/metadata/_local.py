@@ -211,8 +211,8 @@ class _Txn:
         self.check_version(row, op.version, ctx)
         if self.stat(row).num_children and not recursive:
             raise NotEmptyError("node has children", path=op.path, **ctx)
-        prefix = op.path + "/"
-        self.conn.execute("DELETE FROM nodes WHERE substr(path, 1, ?) = ?", (len(prefix), prefix))
+        if recursive:  # every path below starts with "<path>/"; "0" sorts right after "/"
+            self.conn.execute("DELETE FROM nodes WHERE path >= ? AND path < ?", (op.path + "/", op.path + "0"))
         self.conn.execute("DELETE FROM nodes WHERE path = ?", (op.path,))
         self.touch_parent(_parent(op.path))
 

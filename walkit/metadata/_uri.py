@@ -1,10 +1,14 @@
 """Metadata service URIs: which driver, where, and which ledger layout.
 
 - ``zk://h1:2181,h2:2181/ledgers`` - Apache ZooKeeper through kazoo; the path is the
-  cluster root (BookKeeper's ``zkLedgersRootPath``). ``zk+hierarchical://`` (the default
-  layout) and ``zk+flat://`` choose how ledger paths are laid out.
+  cluster root (BookKeeper's ``zkLedgersRootPath``). ``zk+hierarchical://`` and
+  ``zk+flat://`` choose how ledger paths are laid out.
 - ``local:///path/to/dir`` - the embedded SQLite store in that directory; the cluster
   root inside it is ``/ledgers``. ``local+flat://`` chooses the flat layout.
+
+Without a layout in the scheme, ``layout`` is None: ``walkit init`` makes a hierarchical
+cluster (BookKeeper's default) and clients use whatever layout the cluster has. With
+one, init makes that layout and clients refuse a cluster laid out otherwise.
 """
 
 from __future__ import annotations
@@ -26,14 +30,14 @@ class MetadataURI:
     driver: str  # "zk" or "local"
     location: str  # ZooKeeper hosts, or the local directory
     root: str  # the cluster root path inside the store
-    layout: Layout
+    layout: Layout | None  # None: not named in the URI
 
 
 def parse_metadata_uri(uri: str) -> MetadataURI:
     parts = urlsplit(uri)
     scheme, _, layout_name = parts.scheme.partition("+")
-    layout = layout_name or "hierarchical"
-    if layout not in ("hierarchical", "flat") or scheme not in ("zk", "local"):
+    layout = layout_name or None
+    if layout not in (None, "hierarchical", "flat") or scheme not in ("zk", "local"):
         raise InvalidArgumentError("unknown metadata service URI scheme", uri=uri, known="zk, zk+flat, zk+hierarchical, local")
     if scheme == "zk":
         if not parts.netloc:

@@ -1,0 +1,325 @@
+"""The ledger manager on every driver: ids, metadata CRUD with CAS, ordered listing."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+import tracemalloc
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from metadata_support import Driver, ExpirableStore, StoreSpec, driver, open_store, store, wait_for
+from walkit.errors import FormatError, InvalidArgumentError, LedgerExistsError, MetadataVersionError, NoSuchLedgerError
+from walkit.metadata import LedgerManager, LedgerMetadata, LedgerState, init_cluster, ledger_path, ledger_path_prefixes
+from walkit.metadata._paths import LEGACY_LIMIT, MAX_LEDGER_ID
+from walkit.metadata._store import Create, Delete
+
+__all__ = ["driver", "store"]  # fixtures used by name
+
+ROOT = "/ledgers"
+
+
+def manager_on(store: ExpirableStore, layout: str = "hierarchical", **kwargs: Any) -> LedgerManager:
+    return LedgerManager(store, init_cluster(store, ROOT, layout), **kwargs)  # type: ignore[arg-type]
+
+
+def meta(ledger_id: int, **custom: bytes) -> LedgerMetadata:
+    return LedgerMetadata.create(ledger_id, ("b1:3181", "b2:3181", "b3:3181"), write_quorum=2, ack_quorum=2,
+                                 password=b"pw", ctime=1_700_000_000_000, custom=custom)
+
+
+# -- ids ---------------------------------------------------------------------------------
+
+
+def test_ids_unique_across_threads_and_managers(driver: Driver) -> None:
+    managers = [manager_on(driver.make_store()) for _ in range(2)]
+    ids: list[int] = []
+    lock = threading.Lock()
+
+    def work(m: LedgerManager) -> None:
+        got = [m.new_ledger_id() for _ in range(50)]
+        with lock:
+            ids.extend(got)
+
+    threads = [threading.Thread(target=work, args=(managers[i % 2],)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(ids) == 300 and len(set(ids)) == 300
+    assert all(0 <= i < LEGACY_LIMIT for i in ids)
+
+
+def id_worker(spec: StoreSpec, count: int, out: Any, gate: Any) -> None:
+    store = open_store(spec, session_timeout=10.0)
+    try:
+        manager = LedgerManager(store, init_cluster(store, ROOT))
+        gate.wait(timeout=120)  # start together so the generators really contend
+        out.put([manager.new_ledger_id() for _ in range(count)])
+    finally:
+        store.close()
+
+
+def test_ids_unique_across_ten_processes(driver: Driver) -> None:
+    """The issue's bar: 10 processes × 1,000 ids, all distinct."""
+    init_cluster(driver.make_store(), ROOT)
+    ctx = multiprocessing.get_context("spawn")
+    out, gate = ctx.Queue(), ctx.Barrier(10)
+    procs = [ctx.Process(target=id_worker, args=(driver.spec, 1000, out, gate)) for _ in range(10)]
+    for proc in procs:
+        proc.start()
+    try:
+        batches = [out.get(timeout=180) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=60)
+    assert [proc.exitcode for proc in procs] == [0] * 10
+    ids = [i for batch in batches for i in batch]
+    assert len(ids) == 10_000 and len(set(ids)) == 10_000
+    for batch in batches:
+        assert batch == sorted(batch), "one generator's ids only grow"
+
+
+def test_full_bucket_moves_every_generator_to_the_next(driver: Driver) -> None:
+    """With 7 numbers per bucket the generators must cross many buckets; ids stay
+    unique, grow per generator, and fill the 63-bit space past one bucket."""
+    managers = [manager_on(driver.make_store(), low_limit=7) for _ in range(3)]
+    ids: list[list[int]] = [[] for _ in managers]
+
+    def work(k: int) -> None:
+        ids[k] = [managers[k].new_ledger_id() for _ in range(40)]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [i for batch in ids for i in batch]
+    assert len(set(every)) == 120
+    assert all(batch == sorted(batch) for batch in ids)
+    hobs = driver.make_store().children(f"{ROOT}/idgen")
+    assert len(hobs) > 3 and all(h.startswith("HOB-") for h in hobs)
+
+
+def test_bad_low_limit_is_refused(store: ExpirableStore) -> None:
+    with pytest.raises(InvalidArgumentError):
+        manager_on(store, low_limit=0)
+
+
+# -- metadata -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["hierarchical", "flat"])
+@pytest.mark.parametrize("ledger_id", [0, 12345, LEGACY_LIMIT, MAX_LEDGER_ID])
+def test_create_read_write_delete(store: ExpirableStore, layout: str, ledger_id: int) -> None:
+    m = manager_on(store, layout)
+    first = meta(ledger_id)
+    assert m.create(first) == 0
+    assert m.read(ledger_id) == (first, 0)
+    assert store.exists(ledger_path(ROOT, ledger_id, layout)) is not None  # type: ignore[arg-type]
+    with pytest.raises(LedgerExistsError):
+        m.create(meta(ledger_id))
+    closed = first.closed(last_entry_id=9, length=100)
+    assert m.write(closed, 0) == 1
+    with pytest.raises(MetadataVersionError):
+        m.write(first.with_state(LedgerState.IN_RECOVERY), 0)  # a stale version loses
+    assert m.read(ledger_id) == (closed, 1)
+    with pytest.raises(MetadataVersionError):
+        m.delete(ledger_id, version=0)
+    m.delete(ledger_id, version=1)
+    assert not m.exists(ledger_id)
+    with pytest.raises(NoSuchLedgerError):
+        m.read(ledger_id)
+    with pytest.raises(NoSuchLedgerError):
+        m.delete(ledger_id)
+    with pytest.raises(NoSuchLedgerError):
+        m.write(closed, 1)
+
+
+def test_write_needs_a_version(store: ExpirableStore) -> None:
+    m = manager_on(store)
+    m.create(meta(1))
+    with pytest.raises(InvalidArgumentError):
+        m.write(meta(1), -1)
+
+
+def test_concurrent_updates_lose_nothing(driver: Driver) -> None:
+    managers = [manager_on(driver.make_store()) for _ in range(3)]
+    managers[0].create(meta(7))
+
+    def add_key(m: LedgerManager, key: str) -> None:
+        def change(current: LedgerMetadata) -> LedgerMetadata:
+            custom = dict(current.custom, **{key: b"x"})
+            return LedgerMetadata(**{**current.__dict__, "custom_metadata": tuple(sorted(custom.items()))})
+
+        m.update(7, change)
+
+    threads = [threading.Thread(target=add_key, args=(managers[i % 3], f"k{i}")) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    final, version = managers[0].read(7)
+    assert sorted(final.custom) == sorted(f"k{i}" for i in range(12))
+    assert version == 12
+
+
+def test_update_that_changes_nothing_does_not_write(store: ExpirableStore) -> None:
+    m = manager_on(store)
+    m.create(meta(3))
+    assert m.update(3, lambda current: None) == (meta(3).__class__.decode(m.read(3)[0].encode()), 0)
+    assert m.read(3)[1] == 0
+
+
+def test_update_gives_up_after_bounded_attempts(driver: Driver) -> None:
+    m = manager_on(driver.make_store())
+    other = manager_on(driver.make_store())
+    m.create(meta(4))
+
+    def meddle(current: LedgerMetadata) -> LedgerMetadata:
+        fresh, version = other.read(4)
+        other.write(fresh.with_state(LedgerState.IN_RECOVERY if fresh.state is LedgerState.OPEN else LedgerState.OPEN),
+                    version)
+        return current.closed(0, 1)
+
+    with pytest.raises(MetadataVersionError, match="kept changing"):
+        m.update(4, meddle, attempts=3)
+
+
+def test_unreadable_metadata_is_a_clear_error(store: ExpirableStore) -> None:
+    m = manager_on(store)
+    m.create(meta(5))
+    store.set(m.path(5), b"garbage")
+    with pytest.raises(FormatError) as info:
+        m.read(5)
+    assert info.value.context["ledger"] == 5
+    store.set(m.path(5), meta(6).encode())
+    with pytest.raises(FormatError, match="another ledger"):
+        m.read(5)
+
+
+def test_watch_sees_changes_and_deletion(driver: Driver) -> None:
+    m = manager_on(driver.make_store())
+    seen: list[tuple[LedgerState | None, int]] = []
+    m.create(meta(8))
+    watch = m.watch(8, lambda md, version: seen.append((md.state if md else None, version)))
+    _, version = m.update(8, lambda cur: cur.with_state(LedgerState.IN_RECOVERY))
+    wait_for(lambda: (LedgerState.IN_RECOVERY, 1) in seen)
+    m.delete(8)
+    wait_for(lambda: seen[-1] == (None, -1))
+    watch.cancel()
+    assert seen[0] == (LedgerState.OPEN, 0)
+
+
+# -- listing ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["hierarchical", "flat"])
+def test_list_in_id_order_across_path_forms(store: ExpirableStore, layout: str) -> None:
+    m = manager_on(store, layout)
+    wanted = [0, 9, 10_000, 99_999_999, LEGACY_LIMIT - 1, LEGACY_LIMIT, 10**12, MAX_LEDGER_ID]
+    for ledger_id in reversed(wanted):
+        m.create(meta(ledger_id))
+    assert list(m.ledger_ids()) == wanted
+    m.delete(10_000)
+    assert list(m.ledger_ids()) == [i for i in wanted if i != 10_000]
+
+
+LOTS = 100_000
+BATCH = 1_000
+
+
+def _bulk_create(store: ExpirableStore, ids: range) -> None:
+    """LOTS ledger nodes fast: parents first, then transactions of BATCH creates."""
+    dirs = sorted({p for i in ids for p in ledger_path_prefixes(ROOT, i)})
+    store.transaction([Create(d) for d in dirs if store.exists(d) is None])
+    for at in range(0, len(ids), BATCH):
+        store.transaction([Create(ledger_path(ROOT, i), b"x") for i in ids[at:at + BATCH]])
+
+
+def _bulk_delete(store: ExpirableStore, ids: range) -> None:
+    for at in range(0, len(ids), BATCH):
+        store.transaction([Delete(ledger_path(ROOT, i)) for i in ids[at:at + BATCH]])
+
+
+@pytest.fixture
+def hundred_thousand(driver: Driver) -> Iterator[tuple[ExpirableStore, LedgerManager]]:
+    store = driver.make_store(session_timeout=10.0)  # big transactions can delay pings past a short lease
+    m = manager_on(store)
+    ids = range(LOTS)
+    _bulk_create(store, ids)
+    try:
+        yield store, m
+    finally:
+        _bulk_delete(store, ids)  # keep the shared ZooKeeper small for the tests after
+
+
+def test_hundred_thousand_ledgers_listed_in_order_with_bounded_memory(
+        hundred_thousand: tuple[ExpirableStore, LedgerManager]) -> None:
+    store, m = hundred_thousand
+    listed_dirs: list[int] = []
+    inner = m._children  # count how many names each directory listing holds
+
+    def counting(path: str) -> list[str]:
+        names = inner(path)
+        listed_dirs.append(len(names))
+        return names
+
+    m._children = counting  # type: ignore[method-assign]
+    tracemalloc.start()
+    try:
+        expected = 0
+        for ledger_id in m.ledger_ids():
+            assert ledger_id == expected
+            expected += 1
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert expected == LOTS
+    assert max(listed_dirs) <= 10_000, "one directory at a time: at most 10,000 names"
+    tracemalloc.start()
+    try:
+        everything = [f"L{i:010d}" for i in range(LOTS)]  # what holding every name would cost
+        _, whole = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del everything
+    assert peak < whole / 3, (peak, whole)
+
+
+def test_first_ids_come_before_the_walk_ends(store: ExpirableStore) -> None:
+    """Iteration is lazy: the first id needs only the first directories."""
+    m = manager_on(store)
+    for ledger_id in (0, 10_000, 20_000, LEGACY_LIMIT):
+        m.create(meta(ledger_id))
+    calls: list[str] = []
+    inner = m._children
+
+    def counting(path: str) -> list[str]:
+        calls.append(path)
+        return inner(path)
+
+    m._children = counting  # type: ignore[method-assign]
+    it = m.ledger_ids()
+    assert next(it) == 0
+    assert calls == [ROOT, f"{ROOT}/00", f"{ROOT}/00/0000"]
+    assert list(it) == [10_000, 20_000, LEGACY_LIMIT]
+
+
+def test_a_write_that_landed_before_its_reply_was_lost_is_a_success(store: ExpirableStore) -> None:
+    """What a driver retry after a lost reply looks like: the first attempt landed, the
+    retry finds the node made / the version moved by our own bytes."""
+    m = manager_on(store)
+    first = meta(11)
+    store.create(m.path(11), first.encode(), make_parents=True)  # the attempt whose reply was lost
+    assert m.create(first) == 0
+    with pytest.raises(LedgerExistsError):
+        m.create(meta(11))  # same id, other bytes: someone else's ledger
+    closed = first.closed(3, 30)
+    store.set(m.path(11), closed.encode(), 0)
+    assert m.write(closed, 0) == 1
+    with pytest.raises(MetadataVersionError):
+        m.write(first.with_state(LedgerState.IN_RECOVERY), 0)

@@ -1,0 +1,74 @@
+"""Connecting to a cluster: the one door through which clients and bookies use metadata.
+
+:func:`connect` opens the store named by the URI, reads the cluster's INSTANCEID and
+LAYOUT, and refuses (:class:`~walkit.errors.ClusterLayoutError`) a cluster that is not
+there, that this walkit cannot read, whose layout differs from the one the URI names,
+or whose instance id differs from the one the caller expects (a bookie passes the
+instance id in its cookie, so its disks never serve another cluster).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+
+from walkit.errors import ClusterLayoutError
+from walkit.metadata._cluster import ClusterInfo, read_cluster
+from walkit.metadata._ledgers import LedgerManager
+from walkit.metadata._registration import BookieRegistration, BookieSet, list_bookies, watch_bookies
+from walkit.metadata._store import MetadataStore, Watch
+from walkit.metadata._uri import MetadataURI, open_metadata_store, parse_metadata_uri
+
+__all__ = ["Cluster", "connect"]
+
+
+class Cluster:
+    """A session with one walkit cluster: its store, identity, ledgers and bookies."""
+
+    def __init__(self, store: MetadataStore, info: ClusterInfo, uri: MetadataURI) -> None:
+        self.store = store
+        self.info = info
+        self.uri = uri
+        self.ledgers = LedgerManager(store, info)
+
+    def register_bookie(self, bookie_id: str, *, readonly: bool = False, data: bytes = b"",
+                        wait_existing: float = 0.0, on_lost: Callable[[BaseException], None] | None = None
+                        ) -> BookieRegistration:
+        """Register ``bookie_id`` (see :class:`BookieRegistration`) and return the handle."""
+        registration = BookieRegistration(self.store, self.info, bookie_id, data=data, wait_existing=wait_existing,
+                                          on_lost=on_lost)
+        registration.register(readonly)
+        return registration
+
+    def bookies(self) -> BookieSet:
+        return list_bookies(self.store, self.info)
+
+    def watch_bookies(self, callback: Callable[[BookieSet], None]) -> Watch:
+        return watch_bookies(self.store, self.info, callback)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+def connect(uri: str | MetadataURI, *, instance_id: str | None = None, session_timeout: float = 10.0) -> Cluster:
+    """Open the cluster at ``uri``; ClusterLayoutError when it cannot be used."""
+    parsed = parse_metadata_uri(uri) if isinstance(uri, str) else uri
+    store = open_metadata_store(parsed, session_timeout=session_timeout)
+    try:
+        info = read_cluster(store, parsed.root)
+        if parsed.layout is not None and parsed.layout != info.layout:
+            raise ClusterLayoutError("the cluster's ledger layout is not the one the URI names", root=info.root,
+                                     cluster=info.layout, uri=parsed.layout)
+        if instance_id is not None and instance_id != info.instance_id:
+            raise ClusterLayoutError("this is another cluster than the one expected (instance ids differ)",
+                                     root=info.root, expected=instance_id, found=info.instance_id)
+    except BaseException:
+        store.close()
+        raise
+    return Cluster(store, info, parsed)

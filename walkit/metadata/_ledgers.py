@@ -1,0 +1,223 @@
+"""The ledger manager: ledger ids, and ledger metadata kept under its layout's paths.
+
+Theory of operation
+-------------------
+Ids. :meth:`LedgerManager.new_ledger_id` creates an ephemeral sequential node
+``<root>/idgen/HOB-<hob:010d>/ID-<seq>`` and deletes it again; the store makes the
+sequence number unique under its parent, so ``hob * LOW_LIMIT + seq`` is unique across
+all processes and all clients of the cluster (BookKeeper's long id generator works the
+same way). A sequence number at or past ``LOW_LIMIT`` (2^31 - 1, where ZooKeeper's
+32-bit counter ends) moves every generator to the next "high-order bucket": the ids
+cover the whole 63-bit space and only grow within a bucket. The ``HOB-`` parents hold
+nothing but ``ID-`` nodes, so another child can never take a number.
+
+Metadata. A ledger's :class:`LedgerMetadata` is stored at :func:`ledger_path` for the
+cluster's layout, encoded as ``docs/format.md`` describes; the node's version is the
+compare-and-set token of every change (:meth:`write` takes the version read,
+:meth:`update` is the read-modify-CAS loop). Listing walks the tree in id order one
+directory at a time (:func:`iter_ledger_ids`), so it never holds more than one
+directory's names (10,000 at most in the hierarchical layout).
+
+A connection lost after the store applied a create or a set but before its reply came
+makes the driver's retry fail (node exists, version moved) although the write landed;
+:meth:`create` and :meth:`write` then read the node back and report success when it
+holds exactly their bytes at the version they made (BookKeeper's creator token serves
+the same end).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+from walkit.errors import (
+    FormatError,
+    InvalidArgumentError,
+    LedgerExistsError,
+    MetadataError,
+    MetadataVersionError,
+    NodeExistsError,
+    NoNodeError,
+    NoSuchLedgerError,
+)
+from walkit.metadata._cluster import ClusterInfo, cluster_path
+from walkit.metadata._ledger import LedgerMetadata
+from walkit.metadata._paths import MAX_LEDGER_ID, iter_ledger_ids, ledger_path
+from walkit.metadata._store import ANY_VERSION, MetadataStore, Stat, Watch
+
+__all__ = ["LedgerManager", "LOW_LIMIT"]
+
+LOW_LIMIT = (1 << 31) - 1  # sequence numbers per high-order bucket
+_HOB = "HOB-"
+_ID = "ID-"
+UPDATE_ATTEMPTS = 100
+
+
+class LedgerManager:
+    """Ids and metadata of the ledgers of one cluster (thread-safe, as its store)."""
+
+    def __init__(self, store: MetadataStore, cluster: ClusterInfo, *, low_limit: int = LOW_LIMIT) -> None:
+        if not 1 <= low_limit <= LOW_LIMIT:
+            raise InvalidArgumentError("low_limit out of range", low_limit=low_limit, max=LOW_LIMIT)
+        self._store = store
+        self._cluster = cluster
+        self._root = cluster.root
+        self._idgen = cluster_path(cluster.root, "idgen")
+        self._low_limit = low_limit
+        self._hob: int | None = None  # the bucket ids come from; found on first use
+
+    @property
+    def cluster(self) -> ClusterInfo:
+        return self._cluster
+
+    def path(self, ledger_id: int) -> str:
+        return ledger_path(self._root, ledger_id, self._cluster.layout)
+
+    # -- ids ----------------------------------------------------------------------
+
+    def new_ledger_id(self) -> int:
+        """A ledger id no other call, in any process, has been or will be given."""
+        hob = self._current_hob()
+        while True:
+            bucket = f"{self._idgen}/{_HOB}{hob:010d}"
+            try:
+                node = self._store.create(f"{bucket}/{_ID}", ephemeral=True, sequential=True)
+            except NoNodeError:
+                with contextlib.suppress(NodeExistsError):
+                    self._store.create(bucket)
+                continue
+            with contextlib.suppress(NoNodeError):
+                self._store.delete(node)
+            seq = int(node.rsplit("/", 1)[1].removeprefix(_ID))
+            if 0 <= seq < self._low_limit:
+                self._hob = hob
+                ledger_id = hob * self._low_limit + seq
+                if ledger_id > MAX_LEDGER_ID:
+                    raise MetadataError("ledger ids exhausted", root=self._root, hob=hob)
+                return ledger_id
+            hob = max(hob + 1, self._highest_hob())  # this bucket is full: on to the next
+
+    def _current_hob(self) -> int:
+        if self._hob is None:
+            self._hob = self._highest_hob()
+        return self._hob
+
+    def _highest_hob(self) -> int:
+        hobs = [int(n[len(_HOB):]) for n in self._store.children(self._idgen)
+                if n.startswith(_HOB) and n[len(_HOB):].isdigit()]
+        return max(hobs, default=0)
+
+    # -- metadata -----------------------------------------------------------------
+
+    def create(self, metadata: LedgerMetadata) -> int:
+        """Store a new ledger's metadata; returns its version. LedgerExistsError if the
+        id is taken."""
+        path, data = self.path(metadata.ledger_id), metadata.encode()
+        try:
+            self._store.create(path, data, make_parents=True)
+        except NodeExistsError as exc:
+            if self._landed(path, data, 0):
+                return 0
+            raise LedgerExistsError("ledger already exists", ledger=metadata.ledger_id, path=path) from exc
+        return 0
+
+    def _landed(self, path: str, data: bytes, version: int) -> bool:
+        """Whether a write that failed after a retry was in fact ours, applied before
+        its reply was lost with the connection: the node holds exactly our bytes at the
+        version our write made (the bytes carry a random salt, so nobody else's match)."""
+        try:
+            current, stat = self._store.get(path)
+        except NoNodeError:
+            return False
+        return current == data and stat.version == version
+
+    def read(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        """The metadata and its version. NoSuchLedgerError, FormatError."""
+        path = self.path(ledger_id)
+        try:
+            data, stat = self._store.get(path)
+        except NoNodeError as exc:
+            raise NoSuchLedgerError("no such ledger", ledger=ledger_id, path=path) from exc
+        return self._decode(ledger_id, path, data), stat.version
+
+    def _decode(self, ledger_id: int, path: str, data: bytes) -> LedgerMetadata:
+        try:
+            meta = LedgerMetadata.decode(data)
+        except FormatError as exc:
+            raise FormatError("unreadable ledger metadata", ledger=ledger_id, path=path, reason=str(exc)) from exc
+        if meta.ledger_id != ledger_id:
+            raise FormatError("ledger metadata names another ledger", ledger=ledger_id, path=path,
+                              found=meta.ledger_id)
+        return meta
+
+    def write(self, metadata: LedgerMetadata, version: int) -> int:
+        """Replace the metadata if its version is still ``version``; the new version.
+        MetadataVersionError when someone else changed it first."""
+        path = self.path(metadata.ledger_id)
+        if version < 0:
+            raise InvalidArgumentError("a ledger metadata write needs the version it read", ledger=metadata.ledger_id,
+                                       version=version)
+        data = metadata.encode()
+        try:
+            return self._store.set(path, data, version).version
+        except NoNodeError as exc:
+            raise NoSuchLedgerError("no such ledger", ledger=metadata.ledger_id, path=path) from exc
+        except MetadataVersionError:
+            if self._landed(path, data, version + 1):
+                return version + 1
+            raise
+
+    def update(self, ledger_id: int, change: Callable[[LedgerMetadata], LedgerMetadata | None],
+               *, attempts: int = UPDATE_ATTEMPTS) -> tuple[LedgerMetadata, int]:
+        """Read, ``change``, compare-and-set; again on a conflict (at most ``attempts``
+        times). ``change`` returns the new metadata, or None to leave it as it is (it
+        sees the latest metadata each time, so it decides again after a conflict)."""
+        for _ in range(attempts):
+            current, version = self.read(ledger_id)
+            new = change(current)
+            if new is None or new == current:
+                return current, version
+            if new.ledger_id != ledger_id:
+                raise InvalidArgumentError("an update cannot change the ledger id", ledger=ledger_id,
+                                           new=new.ledger_id)
+            try:
+                return new, self.write(new, version)
+            except MetadataVersionError:
+                continue
+        raise MetadataVersionError("ledger metadata kept changing under the update", ledger=ledger_id,
+                                   attempts=attempts)
+
+    def delete(self, ledger_id: int, version: int = ANY_VERSION) -> None:
+        """Remove the metadata (only at ``version`` unless ANY_VERSION)."""
+        path = self.path(ledger_id)
+        try:
+            self._store.delete(path, version)
+        except NoNodeError as exc:
+            raise NoSuchLedgerError("no such ledger", ledger=ledger_id, path=path) from exc
+
+    def exists(self, ledger_id: int) -> bool:
+        return self._store.exists(self.path(ledger_id)) is not None
+
+    def ledger_ids(self) -> Iterator[int]:
+        """Every ledger id, ascending, listed lazily one directory at a time. Ledgers
+        created or deleted during the walk may or may not be seen."""
+        return iter_ledger_ids(self._root, self._children, self._cluster.layout)
+
+    def _children(self, path: str) -> list[str]:
+        try:
+            return self._store.children(path)
+        except NoNodeError:
+            return []  # a directory deleted while we walk
+
+    def watch(self, ledger_id: int, callback: Callable[[LedgerMetadata | None, int], None]) -> Watch:
+        """Call back now and after every change: (metadata, version), or (None, -1)
+        once the ledger is deleted."""
+        path = self.path(ledger_id)
+
+        def on_change(data: bytes | None, stat: Stat | None) -> None:
+            if data is None or stat is None:
+                callback(None, -1)
+            else:
+                callback(self._decode(ledger_id, path, data), stat.version)
+
+        return self._store.watch_data(path, on_change)

@@ -1,0 +1,280 @@
+"""Bookie registration: who is up, who is read-only, and the bookies' cookies.
+
+Theory of operation
+-------------------
+A bookie is up while its ephemeral node exists: ``<root>/available/<id>`` when it takes
+writes, ``<root>/available/readonly/<id>`` when it only serves reads (disk full, or
+told so). The node belongs to the bookie's store session, so a bookie that dies or
+loses its session disappears from both lists by itself; clients list and watch them
+(:func:`list_bookies`, :func:`watch_bookies`).
+
+:class:`BookieRegistration` keeps one bookie registered:
+
+* ``register()`` creates the node. A node of the same id held by *another* live
+  session means a second bookie with this id is running: after waiting up to
+  ``wait_existing`` seconds for it to go (a restarted bookie's previous session may
+  take a session timeout to expire), registration is refused with
+  :class:`~walkit.errors.BookieIdInUseError`. A node held by our own session is ours
+  (a create retried across a connection loss may find it made).
+* Switching between writable and read-only is one transaction: create the new node and
+  delete the old one, so a reader of the store never sees the bookie in both lists or in
+  neither.
+* A connection loss (SUSPENDED) needs nothing: the session, and with it the node,
+  survives. A session expiry (LOST) removes the node; when the store's new session is
+  CONNECTED a background thread registers again in the last wanted mode, retrying
+  transient failures with tenacity (exponential backoff, bounded by
+  ``retry_deadline``). If it cannot, ``on_lost`` is called with the error so that the
+  bookie can stop rather than serve while invisible.
+
+Cookies (``<root>/cookies/<id>``) are persistent and versioned; :func:`read_cookie` and
+:func:`write_cookie` give the bookie the compare-and-set it needs to check and claim
+its disks (the bytes are :class:`bookie.cookie.Cookie`'s encoding).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tenacity
+
+from walkit.errors import (
+    BookieIdInUseError,
+    InvalidArgumentError,
+    MetadataError,
+    MetadataUnavailableError,
+    NodeExistsError,
+    NoNodeError,
+    SessionExpiredError,
+)
+from walkit.metadata._cluster import ClusterInfo, cluster_path
+from walkit.metadata._store import Create, Delete, MetadataStore, SessionState, Watch
+
+__all__ = [
+    "BookieRegistration",
+    "BookieSet",
+    "list_bookies",
+    "watch_bookies",
+    "read_cookie",
+    "write_cookie",
+]
+
+_log = logging.getLogger(__name__)
+
+READONLY = "readonly"
+_POLL = 0.1
+
+
+def check_bookie_id(bookie_id: str) -> str:
+    """A bookie id is a non-empty node name other than "readonly" (e.g. host:port)."""
+    if (not isinstance(bookie_id, str) or not bookie_id or "/" in bookie_id or "\x00" in bookie_id
+            or bookie_id in (".", "..", READONLY) or len(bookie_id) > 255):
+        raise InvalidArgumentError("invalid bookie id", bookie=bookie_id)
+    return bookie_id
+
+
+def _paths(cluster: ClusterInfo, bookie_id: str) -> tuple[str, str]:
+    available = cluster_path(cluster.root, "available")
+    return f"{available}/{bookie_id}", f"{available}/{READONLY}/{bookie_id}"
+
+
+@dataclass(frozen=True)
+class BookieSet:
+    writable: frozenset[str]
+    readonly: frozenset[str]
+
+
+def list_bookies(store: MetadataStore, cluster: ClusterInfo) -> BookieSet:
+    available = cluster_path(cluster.root, "available")
+    writable = frozenset(n for n in store.children(available) if n != READONLY)
+    return BookieSet(writable, frozenset(store.children(f"{available}/{READONLY}")))
+
+
+class _BookieWatch:
+    def __init__(self) -> None:
+        self.parts: list[Watch] = []
+
+    def cancel(self) -> None:
+        for part in self.parts:
+            part.cancel()
+
+
+def watch_bookies(store: MetadataStore, cluster: ClusterInfo, callback: Callable[[BookieSet], None]) -> Watch:
+    """Call back now and after changes of either list (on a store thread).
+
+    The two lists are two watches: between their events a switching bookie can be seen
+    in neither list for a moment (never in both: read-only wins). Several changes may be
+    reported once, with the latest state, as store watches are."""
+    available = cluster_path(cluster.root, "available")
+    lock = threading.Lock()
+    state: dict[str, frozenset[str] | None] = {"writable": None, "readonly": None}
+
+    def update(which: str, names: list[str] | None) -> None:
+        with lock:
+            state[which] = frozenset(n for n in names or () if n != READONLY)
+            writable, readonly = state["writable"], state["readonly"]
+            if writable is not None and readonly is not None:
+                callback(BookieSet(writable - readonly, readonly))
+
+    watch = _BookieWatch()
+    watch.parts.append(store.watch_children(available, lambda names: update("writable", names)))
+    watch.parts.append(store.watch_children(f"{available}/{READONLY}", lambda names: update("readonly", names)))
+    return watch
+
+
+def read_cookie(store: MetadataStore, cluster: ClusterInfo, bookie_id: str) -> tuple[bytes, int] | None:
+    """The bookie's cookie and its version, or None."""
+    try:
+        data, stat = store.get(cluster_path(cluster.root, f"cookies/{check_bookie_id(bookie_id)}"))
+    except NoNodeError:
+        return None
+    return data, stat.version
+
+
+def write_cookie(store: MetadataStore, cluster: ClusterInfo, bookie_id: str, data: bytes,
+                 version: int | None) -> int:
+    """Create the cookie (``version`` None: NodeExistsError if there is one) or replace
+    it at ``version`` (MetadataVersionError on a conflict); returns the new version."""
+    path = cluster_path(cluster.root, f"cookies/{check_bookie_id(bookie_id)}")
+    if version is None:
+        store.create(path, data)
+        return 0
+    return store.set(path, data, version).version
+
+
+class BookieRegistration:
+    """Keeps ``bookie_id`` registered in ``cluster`` through ``store``'s session."""
+
+    def __init__(self, store: MetadataStore, cluster: ClusterInfo, bookie_id: str, *, data: bytes = b"",
+                 wait_existing: float = 0.0, retry_deadline: float = 60.0,
+                 on_lost: Callable[[BaseException], None] | None = None) -> None:
+        self._store = store
+        self.bookie_id = check_bookie_id(bookie_id)
+        self._writable_path, self._readonly_path = _paths(cluster, bookie_id)
+        self._data = data
+        self._wait_existing = wait_existing
+        self._retry_deadline = retry_deadline
+        self._on_lost = on_lost
+        self._lock = threading.RLock()
+        self._wanted: bool | None = None  # None: not registered; else readonly?
+        self._closed = False
+        self._lost = False
+        store.add_session_listener(self._on_session)
+
+    @property
+    def registered(self) -> bool:
+        """True while our node exists as far as we know."""
+        with self._lock:
+            return self._wanted is not None and not self._lost
+
+    @property
+    def readonly(self) -> bool:
+        with self._lock:
+            return bool(self._wanted)
+
+    def register(self, readonly: bool = False) -> None:
+        """Register (or switch to) writable / read-only. BookieIdInUseError when another
+        live bookie holds this id."""
+        with self._lock:
+            if self._closed:
+                raise InvalidArgumentError("registration is closed", bookie=self.bookie_id)
+            self._apply(readonly, self._wait_existing)
+            self._wanted = readonly
+            self._lost = False
+
+    def set_readonly(self, readonly: bool) -> None:
+        self.register(readonly)
+
+    def unregister(self) -> None:
+        """Remove our node (a no-op when we hold none)."""
+        with self._lock:
+            self._wanted = None
+            for path in (self._writable_path, self._readonly_path):
+                stat = self._store.exists(path)
+                if stat is not None and stat.ephemeral_owner == self._store.session_id:
+                    try:
+                        self._store.delete(path, stat.version)
+                    except NoNodeError:
+                        pass
+
+    def close(self) -> None:
+        """Unregister and stop re-registering (the store stays open)."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self.unregister()
+            except MetadataError:
+                _log.warning("unregister failed bookie=%s", self.bookie_id, exc_info=True)
+            self._closed = True
+
+    # -- the node ----------------------------------------------------------------------
+
+    def _apply(self, readonly: bool, wait: float) -> None:
+        target, other = ((self._readonly_path, self._writable_path) if readonly
+                         else (self._writable_path, self._readonly_path))
+        deadline = time.monotonic() + wait
+        while True:
+            session = self._store.session_id
+            mine_target, foreign = self._owner(target, session)
+            mine_other, foreign_other = self._owner(other, session)
+            foreign = foreign or foreign_other
+            if foreign is None:
+                ops: list[Create | Delete] = [] if mine_target else [Create(target, self._data, ephemeral=True)]
+                if mine_other:
+                    ops.append(Delete(other))
+                if not ops:
+                    return
+                try:
+                    self._store.transaction(ops)
+                    return
+                except (NodeExistsError, NoNodeError):
+                    continue  # raced with another registration or an expiry: look again
+            if time.monotonic() >= deadline:
+                raise BookieIdInUseError("another live bookie is registered with this id", bookie=self.bookie_id,
+                                         path=foreign, waited=wait)
+            time.sleep(_POLL)
+
+    def _owner(self, path: str, session: int) -> tuple[bool, str | None]:
+        """(we hold ``path``, ``path`` if another session holds it)."""
+        stat = self._store.exists(path)
+        if stat is None:
+            return False, None
+        if stat.ephemeral_owner == session:
+            return True, None
+        return False, path
+
+    # -- session expiry ---------------------------------------------------------------
+
+    def _on_session(self, state: SessionState) -> None:
+        # On the store's thread: never call the store here.
+        with self._lock:
+            if state is SessionState.LOST:
+                self._lost = True
+            elif state is SessionState.CONNECTED and self._lost and self._wanted is not None and not self._closed:
+                threading.Thread(target=self._reregister, name=f"walkit-reregister-{self.bookie_id}",
+                                 daemon=True).start()
+
+    def _reregister(self) -> None:
+        retry = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type((MetadataUnavailableError, SessionExpiredError, BookieIdInUseError)),
+            wait=tenacity.wait_exponential(multiplier=0.05, max=2.0),
+            stop=tenacity.stop_after_delay(self._retry_deadline),
+            reraise=True,
+        )
+        try:
+            for attempt in retry:
+                with attempt, self._lock:
+                    if self._closed or self._wanted is None or not self._lost:
+                        return
+                    self._apply(self._wanted, 0.0)
+                    self._lost = False
+                    _log.info("bookie re-registered after session expiry bookie=%s readonly=%s", self.bookie_id,
+                              self._wanted)
+        except MetadataError as exc:
+            _log.error("bookie could not re-register bookie=%s", self.bookie_id, exc_info=True)
+            if self._on_lost is not None:
+                self._on_lost(exc)
