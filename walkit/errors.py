@@ -21,7 +21,8 @@ from the number.
     │   ├── BookieUnavailableError
     │   ├── BookieReadOnlyError      (EREADONLY)
     │   ├── BookieShutdownError
-    │   └── NativeIOError            an OSError from the native layer (keeps errno)
+    │   ├── NativeIOError            an OSError from the native layer (keeps errno)
+    │   └── BookieBusyError          too many requests pending (ETOOMANYREQUESTS)
     ├── StorageError                 bytes on disk are not what they must be
     │   ├── CorruptionError          bad data followed by good data: refuse to hide it
     │   ├── CookieError              missing / foreign cookie: wrong or wiped disk
@@ -36,7 +37,10 @@ from the number.
     │   ├── ClusterLayoutError       no cluster, or one this walkit cannot use
     │   ├── LedgerExistsError        ledger metadata already stored under that id
     │   └── BookieIdInUseError       another live bookie is registered with this id
-    └── ConfigError                  a configuration value is invalid
+    ├── ConfigError                  a configuration value is invalid
+    └── ProtocolError                bytes on the wire are not a valid frame (EBADREQ)
+        ├── ProtocolVersionError     the peer speaks another protocol version (EBADVERSION)
+        └── FrameTooLargeError       a frame over the configured maximum
 
 Errors carry ``key=value`` context in their message, and where the world failed the
 original exception as ``__cause__`` (``raise … from exc``).
@@ -77,6 +81,10 @@ __all__ = [
     "ClusterLayoutError",
     "LedgerExistsError",
     "BookieIdInUseError",
+    "BookieBusyError",
+    "ProtocolError",
+    "ProtocolVersionError",
+    "FrameTooLargeError",
 ]
 
 _BY_CODE: dict[int, type[WalkitError]] = {}
@@ -242,3 +250,19 @@ class LedgerExistsError(MetadataError):
 
 class BookieIdInUseError(MetadataError):
     code = 609
+
+
+class BookieBusyError(BookieError):
+    code = 305
+
+
+class ProtocolError(WalkitError):
+    code = 700
+
+
+class ProtocolVersionError(ProtocolError):
+    code = 701
+
+
+class FrameTooLargeError(ProtocolError):
+    code = 702
