@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from metadata_support import Driver, ExpirableStore, StoreSpec, driver, open_store, store, wait_for
-from walkit.errors import FormatError, InvalidArgumentError, LedgerExistsError, MetadataVersionError, NoSuchLedgerError
+from walkit.errors import (
+    FormatError,
+    InvalidArgumentError,
+    LedgerExistsError,
+    MetadataError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+)
 from walkit.metadata import LedgerManager, LedgerMetadata, LedgerState, init_cluster, ledger_path, ledger_path_prefixes
 from walkit.metadata._paths import LEGACY_LIMIT, MAX_LEDGER_ID
 from walkit.metadata._store import Create, Delete
@@ -279,7 +286,7 @@ def test_hundred_thousand_ledgers_listed_in_order_with_bounded_memory(
     finally:
         tracemalloc.stop()
     assert expected == LOTS
-    assert max(listed_dirs) <= 10_000, "one directory at a time: at most 10,000 names"
+    assert len(listed_dirs) == 12, "root, 00, then one listing per 10,000 ledgers"
     tracemalloc.start()
     try:
         everything = [f"L{i:010d}" for i in range(LOTS)]  # what holding every name would cost
@@ -309,17 +316,64 @@ def test_first_ids_come_before_the_walk_ends(store: ExpirableStore) -> None:
     assert list(it) == [10_000, 20_000, LEGACY_LIMIT]
 
 
-def test_a_write_that_landed_before_its_reply_was_lost_is_a_success(store: ExpirableStore) -> None:
+def test_a_create_that_landed_before_its_reply_was_lost_is_a_success(store: ExpirableStore) -> None:
     """What a driver retry after a lost reply looks like: the first attempt landed, the
-    retry finds the node made / the version moved by our own bytes."""
+    retry finds the node made by our own bytes."""
     m = manager_on(store)
     first = meta(11)
     store.create(m.path(11), first.encode(), make_parents=True)  # the attempt whose reply was lost
     assert m.create(first) == 0
     with pytest.raises(LedgerExistsError):
-        m.create(meta(11))  # same id, other bytes: someone else's ledger
-    closed = first.closed(3, 30)
-    store.set(m.path(11), closed.encode(), 0)
-    assert m.write(closed, 0) == 1
+        m.create(meta(11))  # same id, other bytes (another salt): someone else's ledger
+
+
+def test_twin_writes_from_one_version_conflict_and_update_converges(driver: Driver) -> None:
+    """Two writers making the same change from the same version: exactly one write wins;
+    the loser's update re-reads, finds its change made, and succeeds without writing."""
+    a, b = manager_on(driver.make_store()), manager_on(driver.make_store())
+    a.create(meta(12))
+    current, version = a.read(12)
+    recovering = current.with_state(LedgerState.IN_RECOVERY)
+    assert a.write(recovering, version) == 1
     with pytest.raises(MetadataVersionError):
-        m.write(first.with_state(LedgerState.IN_RECOVERY), 0)
+        b.write(recovering, version)
+
+    def to_recovery(md: LedgerMetadata) -> LedgerMetadata | None:
+        return None if md.state is LedgerState.IN_RECOVERY else md.with_state(LedgerState.IN_RECOVERY)
+
+    assert b.update(12, to_recovery) == (recovering, 1)
+
+
+class SequenceAt:
+    """A store whose next sequential create under idgen gets ``seq`` (as a counter near
+    its end would), then behaves normally."""
+
+    def __init__(self, store: ExpirableStore, seqs: list[int]) -> None:
+        self._store = store
+        self._seqs = seqs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def create(self, path: str, data: bytes = b"", **kwargs: Any) -> str:
+        made = self._store.create(path, data, **kwargs)
+        if kwargs.get("sequential") and "/idgen/" in path and self._seqs:
+            self._store.delete(made)
+            made = self._store.create(path + f"{self._seqs.pop(0):010d}", ephemeral=True)
+        return made
+
+
+@pytest.mark.parametrize("seq", [-(1 << 31), LEGACY_LIMIT])
+def test_a_spent_or_wrapped_counter_moves_to_the_next_bucket(store: ExpirableStore, seq: int) -> None:
+    """ZooKeeper's counter ends at 2^31 - 1 and wraps to negative numbers."""
+    m = LedgerManager(SequenceAt(store, [seq]), init_cluster(store, ROOT))  # type: ignore[arg-type]
+    ledger_id = m.new_ledger_id()
+    assert ledger_id >= LEGACY_LIMIT, "the id comes from bucket 1"
+    assert "HOB-0000000001" in store.children(f"{ROOT}/idgen")
+
+
+def test_exhausted_id_space_is_a_clear_error(store: ExpirableStore) -> None:
+    info = init_cluster(store, ROOT)
+    store.create(f"{ROOT}/idgen/HOB-{(MAX_LEDGER_ID // LEGACY_LIMIT) + 1:010d}")
+    with pytest.raises(MetadataError, match="exhausted"):
+        LedgerManager(store, info).new_ledger_id()

@@ -25,19 +25,27 @@ __all__ = ["Cluster", "connect"]
 class Cluster:
     """A session with one walkit cluster: its store, identity, ledgers and bookies."""
 
-    def __init__(self, store: MetadataStore, info: ClusterInfo, uri: MetadataURI) -> None:
+    def __init__(self, store: MetadataStore, info: ClusterInfo, uri: MetadataURI, session_timeout: float) -> None:
         self.store = store
         self.info = info
         self.uri = uri
+        self.session_timeout = session_timeout
         self.ledgers = LedgerManager(store, info)
 
     def register_bookie(self, bookie_id: str, *, readonly: bool = False, data: bytes = b"",
-                        wait_existing: float = 0.0, on_lost: Callable[[BaseException], None] | None = None
+                        wait_existing: float | None = None, on_lost: Callable[[BaseException], None] | None = None
                         ) -> BookieRegistration:
-        """Register ``bookie_id`` (see :class:`BookieRegistration`) and return the handle."""
-        registration = BookieRegistration(self.store, self.info, bookie_id, data=data, wait_existing=wait_existing,
+        """Register ``bookie_id`` (see :class:`BookieRegistration`) and return the handle.
+        ``wait_existing`` defaults to 1.5 session timeouts: long enough for the session of
+        a previous incarnation of this bookie (killed, restarted) to expire."""
+        wait = self.session_timeout * 1.5 if wait_existing is None else wait_existing
+        registration = BookieRegistration(self.store, self.info, bookie_id, data=data, wait_existing=wait,
                                           on_lost=on_lost)
-        registration.register(readonly)
+        try:
+            registration.register(readonly)
+        except BaseException:
+            registration.close()
+            raise
         return registration
 
     def bookies(self) -> BookieSet:
@@ -71,4 +79,4 @@ def connect(uri: str | MetadataURI, *, instance_id: str | None = None, session_t
     except BaseException:
         store.close()
         raise
-    return Cluster(store, info, parsed)
+    return Cluster(store, info, parsed, session_timeout)

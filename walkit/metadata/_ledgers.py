@@ -18,11 +18,15 @@ compare-and-set token of every change (:meth:`write` takes the version read,
 directory at a time (:func:`iter_ledger_ids`), so it never holds more than one
 directory's names (10,000 at most in the hierarchical layout).
 
-A connection lost after the store applied a create or a set but before its reply came
-makes the driver's retry fail (node exists, version moved) although the write landed;
-:meth:`create` and :meth:`write` then read the node back and report success when it
-holds exactly their bytes at the version they made (BookKeeper's creator token serves
-the same end).
+A connection lost after the store applied a write but before its reply came makes the
+driver's retry fail (node exists, version moved) although the write landed. For
+:meth:`create` the node is read back: our own bytes (they carry the ledger's fresh
+random salt, like BookKeeper's creator token) mean success. :meth:`write` cannot tell
+its own landed write from a twin made by another writer from the same version, so it
+reports the conflict; :meth:`update` then re-reads and ``change`` finds its change
+already made (returns None or an equal value): that is the way to make changes that
+survive lost replies. A retried :meth:`delete` whose first attempt landed says
+NoSuchLedgerError.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class LedgerManager:
     """Ids and metadata of the ledgers of one cluster (thread-safe, as its store)."""
 
     def __init__(self, store: MetadataStore, cluster: ClusterInfo, *, low_limit: int = LOW_LIMIT) -> None:
+        """``low_limit`` (sequence numbers per bucket) exists for tests that cross
+        buckets quickly; every manager of one cluster must use the same value."""
         if not 1 <= low_limit <= LOW_LIMIT:
             raise InvalidArgumentError("low_limit out of range", low_limit=low_limit, max=LOW_LIMIT)
         self._store = store
@@ -122,9 +128,9 @@ class LedgerManager:
         return 0
 
     def _landed(self, path: str, data: bytes, version: int) -> bool:
-        """Whether a write that failed after a retry was in fact ours, applied before
+        """Whether a create that failed after a retry was in fact ours, applied before
         its reply was lost with the connection: the node holds exactly our bytes at the
-        version our write made (the bytes carry a random salt, so nobody else's match)."""
+        version our create made (a fresh random salt: nobody else's bytes match)."""
         try:
             current, stat = self._store.get(path)
         except NoNodeError:
@@ -162,10 +168,6 @@ class LedgerManager:
             return self._store.set(path, data, version).version
         except NoNodeError as exc:
             raise NoSuchLedgerError("no such ledger", ledger=metadata.ledger_id, path=path) from exc
-        except MetadataVersionError:
-            if self._landed(path, data, version + 1):
-                return version + 1
-            raise
 
     def update(self, ledger_id: int, change: Callable[[LedgerMetadata], LedgerMetadata | None],
                *, attempts: int = UPDATE_ATTEMPTS) -> tuple[LedgerMetadata, int]:

@@ -384,6 +384,10 @@ class LocalMetadataStore:
     def add_session_listener(self, callback: Callable[[SessionState], None]) -> None:
         self._listeners.append(callback)
 
+    def remove_session_listener(self, callback: Callable[[SessionState], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(callback)
+
     def close(self) -> None:
         if self._stop.is_set():
             return

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -145,8 +146,17 @@ def write_cookie(store: MetadataStore, cluster: ClusterInfo, bookie_id: str, dat
     return store.set(path, data, version).version
 
 
+_claims_lock = threading.Lock()
+_claims: weakref.WeakKeyDictionary[MetadataStore, dict[str, BookieRegistration]] = weakref.WeakKeyDictionary()
+
+
 class BookieRegistration:
-    """Keeps ``bookie_id`` registered in ``cluster`` through ``store``'s session."""
+    """Keeps ``bookie_id`` registered in ``cluster`` through ``store``'s session.
+
+    Two locks: ``_ops`` serializes the operations that call the store (register,
+    unregister, re-register); ``_state`` guards the flags and is never held across a
+    store call, so the session listener (on the store's thread) only ever takes
+    ``_state`` and can never wait for a store call that waits for that very thread."""
 
     def __init__(self, store: MetadataStore, cluster: ClusterInfo, bookie_id: str, *, data: bytes = b"",
                  wait_existing: float = 0.0, retry_deadline: float = 60.0,
@@ -158,58 +168,103 @@ class BookieRegistration:
         self._wait_existing = wait_existing
         self._retry_deadline = retry_deadline
         self._on_lost = on_lost
-        self._lock = threading.RLock()
+        self._ops = threading.RLock()
+        self._state = threading.Lock()
         self._wanted: bool | None = None  # None: not registered; else readonly?
         self._closed = False
-        self._lost = False
+        self._lost = False  # the session that held our node expired; not restored yet
+        self._reregistering = False
+        self._reported = False
+        self._watchdog: threading.Timer | None = None
         store.add_session_listener(self._on_session)
 
     @property
     def registered(self) -> bool:
         """True while our node exists as far as we know."""
-        with self._lock:
+        with self._state:
             return self._wanted is not None and not self._lost
 
     @property
     def readonly(self) -> bool:
-        with self._lock:
+        with self._state:
             return bool(self._wanted)
 
     def register(self, readonly: bool = False) -> None:
         """Register (or switch to) writable / read-only. BookieIdInUseError when another
-        live bookie holds this id."""
-        with self._lock:
-            if self._closed:
-                raise InvalidArgumentError("registration is closed", bookie=self.bookie_id)
-            self._apply(readonly, self._wait_existing)
-            self._wanted = readonly
-            self._lost = False
+        live bookie holds this id (waiting up to ``wait_existing`` for it to go), or when
+        another registration on this very store has claimed it."""
+        with self._ops:
+            with self._state:
+                if self._closed:
+                    raise InvalidArgumentError("registration is closed", bookie=self.bookie_id)
+            self._claim()
+            try:
+                self._apply(readonly, self._wait_existing)
+            except BaseException:
+                with self._state:
+                    unclaim = self._wanted is None
+                if unclaim:
+                    self._release()
+                raise
+            with self._state:
+                self._wanted = readonly
+                self._lost = False
+                self._reported = False
+                self._stop_watchdog()
 
     def set_readonly(self, readonly: bool) -> None:
         self.register(readonly)
 
     def unregister(self) -> None:
         """Remove our node (a no-op when we hold none)."""
-        with self._lock:
-            self._wanted = None
-            for path in (self._writable_path, self._readonly_path):
-                stat = self._store.exists(path)
-                if stat is not None and stat.ephemeral_owner == self._store.session_id:
-                    try:
-                        self._store.delete(path, stat.version)
-                    except NoNodeError:
-                        pass
+        with self._ops:
+            with self._state:
+                self._wanted = None
+                self._stop_watchdog()
+            if not self._holds_claim():
+                return  # never registered (or refused): the nodes are not ours to remove
+            try:
+                for path in (self._writable_path, self._readonly_path):
+                    stat = self._store.exists(path)
+                    if stat is not None and stat.ephemeral_owner == self._store.session_id:
+                        try:
+                            self._store.delete(path, stat.version)
+                        except NoNodeError:
+                            pass
+            finally:
+                self._release()
 
     def close(self) -> None:
         """Unregister and stop re-registering (the store stays open)."""
-        with self._lock:
+        with self._state:
             if self._closed:
                 return
-            try:
-                self.unregister()
-            except MetadataError:
-                _log.warning("unregister failed bookie=%s", self.bookie_id, exc_info=True)
             self._closed = True
+        self._store.remove_session_listener(self._on_session)
+        try:
+            self.unregister()
+        except MetadataError:
+            _log.warning("unregister failed bookie=%s", self.bookie_id, exc_info=True)
+
+    # -- one registration per id and store ---------------------------------------------
+
+    def _claim(self) -> None:
+        with _claims_lock:
+            mine = _claims.setdefault(self._store, {})
+            holder = mine.get(self.bookie_id)
+            if holder is not None and holder is not self:
+                raise BookieIdInUseError("this store already registers a bookie with this id", bookie=self.bookie_id)
+            mine[self.bookie_id] = self
+
+    def _holds_claim(self) -> bool:
+        with _claims_lock:
+            return _claims.get(self._store, {}).get(self.bookie_id) is self
+
+    def _release(self) -> None:
+        with _claims_lock:
+            mine = _claims.get(self._store, {})
+            if mine.get(self.bookie_id) is self:
+                del mine[self.bookie_id]
 
     # -- the node ----------------------------------------------------------------------
 
@@ -250,13 +305,25 @@ class BookieRegistration:
     # -- session expiry ---------------------------------------------------------------
 
     def _on_session(self, state: SessionState) -> None:
-        # On the store's thread: never call the store here.
-        with self._lock:
+        # On the store's thread: takes only ``_state``, never calls the store.
+        with self._state:
+            if self._closed or self._wanted is None:
+                return
             if state is SessionState.LOST:
                 self._lost = True
-            elif state is SessionState.CONNECTED and self._lost and self._wanted is not None and not self._closed:
+                if self._watchdog is None:  # restored within the deadline, or reported
+                    self._watchdog = threading.Timer(self._retry_deadline, self._give_up)
+                    self._watchdog.daemon = True
+                    self._watchdog.start()
+            elif state is SessionState.CONNECTED and self._lost and not self._reregistering:
+                self._reregistering = True
                 threading.Thread(target=self._reregister, name=f"walkit-reregister-{self.bookie_id}",
                                  daemon=True).start()
+
+    def _stop_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
 
     def _reregister(self) -> None:
         retry = tenacity.Retrying(
@@ -267,14 +334,35 @@ class BookieRegistration:
         )
         try:
             for attempt in retry:
-                with attempt, self._lock:
-                    if self._closed or self._wanted is None or not self._lost:
-                        return
-                    self._apply(self._wanted, 0.0)
-                    self._lost = False
+                with attempt, self._ops:
+                    with self._state:
+                        wanted = self._wanted
+                        if self._closed or wanted is None or not self._lost:
+                            return
+                    self._apply(wanted, 0.0)
+                    with self._state:
+                        self._lost = False
+                        self._stop_watchdog()
                     _log.info("bookie re-registered after session expiry bookie=%s readonly=%s", self.bookie_id,
-                              self._wanted)
+                              wanted)
         except MetadataError as exc:
-            _log.error("bookie could not re-register bookie=%s", self.bookie_id, exc_info=True)
-            if self._on_lost is not None:
-                self._on_lost(exc)
+            self._report(exc)
+        finally:
+            with self._state:
+                self._reregistering = False
+
+    def _give_up(self) -> None:
+        with self._state:
+            self._watchdog = None
+        self._report(SessionExpiredError("registration lost and not restored in time", bookie=self.bookie_id,
+                                         deadline=self._retry_deadline))
+
+    def _report(self, exc: MetadataError) -> None:
+        """Tell the owner, once per loss, unless it closed or we recovered meanwhile."""
+        with self._state:
+            if self._closed or self._reported or not self._lost:
+                return
+            self._reported = True
+        _log.error("bookie could not re-register bookie=%s: %s", self.bookie_id, exc)
+        if self._on_lost is not None:
+            self._on_lost(exc)

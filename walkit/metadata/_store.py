@@ -10,7 +10,8 @@ starts at 0 and grows by one on each set; a parent counts changes to its childre
 Ephemeral nodes belong to the session that created them and vanish when it ends or
 expires. Conditional writes take an expected version (-1: any) and raise
 :class:`~walkit.errors.MetadataVersionError` on a mismatch. Watches call back on a
-thread of the store (never block there; never call the store from a session listener).
+thread of the store (never block there; never call the store from a session listener,
+nor wait there for a lock that is held across a store call).
 """
 
 from __future__ import annotations
@@ -143,7 +144,16 @@ class MetadataStore(Protocol):
         """Call back now and after every change of the children (None: no such node)."""
         ...
 
-    def add_session_listener(self, callback: Callable[[SessionState], None]) -> None: ...
+    def add_session_listener(self, callback: Callable[[SessionState], None]) -> None:
+        """``callback(state)`` on every session change, on a thread of the store. It must
+        neither call the store nor wait for anything that may be waiting on the store
+        (such as a lock held across a store call): that thread is the one that would
+        complete the call."""
+        ...
+
+    def remove_session_listener(self, callback: Callable[[SessionState], None]) -> None:
+        """Forget a listener (a no-op if it is not registered)."""
+        ...
 
     def close(self) -> None:
         """End the session (its ephemeral nodes go) and release resources."""

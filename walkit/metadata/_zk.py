@@ -96,10 +96,13 @@ class ZooKeeperStore:
 
     def __init__(self, hosts: str, *, session_timeout: float = 10.0, connect_timeout: float = 15.0,
                  retry_deadline: float = 30.0) -> None:
-        retry = {"max_tries": -1, "delay": 0.1, "max_delay": 2.0, "deadline": retry_deadline}
-        self._client = KazooClient(
-            hosts=hosts, timeout=session_timeout, connection_retry=dict(retry), command_retry=dict(retry)
-        )
+        # Calls give up after ``retry_deadline``; the connection never does (kazoo's client
+        # would otherwise close for good after an outage, and its session listeners would
+        # never hear CONNECTED again).
+        command = {"max_tries": -1, "delay": 0.1, "max_delay": 2.0, "deadline": retry_deadline}
+        connection = {"max_tries": -1, "delay": 0.1, "max_delay": 2.0}
+        self._client = KazooClient(hosts=hosts, timeout=session_timeout, connection_retry=connection,
+                                   command_retry=command)
         self._retry: KazooRetry = self._client.retry
         self._listeners: list[Callable[[SessionState], None]] = []
         self._lock = threading.Lock()
@@ -120,6 +123,11 @@ class ZooKeeperStore:
     def add_session_listener(self, callback: Callable[[SessionState], None]) -> None:
         with self._lock:
             self._listeners.append(callback)
+
+    def remove_session_listener(self, callback: Callable[[SessionState], None]) -> None:
+        with self._lock:
+            if callback in self._listeners:
+                self._listeners.remove(callback)
 
     def _on_state(self, state: str) -> None:
         # kazoo's event thread: listeners must not block or call ZooKeeper here.
