@@ -98,10 +98,7 @@ def _as_walkit_error(exc: BaseException) -> WalkitError:
     return err
 
 
-def _failed(exc: WalkitError) -> Future[None]:
-    fut: Future[None] = Future()
-    fut.set_exception(exc)
-    return fut
+Callback = Callable[[BaseException | None, Any], None]
 
 
 def _resolve(err: BaseException | None, fut: Future[Any]) -> None:
@@ -216,58 +213,79 @@ class Bookie:
         return self._journal
 
     # --- writes ---------------------------------------------------------------------------
-    def add_entry(
-        self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, recovery: bool = False
-    ) -> Future[None]:
-        """Store an entry; the future completes once it is durable (journal fdatasync)."""
+    # Each write exists twice: ``*_cb(..., cb, ctx)`` calls ``cb(err, ctx)`` exactly once
+    # (on the journal's sync thread once durable, or at once on a refusal) - the server's
+    # hot path, without a Future per request; the plain form returns a Future.
 
-        def store(fut: Future[None]) -> None:
+    def add_entry_cb(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, recovery: bool,
+                     cb: Callback, ctx: Any) -> None:
+        """Store an entry; ``cb`` once it is durable (journal fdatasync) or refused."""
+
+        def store() -> None:
             if not recovery and self.storage.is_fenced(ledger_id):
                 raise LedgerFencedError("ledger is fenced", ledger=ledger_id, entry=entry_id)
             self.storage.add_entry(ledger_id, entry_id, payload)
-            self.journal.log_entry(ledger_id, entry_id, payload, _resolve, fut)
+            self.journal.log_entry(ledger_id, entry_id, payload, cb, ctx)
 
         try:
             self._check_entry(ledger_id, entry_id, payload)
         except WalkitError as exc:
-            return _failed(exc)
-        fut = self._keyed_write(ledger_id, master_key, store)
-        self._count_pending()
+            cb(exc, ctx)
+            return
+        if self._keyed_write(ledger_id, master_key, store, cb, ctx):
+            self._count_pending()
+
+    def add_entry(
+        self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, recovery: bool = False
+    ) -> Future[None]:
+        fut: Future[None] = Future()
+        self.add_entry_cb(ledger_id, entry_id, master_key, payload, recovery, _resolve, fut)
         return fut
 
-    def fence(self, ledger_id: int, master_key: bytes) -> Future[None]:
-        """Fence a ledger; done when the fence is durable. Creates the ledger's state when
+    def fence_cb(self, ledger_id: int, master_key: bytes, cb: Callback, ctx: Any) -> None:
+        """Fence a ledger; ``cb`` when the fence is durable. Creates the ledger's state when
         this bookie has never seen it, so a late add from the old writer is refused."""
 
-        def fence(fut: Future[None]) -> None:
+        def fence() -> None:
             self.storage.set_fenced(ledger_id)
-            self.journal.log_fence(ledger_id, _resolve, fut)
+            self.journal.log_fence(ledger_id, cb, ctx)
 
-        return self._keyed_write(ledger_id, master_key, fence)
+        self._keyed_write(ledger_id, master_key, fence, cb, ctx)
 
-    def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> Future[None]:
+    def fence(self, ledger_id: int, master_key: bytes) -> Future[None]:
+        fut: Future[None] = Future()
+        self.fence_cb(ledger_id, master_key, _resolve, fut)
+        return fut
+
+    def write_lac_cb(self, ledger_id: int, master_key: bytes, lac: int, cb: Callback, ctx: Any) -> None:
         """Record an explicit LAC (a writer's LAC that rode on no entry yet)."""
 
-        def record(fut: Future[None]) -> None:
+        def record() -> None:
             current = self.storage.explicit_lac(ledger_id)
             self.storage.set_explicit_lac(ledger_id, max(lac, -1 if current is None else current))
-            self.journal.log_lac(ledger_id, lac, _resolve, fut)
+            self.journal.log_lac(ledger_id, lac, cb, ctx)
 
-        return self._keyed_write(ledger_id, master_key, record)
+        self._keyed_write(ledger_id, master_key, record, cb, ctx)
 
-    def _keyed_write(self, ledger_id: int, master_key: bytes, write: Callable[[Future[None]], None]) -> Future[None]:
-        """Check the key, then ``write`` under the bookie lock; errors fail the future
-        (a dead disk included), they never escape the call."""
+    def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> Future[None]:
         fut: Future[None] = Future()
+        self.write_lac_cb(ledger_id, master_key, lac, _resolve, fut)
+        return fut
+
+    def _keyed_write(self, ledger_id: int, master_key: bytes, write: Callable[[], None], cb: Callback,
+                     ctx: Any) -> bool:
+        """Check the key, then ``write`` under the bookie lock; errors go to ``cb`` (a dead
+        disk included), they never escape the call. True when ``write`` ran."""
         try:
             self._check_ledger(ledger_id, master_key)
             with self._lock:
                 self._check_running()
                 self._admit_key(ledger_id, master_key)
-                write(fut)
+                write()
+            return True
         except (WalkitError, OSError) as exc:
-            fut.set_exception(_as_walkit_error(exc))
-        return fut
+            cb(_as_walkit_error(exc), ctx)
+            return False
 
     def _admit_key(self, ledger_id: int, master_key: bytes) -> None:
         stored = self.storage.master_key(ledger_id)

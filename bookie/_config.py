@@ -24,10 +24,23 @@ def _key(key: str, default: Any) -> Any:
 
 @dataclass
 class BookieConfig:
-    # Identity and network (the server comes with a later issue; the id names the cookie).
-    bookie_id: str = _key("bookieId", "")  # default: "127.0.0.1:<bookiePort>"
+    # Identity and network. The id names the cookie and the registration.
+    bookie_id: str = _key("bookieId", "")  # default: "<bindAddress>:<bookiePort>"
     bookie_port: int = _key("bookiePort", 3181)
+    bind_address: str = _key("bindAddress", "127.0.0.1")  # walkit: loopback unless told otherwise
+    # Metadata: "" runs without (no registration, no cookie in metadata: tests, benchmarks).
     metadata_service_uri: str = _key("metadataServiceUri", "")
+    zk_timeout: int = _key("zkTimeout", 10000)  # ms: the metadata session timeout
+    # Server limits: reading pauses on a connection past this many requests in flight
+    # (walkit), and adds past the bookie-wide bound are answered ETOOMANYREQUESTS.
+    max_pending_requests_per_connection: int = _key("maxPendingRequestsPerConnection", 10000)
+    max_pending_add_requests: int = _key("maxPendingAddRequests", 100000)
+    num_read_worker_threads: int = _key("numReadWorkerThreads", 4)
+    # TLS (PEM files; off when tlsCertificatePath is empty).
+    tls_certificate_path: str = _key("tlsCertificatePath", "")
+    tls_key_store: str = _key("tlsKeyStore", "")  # the private key, PEM
+    tls_trust_store: str = _key("tlsTrustStore", "")  # CA certificates to verify clients by
+    tls_client_authentication: bool = _key("tlsClientAuthentication", False)
     # Directories.
     journal_directory: str = _key("journalDirectory", "/tmp/bk-txn")
     ledger_directories: list[str] = _key("ledgerDirectories", ["/tmp/bk-data"])
@@ -55,17 +68,19 @@ class BookieConfig:
     flush_interval: int = _key("flushInterval", 60000)  # ms between checkpoints
     # walkit: checkpoint early once this many entries wait in memory, bounding RAM.
     flush_entries_threshold: int = _key("flushEntriesThreshold", 200_000)
-    # Limits and disk usage (read-only mode comes with the server).
+    # Limits and disk usage: read-only once a ledger disk is fuller than the threshold,
+    # writable again once every one is below the low-water mark; checked every interval.
     netty_max_frame_size_bytes: int = _key("nettyMaxFrameSizeBytes", 5 * 1024 * 1024)
     disk_usage_threshold: float = _key("diskUsageThreshold", 0.95)
     disk_usage_lwm_threshold: float = _key("diskUsageLwmThreshold", 0.90)
+    disk_check_interval: int = _key("diskCheckInterval", 10000)  # ms
 
     def __post_init__(self) -> None:
         self.validate()
 
     @property
     def effective_bookie_id(self) -> str:
-        return self.bookie_id or f"127.0.0.1:{self.bookie_port}"
+        return self.bookie_id or f"{self.bind_address}:{self.bookie_port}"
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
@@ -91,6 +106,11 @@ class BookieConfig:
             "flushInterval": self.flush_interval,
             "flushEntriesThreshold": self.flush_entries_threshold,
             "nettyMaxFrameSizeBytes": self.netty_max_frame_size_bytes,
+            "zkTimeout": self.zk_timeout,
+            "maxPendingRequestsPerConnection": self.max_pending_requests_per_connection,
+            "maxPendingAddRequests": self.max_pending_add_requests,
+            "numReadWorkerThreads": self.num_read_worker_threads,
+            "diskCheckInterval": self.disk_check_interval,
         }
         for key, value in positive.items():
             if value <= 0:
@@ -98,6 +118,15 @@ class BookieConfig:
         if min(self.journal_max_group_wait_msec, self.journal_buffered_entries_threshold, self.journal_max_backups,
                self.journal_recycle_files) < 0:
             raise ConfigError("journal thresholds must not be negative")
+        if self.netty_max_frame_size_bytes < 4096:
+            raise ConfigError("nettyMaxFrameSizeBytes must be at least 4096", value=self.netty_max_frame_size_bytes)
+        if not 0 <= self.bookie_port <= 65535:
+            raise ConfigError("bookiePort must be 0..65535", value=self.bookie_port)
+        if bool(self.tls_certificate_path) != bool(self.tls_key_store):
+            raise ConfigError("TLS needs both tlsCertificatePath and tlsKeyStore",
+                              certificate=self.tls_certificate_path, key=self.tls_key_store)
+        if self.tls_client_authentication and not self.tls_trust_store:
+            raise ConfigError("tlsClientAuthentication needs tlsTrustStore (the CA to verify clients by)")
         if not 0 < self.disk_usage_lwm_threshold <= self.disk_usage_threshold <= 1:
             raise ConfigError(
                 "need 0 < diskUsageLwmThreshold <= diskUsageThreshold <= 1",

@@ -41,7 +41,7 @@ _VERSION = 1  # 1: first format (binary header, JSON body)
 _HEADER = struct.Struct("<8sHHII")  # magic, version, reserved, body length, crc32c(body)
 _MAX_BODY = 64 << 10  # bound checked before reading the body
 #: Names that do not count as data when deciding whether a directory is new.
-_NOT_DATA = frozenset({COOKIE_FILE + ".tmp", "lost+found"})
+_NOT_DATA = frozenset({COOKIE_FILE + ".tmp", "lost+found", "LOCK"})  # LOCK: the server's flock file
 
 
 @dataclass(frozen=True)

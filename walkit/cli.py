@@ -2,6 +2,9 @@
 
 ``walkit init``            create the cluster layout in the metadata store (idempotent)
 ``walkit bench journal``   measure the journal against the disk's floor (docs/performance.md)
+``walkit bench bookie``    one connection, 1 KiB adds with 1,000 in flight against a bookie process
+``walkit bookie start``    run a bookie (as ``python -m bookie --conf FILE``)
+``walkit bookie list``     the available and read-only bookies of a cluster
 ``walkit journal repair``  keep a ``.broken`` copy of a damaged journal and truncate it
 """
 
@@ -50,6 +53,34 @@ def _init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_bookie(args: argparse.Namespace) -> int:
+    from bookie.bench_server import format_markdown, run_bookie_bench
+
+    report = run_bookie_bench(args.dir, seconds=args.seconds, in_flight=args.in_flight, size=args.size)
+    print(json.dumps(report, indent=2) if args.json else format_markdown(report))
+    return 0
+
+
+def _bookie_start(args: argparse.Namespace) -> int:
+    from bookie._main import run
+
+    return run(args)
+
+
+def _bookie_list(args: argparse.Namespace) -> int:
+    from walkit.metadata import connect
+
+    with connect(args.metadata) as cluster:
+        bookies = cluster.bookies()
+    for bookie_id in sorted(bookies.writable):
+        print(f"{bookie_id}\tavailable")
+    for bookie_id in sorted(bookies.readonly):
+        print(f"{bookie_id}\treadonly")
+    if not bookies.writable and not bookies.readonly:
+        print("no bookies registered", file=sys.stderr)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="walkit", description="walkit: a replicated write-ahead log")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level to stderr")
@@ -61,10 +92,25 @@ def _parser() -> argparse.ArgumentParser:
     bj.add_argument("--seconds", type=float, default=3.0, help="duration of each case (default 3)")
     bj.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temporary one here)")
     bj.set_defaults(func=_bench_journal)
+    bb = bench.add_parser("bookie", help="adds per second through one connection to a bookie process")
+    bb.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bb.add_argument("--seconds", type=float, default=5.0, help="duration of the measurement (default 5)")
+    bb.add_argument("--in-flight", type=int, default=1000, help="adds in flight (default 1000)")
+    bb.add_argument("--size", type=int, default=1024, help="entry payload bytes (default 1024)")
+    bb.add_argument("--dir", default=None, help="where the bookie keeps its data (default: a temporary one here)")
+    bb.set_defaults(func=_bench_bookie)
 
     init = sub.add_parser("init", help="create the cluster layout in the metadata store (idempotent)")
     init.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
     init.set_defaults(func=_init)
+
+    bookie = sub.add_parser("bookie", help="run and inspect bookies").add_subparsers(dest="what", required=True)
+    bs = bookie.add_parser("start", help="run a bookie until SIGTERM (as python -m bookie)")
+    bs.add_argument("--conf", required=True, help="bookie configuration (TOML, BookKeeper key names)")
+    bs.set_defaults(func=_bookie_start)
+    bl = bookie.add_parser("list", help="the available and read-only bookies")
+    bl.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
+    bl.set_defaults(func=_bookie_list)
 
     journal = sub.add_parser("journal", help="journal tools").add_subparsers(dest="what", required=True)
     jr = journal.add_parser("repair", help="keep PATH.broken and truncate PATH at its first bad frame")

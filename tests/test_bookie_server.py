@@ -1,0 +1,342 @@
+"""The bookie server in this process (real sockets on 127.0.0.1): the request semantics,
+read-only mode, back-pressure, graceful shutdown, registration and TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ssl
+import uuid
+from pathlib import Path
+
+import pytest
+import trustme
+
+from bookie.cookie import Cookie
+from bookie.server import BookieServer
+from bookie_support import KEY, client_of, config, entry, in_process, run
+from walkit.client import BookieClient, client_ssl_context
+from walkit.errors import (
+    BookieBusyError,
+    BookieReadOnlyError,
+    BookieUnavailableError,
+    CookieError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+)
+from walkit.metadata import connect, init_cluster, open_metadata_store, parse_metadata_uri, read_cookie, write_cookie
+
+
+def test_add_read_lac_pipelined(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            client = await client_of(server)
+            adds = [client.add_entry(ledger, e, KEY, entry(ledger, e)) for ledger in (1, 2, 3) for e in range(300)]
+            await asyncio.gather(*adds)
+            reads = await asyncio.gather(*(client.read_entry(2, e) for e in range(300)))
+            assert [r.data for r in reads] == [entry(2, e) for e in range(300)]
+            assert {r.entry_id for r in reads} == set(range(300))
+            last = await client.read_entry(3, -1)
+            assert (last.entry_id, last.data, last.lac) == (299, entry(3, 299), 298)
+            assert await client.read_lac(1) == 298
+            await client.write_lac(1, 299, KEY)
+            assert await client.read_lac(1) == 299
+            info = await client.bookie_info()
+            assert 0 < info.free_bytes <= info.total_bytes and not info.readonly
+            with pytest.raises(NoSuchLedgerError):
+                await client.read_entry(99, 0)
+            with pytest.raises(NoSuchEntryError):
+                await client.read_entry(1, 300)
+            await client.close()
+
+    run(body)
+
+
+def test_master_key_and_fencing(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            client = await client_of(server)
+            for e in range(3):
+                await client.add_entry(7, e, KEY, entry(7, e))
+            with pytest.raises(UnauthorizedError):
+                await client.add_entry(7, 3, b"other-key", entry(7, 3))
+            with pytest.raises(UnauthorizedError):
+                await client.read_entry(7, -1, fence=True, master_key=b"other-key")
+            fenced = await client.read_entry(7, -1, fence=True, master_key=KEY)
+            assert fenced.entry_id == 2 and fenced.data == entry(7, 2)
+            assert server.bookie is not None and server.bookie.is_fenced(7)
+            with pytest.raises(LedgerFencedError):
+                await client.add_entry(7, 3, KEY, entry(7, 3))
+            await client.add_entry(7, 3, KEY, entry(7, 3), recovery=True)  # a recoverer may still add
+            assert (await client.read_entry(7, 3)).data == entry(7, 3)
+            # fencing a ledger this bookie never saw makes it refuse the old writer too
+            with pytest.raises(NoSuchEntryError):
+                await client.read_entry(8, -1, fence=True, master_key=KEY)
+            with pytest.raises(LedgerFencedError):
+                await client.add_entry(8, 0, KEY, entry(8, 0))
+            await client.close()
+
+    run(body)
+
+
+def test_fence_is_durable_before_the_answer(tmp_path: Path) -> None:
+    """The fence survives a restart (it was journaled before the reader heard of it)."""
+
+    async def fence() -> None:
+        async with in_process(config(tmp_path)) as server:
+            client = await client_of(server)
+            await client.add_entry(5, 0, KEY, entry(5, 0))
+            await client.read_entry(5, -1, fence=True, master_key=KEY)
+            await client.close()
+
+    async def after() -> None:
+        async with in_process(config(tmp_path)) as server:
+            client = await client_of(server)
+            with pytest.raises(LedgerFencedError):
+                await client.add_entry(5, 1, KEY, entry(5, 1))
+            await client.close()
+
+    run(fence)
+    run(after)
+
+
+def test_long_poll(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            client = await client_of(server)
+            await client.add_entry(1, 0, KEY, entry(1, 0, lac=-1))
+            await client.add_entry(1, 1, KEY, entry(1, 1, lac=0))
+            # the LAC (0) already passed -1: answered at once
+            now = await client.read_entry(1, 0, previous_lac=-1, timeout_ms=5000)
+            assert (now.entry_id, now.lac) == (0, 0)
+            # waits until an add carries a LAC past 0
+            poll = asyncio.ensure_future(client.read_entry(1, 1, previous_lac=0, timeout_ms=10_000))
+            await asyncio.sleep(0.2)
+            assert not poll.done()
+            await client.add_entry(1, 2, KEY, entry(1, 2, lac=0))
+            await asyncio.sleep(0.2)
+            assert not poll.done(), "LAC 0 does not pass 0"
+            await client.add_entry(1, 3, KEY, entry(1, 3, lac=1))
+            answered = await poll
+            assert (answered.entry_id, answered.lac) == (1, 1)
+            # an explicit WRITE_LAC also wakes a poll
+            poll = asyncio.ensure_future(client.read_entry(1, 2, previous_lac=1, timeout_ms=10_000))
+            await asyncio.sleep(0.1)
+            await client.write_lac(1, 2, KEY)
+            assert (await poll).entry_id == 2
+            # nothing happens: the timeout answers ENOENTRY
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(NoSuchEntryError, match="long poll"):
+                await client.read_entry(1, 3, previous_lac=2, timeout_ms=300)
+            assert 0.25 < loop.time() - started < 5
+            # a poll on a ledger the bookie has not seen yet waits for its first entry
+            poll = asyncio.ensure_future(client.read_entry(4, 0, previous_lac=-1, timeout_ms=10_000))
+            await asyncio.sleep(0.1)
+            await client.add_entry(4, 0, KEY, entry(4, 0, lac=-1))
+            await client.add_entry(4, 1, KEY, entry(4, 1, lac=0))
+            assert (await poll).entry_id == 0
+            await client.close()
+
+    run(body)
+
+
+def test_read_only_mode_follows_disk_usage(tmp_path: Path) -> None:
+    usage = {"now": 0.5}
+    md = tmp_path / "md"
+    uri = f"local://{md}"
+    admin = open_metadata_store(parse_metadata_uri(uri))
+    init_cluster(admin, "/ledgers")
+    admin.close()
+
+    async def body() -> None:
+        cfg = config(tmp_path, metadata_service_uri=uri, disk_usage_threshold=0.95, disk_usage_lwm_threshold=0.9)
+        async with in_process(cfg, disk_usage=lambda path: usage["now"]) as server:
+            with connect(uri) as cluster:
+                assert cluster.bookies().writable == {server.bookie_id}
+                client = await client_of(server)
+                await client.add_entry(1, 0, KEY, entry(1, 0))
+                usage["now"] = 0.97
+                await server.check_disks()
+                assert server.readonly
+                assert cluster.bookies().readonly == {server.bookie_id} and not cluster.bookies().writable
+                with pytest.raises(BookieReadOnlyError):
+                    await client.add_entry(1, 1, KEY, entry(1, 1))
+                assert (await client.read_entry(1, 0)).data == entry(1, 0)  # reads go on
+                await client.add_entry(1, 1, KEY, entry(1, 1), recovery=True)  # recovery completes
+                assert (await client.bookie_info()).readonly
+                usage["now"] = 0.92  # between the marks: stays read-only
+                await server.check_disks()
+                assert server.readonly
+                usage["now"] = 0.5
+                await server.check_disks()
+                assert not server.readonly and cluster.bookies().writable == {server.bookie_id}
+                await client.add_entry(1, 2, KEY, entry(1, 2))
+                await client.close()
+            assert server.bookie_id
+        with connect(uri) as cluster:
+            assert cluster.bookies().writable == frozenset(), "stop deregisters"
+
+    run(body)
+
+
+def test_too_many_adds_are_refused_and_a_full_connection_pauses(tmp_path: Path) -> None:
+    slow = {"journal_max_group_wait_msec": 300.0, "journal_flush_when_queue_empty": False}
+
+    async def body() -> None:
+        async with in_process(config(tmp_path, max_pending_add_requests=10, **slow)) as server:
+            client = await client_of(server)
+            results = await asyncio.gather(*(client.add_entry(1, e, KEY, entry(1, e)) for e in range(40)),
+                                           return_exceptions=True)
+            busy = [r for r in results if isinstance(r, BookieBusyError)]
+            assert len(busy) == 30 and results[:10] == [None] * 10
+            await client.close()
+
+    async def pausing() -> None:
+        cfg = config(tmp_path / "b", max_pending_requests_per_connection=8, **slow)
+        async with in_process(cfg) as server:
+            client = await client_of(server)
+            pauses = []
+            conn_adds = asyncio.gather(*(client.add_entry(2, e, KEY, entry(2, e)) for e in range(200)))
+            while not conn_adds.done():
+                pauses.extend(c.reading_paused for c in server._connections)
+                await asyncio.sleep(0.01)
+            await conn_adds
+            assert any(pauses), "reading paused while the connection was full"
+            await client.close()
+
+    run(body)
+    run(pausing)
+
+
+def test_stop_answers_every_add_in_flight(tmp_path: Path) -> None:
+    async def body() -> None:
+        cfg = config(tmp_path, journal_max_group_wait_msec=500.0, journal_flush_when_queue_empty=False)
+        server = BookieServer(cfg)
+        await server.start()
+        client = await client_of(server)
+        adds = [asyncio.ensure_future(client.add_entry(1, e, KEY, entry(1, e))) for e in range(50)]
+        await asyncio.sleep(0.1)  # sent, waiting for the group commit
+        assert not any(a.done() for a in adds)
+        await server.stop()
+        assert await asyncio.gather(*adds) == [None] * 50
+        with pytest.raises(BookieUnavailableError):
+            await client.add_entry(1, 50, KEY, entry(1, 50))
+
+    run(body)
+    # and they are durable: a new server reads them
+    async def after() -> None:
+        async with in_process(config(tmp_path)) as server:
+            client = await client_of(server)
+            assert (await client.read_entry(1, 49)).data == entry(1, 49)
+            await client.close()
+
+    run(after)
+
+
+def test_cookie_is_checked_against_metadata(tmp_path: Path) -> None:
+    uri = f"local://{tmp_path / 'md'}"
+    admin = open_metadata_store(parse_metadata_uri(uri))
+    info = init_cluster(admin, "/ledgers")
+
+    async def start_once(bookie_id: str) -> None:
+        async with in_process(config(tmp_path / "disks", metadata_service_uri=uri, bookie_id=bookie_id)):
+            pass
+
+    run(lambda: start_once("bk1"))
+    stored = read_cookie(admin, info, "bk1")
+    assert stored is not None and b"bk1" in stored[0]
+    run(lambda: start_once("bk1"))  # the same disks: accepted
+    moved = dataclasses.replace(Cookie.decode(stored[0]), journal_dir="/elsewhere")
+    write_cookie(admin, info, "bk1", moved.encode(), stored[1])
+    with pytest.raises(CookieError):
+        run(lambda: start_once("bk1"))
+    admin.close()
+
+
+def test_a_cluster_of_another_instance_is_refused(tmp_path: Path) -> None:
+    first, second = f"local://{tmp_path / 'md1'}", f"local://{tmp_path / 'md2'}"
+    for uri in (first, second):
+        admin = open_metadata_store(parse_metadata_uri(uri))
+        init_cluster(admin, "/ledgers")
+        admin.close()
+
+    async def start_once(uri: str) -> None:
+        async with in_process(config(tmp_path / "disks", metadata_service_uri=uri, bookie_id="bk")):
+            pass
+
+    run(lambda: start_once(first))
+    with pytest.raises(CookieError):  # these disks belong to the first cluster
+        run(lambda: start_once(second))
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("tls")
+    ca, stranger = trustme.CA(), trustme.CA()
+    server_cert = ca.issue_cert("127.0.0.1", "localhost")
+    client_cert = ca.issue_cert("client.walkit.test")
+    paths = {"ca": d / "ca.pem", "stranger": d / "stranger.pem", "cert": d / "bookie.pem", "key": d / "bookie.key",
+             "client": d / "client.pem"}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    stranger.cert_pem.write_to_path(str(paths["stranger"]))
+    server_cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    server_cert.private_key_pem.write_to_path(str(paths["key"]))
+    client_cert.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
+    return {k: str(v) for k, v in paths.items()}
+
+
+def test_tls_round_trip_and_refused_certificates(tmp_path: Path, certificates: dict[str, str]) -> None:
+    async def body() -> None:
+        cfg = config(tmp_path, tls_certificate_path=certificates["cert"], tls_key_store=certificates["key"],
+                     tls_trust_store=certificates["ca"], tls_client_authentication=True)
+        async with in_process(cfg) as server:
+            good = client_ssl_context(certificates["ca"], certificate=certificates["client"])
+            client = await client_of(server, ssl_context=good, server_hostname="127.0.0.1")
+            await client.add_entry(1, 0, KEY, entry(1, 0))
+            assert (await client.read_entry(1, 0)).data == entry(1, 0)
+            await client.close()
+            # a bookie whose certificate the client's CA did not sign
+            with pytest.raises(BookieUnavailableError) as err:
+                await client_of(server, ssl_context=client_ssl_context(certificates["stranger"],
+                                                                       certificate=certificates["client"]),
+                                server_hostname="127.0.0.1")
+            assert isinstance(err.value.__cause__, ssl.SSLCertVerificationError)
+            # a client without a certificate, when the bookie asks for one
+            anonymous = await client_of(server, ssl_context=client_ssl_context(certificates["ca"]),
+                                        server_hostname="127.0.0.1")
+            with pytest.raises(BookieUnavailableError):
+                await anonymous.add_entry(1, 1, KEY, entry(1, 1))
+            await anonymous.close()
+            # plaintext against a TLS bookie gets nowhere either
+            plain = await client_of(server)
+            with pytest.raises(BookieUnavailableError):
+                await asyncio.wait_for(plain.add_entry(1, 1, KEY, entry(1, 1)), 10)
+            await plain.close()
+
+    run(body)
+
+
+def test_binds_loopback_by_default(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            assert server._server is not None
+            assert {s.getsockname()[0] for s in server._server.sockets} == {"127.0.0.1"}
+            assert server.bookie_id == "test-bookie"
+
+    run(body)
+
+
+def test_runs_unregistered_without_metadata(tmp_path: Path) -> None:
+    """Without metadata the bookie runs unregistered (tests, benchmarks)."""
+
+    async def body() -> None:
+        async with in_process(config(tmp_path, bookie_id=f"plain-{uuid.uuid4().hex[:6]}")) as server:
+            assert server._registration is None
+            client: BookieClient = await client_of(server)
+            await client.add_entry(1, 0, KEY, entry(1, 0))
+            await client.close()
+
+    run(body)

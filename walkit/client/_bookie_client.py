@@ -1,0 +1,191 @@
+"""One connection to one bookie, with pipelined requests (asyncio).
+
+Each call sends one request frame and awaits its response; many calls may be in flight
+at once and their responses may come back in any order (request ids match them).
+Frames written in the same loop iteration go out in one ``transport.write``. An error
+response raises the walkit error of its status (``error_for``); a lost connection fails
+every request in flight with :class:`~walkit.errors.BookieUnavailableError`; bytes that
+are not the protocol (or another protocol version) fail them with the
+:class:`~walkit.errors.ProtocolError` and close the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import Any, TypeVar
+
+from walkit.errors import BookieUnavailableError, ProtocolError, WalkitError
+from walkit.protocol import (
+    DEFAULT_MAX_FRAME_SIZE,
+    AddEntry,
+    BookieInfoResponse,
+    ClientConnection,
+    ErrorResponse,
+    GetBookieInfo,
+    ReadEntry,
+    ReadEntryResponse,
+    ReadLac,
+    ReadLacResponse,
+    Request,
+    Response,
+    WriteLac,
+    error_for,
+)
+
+__all__ = ["BookieClient", "client_ssl_context"]
+
+R = TypeVar("R", bound=Response)
+
+
+def client_ssl_context(ca_file: str, *, certificate: str = "", key: str = "") -> ssl.SSLContext:
+    """TLS for a client: the bookie's certificate must chain to ``ca_file`` and name the
+    host connected to; ``certificate``/``key`` identify the client when bookies ask."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if certificate:
+        ctx.load_cert_chain(certificate, key or None)
+    return ctx
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, client: BookieClient) -> None:
+        self.client = client
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.client._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.client._received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client._lost(BookieUnavailableError("connection to bookie lost", bookie=self.client.address,
+                                                 reason=str(exc) if exc else "closed"))
+
+
+class BookieClient:
+    """Use :meth:`connect`; then the request methods; :meth:`close` at the end."""
+
+    def __init__(self, address: str, max_frame_size: int) -> None:
+        self.address = address
+        self._wire = ClientConnection(max_frame_size)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._failure: WalkitError | None = None
+        self._loop = asyncio.get_running_loop()
+
+    @classmethod
+    async def connect(cls, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
+                      server_hostname: str | None = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                      timeout: float = 10.0) -> BookieClient:
+        client = cls(f"{host}:{port}", max_frame_size)
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: _Protocol(client), host, port, ssl=ssl_context,
+                                       server_hostname=server_hostname if ssl_context else None),
+                timeout,
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise BookieUnavailableError("cannot connect to bookie", bookie=client.address, reason=str(exc)) from exc
+        return client
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    # -- requests ----------------------------------------------------------------------
+    async def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, data: bytes,
+                        recovery: bool = False) -> None:
+        await self._call(AddEntry(ledger_id, entry_id, master_key, data, recovery))
+
+    async def read_entry(self, ledger_id: int, entry_id: int, *, fence: bool = False, master_key: bytes = b"",
+                         previous_lac: int | None = None, timeout_ms: int = 0) -> ReadEntryResponse:
+        response = await self._call(ReadEntry(ledger_id, entry_id, fence, master_key, previous_lac, timeout_ms))
+        assert isinstance(response, ReadEntryResponse)
+        return response
+
+    async def read_lac(self, ledger_id: int) -> int:
+        response = await self._call(ReadLac(ledger_id))
+        assert isinstance(response, ReadLacResponse)
+        return response.lac
+
+    async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
+        await self._call(WriteLac(ledger_id, lac, master_key))
+
+    async def bookie_info(self) -> BookieInfoResponse:
+        response = await self._call(GetBookieInfo())
+        assert isinstance(response, BookieInfoResponse)
+        return response
+
+    def add_entry_nowait(self, ledger_id: int, entry_id: int, master_key: bytes, data: bytes,
+                         recovery: bool = False) -> asyncio.Future[Response]:
+        """Send an add and return the future of its response (no coroutine per request:
+        what a pipelining writer wants). The future fails with the walkit error."""
+        return self._send(AddEntry(ledger_id, entry_id, master_key, data, recovery))
+
+    async def _call(self, request: Request) -> Response:
+        return await self._send(request)
+
+    def _send(self, request: Request) -> asyncio.Future[Response]:
+        if self._failure is not None:
+            raise self._failure
+        if self._transport is None or self._transport.is_closing():
+            raise BookieUnavailableError("connection to bookie is closed", bookie=self.address)
+        request_id, frame = self._wire.send(request)
+        fut: asyncio.Future[Response] = self._loop.create_future()
+        self._pending[request_id] = fut
+        self._out.append(frame)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        return fut
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self._transport is not None and not self._transport.is_closing():
+            out, self._out = self._out, []
+            self._transport.write(b"".join(out) if len(out) > 1 else out[0])
+
+    # -- responses ---------------------------------------------------------------------
+    def _received(self, data: bytes) -> None:
+        try:
+            responses = self._wire.receive(data)
+        except ProtocolError as exc:
+            self._lost(exc)
+            if self._transport is not None:
+                self._transport.close()
+            return
+        pending = self._pending
+        for response in responses:
+            fut = pending.pop(response.request_id, None)
+            if fut is None or fut.done():
+                continue
+            if isinstance(response, ErrorResponse):
+                fut.set_exception(error_for(response))
+            else:
+                fut.set_result(response)
+
+    def _lost(self, exc: WalkitError) -> None:
+        if self._failure is None:
+            self._failure = exc
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+
+    async def close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._flush()
+            self._transport.close()
+        self._lost(BookieUnavailableError("client closed", bookie=self.address))
+        await asyncio.sleep(0)
+
+    async def __aenter__(self) -> BookieClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
