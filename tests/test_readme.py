@@ -22,3 +22,15 @@ def test_readme_names_the_two_commands_ci_runs() -> None:
     assert "./dev main" in text and "./dev test" in text
     ci = (README.parent / ".ci" / "run").read_text()
     assert "./dev test" in ci
+
+
+def test_readme_bookie_configuration_is_valid() -> None:
+    import tomllib
+
+    from bookie import BookieConfig
+
+    blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), flags=re.S)
+    assert blocks, "README.md shows no bookie.toml"
+    for text in blocks:
+        config = BookieConfig.from_dict(tomllib.loads(text))
+        assert config.metadata_service_uri.startswith("local://")
