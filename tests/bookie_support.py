@@ -150,3 +150,21 @@ class BookieProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
+
+
+def make_certificates(d: Path) -> dict[str, str]:
+    """A throwaway CA, a bookie certificate for 127.0.0.1 signed by it, a client
+    certificate (key and chain in one PEM), and a stranger CA that signed nothing here."""
+    import trustme
+
+    ca, stranger = trustme.CA(), trustme.CA()
+    server_cert = ca.issue_cert("127.0.0.1", "localhost")
+    client_cert = ca.issue_cert("client.walkit.test")
+    paths = {"ca": d / "ca.pem", "stranger": d / "stranger.pem", "cert": d / "bookie.pem", "key": d / "bookie.key",
+             "client": d / "client.pem"}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    stranger.cert_pem.write_to_path(str(paths["stranger"]))
+    server_cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    server_cert.private_key_pem.write_to_path(str(paths["key"]))
+    client_cert.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
+    return {k: str(v) for k, v in paths.items()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from bookie_support import KEY, BookieProcess, entry, free_port, run
-from walkit.client import BookieClient
-from walkit.errors import BookieReadOnlyError, NoSuchEntryError
+from bookie_support import KEY, BookieProcess, entry, free_port, make_certificates, run
+from walkit.client import BookieClient, client_ssl_context
+from walkit.errors import BookieReadOnlyError, BookieUnavailableError, NoSuchEntryError
 from walkit.metadata import connect, init_cluster, open_metadata_store, parse_metadata_uri
 from walkit.protocol import DEFAULT_MAX_FRAME_SIZE, ReadLac, encode_request
 
@@ -244,3 +245,22 @@ def test_walkit_bookie_start_runs_the_same_server(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_tls_bookie_process(tmp_path: Path, processes: list[BookieProcess]) -> None:
+    certs = make_certificates(tmp_path)
+    bookie = _bookie(processes, tmp_path / "b", tlsCertificatePath=certs["cert"], tlsKeyStore=certs["key"]).start()
+
+    async def body() -> None:
+        client = await BookieClient.connect("127.0.0.1", bookie.port, ssl_context=client_ssl_context(certs["ca"]),
+                                            server_hostname="127.0.0.1")
+        await client.add_entry(1, 0, KEY, entry(1, 0))
+        assert (await client.read_entry(1, 0)).data == entry(1, 0)
+        await client.close()
+        with pytest.raises(BookieUnavailableError) as err:
+            await BookieClient.connect("127.0.0.1", bookie.port, ssl_context=client_ssl_context(certs["stranger"]),
+                                       server_hostname="127.0.0.1")
+        assert isinstance(err.value.__cause__, ssl.SSLCertVerificationError)
+
+    run(body)
+    assert bookie.terminate() == 0

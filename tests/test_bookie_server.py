@@ -10,11 +10,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-import trustme
 
 from bookie.cookie import Cookie
 from bookie.server import BookieServer
-from bookie_support import KEY, client_of, config, entry, in_process, run
+from bookie_support import KEY, client_of, config, entry, in_process, make_certificates, run
 from walkit.client import BookieClient, client_ssl_context
 from walkit.errors import (
     BookieBusyError,
@@ -274,18 +273,7 @@ def test_a_cluster_of_another_instance_is_refused(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    d = tmp_path_factory.mktemp("tls")
-    ca, stranger = trustme.CA(), trustme.CA()
-    server_cert = ca.issue_cert("127.0.0.1", "localhost")
-    client_cert = ca.issue_cert("client.walkit.test")
-    paths = {"ca": d / "ca.pem", "stranger": d / "stranger.pem", "cert": d / "bookie.pem", "key": d / "bookie.key",
-             "client": d / "client.pem"}
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    stranger.cert_pem.write_to_path(str(paths["stranger"]))
-    server_cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
-    server_cert.private_key_pem.write_to_path(str(paths["key"]))
-    client_cert.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
-    return {k: str(v) for k, v in paths.items()}
+    return make_certificates(tmp_path_factory.mktemp("tls"))
 
 
 def test_tls_round_trip_and_refused_certificates(tmp_path: Path, certificates: dict[str, str]) -> None:
