@@ -147,6 +147,7 @@ class Bookie:
         self._ckpt_thread: threading.Thread | None = None
         self._pending = 0
         self._running = False
+        self._max_entry_size = min(config.netty_max_frame_size_bytes, MAX_ENTRY_SIZE)
         self._storage: LedgerStorage | None = None
         self._journal: Journal | None = None
 
@@ -221,8 +222,8 @@ class Bookie:
                      cb: Callback, ctx: Any) -> None:
         """Store an entry; ``cb`` once it is durable (journal fdatasync) or refused."""
 
-        def store() -> None:
-            if not recovery and self.storage.is_fenced(ledger_id):
+        def store(fenced: bool) -> None:
+            if fenced and not recovery:
                 raise LedgerFencedError("ledger is fenced", ledger=ledger_id, entry=entry_id)
             self.storage.add_entry(ledger_id, entry_id, payload)
             self.journal.log_entry(ledger_id, entry_id, payload, cb, ctx)
@@ -246,7 +247,7 @@ class Bookie:
         """Fence a ledger; ``cb`` when the fence is durable. Creates the ledger's state when
         this bookie has never seen it, so a late add from the old writer is refused."""
 
-        def fence() -> None:
+        def fence(fenced: bool) -> None:
             self.storage.set_fenced(ledger_id)
             self.journal.log_fence(ledger_id, cb, ctx)
 
@@ -260,7 +261,7 @@ class Bookie:
     def write_lac_cb(self, ledger_id: int, master_key: bytes, lac: int, cb: Callback, ctx: Any) -> None:
         """Record an explicit LAC (a writer's LAC that rode on no entry yet)."""
 
-        def record() -> None:
+        def record(fenced: bool) -> None:
             current = self.storage.explicit_lac(ledger_id)
             self.storage.set_explicit_lac(ledger_id, max(lac, -1 if current is None else current))
             self.journal.log_lac(ledger_id, lac, cb, ctx)
@@ -272,28 +273,30 @@ class Bookie:
         self.write_lac_cb(ledger_id, master_key, lac, _resolve, fut)
         return fut
 
-    def _keyed_write(self, ledger_id: int, master_key: bytes, write: Callable[[], None], cb: Callback,
+    def _keyed_write(self, ledger_id: int, master_key: bytes, write: Callable[[bool], None], cb: Callback,
                      ctx: Any) -> bool:
-        """Check the key, then ``write`` under the bookie lock; errors go to ``cb`` (a dead
-        disk included), they never escape the call. True when ``write`` ran."""
+        """Check the key, then ``write(fenced)`` under the bookie lock; errors go to ``cb``
+        (a dead disk included), they never escape the call. True when ``write`` ran."""
         try:
             self._check_ledger(ledger_id, master_key)
             with self._lock:
                 self._check_running()
-                self._admit_key(ledger_id, master_key)
-                write()
+                write(self._admit_key(ledger_id, master_key))
             return True
         except (WalkitError, OSError) as exc:
             cb(_as_walkit_error(exc), ctx)
             return False
 
-    def _admit_key(self, ledger_id: int, master_key: bytes) -> None:
-        stored = self.storage.master_key(ledger_id)
+    def _admit_key(self, ledger_id: int, master_key: bytes) -> bool:
+        """Refuse a key other than the ledger's (the first one is stored and journaled);
+        return whether the ledger is fenced (one look at its state per write)."""
+        stored, fenced = self.storage.key_and_fence(ledger_id)
         if stored is None:
             self.storage.set_master_key(ledger_id, master_key)
             self.journal.log_master_key(ledger_id, master_key)
         elif stored != master_key:
             raise UnauthorizedError("master key does not match", ledger=ledger_id)
+        return fenced
 
     # --- reads ------------------------------------------------------------------------------
     def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
@@ -374,12 +377,12 @@ class Bookie:
     def _check_entry(self, ledger_id: int, entry_id: int, payload: bytes) -> None:
         if not isinstance(entry_id, int) or not 0 <= entry_id <= MAX_ENTRY_ID:
             raise InvalidArgumentError("entry id out of range", ledger=ledger_id, entry=entry_id, max=MAX_ENTRY_ID)
-        if len(payload) > min(self.config.netty_max_frame_size_bytes, MAX_ENTRY_SIZE):
+        if len(payload) > self._max_entry_size:
             raise EntryTooLargeError(
-                "entry too large", ledger=ledger_id, entry=entry_id, size=len(payload), limit=self.config.netty_max_frame_size_bytes
+                "entry too large", ledger=ledger_id, entry=entry_id, size=len(payload), limit=self._max_entry_size
             )
         header = parse_entry_header(payload)
-        if (header.ledger_id, header.entry_id) != (ledger_id, entry_id):
+        if header.ledger_id != ledger_id or header.entry_id != entry_id:
             raise InvalidArgumentError(
                 "entry header names another entry", ledger=ledger_id, entry=entry_id,
                 header_ledger=header.ledger_id, header_entry=header.entry_id,

@@ -5,7 +5,7 @@ Theory of operation
 An entry log ``<id:016x>.log`` is a 512-byte header (magic, version, log id, CRC32C)
 followed by records ``length | crc32c | ledger id | entry id | data`` (format in
 ``docs/format.md``). :class:`EntryLogWriter` appends records to an in-memory buffer and
-writes the buffer at the file's end when it passes a size threshold, when the log rolls,
+writes the buffer at the file's end when it reaches ``buffer_size``, when the log rolls,
 and when the storage flushes; records still in the buffer are read from memory.
 
 Guarantees: a record's location (log id, offset) never changes once it is handed out,
@@ -42,28 +42,27 @@ _FIRST_READ = 4096
 class EntryLogWriter:
     """The active (or rolled, not yet synced) entry log of one ledger dir."""
 
-    def __init__(self, fs: FileSystem, path: str, log_id: int) -> None:
+    def __init__(self, fs: FileSystem, path: str, log_id: int, buffer_size: int) -> None:
         self.path = path
         self.log_id = log_id
         self.file = fs.open(path, create=True)
         self.file.truncate(0)
         self._buf = bytearray(encode_log_header(log_id))
         self._buf_start = 0
-
-    @property
-    def position(self) -> int:
-        """Offset the next record will get."""
-        return self._buf_start + len(self._buf)
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buf)
+        self._buffer_size = buffer_size
+        #: Offset the next record will get.
+        self.position = len(self._buf)
 
     def append(self, ledger_id: int, entry_id: int, data: bytes) -> int:
-        """Buffer one record; return its offset."""
+        """Buffer one record (writing the buffer out once it holds ``buffer_size``
+        bytes); return its offset."""
         offset = self.position
-        self._buf += record_prefix(ledger_id, entry_id, data)
-        self._buf += data
+        buf = self._buf
+        buf += record_prefix(ledger_id, entry_id, data)
+        buf += data
+        self.position = self._buf_start + len(buf)
+        if len(buf) >= self._buffer_size:
+            self.write_out()
         return offset
 
     def write_out(self) -> None:

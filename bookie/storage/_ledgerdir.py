@@ -153,14 +153,10 @@ class LedgerDir:
     # --- writes (under the storage lock) ----------------------------------------------
     def append(self, ledger_id: int, entry_id: int, data: bytes) -> int:
         """Buffer a record in the active log (rolling it if full); return its location."""
-        need = RECORD_HEADER.size + len(data)
         w = self.writer
-        if w is None or (w.position > LOG_HEADER_SIZE and w.position + need > self.size_limit):
+        if w is None or (w.position > LOG_HEADER_SIZE and w.position + RECORD_HEADER.size + len(data) > self.size_limit):
             w = self._roll()
-        offset = w.append(ledger_id, entry_id, data)
-        if w.buffered >= self.buffer_size:
-            w.write_out()
-        return pack_location(w.log_id, offset)
+        return pack_location(w.log_id, w.append(ledger_id, entry_id, data))
 
     def read_buffered(self, location: int, ledger_id: int, entry_id: int) -> bytes | None:
         log_id, offset = unpack_location(location)
@@ -194,5 +190,5 @@ class LedgerDir:
         log_id = self.next_log_id
         self.next_log_id += 1
         self.logs_dirty = True
-        self.writer = EntryLogWriter(self.fs, self.log_path(log_id), log_id)
+        self.writer = EntryLogWriter(self.fs, self.log_path(log_id), log_id, self.buffer_size)
         return self.writer

@@ -19,8 +19,7 @@ failure as ``__cause__``) until the storage is reopened from what is on disk.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 from bookie.storage._format import MAX_LEDGER_ID, MAX_MASTER_KEY
 from bookie.storage._index import LedgerState
@@ -41,6 +40,8 @@ class LedgerStates:
         self._dirty: set[int] = set()
         self._failure: BaseException | None = None
         self._is_open = False
+        #: ``with self._failing:`` - any error inside leaves the storage failed.
+        self._failing = _Failing(self)
 
     # --- per-ledger state -----------------------------------------------------------
     def set_master_key(self, ledger_id: int, key: bytes) -> None:
@@ -58,6 +59,12 @@ class LedgerStates:
         with self._lock:
             state = self._readable_state(ledger_id)
             return state.master_key if state is not None else None
+
+    def key_and_fence(self, ledger_id: int) -> tuple[bytes | None, bool]:
+        """``(master key, fenced)`` in one look: a writer checks both on every add."""
+        with self._lock:
+            state = self._readable_state(ledger_id)
+            return (None, False) if state is None else (state.master_key, state.fenced)
 
     def set_fenced(self, ledger_id: int) -> bool:
         """Fence the ledger; True if it was not fenced before."""
@@ -134,12 +141,20 @@ class LedgerStates:
                 "ledger storage failed earlier; reopen it to recover", cause=repr(self._failure)
             ) from self._failure
 
-    @contextmanager
-    def _failing(self) -> Iterator[None]:
-        """Any error inside leaves the storage failed (the first error is kept)."""
-        try:
-            yield
-        except BaseException as exc:
-            if self._failure is None:
-                self._failure = exc
-            raise
+
+class _Failing:
+    """Context manager: an error inside leaves the storage failed (the first error is
+    kept). A plain class, not ``@contextmanager``: it guards every add."""
+
+    __slots__ = ("_states",)
+
+    def __init__(self, states: LedgerStates) -> None:
+        self._states = states
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is not None and self._states._failure is None:
+            self._states._failure = exc

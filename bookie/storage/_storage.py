@@ -131,10 +131,14 @@ class LedgerStorage(LedgerStates):
         d = self._dir(ledger_id)
         with self._lock:
             state = self._writable_state(ledger_id)
-            with self._failing():
+            with self._failing:
                 location = d.append(ledger_id, entry_id, bytes(data))
-            state.last_entry_id = max(state.last_entry_id, entry_id)
-            self._pending.setdefault(ledger_id, {})[entry_id] = location
+            if entry_id > state.last_entry_id:
+                state.last_entry_id = entry_id
+            slots = self._pending.get(ledger_id)
+            if slots is None:
+                slots = self._pending[ledger_id] = {}
+            slots[entry_id] = location
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes:
         """The entry's data, verified (CRC and ids) against the stored record."""
@@ -166,7 +170,7 @@ class LedgerStorage(LedgerStates):
                 self._pending.pop(ledger_id, None)
                 self._dirty.discard(ledger_id)
             if state.on_disk:  # remove before discarding: no reader caches a stale handle
-                with self._failing():  # a file left behind would haunt a re-created ledger
+                with self._failing:  # a file left behind would haunt a re-created ledger
                     self._fs.remove(d.index_path(ledger_id))
                     self._fs.fsync_dir(d.bucket_dir(ledger_id))
             self._index_files.discard(ledger_id)
@@ -182,9 +186,9 @@ class LedgerStorage(LedgerStates):
         with self._flush_lock:
             with self._lock:
                 self._check_writable()
-                with self._failing():
+                with self._failing:
                     plan = self._begin_flush()
-            with self._failing():
+            with self._failing:
                 self._sync_logs(plan)
                 self._write_index(plan)
             with self._lock:

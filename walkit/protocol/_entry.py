@@ -20,8 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from crc32c import crc32c
 
@@ -44,8 +43,9 @@ _SIZES: dict[str, int] = {"crc32c": 4, "mac": 32, "none": 0}
 _CRC = struct.Struct(">I")
 
 
-@dataclass(frozen=True)
-class EntryHeader:
+class EntryHeader(NamedTuple):
+    """An entry's header (a named tuple: parsed on every add, cheap to build)."""
+
     ledger_id: int
     entry_id: int
     lac: int
@@ -87,7 +87,7 @@ def parse_entry_header(data: bytes | memoryview) -> EntryHeader:
     """The header of a stored or received entry (no digest check)."""
     if len(data) < ENTRY_HEADER.size:
         raise InvalidArgumentError("entry shorter than its header", size=len(data))
-    return EntryHeader(*ENTRY_HEADER.unpack_from(data))
+    return EntryHeader._make(ENTRY_HEADER.unpack_from(data))
 
 
 def decode_entry(data: bytes, *, digest: str = "crc32c", key: bytes = b"") -> tuple[EntryHeader, bytes]:

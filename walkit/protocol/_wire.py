@@ -893,7 +893,7 @@ class ServerConnection:
         """The frame for ``resp``. A response past the maximum frame size (an entry too
         big to return) is replaced by an EIO ErrorResponse saying so."""
         try:
-            return encode_response(resp, max_frame_size=self._max)
+            return _encode(_RESPONSE_ENCODERS, resp, self._max, None)
         except FrameTooLargeError as exc:
             ledger, entry = getattr(resp, "ledger_id", 0), getattr(resp, "entry_id", -1)
             error = ErrorResponse(_response_op(resp), Status.EIO, ledger, entry, str(exc), resp.request_id)
