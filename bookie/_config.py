@@ -28,6 +28,9 @@ class BookieConfig:
     bookie_id: str = _key("bookieId", "")  # default: "<bindAddress>:<bookiePort>"
     bookie_port: int = _key("bookiePort", 3181)
     bind_address: str = _key("bindAddress", "127.0.0.1")  # walkit: loopback unless told otherwise
+    # The host clients reach (the id's host and the registered endpoint); needed when
+    # bindAddress is a wildcard such as 0.0.0.0.
+    advertised_address: str = _key("advertisedAddress", "")
     # Metadata: "" runs without (no registration, no cookie in metadata: tests, benchmarks).
     metadata_service_uri: str = _key("metadataServiceUri", "")
     zk_timeout: int = _key("zkTimeout", 10000)  # ms: the metadata session timeout
@@ -35,6 +38,9 @@ class BookieConfig:
     # (walkit), and adds past the bookie-wide bound are answered ETOOMANYREQUESTS.
     max_pending_requests_per_connection: int = _key("maxPendingRequestsPerConnection", 10000)
     max_pending_add_requests: int = _key("maxPendingAddRequests", 100000)
+    max_pending_add_bytes: int = _key("maxPendingAddBytes", 256 << 20)  # walkit: entry bytes in flight
+    max_long_polls: int = _key("maxLongPolls", 100000)  # walkit: parked long-poll reads, bookie-wide
+    max_connections: int = _key("maxConnections", 1024)  # walkit
     num_read_worker_threads: int = _key("numReadWorkerThreads", 4)
     # TLS (PEM files; off when tlsCertificatePath is empty).
     tls_certificate_path: str = _key("tlsCertificatePath", "")
@@ -79,8 +85,12 @@ class BookieConfig:
         self.validate()
 
     @property
+    def advertised_host(self) -> str:
+        return self.advertised_address or self.bind_address
+
+    @property
     def effective_bookie_id(self) -> str:
-        return self.bookie_id or f"{self.bind_address}:{self.bookie_port}"
+        return self.bookie_id or f"{self.advertised_host}:{self.bookie_port}"
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
@@ -109,6 +119,9 @@ class BookieConfig:
             "zkTimeout": self.zk_timeout,
             "maxPendingRequestsPerConnection": self.max_pending_requests_per_connection,
             "maxPendingAddRequests": self.max_pending_add_requests,
+            "maxPendingAddBytes": self.max_pending_add_bytes,
+            "maxLongPolls": self.max_long_polls,
+            "maxConnections": self.max_connections,
             "numReadWorkerThreads": self.num_read_worker_threads,
             "diskCheckInterval": self.disk_check_interval,
         }
@@ -118,6 +131,9 @@ class BookieConfig:
         if min(self.journal_max_group_wait_msec, self.journal_buffered_entries_threshold, self.journal_max_backups,
                self.journal_recycle_files) < 0:
             raise ConfigError("journal thresholds must not be negative")
+        if not self.bookie_id and self.advertised_host in ("", "0.0.0.0", "::", "*"):
+            raise ConfigError("bindAddress is a wildcard: set advertisedAddress (or bookieId) to the host clients reach",
+                              bindAddress=self.bind_address)
         if self.netty_max_frame_size_bytes < 4096:
             raise ConfigError("nettyMaxFrameSizeBytes must be at least 4096", value=self.netty_max_frame_size_bytes)
         if not 0 <= self.bookie_port <= 65535:

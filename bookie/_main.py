@@ -1,7 +1,9 @@
 """``python -m bookie --conf bookie.toml`` (also ``walkit bookie start --conf ...``).
 
-Runs one :class:`~bookie.server.BookieServer` until SIGTERM or SIGINT, then stops it
-gracefully (in-flight adds answered, deregistered, checkpointed) and exits 0. Logs go to
+Runs one :class:`~bookie.server.BookieServer` until SIGTERM or SIGINT (also one that
+arrives during the start), then stops it gracefully (in-flight adds answered,
+deregistered, checkpointed) and exits 0; 1 when it stopped because its registration
+was lost for good, or when stopping failed. Logs go to
 stderr. A start that fails (bad configuration, foreign cookie, unusable cluster, bookie
 id in use) logs the reason and exits 2.
 """
@@ -14,24 +16,43 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from bookie._config import BookieConfig
 from walkit.errors import WalkitError
+
+if TYPE_CHECKING:
+    from bookie.server import BookieServer
 
 __all__ = ["main", "serve"]
 
 log = logging.getLogger("bookie")
 
 
-async def serve(config: BookieConfig) -> None:
+async def serve(config: BookieConfig) -> int:
+    """Run until a signal or a lost registration; the exit code (0: stopped as asked)."""
     from bookie.server import BookieServer
 
     server = BookieServer(config)
-    await server.start()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: loop.create_task(server.stop()))
+    asked = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before start: a signal during start is honoured after it
+        loop.add_signal_handler(sig, asked.set)
+    await server.start()
+    stopper = loop.create_task(_stop_when(asked, server))
     await server.wait_stopped()
+    stopper.cancel()
+    if server.stop_error is not None:
+        log.error("bookie did not stop cleanly: %s", server.stop_error)
+        return 1
+    if server.lost_registration:
+        return 1  # a supervisor should restart it
+    return 0
+
+
+async def _stop_when(asked: asyncio.Event, server: BookieServer) -> None:
+    await asked.wait()
+    await server.stop()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,14 +64,13 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True)
     try:
         config = BookieConfig.from_toml(args.conf)
-        asyncio.run(serve(config))
+        return asyncio.run(serve(config))
     except WalkitError as exc:
         log.error("bookie failed: %s: %s", type(exc).__name__, exc)
         return 2
     except OSError as exc:  # e.g. the port is taken
         log.error("bookie failed: %s", exc)
         return 2
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

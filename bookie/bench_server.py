@@ -136,6 +136,7 @@ def run_bookie_bench(directory: str | None = None, seconds: float = 5.0, in_flig
     proc = _start_bookie(base, port)
     try:
         result = asyncio.run(_drive(port, proc.pid, seconds, in_flight, size))
+        result["journal_o_direct"] = "O_DIRECT is not available" not in (Path(base) / "bookie.log").read_text()
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

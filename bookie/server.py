@@ -52,6 +52,7 @@ import asyncio
 import collections
 import dataclasses
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -62,6 +63,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from sortedcontainers import SortedKeyList
+
 from bookie._bookie import Bookie
 from bookie._config import BookieConfig
 from bookie.cookie import Cookie
@@ -70,6 +73,7 @@ from walkit.errors import (
     BookieBusyError,
     BookieError,
     BookieReadOnlyError,
+    BookieShutdownError,
     CookieError,
     NoSuchEntryError,
     WalkitError,
@@ -119,79 +123,135 @@ def server_ssl_context(config: BookieConfig) -> ssl.SSLContext:
     return ctx
 
 
+_BAD_FRAMES = 16  # malformed frames a connection may send before it is closed
+_READS_IN_FLIGHT = 32  # reads one connection may have in flight (each may answer a big entry)
+
+
 class _Connection(asyncio.Protocol):
-    """One client connection (see the module docstring)."""
+    """One client connection (see the module docstring).
+
+    Decoded requests wait in ``backlog`` until :meth:`_pump` dispatches them: at most
+    ``maxPendingRequestsPerConnection`` requests and ``_READS_IN_FLIGHT`` reads in
+    flight, and only while the answers not yet sent (queued plus the transport's
+    buffer) stay under the byte budget. Reading pauses whenever the backlog is not
+    empty, so a connection holds at most one read chunk of requests it has not
+    dispatched, and a client that does not read its answers stops being served."""
 
     def __init__(self, server: BookieServer) -> None:
         self.server = server
         self.wire = ServerConnection(server.config.netty_max_frame_size_bytes)
         self.transport: asyncio.Transport | None = None
+        self.backlog: collections.deque[Request] = collections.deque()
         self.in_flight = 0
+        self.reads_in_flight = 0
+        self.bad_frames = 0
         self.out: list[bytes] = []
+        self.out_bytes = 0
         self.flush_scheduled = False
         self.reading_paused = False
-        self.writing_paused = False
         self.closed = False
         self.eof = False
         self.peer = "?"
+        self.waiters: set[_LongPoll] = set()
 
     # -- asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.peer = str(transport.get_extra_info("peername"))
-        self.server._connections.add(self)
+        server = self.server
+        if server._stopping or len(server._connections) >= server.config.max_connections:
+            log.warning("refusing connection from %s (%s)", self.peer,
+                        "stopping" if server._stopping else "too many connections")
+            transport.abort()
+            return
+        server._connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.backlog.clear()
         self.server._connections.discard(self)
         self.server._forget_waiters(self)
 
     def data_received(self, data: bytes) -> None:
-        server = self.server
         for item in self.wire.receive(data):
             if isinstance(item, ErrorResponse):
-                log.info("bad request from %s: %s", self.peer, item.message)
+                self.bad_frames += 1
+                if self.bad_frames == 1:
+                    log.info("bad request from %s: %s", self.peer, item.message)
                 self._queue(item)
             else:
-                self.in_flight += 1
-                server._dispatch(self, item)
-        if self.wire.closing:
-            self._flush()
-            if self.transport is not None:
-                self.transport.close()
+                self.backlog.append(item)
+        if self.wire.closing or self.bad_frames > _BAD_FRAMES:
+            self._close_after_flush()
             return
-        if self.in_flight >= server.config.max_pending_requests_per_connection:
-            self._pause()
+        self._pump()
 
     def eof_received(self) -> bool:
-        """The client half-closed: answer what it sent, then close (plaintext only; TLS
-        cannot half-close and closes at once)."""
+        """The client half-closed (or closed): answer what it sent, then close (plaintext
+        only; TLS cannot half-close and closes at once)."""
         self.eof = True
-        if self.in_flight == 0:
+        for waiter in list(self.waiters):  # parked polls end now (as if timed out): a
+            self.server._poll_expired(waiter)  # client that closed is not waiting for them
+        if self.in_flight == 0 and not self.backlog:
             self._flush()
             return False
         return True
 
     def pause_writing(self) -> None:
-        self.writing_paused = True
-        self._pause()
+        self._pump()
 
     def resume_writing(self) -> None:
-        self.writing_paused = False
-        self._maybe_resume()
+        self._pump()
+
+    # -- dispatch and flow control -------------------------------------------------------
+    def _unsent(self) -> int:
+        buffered = self.transport.get_write_buffer_size() if self.transport is not None else 0
+        return self.out_bytes + buffered
+
+    def _pump(self) -> None:
+        """Dispatch what the limits allow; pause reading while anything must wait."""
+        server = self.server
+        limit = server.config.max_pending_requests_per_connection
+        budget = 2 * server.config.netty_max_frame_size_bytes
+        backlog = self.backlog
+        while backlog and not self.closed:
+            req = backlog[0]
+            is_read = not isinstance(req, (AddEntry, WriteLac))
+            if (self.in_flight >= limit or self._unsent() >= budget
+                    or (is_read and self.reads_in_flight >= _READS_IN_FLIGHT)):
+                break
+            backlog.popleft()
+            self.in_flight += 1
+            if is_read:
+                self.reads_in_flight += 1
+            server._dispatch(self, req)
+        want_pause = bool(backlog) or server._stopping
+        if want_pause != self.reading_paused and self.transport is not None and not self.closed:
+            self.reading_paused = want_pause
+            if want_pause:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    def stop_reading(self) -> None:
+        """Shutdown: no more requests from this connection (those waiting are dropped)."""
+        self.backlog.clear()
+        self._pump()
 
     # -- responses ---------------------------------------------------------------------
     def respond(self, response: Response) -> None:
-        """Answer one request (dropped if the connection is gone)."""
+        """Answer one dispatched request (dropped if the connection is gone)."""
         self.in_flight -= 1
+        if not _answers_write(response):
+            self.reads_in_flight -= 1
         if self.closed:
             return
         self._queue(response)
-        if self.eof and self.in_flight == 0:
+        if self.eof and self.in_flight == 0 and not self.backlog:
             self.server._loop.call_soon(self._close_after_flush)
-        elif self.reading_paused:
-            self._maybe_resume()
+        elif self.backlog or self.reading_paused:
+            self._pump()
 
     def _close_after_flush(self) -> None:
         self._flush()
@@ -199,42 +259,47 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     def _queue(self, response: Response) -> None:
-        self.out.append(self.wire.send(response))
+        frame = self.wire.send(response)
+        self.out.append(frame)
+        self.out_bytes += len(frame)
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self.server._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self.flush_scheduled = False
-        if self.out and self.transport is not None and not self.closed:
-            out, self.out = self.out, []
+        out, self.out, self.out_bytes = self.out, [], 0
+        if out and self.transport is not None and not self.closed:
             self.transport.write(b"".join(out) if len(out) > 1 else out[0])
-        self.out.clear()
+        if self.backlog:
+            self._pump()
 
-    # -- flow control ------------------------------------------------------------------
-    def _pause(self) -> None:
-        if not self.reading_paused and self.transport is not None and not self.closed:
-            self.reading_paused = True
-            self.transport.pause_reading()
 
-    def _maybe_resume(self) -> None:
-        limit = self.server.config.max_pending_requests_per_connection
-        if (self.reading_paused and not self.writing_paused and not self.server._stopping
-                and self.in_flight <= limit // 2 and self.transport is not None and not self.closed):
-            self.reading_paused = False
-            self.transport.resume_reading()
+_WRITE_OPS = frozenset({Op.ADD_ENTRY, Op.WRITE_LAC})
 
-    def stop_reading(self) -> None:
-        self._pause()
+
+def _answers_write(response: Response) -> bool:
+    if isinstance(response, ErrorResponse):
+        return response.op in _WRITE_OPS
+    return isinstance(response, (AddEntryResponse, WriteLacResponse))
 
 
 class _LongPoll:
-    __slots__ = ("conn", "req", "timer")
+    """A parked long-poll read. ``done`` is set by whoever answers it first (an LAC
+    advance, its first check, its timeout, shutdown, the connection going)."""
 
-    def __init__(self, conn: _Connection, req: ReadEntry, timer: asyncio.TimerHandle) -> None:
+    __slots__ = ("conn", "req", "previous", "seq", "timer", "done")
+
+    def __init__(self, conn: _Connection, req: ReadEntry, seq: int) -> None:
         self.conn = conn
         self.req = req
-        self.timer = timer
+        self.previous = -1 if req.previous_lac is None else req.previous_lac
+        self.seq = seq
+        self.timer: asyncio.TimerHandle | None = None
+        self.done = False
+
+
+MAX_POLL_TIMEOUT_MS = 600_000  # a long poll waits at most 10 minutes
 
 
 class BookieServer:
@@ -259,13 +324,18 @@ class BookieServer:
         self._done: collections.deque[tuple[tuple[int, _Connection, Any], BaseException | None]] = collections.deque()
         self._drain_lock = threading.Lock()
         self._drain_scheduled = False
-        self._waiters: dict[int, list[_LongPoll]] = {}
+        self._pending_add_bytes = 0
+        self._waiters: dict[int, SortedKeyList] = {}  # ledger -> parked polls by (previous LAC, seq)
+        self._poll_seq = itertools.count()
+        self._poll_count = 0
         self._locks: list[int] = []  # flock'ed descriptors of our directories
         self._reads = ThreadPoolExecutor(config.num_read_worker_threads, thread_name_prefix="bookie-read")
         self._server: asyncio.Server | None = None
         self._monitor: asyncio.Task[None] | None = None
         self._stopping = False
         self._stopped = asyncio.Event()
+        self.stop_error: BaseException | None = None
+        self.lost_registration = False
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -277,7 +347,7 @@ class BookieServer:
             start_serving=False, reuse_address=True,
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
-        self.bookie_id = c.bookie_id or f"{c.bind_address}:{self.port}"
+        self.bookie_id = c.bookie_id or f"{c.advertised_host}:{self.port}"
         self.config = dataclasses.replace(c, bookie_id=self.bookie_id, bookie_port=self.port)
         try:
             await self._loop.run_in_executor(None, self._start_core)
@@ -293,6 +363,8 @@ class BookieServer:
     def _start_core(self) -> None:
         """Blocking part of start: metadata, core, cookie, registration."""
         c = self.config
+        if self._fs is None:
+            self._lock_directories()
         instance_id = None
         if c.metadata_service_uri:
             from walkit.metadata import connect
@@ -301,14 +373,12 @@ class BookieServer:
             instance_id = self._cluster.info.instance_id
         else:
             log.warning("bookie %s runs without metadata (metadataServiceUri unset): not registered", self.bookie_id)
-        if self._fs is None:
-            self._lock_directories()
         self.bookie = Bookie(c, fs=self._fs, instance_id=instance_id)
         self.bookie.start()
         self.readonly = self._disks_full(self.readonly)
         if self._cluster is not None:
             self._check_cookie()
-            info = json.dumps({"endpoint": f"{c.bind_address}:{self.port}", "tls": self._ssl is not None,
+            info = json.dumps({"endpoint": f"{c.advertised_host}:{self.port}", "tls": self._ssl is not None,
                                "protocol": 1}).encode()
             # waits out the session of a previous incarnation (kill -9, restart) first
             self._registration = self._cluster.register_bookie(
@@ -346,6 +416,7 @@ class BookieServer:
         mine.verify_matches(theirs, where="metadata")
 
     def _registration_lost(self, exc: BaseException) -> None:
+        self.lost_registration = True
         log.error("bookie %s lost its registration for good, stopping: %s", self.bookie_id, exc)
         self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self.stop()))
 
@@ -353,35 +424,41 @@ class BookieServer:
         await self._stopped.wait()
 
     async def stop(self, timeout: float = 30.0) -> None:
-        """Graceful: stop accepting, deregister, answer every add in flight, shut down."""
+        """Graceful: stop accepting and reading, deregister, answer every add in flight,
+        shut down. Always ends (``wait_stopped`` returns), even if a step fails; the
+        first failure is kept in ``stop_error``."""
         if self._stopping:
             await self._stopped.wait()
             return
         self._stopping = True
-        if self._server is not None:
-            self._server.close()
-        if self._monitor is not None:
-            self._monitor.cancel()
-        for conn in list(self._connections):
-            conn.stop_reading()
-        await self._loop.run_in_executor(None, self._deregister)
-        deadline = self._loop.time() + timeout
-        while self._pending_adds and self._loop.time() < deadline:
-            await asyncio.sleep(0.01)
-        if self._pending_adds:
-            log.warning("bookie %s stopping with %d adds unanswered", self.bookie_id, self._pending_adds)
-        for ledger_id in list(self._waiters):
-            for waiter in self._take(ledger_id, lambda w: True):
-                self._answer_expired(waiter)
-        await asyncio.sleep(0)  # let the last flushes run
-        for conn in list(self._connections):
-            conn._flush()
-            if conn.transport is not None:
-                conn.transport.close()
-        await self._loop.run_in_executor(None, self._close_core)
-        self._reads.shutdown(wait=True)
-        log.info("bookie %s stopped", self.bookie_id)
-        self._stopped.set()
+        try:
+            if self._server is not None:
+                self._server.close()
+            if self._monitor is not None:
+                self._monitor.cancel()
+            for conn in list(self._connections):
+                conn.stop_reading()
+            await self._loop.run_in_executor(None, self._deregister)
+            deadline = self._loop.time() + timeout
+            while self._pending_adds and self._loop.time() < deadline:
+                await asyncio.sleep(0.01)
+            if self._pending_adds:
+                log.warning("bookie %s stopping with %d adds unanswered", self.bookie_id, self._pending_adds)
+            for waiters in list(self._waiters.values()):
+                for waiter in list(waiters):
+                    self._unpark(waiter)
+                    self._answer_expired(waiter)
+            await self._loop.run_in_executor(None, self._reads.shutdown, True)  # reads end before storage closes
+            await asyncio.sleep(0)  # let the last answers be queued
+            for conn in list(self._connections):
+                conn._close_after_flush()
+            await self._loop.run_in_executor(None, self._close_core)
+            log.info("bookie %s stopped", self.bookie_id)
+        except BaseException as exc:
+            self.stop_error = exc
+            log.exception("bookie %s: stopping failed", self.bookie_id)
+        finally:
+            self._stopped.set()
 
     def _deregister(self) -> None:
         if self._registration is not None:
@@ -421,41 +498,53 @@ class BookieServer:
             await self.check_disks()
 
     async def check_disks(self) -> None:
-        """Check disk usage now and switch mode if needed (also run periodically)."""
+        """Check disk usage now and switch mode if needed (also run periodically).
+        Going read-only takes effect at once, before the registration follows (which
+        may wait for the metadata store); going writable only once it is registered
+        so. A registration that failed is retried at the next check."""
         try:
             want = await self._loop.run_in_executor(None, self._disks_full, self.readonly)
-            if want != self.readonly:
-                if self._registration is not None:
-                    await self._loop.run_in_executor(None, self._registration.set_readonly, want)
-                self.readonly = want
-        except (WalkitError, OSError):
+            if want:
+                self.readonly = True
+            if self._registration is not None and self._registration.readonly != want:
+                await self._loop.run_in_executor(None, self._registration.set_readonly, want)
+            self.readonly = want
+        except Exception:
             log.exception("bookie %s: disk check failed", self.bookie_id)
 
     # -- requests ----------------------------------------------------------------------
     def _dispatch(self, conn: _Connection, req: Request) -> None:
-        if isinstance(req, AddEntry):
-            self._add(conn, req)
-        elif isinstance(req, ReadEntry):
-            self._read_entry(conn, req)
-        elif isinstance(req, ReadLac):
-            self._in_pool(conn, req, self._do_read_lac, req)
-        elif isinstance(req, WriteLac):
-            assert self.bookie is not None
-            self.bookie.write_lac_cb(req.ledger_id, req.master_key, req.lac, self._on_done, (_LAC_WRITTEN, conn, req))
-        else:
-            self._in_pool(conn, req, self._do_bookie_info, req)
+        try:
+            if self._stopping:
+                raise BookieShutdownError("bookie is stopping", bookie=self.bookie_id)
+            if isinstance(req, AddEntry):
+                self._add(conn, req)
+            elif isinstance(req, ReadEntry):
+                self._read_entry(conn, req)
+            elif isinstance(req, ReadLac):
+                self._in_pool(conn, req, self._do_read_lac, req)
+            elif isinstance(req, WriteLac):
+                if self.readonly:
+                    raise BookieReadOnlyError("bookie is read-only", bookie=self.bookie_id)
+                assert self.bookie is not None
+                self.bookie.write_lac_cb(req.ledger_id, req.master_key, req.lac, self._on_done,
+                                         (_LAC_WRITTEN, conn, req))
+            else:
+                self._in_pool(conn, req, self._do_bookie_info, req)
+        except Exception as exc:  # answered, never lost: the connection keeps its count
+            conn.respond(_error(_op_of(req), getattr(req, "ledger_id", 0), getattr(req, "entry_id", -1),
+                                req.request_id, exc))
 
     def _add(self, conn: _Connection, req: AddEntry) -> None:
         if self.readonly and not req.recovery:
-            conn.respond(_error(Op.ADD_ENTRY, req.ledger_id, req.entry_id, req.request_id,
-                                BookieReadOnlyError("bookie is read-only", bookie=self.bookie_id)))
-            return
-        if self._pending_adds >= self.config.max_pending_add_requests:
-            conn.respond(_error(Op.ADD_ENTRY, req.ledger_id, req.entry_id, req.request_id,
-                                BookieBusyError("too many adds in flight", limit=self.config.max_pending_add_requests)))
-            return
+            raise BookieReadOnlyError("bookie is read-only", bookie=self.bookie_id)
+        c = self.config
+        if self._pending_adds >= c.max_pending_add_requests or self._pending_add_bytes >= c.max_pending_add_bytes:
+            raise BookieBusyError("too many adds in flight", limit=c.max_pending_add_requests,
+                                  bytes_limit=c.max_pending_add_bytes)
         assert self.bookie is not None
         self._pending_adds += 1
+        self._pending_add_bytes += len(req.data)
         self.bookie.add_entry_cb(req.ledger_id, req.entry_id, req.master_key, req.data, req.recovery,
                                  self._on_done, (_ADD_DONE, conn, req))
 
@@ -474,20 +563,27 @@ class BookieServer:
         done = self._done
         while done:
             (kind, conn, req), err = done.popleft()
-            if kind == _ADD_DONE:
-                self._pending_adds -= 1
-                if err is None:
-                    conn.respond(AddEntryResponse(req.ledger_id, req.entry_id, req.request_id))
-                    if self._waiters and req.ledger_id in self._waiters:
-                        self._lac_advanced(req.ledger_id, parse_entry_header(req.data).lac)
-                else:
-                    conn.respond(_error(Op.ADD_ENTRY, req.ledger_id, req.entry_id, req.request_id, err))
-            elif err is None:
-                conn.respond(WriteLacResponse(req.ledger_id, req.request_id))
+            try:
+                self._completed(kind, conn, req, err)
+            except Exception:  # one bad completion must not strand the others
+                log.exception("answering a completed request failed")
+
+    def _completed(self, kind: int, conn: _Connection, req: Any, err: BaseException | None) -> None:
+        if kind == _ADD_DONE:
+            self._pending_adds -= 1
+            self._pending_add_bytes -= len(req.data)
+            if err is None:
+                conn.respond(AddEntryResponse(req.ledger_id, req.entry_id, req.request_id))
                 if req.ledger_id in self._waiters:
-                    self._lac_advanced(req.ledger_id, req.lac)
+                    self._lac_advanced(req.ledger_id, parse_entry_header(req.data).lac)
             else:
-                conn.respond(_error(Op.WRITE_LAC, req.ledger_id, -1, req.request_id, err))
+                conn.respond(_error(Op.ADD_ENTRY, req.ledger_id, req.entry_id, req.request_id, err))
+        elif err is None:
+            conn.respond(WriteLacResponse(req.ledger_id, req.request_id))
+            if req.ledger_id in self._waiters:
+                self._lac_advanced(req.ledger_id, req.lac)
+        else:
+            conn.respond(_error(Op.WRITE_LAC, req.ledger_id, -1, req.request_id, err))
 
     def _in_pool(self, conn: _Connection, req: Request, fn: Callable[[Any], Response], arg: Any) -> None:
         """Run ``fn(arg)`` on the read pool; its response (or error) goes to ``conn``."""
@@ -551,16 +647,24 @@ class BookieServer:
     # ``_waiters`` first (advance, first check, timeout, stop) answers it.
 
     def _long_poll(self, conn: _Connection, req: ReadEntry) -> None:
-        timer = self._loop.call_later(req.timeout_ms / 1000.0, self._poll_expired, conn, req)
-        waiter = _LongPoll(conn, req, timer)
-        self._waiters.setdefault(req.ledger_id, []).append(waiter)
+        if self._poll_count >= self.config.max_long_polls:
+            conn.respond(_error(Op.READ_ENTRY, req.ledger_id, req.entry_id, req.request_id,
+                                BookieBusyError("too many long polls", limit=self.config.max_long_polls)))
+            return
+        waiter = _LongPoll(conn, req, next(self._poll_seq))
+        waiters = self._waiters.get(req.ledger_id)
+        if waiters is None:
+            waiters = self._waiters[req.ledger_id] = SortedKeyList(key=_poll_order)
+        waiters.add(waiter)
+        conn.waiters.add(waiter)
+        self._poll_count += 1
 
-        def checked(fut: Any) -> None:
+        def checked(fut: Any) -> None:  # pool thread
             try:
                 lac = fut.result()
             except WalkitError:
-                return  # a ledger this bookie has not seen yet: wait for its first entry
-            self._loop.call_soon_threadsafe(self._lac_advanced, req.ledger_id, lac, waiter)
+                lac = -1  # a ledger this bookie has not seen yet: wait for its first entry
+            self._loop.call_soon_threadsafe(self._first_check, waiter, lac)
 
         assert self.bookie is not None
         try:
@@ -568,32 +672,44 @@ class BookieServer:
         except RuntimeError:
             pass  # stopping: stop() answers every waiter
 
-    def _take(self, ledger_id: int, pick: Callable[[_LongPoll], bool]) -> list[_LongPoll]:
-        """Remove and return the waiters of ``ledger_id`` that ``pick`` selects."""
-        waiters = self._waiters.get(ledger_id)
-        if not waiters:
-            return []
-        taken = [w for w in waiters if pick(w)]
-        if taken:
-            kept = [w for w in waiters if not pick(w)]
-            if kept:
-                self._waiters[ledger_id] = kept
-            else:
-                del self._waiters[ledger_id]
-        for waiter in taken:
+    def _first_check(self, waiter: _LongPoll, lac: int) -> None:
+        """The LAC when the poll arrived: answer now, or start the timeout. (Registered
+        before this check, the waiter has not missed an advance in between.)"""
+        if waiter.done:
+            return
+        if lac > waiter.previous:
+            self._answer_poll(waiter)
+        else:
+            timeout = min(waiter.req.timeout_ms, MAX_POLL_TIMEOUT_MS) / 1000.0
+            waiter.timer = self._loop.call_later(timeout, self._poll_expired, waiter)
+
+    def _unpark(self, waiter: _LongPoll) -> None:
+        waiter.done = True
+        if waiter.timer is not None:
             waiter.timer.cancel()
-        return taken
+        waiters = self._waiters.get(waiter.req.ledger_id)
+        if waiters is not None:
+            waiters.discard(waiter)
+            if not waiters:
+                del self._waiters[waiter.req.ledger_id]
+        waiter.conn.waiters.discard(waiter)
+        self._poll_count -= 1
 
-    def _lac_advanced(self, ledger_id: int, lac: int, only: _LongPoll | None = None) -> None:
-        def ready(w: _LongPoll) -> bool:
-            previous = w.req.previous_lac
-            return (only is None or w is only) and previous is not None and lac > previous
+    def _answer_poll(self, waiter: _LongPoll) -> None:
+        self._unpark(waiter)
+        self._in_pool(waiter.conn, waiter.req, self._do_read_entry, waiter.req)
 
-        for waiter in self._take(ledger_id, ready):
-            self._in_pool(waiter.conn, waiter.req, self._do_read_entry, waiter.req)
+    def _lac_advanced(self, ledger_id: int, lac: int) -> None:
+        """Answer the waiters whose previous LAC is below ``lac`` (the lowest first:
+        O(answered · log n))."""
+        waiters = self._waiters.get(ledger_id)
+        while waiters and waiters[0].previous < lac:
+            self._answer_poll(waiters[0])
+            waiters = self._waiters.get(ledger_id)
 
-    def _poll_expired(self, conn: _Connection, req: ReadEntry) -> None:
-        for waiter in self._take(req.ledger_id, lambda w: w.req is req):
+    def _poll_expired(self, waiter: _LongPoll) -> None:
+        if not waiter.done:
+            self._unpark(waiter)
             self._answer_expired(waiter)
 
     def _answer_expired(self, waiter: _LongPoll) -> None:
@@ -603,8 +719,12 @@ class BookieServer:
                                                     ledger=req.ledger_id, previous_lac=req.previous_lac)))
 
     def _forget_waiters(self, conn: _Connection) -> None:
-        for ledger_id in list(self._waiters):
-            self._take(ledger_id, lambda w: w.conn is conn)
+        for waiter in list(conn.waiters):
+            self._unpark(waiter)
+
+
+def _poll_order(waiter: _LongPoll) -> tuple[int, int]:
+    return waiter.previous, waiter.seq
 
 
 def _op_of(req: Request) -> Op:

@@ -16,7 +16,13 @@ import pytest
 
 from bookie_support import KEY, BookieProcess, entry, free_port, make_certificates, run
 from walkit.client import BookieClient, client_ssl_context
-from walkit.errors import BookieReadOnlyError, BookieUnavailableError, NoSuchEntryError
+from walkit.errors import (
+    BookieReadOnlyError,
+    BookieUnavailableError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    UnauthorizedError,
+)
 from walkit.metadata import connect, init_cluster, open_metadata_store, parse_metadata_uri
 from walkit.protocol import DEFAULT_MAX_FRAME_SIZE, ReadLac, encode_request
 
@@ -63,6 +69,13 @@ def test_pipelined_adds_and_reads_through_a_process(tmp_path: Path, processes: l
         reads = await asyncio.gather(*(client.read_entry(1, e) for e in range(0, 2000, 7)))
         assert all(r.data == entry(1, r.entry_id) for r in reads)
         assert await client.read_lac(2) == 1998
+        with pytest.raises(UnauthorizedError):  # EUA: another writer's key
+            await client.add_entry(1, 2000, b"not-the-key", entry(1, 2000))
+        fenced = await client.read_entry(2, -1, fence=True, master_key=KEY)
+        assert fenced.entry_id == 1999
+        with pytest.raises(LedgerFencedError):  # EFENCED for the old writer
+            await client.add_entry(2, 2000, KEY, entry(2, 2000))
+        await client.add_entry(2, 2000, KEY, entry(2, 2000), recovery=True)
         await client.close()
 
     run(body)
@@ -121,14 +134,20 @@ def test_kill_9_and_restart_keeps_every_acknowledged_entry(tmp_path: Path, proce
 def test_malformed_frames_hurt_only_their_connection(tmp_path: Path, processes: list[BookieProcess]) -> None:
     bookie = _bookie(processes, tmp_path / "b").start()
 
-    async def good_client_keeps_working(stop: asyncio.Event) -> int:
+    progress = [0]
+
+    async def good_client_keeps_working(stop: asyncio.Event) -> None:
         client = await BookieClient.connect("127.0.0.1", bookie.port)
-        n = 0
         while not stop.is_set():
-            await client.add_entry(1, n, KEY, entry(1, n))
-            n += 1
+            await client.add_entry(1, progress[0], KEY, entry(1, progress[0]))
+            progress[0] += 1
         await client.close()
-        return n
+
+    async def still_served() -> None:
+        """The good client completes adds after each bad connection."""
+        before = progress[0]
+        while progress[0] < before + 5:
+            await asyncio.sleep(0.01)
 
     def raw(data: bytes) -> bytes:
         with socket.create_connection(("127.0.0.1", bookie.port), timeout=10) as s:
@@ -149,18 +168,22 @@ def test_malformed_frames_hurt_only_their_connection(tmp_path: Path, processes: 
         status = struct.unpack(">H", answer[6:8])[0]
         assert status == 3, answer[:32]  # EBADREQ
         assert len(answer) > struct.unpack(">I", answer[:4])[0] + 4, "the well-formed request was answered too"
+        await still_served()
         # a length past the maximum: the bookie answers EBADREQ and closes that connection
         huge = struct.pack(">I", DEFAULT_MAX_FRAME_SIZE + 1) + b"\x01\x01\x00\x00" + b"\x00" * 8
         answer = await loop.run_in_executor(None, raw, huge)
         assert struct.unpack(">H", answer[6:8])[0] == 3
+        await still_served()
         # another protocol version: EBADVERSION in our version, then closed
         future = struct.pack(">I", 12) + b"\x07\x03\x00\x00" + b"\x00" * 7 + b"\x05"
         answer = await loop.run_in_executor(None, raw, future)
         assert answer[4] == 1 and struct.unpack(">H", answer[6:8])[0] == 6
-        # plain noise
+        await still_served()
+        # plain noise (it reads as the start of a 66 KB frame that never ends): closed
         await loop.run_in_executor(None, raw, bytes(range(256)) * 20)
+        await still_served()
         stop.set()
-        assert await good > 0
+        await good
 
     run(body)
     assert bookie.proc is not None and bookie.proc.poll() is None, "the bookie survived"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bookie.cookie import Cookie
-from bookie.server import BookieServer
+from bookie.server import _READS_IN_FLIGHT, BookieServer
 from bookie_support import KEY, client_of, config, entry, in_process, make_certificates, run
 from walkit.client import BookieClient, client_ssl_context
 from walkit.errors import (
@@ -25,6 +25,7 @@ from walkit.errors import (
     NoSuchLedgerError,
     UnauthorizedError,
 )
+from walkit.protocol import AddEntry, AddEntryResponse, ClientConnection, ReadEntry, encode_request
 from walkit.metadata import connect, init_cluster, open_metadata_store, parse_metadata_uri, read_cookie, write_cookie
 
 
@@ -174,7 +175,6 @@ def test_read_only_mode_follows_disk_usage(tmp_path: Path) -> None:
                 assert not server.readonly and cluster.bookies().writable == {server.bookie_id}
                 await client.add_entry(1, 2, KEY, entry(1, 2))
                 await client.close()
-            assert server.bookie_id
         with connect(uri) as cluster:
             assert cluster.bookies().writable == frozenset(), "stop deregisters"
 
@@ -325,6 +325,117 @@ def test_runs_unregistered_without_metadata(tmp_path: Path) -> None:
             assert server._registration is None
             client: BookieClient = await client_of(server)
             await client.add_entry(1, 0, KEY, entry(1, 0))
+            await client.close()
+
+    run(body)
+
+
+def test_disk_checks_run_by_themselves(tmp_path: Path) -> None:
+    usage = {"now": 0.99}
+
+    async def body() -> None:
+        cfg = config(tmp_path, disk_check_interval=50)
+        async with in_process(cfg, disk_usage=lambda path: usage["now"]) as server:
+            assert server.readonly, "read-only from the start on a full disk"
+            usage["now"] = 0.1
+            while server.readonly:
+                await asyncio.sleep(0.02)
+            client = await client_of(server)
+            await client.add_entry(1, 0, KEY, entry(1, 0))
+            usage["now"] = 0.99
+            while not server.readonly:
+                await asyncio.sleep(0.02)
+            with pytest.raises(BookieReadOnlyError):
+                await client.add_entry(1, 1, KEY, entry(1, 1))
+            with pytest.raises(BookieReadOnlyError):
+                await client.write_lac(1, 0, KEY)
+            await client.close()
+
+    run(body)
+
+
+def test_a_client_that_does_not_read_cannot_make_the_bookie_hoard(tmp_path: Path) -> None:
+    """Answers not yet sent stay within the byte budget; the rest waits unread in the
+    socket, and the bookie stops reading from that client."""
+    big = b"x" * (1 << 20)
+
+    async def body() -> None:
+        cfg = config(tmp_path, netty_max_frame_size_bytes=2 << 20)
+        async with in_process(cfg) as server:
+            client = await client_of(server)
+            await client.add_entry(1, 0, KEY, entry(1, 0, payload=big))
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"".join(encode_request(ReadEntry(1, 0, request_id=i + 1)) for i in range(300)))
+            await writer.drain()
+            await asyncio.sleep(1.0)
+            (conn,) = [c for c in server._connections if c.reads_in_flight or c.backlog]
+            budget = 2 * cfg.netty_max_frame_size_bytes
+            assert conn._unsent() <= budget + _READS_IN_FLIGHT * len(big) + 4096
+            assert conn.reads_in_flight <= _READS_IN_FLIGHT and conn.reading_paused
+            await client.add_entry(1, 1, KEY, entry(1, 1))  # others are served meanwhile
+            writer.close()
+            await client.close()
+
+    run(body)
+
+
+def test_long_polls_are_capped_and_answered_at_stop_or_forgotten(tmp_path: Path) -> None:
+    async def body() -> None:
+        server = BookieServer(config(tmp_path, max_long_polls=4))
+        await server.start()
+        client, leaver = await client_of(server), await client_of(server)
+        await client.add_entry(1, 0, KEY, entry(1, 0, lac=-1))
+        polls = [asyncio.ensure_future(client.read_entry(1, 1, previous_lac=0, timeout_ms=60_000)) for _ in range(3)]
+        gone = asyncio.ensure_future(leaver.read_entry(1, 1, previous_lac=0, timeout_ms=60_000))
+        while server._poll_count < 4:
+            await asyncio.sleep(0.01)
+        with pytest.raises(BookieBusyError):
+            await client.read_entry(1, 1, previous_lac=0, timeout_ms=60_000)
+        await leaver.close()
+        with pytest.raises(BookieUnavailableError):
+            await gone
+        while server._poll_count != 3:
+            await asyncio.sleep(0.01)
+        await server.stop()
+        for poll in polls:
+            with pytest.raises(NoSuchEntryError):
+                await poll
+        assert server._poll_count == 0 and not server._waiters
+
+    run(body)
+
+
+def test_half_closed_client_gets_every_answer(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"".join(encode_request(AddEntry(1, e, KEY, entry(1, e), request_id=e + 1))
+                                  for e in range(200)))
+            writer.write_eof()
+            data = await asyncio.wait_for(reader.read(), 30)  # until the bookie closes
+            wire = ClientConnection()
+            for e in range(200):
+                wire.send(AddEntry(1, e, KEY, entry(1, e)))
+            responses = wire.receive(data)
+            assert sorted(r.request_id for r in responses) == list(range(1, 201))
+            assert all(isinstance(r, AddEntryResponse) for r in responses)
+            writer.close()
+
+    run(body)
+
+
+def test_tls_refuses_a_client_certificate_from_another_ca(tmp_path: Path, certificates: dict[str, str]) -> None:
+    (tmp_path / "other").mkdir()
+    other = make_certificates(tmp_path / "other")
+
+    async def body() -> None:
+        cfg = config(tmp_path, tls_certificate_path=certificates["cert"], tls_key_store=certificates["key"],
+                     tls_trust_store=certificates["ca"], tls_client_authentication=True)
+        async with in_process(cfg) as server:
+            stranger = client_ssl_context(certificates["ca"], certificate=other["client"])
+            client = await client_of(server, ssl_context=stranger, server_hostname="127.0.0.1")
+            with pytest.raises(BookieUnavailableError):
+                await asyncio.wait_for(client.add_entry(1, 0, KEY, entry(1, 0)), 10)
             await client.close()
 
     run(body)

@@ -15,7 +15,7 @@ import asyncio
 import ssl
 from typing import Any, TypeVar
 
-from walkit.errors import BookieUnavailableError, ProtocolError, WalkitError
+from walkit.errors import BookieUnavailableError, InvalidArgumentError, ProtocolError, WalkitError
 from walkit.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     AddEntry,
@@ -41,6 +41,8 @@ R = TypeVar("R", bound=Response)
 def client_ssl_context(ca_file: str, *, certificate: str = "", key: str = "") -> ssl.SSLContext:
     """TLS for a client: the bookie's certificate must chain to ``ca_file`` and name the
     host connected to; ``certificate``/``key`` identify the client when bookies ask."""
+    if not ca_file:
+        raise InvalidArgumentError("a TLS client needs the CA file that signed the bookies' certificates")
     ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if certificate:

@@ -39,6 +39,7 @@ from walkit.errors import (
     BookieBusyError,
     BookieError,
     BookieReadOnlyError,
+    EntryTooLargeError,
     FrameTooLargeError,
     InvalidArgumentError,
     LedgerFencedError,
@@ -742,6 +743,7 @@ _STATUS_OF: tuple[tuple[type[BaseException], Status], ...] = (
     (ProtocolVersionError, Status.EBADVERSION),  # before its base, ProtocolError
     (ProtocolError, Status.EBADREQ),
     (InvalidArgumentError, Status.EBADREQ),
+    (EntryTooLargeError, Status.EBADREQ),
     (UnauthorizedError, Status.EUA),
     (LedgerFencedError, Status.EFENCED),
     (BookieReadOnlyError, Status.EREADONLY),  # both before the EIO default for BookieError
