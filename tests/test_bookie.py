@@ -810,6 +810,14 @@ def test_config_wrong_type_is_an_error(tmp_path: Path, values: dict[str, Any]) -
         {"ledgerDirectories": []},
         {"ledgerDirectories": ["/a", "/a"]},
         {"ledgerDirectories": [""]},
+        {"nettyMaxFrameSizeBytes": 4095},
+        {"bookiePort": 70000},
+        {"bindAddress": "0.0.0.0"},
+        {"tlsCertificatePath": "/c.pem"},
+        {"tlsClientAuthentication": True},
+        {"zkTimeout": 0},
+        {"maxPendingRequestsPerConnection": 0},
+        {"maxConnections": 0},
     ],
     ids=lambda v: ",".join(f"{k}={v[k]}" for k in v),
 )
@@ -825,6 +833,11 @@ def test_config_unreadable_file_is_an_error(tmp_path: Path) -> None:
     bad.write_text("flushInterval = = 3\n")
     with pytest.raises(ConfigError):
         BookieConfig.from_toml(str(bad))
+
+
+def test_wildcard_bind_with_an_advertised_address_is_fine() -> None:
+    config = BookieConfig(bind_address="0.0.0.0", advertised_address="bk1.example", bookie_port=3181)
+    assert config.effective_bookie_id == "bk1.example:3181"
 
 
 def test_config_defaults_are_bookkeepers() -> None:
