@@ -148,6 +148,25 @@ int wk_fdatasync(int fd)
     return rc < 0 ? -errno : 0;
 }
 
+int64_t wk_pwritev_sync(int fd, void *const *bufs, const size_t *lens, int count, int64_t off,
+                        int flags, int *failed_sync)
+{
+    int64_t total = wk_pwritev(fd, bufs, lens, count, off);
+    int rc;
+
+    *failed_sync = 0;
+    if (total < 0)
+        return total;
+    do
+        rc = (flags & WK_SYNC_DATA) ? fdatasync(fd) : fsync(fd);
+    while (rc < 0 && errno == EINTR);
+    if (rc < 0) {
+        *failed_sync = 1;
+        return -errno;
+    }
+    return total;
+}
+
 int wk_fallocate(int fd, int64_t off, int64_t len)
 {
     int rc;

@@ -42,6 +42,18 @@ int64_t wk_pread(int fd, void *buf, size_t len, int64_t off);
 
 int wk_fdatasync(int fd);
 
+/* Bits of wk_pwritev_sync's flags argument. */
+enum {
+    WK_SYNC_DATA = 1  /* fdatasync(2) after the write; without it fsync(2) */
+};
+
+/* wk_pwritev, then fdatasync(2) (WK_SYNC_DATA) or fsync(2), in one call: one GIL
+ * release for the whole group commit. Returns the total written, or -errno of the
+ * step that failed; *failed_sync is set to 1 when that step was the sync, else 0.
+ * Nothing is synced when the write fails. */
+int64_t wk_pwritev_sync(int fd, void *const *bufs, const size_t *lens, int count, int64_t off,
+                        int flags, int *failed_sync);
+
 /* fallocate(2) mode 0 (the size grows); posix_fallocate if that is EOPNOTSUPP. */
 int wk_fallocate(int fd, int64_t off, int64_t len);
 

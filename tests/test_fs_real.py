@@ -214,6 +214,12 @@ def scenario(fs: FileSystem, root: str) -> list[object]:
     f.sync()
     f.allocate(0, 3 * PAGE)
     seen += [f.size(), f.pread(8, 2), f.pread(4, 3 * PAGE - 2)]
+    buf.view[:4] = b"more"
+    seen.append(f.pwritev_sync([buf.view, buf.view], PAGE))
+    seen += [f.size(), f.pread(6, PAGE - 2)]
+    with pytest.raises(OSError) as info:  # unaligned on a direct file
+        f.pwritev_sync([buf.view[:100]], 0)
+    seen.append(info.value.errno)
     f.truncate(PAGE)
     seen.append(f.size())
     f.close()
@@ -237,3 +243,54 @@ def test_memfs_and_realfs_agree(rfs: RealFS, tmp_path: Path) -> None:
     mem = scenario(MemFS(), "/data")
     assert mem[-3:] == [errno.ENOENT] * 3
     assert scenario(rfs, str(tmp_path)) == mem
+
+
+# --- pwritev_sync on the crashable twin ---------------------------------------------
+def test_memfs_pwritev_sync_is_a_write_then_a_sync() -> None:
+    """Two operations, as the calls in a row: the fault hooks and the crash points apply
+    to each step, and a crash between them can still tear the unsynced write."""
+    import random
+
+    fs = MemFS()
+    fs.makedirs("/d")
+    f = fs.open("/d/j", create=True)
+    assert f.pwritev_sync([memoryview(b"a" * 1024)], 0) == 1024
+    fs.crash(None)  # drops everything unsynced: nothing was
+    f = fs.open("/d/j", create=True)
+    fs.fsync_dir("/d")
+    assert f.pwritev_sync([memoryview(b"a" * 1024)], 0) == 1024
+    fs.crash(None)
+    assert read_all(fs, "/d/j") == b"a" * 1024
+
+    f = fs.open("/d/j")
+    ops = fs.mutating_ops
+    f.pwritev_sync([memoryview(b"b" * 512), memoryview(b"c" * 1024)], 1024)
+    assert fs.mutating_ops == ops + 2
+
+    fs.fail_next_write()
+    with pytest.raises(OSError):
+        f.pwritev_sync([memoryview(b"x" * 512)], 2560)
+    assert f.size() == 2560  # the write failed; nothing was written nor synced
+    fs.fail_next_sync()
+    with pytest.raises(OSError):
+        f.pwritev_sync([memoryview(b"y" * 512)], 2560)
+    assert f.size() == 3072  # written, not synced
+
+    fs.arm_crash(after_ops=2)  # the write goes through, the sync dies
+    with pytest.raises(OSError):
+        f.pwritev_sync([memoryview(b"z" * 2048)], 3072)
+    assert fs.dead
+    torn = set()
+    for seed in range(40):  # unsynced sectors are kept or lost sector by sector
+        g = MemFS()
+        g.makedirs("/d")
+        h = g.open("/d/j", create=True)
+        g.fsync_dir("/d")
+        h.pwritev_sync([memoryview(b"s" * 512)], 0)
+        g.arm_crash(after_ops=2)
+        with pytest.raises(OSError):
+            h.pwritev_sync([memoryview(b"t" * 2048)], 512)
+        g.crash(random.Random(seed))
+        torn.add(read_all(g, "/d/j"))
+    assert b"s" * 512 in torn and b"s" * 512 + b"t" * 2048 in torn
+    assert any(len(t) == 2560 and t.count(b"t") < 2048 for t in torn), "some crash tears the write"

@@ -225,6 +225,11 @@ class _SpyFile:
         self._inner.sync()
         self._events.append(("sync", self._inner.path))
 
+    def pwritev_sync(self, buffers: list[Any], offset: int, datasync: bool = True) -> int:
+        n = self.pwritev(buffers, offset)  # the inner file's two steps, each logged
+        self.sync()
+        return n
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 

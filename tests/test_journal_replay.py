@@ -699,6 +699,11 @@ class _HoldingFile:
             deadline -= 0.01
         raise OSError(5, "power lost during fdatasync")
 
+    def pwritev_sync(self, buffers: list[Any], offset: int, datasync: bool = True) -> int:
+        n = self.pwritev(buffers, offset)  # the hooked steps, in order
+        self.sync()
+        return n
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 

@@ -148,6 +148,73 @@ def test_pwritev_many_buffers(backend: native.Backend, tmp_path: Path) -> None:
         backend.close(fd)
 
 
+@pytest.mark.parametrize("datasync", [True, False])
+def test_pwritev_sync_writes_then_syncs(backend: native.Backend, tmp_path: Path,
+                                        datasync: bool) -> None:
+    parts = [pattern(i % 13, seed=i) for i in range(1500)]  # > IOV_MAX, some empty
+    fd, _ = backend.open_file(str(tmp_path / "vs"), create=True)
+    try:
+        total = backend.pwritev_sync(fd, parts, 3, datasync)
+        assert total == sum(map(len, parts))
+        assert backend.pread(fd, total, 3) == b"".join(parts)
+        assert backend.pwritev_sync(fd, [], 0) == 0
+    finally:
+        backend.close(fd)
+
+
+def test_pwritev_sync_direct_aligned(backend: native.Backend, direct_fd: int) -> None:
+    buf = backend.alloc_aligned(3 * PAGE)
+    try:
+        buf.view[:] = pattern(3 * PAGE)
+        views = [buf.view[:PAGE], buf.view[PAGE:]]
+        assert backend.pwritev_sync(direct_fd, views, PAGE) == 3 * PAGE
+        back = backend.alloc_aligned(3 * PAGE)
+        assert backend.pread_into(direct_fd, back.view, PAGE) == 3 * PAGE
+        assert bytes(back.view) == pattern(3 * PAGE)
+        with pytest.raises(NativeIOError) as info:  # unaligned: the write fails, no sync
+            backend.pwritev_sync(direct_fd, [buf.view[:100]], 0)
+        assert info.value.errno == errno.EINVAL and "op=pwritev" in str(info.value)
+    finally:
+        buf.close()
+
+
+def test_pwritev_sync_names_the_failed_step(backend: native.Backend, tmp_path: Path) -> None:
+    """A write that fails says pwritev; a sync that fails says fdatasync (or fsync)."""
+    path = str(tmp_path / "ro")
+    backend.close(backend.open_file(path, create=True)[0])
+    fd, _ = backend.open_file(path, readonly=True)
+    try:
+        with pytest.raises(NativeIOError) as info:
+            backend.pwritev_sync(fd, [b"x"], 4)
+        assert info.value.errno == errno.EBADF
+        assert "op=pwritev" in str(info.value) and f"path={path}" in str(info.value)
+        # syncing a read-only descriptor is allowed, so an empty write then a sync works
+        assert backend.pwritev_sync(fd, [], 0) == 0
+    finally:
+        backend.close(fd)
+    r, w = os.pipe()  # a pipe: pwritev is ESPIPE; fdatasync of a pipe would be EINVAL
+    try:
+        with pytest.raises(NativeIOError) as info:
+            backend.pwritev_sync(w, [b"x"], 0)
+        assert info.value.errno == errno.ESPIPE and "op=pwritev" in str(info.value)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_pwritev_sync_failed_sync_keeps_errno(backend: native.Backend) -> None:
+    """/dev/null takes any write; fdatasync/fsync of it is EINVAL - reported as the sync."""
+    fd = os.open("/dev/null", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        for datasync, op in ((True, "fdatasync"), (False, "fsync")):
+            with pytest.raises(NativeIOError) as info:
+                backend.pwritev_sync(fd, [b"abc"], 0, datasync)
+            assert info.value.errno == errno.EINVAL, info.value
+            assert f"op={op}" in str(info.value)
+    finally:
+        os.close(fd)
+
+
 def test_pread_is_short_only_at_eof(backend: native.Backend, tmp_path: Path) -> None:
     fd, _ = backend.open_file(str(tmp_path / "s"), create=True)
     try:
@@ -211,6 +278,7 @@ def test_errors_on_a_closed_fd_keep_errno(backend: native.Backend, tmp_path: Pat
     fd, _ = backend.open_file(path, create=True)
     backend.close(fd)
     for call in (lambda: backend.pwrite(fd, b"x", 0), lambda: backend.fdatasync(fd),
+                 lambda: backend.pwritev_sync(fd, [b"x"], 0),
                  lambda: backend.pread(fd, 1, 0), lambda: backend.fallocate(fd, 0, 1),
                  lambda: backend.ftruncate(fd, 0), lambda: backend.file_size(fd),
                  lambda: backend.close(fd)):

@@ -57,6 +57,13 @@ class File(Protocol):
         """Write the buffers back to back from ``offset`` in one call."""
         ...
 
+    def pwritev_sync(self, buffers: list[memoryview], offset: int, datasync: bool = True) -> int:
+        """``pwritev`` then ``sync`` (fdatasync; fsync when not ``datasync``) in one call:
+        a group commit. Same durability and crash semantics as the two calls in a row
+        (a crash between them may tear the write); nothing is synced if the write
+        fails. RealFS's native backend releases the GIL once for both."""
+        ...
+
     def pread(self, size: int, offset: int) -> bytes: ...
 
     def sync(self) -> None:

@@ -132,6 +132,13 @@ class _MemFile:
                 pos += self._write_at(b, pos)
             return pos - offset
 
+    def pwritev_sync(self, buffers: list[memoryview], offset: int, datasync: bool = True) -> int:
+        """``pwritev`` then ``sync``: two operations (two crash points), exactly as
+        the two calls in a row - a crash between them can tear the write."""
+        n = self.pwritev(buffers, offset)
+        self.sync()  # MemFS has no metadata apart from the size: fsync == fdatasync
+        return n
+
     def pread(self, size: int, offset: int) -> bytes:
         with self._fs._lock:
             self._check()

@@ -67,6 +67,12 @@ class RealFile:
             raise native.io_error(errno.EINVAL, "pwrite", path=self.path, offset=offset,
                                   length=length, reason="unaligned O_DIRECT write")
 
+    def _check_vector(self, buffers: list[memoryview], offset: int) -> None:
+        pos = offset
+        for b in buffers:
+            self._check_aligned(pos, _nbytes(b))
+            pos += _nbytes(b)
+
     def pwrite(self, data: native.BufferLike, offset: int) -> int:
         fd = self._live_fd()
         if self.direct:
@@ -76,11 +82,14 @@ class RealFile:
     def pwritev(self, buffers: list[memoryview], offset: int) -> int:
         fd = self._live_fd()
         if self.direct:
-            pos = offset
-            for b in buffers:
-                self._check_aligned(pos, _nbytes(b))
-                pos += _nbytes(b)
+            self._check_vector(buffers, offset)
         return self._backend.pwritev(fd, buffers, offset)
+
+    def pwritev_sync(self, buffers: list[memoryview], offset: int, datasync: bool = True) -> int:
+        fd = self._live_fd()
+        if self.direct:
+            self._check_vector(buffers, offset)
+        return self._backend.pwritev_sync(fd, buffers, offset, datasync)
 
     def pread(self, size: int, offset: int) -> bytes:
         self._live_fd()

@@ -9,18 +9,32 @@ its callback is appended to the batch. Framing in the caller's thread means a re
 touched once, and the journal threads wake once per batch, not per record - in CPython,
 where every thread shares one core's worth of bytecode, that is what throughput is made of.
 
-* The **journal thread** decides when the batch goes out: it asks the pure
-  :func:`~bookie.journal.flush_reason` policy (the oldest record's wait, buffered bytes and
-  entries, flush-when-the-queue-is-empty) whenever it wakes. Producers wake it for the
-  first record of a batch, and - while it sleeps out a group wait - when the policy says
-  a threshold was reached. When a batch must go and the sync thread is free, it pads the
-  batch to the alignment (PADDING frame), swaps in an empty buffer and hands the batch
-  over. While the sync thread is busy, records keep joining the batch: the busier the
-  disk, the larger the batches.
-* The **sync thread** writes the batch with one ``pwrite`` at an aligned offset (O_DIRECT
-  where allowed), calls one ``fdatasync``, then runs the batch's callbacks in submission
-  order and the flush listeners. Callbacks must be quick; they may submit new records
-  (appending never blocks: a batch larger than its buffer gets a larger buffer).
+* The **journal thread** decides when the batch goes out while the disk is idle: it asks
+  the pure :func:`~bookie.journal.flush_reason` policy (the oldest record's wait, buffered
+  bytes and entries, flush-when-the-queue-is-empty) whenever it wakes. Producers wake it
+  for the first record of a batch, and - while it sleeps out a group wait - when the
+  policy says a threshold was reached. When a batch must go and the sync thread is free,
+  it pads the batch to the alignment (PADDING frame), swaps in an empty buffer and hands
+  the batch over. While the sync thread is busy, records keep joining the batch: the
+  busier the disk, the larger the batches. When it finds the sync thread busy it waits
+  for it to go idle and then asks the policy again (the sync thread may have taken the
+  batch meanwhile, see below). It also rolls to the next file.
+* The **sync thread** writes the batch with one ``pwritev`` at an aligned offset (O_DIRECT
+  where allowed) and one ``fdatasync`` - a single call, :meth:`bookie.fs.File.pwritev_sync`,
+  so the native backend releases the GIL once for both - then runs the batch's callbacks
+  in submission order and the flush listeners. Callbacks must be quick; they may submit
+  new records (appending never blocks: a batch larger than its buffer gets a larger
+  buffer). Then, under load, it **takes the next batch itself**: if the batch being
+  built is non-empty and the same policy says it must go now, it closes it exactly as
+  the journal thread would and writes it, without handing control back - no thread
+  switch per batch (in CPython each one can wait a GIL switch interval, 5 ms). It goes
+  idle (and wakes the journal thread) when the batch is empty, when the policy says wait,
+  or when the batch could fill the file: rolls stay on the journal thread.
+
+Only one flush is ever in flight: a batch is closed either by the journal thread while
+the sync thread is idle, or by the sync thread itself between two of its flushes - never
+both, since the sync thread is busy from the hand-off until it goes idle. So every batch,
+and its FLUSH_START frame, is written after the previous batch's fdatasync returned.
 
 A batch that leaves the file past ``max_size`` makes the journal roll to the next id.
 The next file is a recycled one when :meth:`Journal.gc` kept a retired journal free
@@ -275,7 +289,8 @@ class Journal:
                 reason = self._await_batch()
                 if reason is None:
                     break  # shut down with nothing left
-                self._wait_sync_idle()
+                if self._wait_sync_idle():
+                    continue  # the sync thread may have taken the batch itself: ask again
                 self._hand_off(reason)
         except BaseException as exc:  # noqa: BLE001 - any failure kills the journal
             self._die(exc)
@@ -310,23 +325,32 @@ class Journal:
                 self._waiting = _TIMED
                 self._cond.wait(None if timeout is None else min(timeout, threading.TIMEOUT_MAX))
 
-    def _hand_off(self, reason: FlushReason) -> None:
-        """Close the batch being built and give it to the (idle) sync thread."""
-        with self._lock:
-            segments, records, count = self._frames.take(), self._records, self._entries
-            self._records, self._entries, self._oldest = [], 0, None
-            batch = _Batch(segments, self._file_pos, self._journal_id, records, count, reason)
-            batch.terminator = self._terminator
-            self._file_pos += batch.length
-            if self._file_pos >= self._cfg.max_size:  # the next batch goes to the next file
-                self._frames.seed = frame_seed(self._journal_id + 1)
-        end = self._file_pos + (len(batch.terminator) if batch.terminator is not None else 0)
+    def _close_batch(self, reason: FlushReason) -> _Batch:
+        """Close the batch being built (lock held; by whichever thread may flush now)."""
+        segments, records, count = self._frames.take(), self._records, self._entries
+        self._records, self._entries, self._oldest = [], 0, None
+        batch = _Batch(segments, self._file_pos, self._journal_id, records, count, reason)
+        batch.terminator = self._terminator
+        self._file_pos += batch.length
+        if self._file_pos >= self._cfg.max_size:  # the next batch goes to the next file
+            self._frames.seed = frame_seed(self._journal_id + 1)
+        return batch
+
+    def _reserve(self, batch: _Batch) -> None:
+        """Make room in the file for ``batch`` (and its terminator)."""
+        end = batch.offset + batch.length + (len(batch.terminator) if batch.terminator is not None else 0)
         try:
             assert self._current is not None
             self._current.reserve(end)
         except BaseException as exc:  # these records left the batch: fail them here
-            _call_back(records, exc)
+            _call_back(batch.records, exc)
             raise
+
+    def _hand_off(self, reason: FlushReason) -> None:
+        """Close the batch being built and give it to the (idle) sync thread."""
+        with self._lock:
+            batch = self._close_batch(reason)
+        self._reserve(batch)
         with self._sync_cond:
             self._handoff = batch
             self._sync_busy = True
@@ -335,12 +359,16 @@ class Journal:
             self._wait_sync_idle()
             self._roll()
 
-    def _wait_sync_idle(self) -> None:
+    def _wait_sync_idle(self) -> bool:
+        """Wait until no flush is in flight; True when one was."""
+        waited = False
         with self._sync_cond:
             while self._sync_busy and self._error is None:
+                waited = True
                 self._sync_cond.wait()
         if self._error is not None:
             raise self._error
+        return waited
 
     def _die(self, exc: BaseException) -> None:
         """Fail the batch being built and refuse everything later (exactly once each)."""
@@ -361,13 +389,52 @@ class Journal:
                 batch = self._handoff
                 if batch is None:
                     return
-            failed = self._write_batch(batch)
+            failed = False
+            while batch is not None and not failed:
+                failed = self._write_batch(batch)
+                if not failed:  # busy all along: nobody else can take a batch now
+                    batch, failed = self._take_next()
             with self._sync_cond:
                 self._handoff = None
                 self._sync_busy = False
                 self._sync_cond.notify_all()
             if failed:
                 return
+
+    def _take_next(self) -> tuple[_Batch | None, bool]:
+        """The sync thread, between two flushes: close the batch being built if the
+        policy says it must go now; ``(batch or None, journal died)``. The clock is read
+        before taking the lock, as the journal thread does."""
+        now = self._clock()
+        with self._lock:
+            if self._error is not None or self._entries == 0:
+                return None, False
+            if self._closed:
+                reason: FlushReason | None = FlushReason.SHUTDOWN
+            else:
+                reason = flush_reason(self._cfg.policy, now, self._oldest, self._frames.size, self._entries)
+            if reason is None:
+                return None, False  # the journal thread times the group wait
+            if self._file_pos + self._frames.size + 2 * self._cfg.alignment >= self._cfg.max_size:
+                if self._waiting != _IDLE:  # this batch may fill the file: the journal
+                    self._waiting = _IDLE  # thread hands it off and rolls
+                    self._cond.notify()
+                return None, False
+            batch = self._close_batch(reason)
+        try:
+            self._reserve(batch)
+        except BaseException as exc:  # noqa: BLE001 - any failure kills the journal
+            log.error("journal %d: reserving space for %d records failed: %s", batch.journal_id,
+                      len(batch.records), exc)
+            self._fail(exc)
+            return None, True
+        return batch, False
+
+    def _fail(self, exc: BaseException) -> None:
+        """The sync thread hit an I/O error: the journal is dead; wake its thread."""
+        with self._lock:
+            self._error = self._error or exc
+            self._cond.notify()
 
     def _write_batch(self, b: _Batch) -> bool:
         """Write, sync and acknowledge one batch; True when the journal died doing it."""
@@ -377,14 +444,13 @@ class Journal:
             views = [buf.view[:n] for buf, n in b.segments]
             if b.terminator is not None:
                 views.append(b.terminator)
-            f.pwritev(views, b.offset)
-            if self._cfg.sync_data:
-                f.sync()
+            if self._cfg.sync_data:  # one call: one GIL release for write + fdatasync
+                f.pwritev_sync(views, b.offset)
+            else:
+                f.pwritev(views, b.offset)
         except BaseException as exc:  # noqa: BLE001 - any failure kills the journal
             log.error("journal %d: write of %d records failed: %s", b.journal_id, len(b.records), exc)
-            with self._lock:
-                self._error = self._error or exc
-                self._cond.notify()
+            self._fail(exc)
             _call_back(b.records, exc)
             return True
         self._durable = LogMark(b.journal_id, b.offset + b.length)
