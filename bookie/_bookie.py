@@ -6,7 +6,12 @@ Theory of operation
 a different key is refused with ``UnauthorizedError``) and the fence (``LedgerFencedError``
 unless it is a recovery add), put the entry in ledger storage (memory), then hand it to
 the journal. The returned future completes when the journal's fdatasync covering the
-entry returned - that is what makes an acknowledgement durable.
+entry returned - that is what makes an acknowledgement durable. The server hands over
+the adds of one received chunk together (:meth:`Bookie.add_entries_cb`): every check is
+still made per add and a refusal touches that add only, but the bookie, storage and
+journal locks are taken once for the batch - first all admitted entries go to storage,
+then their records (new master keys first) are framed into the journal in one call.
+The single-add forms are batches of one.
 
 *Fence*: set the flag, journal a FENCE record, answer when it is durable; afterwards
 normal adds are refused for good (the flag survives restarts by replay or checkpoint).
@@ -34,10 +39,13 @@ from bookie._config import BookieConfig
 from bookie.cookie import Cookie, check_or_write_cookies
 from bookie.fs import FileSystem
 from bookie.journal import (
+    ENTRY,
+    KEY_RECORD,
     GroupCommitPolicy,
     Journal,
     JournalConfig,
     LogMark,
+    Record,
     ReplayReport,
     highest_mark,
     replay,
@@ -56,7 +64,7 @@ from walkit.errors import (
 )
 from walkit.protocol import parse_entry_header
 
-__all__ = ["Bookie", "LAST_ENTRY"]
+__all__ = ["Bookie", "LAST_ENTRY", "AddItem"]
 
 log = logging.getLogger("bookie")
 
@@ -99,6 +107,8 @@ def _as_walkit_error(exc: BaseException) -> WalkitError:
 
 
 Callback = Callable[[BaseException | None, Any], None]
+#: One add for :meth:`Bookie.add_entries_cb`: ledger id, entry id, master key, payload, recovery, ctx.
+AddItem = tuple[int, int, bytes, bytes, bool, Any]
 
 
 def _resolve(err: BaseException | None, fut: Future[Any]) -> None:
@@ -221,20 +231,69 @@ class Bookie:
     def add_entry_cb(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, recovery: bool,
                      cb: Callback, ctx: Any) -> None:
         """Store an entry; ``cb`` once it is durable (journal fdatasync) or refused."""
+        self.add_entries_cb([(ledger_id, entry_id, master_key, payload, recovery, ctx)], cb)
 
-        def store(fenced: bool) -> None:
-            if fenced and not recovery:
-                raise LedgerFencedError("ledger is fenced", ledger=ledger_id, entry=entry_id)
-            self.storage.add_entry(ledger_id, entry_id, payload)
-            self.journal.log_entry(ledger_id, entry_id, payload, cb, ctx)
+    def add_entries_cb(self, adds: list[AddItem], cb: Callback) -> None:
+        """Store several entries - ``(ledger id, entry id, master key, payload, recovery,
+        ctx)`` each, e.g. the adds of one received chunk - taking the bookie, storage and
+        journal locks once for all of them. Each add is checked as a single one would be,
+        and ``cb(err, ctx)`` is called once per add: when it is durable, or at once (after
+        the bookie lock is released) when it is refused. A refusal affects no other add."""
+        refused: list[tuple[BaseException, Any]] = []
+        checked: list[AddItem] = []
+        for add in adds:
+            try:
+                self._check_ledger(add[0], add[2])
+                self._check_entry(add[0], add[1], add[3])
+            except WalkitError as exc:
+                refused.append((exc, add[5]))
+                continue
+            checked.append(add)
+        if checked:
+            stored = self._store_entries(checked, refused, cb)
+            if stored:
+                self._count_pending(stored)
+        for err, ctx in refused:
+            cb(err, ctx)
 
-        try:
-            self._check_entry(ledger_id, entry_id, payload)
-        except WalkitError as exc:
-            cb(exc, ctx)
-            return
-        if self._keyed_write(ledger_id, master_key, store, cb, ctx):
-            self._count_pending()
+    def _store_entries(self, adds: list[AddItem], refused: list[tuple[BaseException, Any]], cb: Callback) -> int:
+        """Under the bookie lock: admit each add (master key, fence), put the admitted
+        ones in storage, then journal them - the master keys seen for the first time,
+        then the entries, in order, all framed at once. Refusals go to ``refused``;
+        returns how many adds were handed to the journal."""
+        with self._lock:
+            try:
+                self._check_running()
+            except WalkitError as exc:
+                refused.extend((exc, add[5]) for add in adds)
+                return 0
+            seen: dict[int, tuple[bytes | None, bool]] = {}
+            records: list[Record] = []
+            admitted: list[AddItem] = []
+            for add in adds:
+                ledger_id, entry_id, master_key, _, recovery, ctx = add
+                try:
+                    if self._admit_key(ledger_id, master_key, seen, records) and not recovery:
+                        raise LedgerFencedError("ledger is fenced", ledger=ledger_id, entry=entry_id)
+                except (WalkitError, OSError) as exc:
+                    refused.append((_as_walkit_error(exc), ctx))
+                    continue
+                admitted.append(add)
+            if admitted:
+                failed = self.storage.add_entries([(add[0], add[1], add[3]) for add in admitted])
+                if failed:
+                    bad = {i for i, _ in failed}
+                    refused.extend((_as_walkit_error(exc), admitted[i][5]) for i, exc in failed)
+                    admitted = [add for i, add in enumerate(admitted) if i not in bad]
+                records.extend([(ENTRY, add[0], add[1], add[3], cb, add[5]) for add in admitted])
+            if records:
+                try:
+                    self.journal.log_records(records)
+                except (WalkitError, OSError) as exc:
+                    err = _as_walkit_error(exc)
+                    refused.extend((err, add[5]) for add in admitted)
+                    return 0
+            return len(admitted)
 
     def add_entry(
         self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, recovery: bool = False
@@ -287,15 +346,28 @@ class Bookie:
             cb(_as_walkit_error(exc), ctx)
             return False
 
-    def _admit_key(self, ledger_id: int, master_key: bytes) -> bool:
-        """Refuse a key other than the ledger's (the first one is stored and journaled);
-        return whether the ledger is fenced (one look at its state per write)."""
-        stored, fenced = self.storage.key_and_fence(ledger_id)
+    def _admit_key(self, ledger_id: int, master_key: bytes, seen: dict[int, tuple[bytes | None, bool]] | None = None,
+                   records: list[Record] | None = None) -> bool:
+        """Refuse a key other than the ledger's (the first one is stored and journaled -
+        appended to ``records`` when given, for the caller to journal); return whether
+        the ledger is fenced. ``seen`` remembers each ledger's key and fence across the
+        adds of one batch (they cannot change meanwhile: the bookie lock is held), so a
+        batch looks at a ledger's state once."""
+        state = seen.get(ledger_id) if seen is not None else None
+        if state is None:
+            state = self.storage.key_and_fence(ledger_id)
+        stored, fenced = state
         if stored is None:
             self.storage.set_master_key(ledger_id, master_key)
-            self.journal.log_master_key(ledger_id, master_key)
+            if records is None:
+                self.journal.log_master_key(ledger_id, master_key)
+            else:
+                records.append((KEY_RECORD, ledger_id, 0, master_key, None, None))
+            state = (master_key, fenced)
         elif stored != master_key:
             raise UnauthorizedError("master key does not match", ledger=ledger_id)
+        if seen is not None:
+            seen[ledger_id] = state
         return fenced
 
     # --- reads ------------------------------------------------------------------------------
@@ -346,8 +418,8 @@ class Bookie:
             self.journal.gc(mark)
             return mark
 
-    def _count_pending(self) -> None:
-        self._pending += 1
+    def _count_pending(self, n: int) -> None:
+        self._pending += n
         if self._pending >= self.config.flush_entries_threshold:
             self._ckpt_wake.set()
 

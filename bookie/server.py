@@ -7,10 +7,17 @@ One event loop thread owns every connection. A connection (:class:`_Connection`,
 :class:`~walkit.protocol.ServerConnection`, which yields requests (or ready-made error
 responses for frames it could not accept) and dispatches each:
 
-* ADD_ENTRY goes straight to :meth:`Bookie.add_entry_cb`. The journal's sync thread
-  calls back once the entry is durable; callbacks are queued (a deque, thread-safe) and
-  the loop is woken once per batch (``call_soon_threadsafe`` only when no drain is
-  scheduled yet), so a group commit of a thousand entries costs one wake-up.
+* ADD_ENTRY goes straight to the core: the consecutive adds that one pass of
+  :meth:`_Connection._pump` may dispatch (limits and stopping / read-only / busy checks
+  per add, as for a single add) are handed over in one :meth:`Bookie.add_entries_cb`
+  call, which still checks and answers each add on its own; any other request (or a
+  refused add) first submits the adds collected before it, so submission order is
+  arrival order. The journal's sync thread calls back once each entry is durable;
+  callbacks are queued (a deque, thread-safe) and the loop is woken once per batch
+  (``call_soon_threadsafe`` only when no drain is scheduled yet - a callback that sees
+  the flag set does not even take the drain lock), so a group commit of a thousand
+  entries costs one wake-up. A durable add's answer is encoded straight from its
+  request (:meth:`~walkit.protocol.ServerConnection.send_added`, the same bytes).
 * Reads (READ_ENTRY, READ_LAC, GET_BOOKIE_INFO) may touch the disk: they run on a small
   thread pool and answer through the loop.
 * A fencing READ_ENTRY first fences (the FENCE record is journaled and synced), then
@@ -65,7 +72,7 @@ from typing import Any
 
 from sortedcontainers import SortedKeyList
 
-from bookie._bookie import Bookie
+from bookie._bookie import AddItem, Bookie
 from bookie._config import BookieConfig
 from bookie.cookie import Cookie
 from bookie.fs import FileSystem
@@ -215,6 +222,7 @@ class _Connection(asyncio.Protocol):
         limit = server.config.max_pending_requests_per_connection
         budget = 2 * server.config.netty_max_frame_size_bytes
         backlog = self.backlog
+        adds: list[AddItem] = []  # consecutive adds admitted so far: submitted in one call
         while backlog and not self.closed:
             req = backlog[0]
             is_read = not isinstance(req, (AddEntry, WriteLac))
@@ -223,9 +231,23 @@ class _Connection(asyncio.Protocol):
                 break
             backlog.popleft()
             self.in_flight += 1
+            if isinstance(req, AddEntry):
+                refusal = server._admit_add(self, req, adds)
+                if refusal is None:
+                    continue
+                if adds:  # keep the order: what came before goes first
+                    server._submit_adds(adds)
+                    adds = []
+                self.respond(refusal)
+                continue
+            if adds:
+                server._submit_adds(adds)
+                adds = []
             if is_read:
                 self.reads_in_flight += 1
             server._dispatch(self, req)
+        if adds:
+            server._submit_adds(adds)
         want_pause = bool(backlog) or server._stopping
         if want_pause != self.reading_paused and self.transport is not None and not self.closed:
             self.reading_paused = want_pause
@@ -247,7 +269,21 @@ class _Connection(asyncio.Protocol):
             self.reads_in_flight -= 1
         if self.closed:
             return
-        self._queue(response)
+        self._queue_frame(self.wire.send(response))
+        self._answered()
+
+    def respond_added(self, req: AddEntry) -> None:
+        """``respond(AddEntryResponse(...))`` for a durable add, without building the
+        response object (same bytes; the hot path)."""
+        self.in_flight -= 1
+        if self.closed:
+            return
+        self._queue_frame(self.wire.send_added(req))
+        self._answered()
+
+    def _answered(self) -> None:
+        """After an answer was queued: close once the last one is out after EOF, or
+        dispatch what waited for it."""
         if self.eof and self.in_flight == 0 and not self.backlog:
             self.server._loop.call_soon(self._close_after_flush)
         elif self.backlog or self.reading_paused:
@@ -259,7 +295,9 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     def _queue(self, response: Response) -> None:
-        frame = self.wire.send(response)
+        self._queue_frame(self.wire.send(response))
+
+    def _queue_frame(self, frame: bytes) -> None:
         self.out.append(frame)
         self.out_bytes += len(frame)
         if not self.flush_scheduled:
@@ -536,21 +574,42 @@ class BookieServer:
                                 req.request_id, exc))
 
     def _add(self, conn: _Connection, req: AddEntry) -> None:
-        if self.readonly and not req.recovery:
-            raise BookieReadOnlyError("bookie is read-only", bookie=self.bookie_id)
+        adds: list[AddItem] = []
+        refusal = self._admit_add(conn, req, adds)
+        if refusal is not None:
+            conn.respond(refusal)
+        else:
+            self._submit_adds(adds)
+
+    def _admit_add(self, conn: _Connection, req: AddEntry, adds: list[AddItem]) -> ErrorResponse | None:
+        """The server's checks of one add (stopping, read-only, adds in flight): either
+        count it in flight and append it to ``adds`` (for :meth:`_submit_adds`), or
+        return the refusal to answer it with."""
         c = self.config
-        if self._pending_adds >= c.max_pending_add_requests or self._pending_add_bytes >= c.max_pending_add_bytes:
-            raise BookieBusyError("too many adds in flight", limit=c.max_pending_add_requests,
+        if self._stopping:
+            exc: WalkitError = BookieShutdownError("bookie is stopping", bookie=self.bookie_id)
+        elif self.readonly and not req.recovery:
+            exc = BookieReadOnlyError("bookie is read-only", bookie=self.bookie_id)
+        elif self._pending_adds >= c.max_pending_add_requests or self._pending_add_bytes >= c.max_pending_add_bytes:
+            exc = BookieBusyError("too many adds in flight", limit=c.max_pending_add_requests,
                                   bytes_limit=c.max_pending_add_bytes)
+        else:
+            self._pending_adds += 1
+            self._pending_add_bytes += len(req.data)
+            adds.append((req.ledger_id, req.entry_id, req.master_key, req.data, req.recovery, (_ADD_DONE, conn, req)))
+            return None
+        return _error(Op.ADD_ENTRY, req.ledger_id, req.entry_id, req.request_id, exc)
+
+    def _submit_adds(self, adds: list[AddItem]) -> None:
+        """Hand admitted adds to the core in one call; each is answered via ``_on_done``."""
         assert self.bookie is not None
-        self._pending_adds += 1
-        self._pending_add_bytes += len(req.data)
-        self.bookie.add_entry_cb(req.ledger_id, req.entry_id, req.master_key, req.data, req.recovery,
-                                 self._on_done, (_ADD_DONE, conn, req))
+        self.bookie.add_entries_cb(adds, self._on_done)
 
     def _on_done(self, err: BaseException | None, ctx: Any) -> None:
         """Journal callback (sync thread, or this thread on a refusal)."""
         self._done.append((ctx, err))
+        if self._drain_scheduled:  # read without the lock: the drain, which clears the
+            return  # flag before it empties the queue, will find this completion
         with self._drain_lock:
             if self._drain_scheduled:
                 return
@@ -573,7 +632,7 @@ class BookieServer:
             self._pending_adds -= 1
             self._pending_add_bytes -= len(req.data)
             if err is None:
-                conn.respond(AddEntryResponse(req.ledger_id, req.entry_id, req.request_id))
+                conn.respond_added(req)
                 if req.ledger_id in self._waiters:
                     self._lac_advanced(req.ledger_id, parse_entry_header(req.data).lac)
             else:

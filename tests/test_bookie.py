@@ -967,3 +967,38 @@ def test_replayed_lower_lac_does_not_lower_an_explicit_lac_of_zero(mem: Place, s
     assert b.read_lac(1) == 0
     power_off(mem, b, seed)  # both LAC records come back by replay only
     assert mem.bookie().read_lac(1) == 0, "an acknowledged explicit LAC of 0 must survive replay"
+
+
+def test_a_batch_of_adds_checks_each_add_on_its_own(place: Place) -> None:
+    """add_entries_cb (the adds of one received chunk): a refused add - bad header, other
+    key, fenced ledger - refuses only itself; the others are stored, journaled and
+    called back once durable; a ledger seen first in the batch gets its key once."""
+    b = place.bookie()
+    ok(b.add_entry(2, 0, b"k2", entry(2, 0)))
+    ok(b.fence(2, b"k2"))
+    results: dict[str, BaseException | None] = {}
+    done = threading.Event()
+
+    def cb(err: BaseException | None, ctx: Any) -> None:
+        results[ctx] = err
+        if len(results) == 7:
+            done.set()
+
+    b.add_entries_cb([
+        (1, 0, b"k1", entry(1, 0), False, "new ledger"),
+        (1, 1, b"k1", entry(1, 1), False, "same ledger"),
+        (1, 2, b"other", entry(1, 2), False, "other key"),
+        (1, 3, b"k1", entry(1, 4), False, "bad header"),
+        (2, 1, b"k2", entry(2, 1), False, "fenced"),
+        (2, 1, b"k2", entry(2, 1), True, "recovery"),
+        (1, 2, b"k1", entry(1, 2), False, "after the refusals"),
+    ], cb)
+    assert done.wait(TIMEOUT), f"callbacks missing: {results}"
+    assert results["new ledger"] is None and results["same ledger"] is None
+    assert results["recovery"] is None and results["after the refusals"] is None
+    assert isinstance(results["other key"], UnauthorizedError)
+    assert isinstance(results["bad header"], InvalidArgumentError)
+    assert isinstance(results["fenced"], LedgerFencedError)
+    assert [b.read_entry(1, i) for i in range(3)] == [entry(1, i) for i in range(3)]
+    assert b.read_entry(2, 1) == entry(2, 1)
+    assert b.storage.master_key(1) == b"k1"

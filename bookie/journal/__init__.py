@@ -17,9 +17,24 @@ from bookie.journal._replay import (
     scan_journal,
 )
 from bookie.journal._files import list_journals
-from bookie.journal._writer import Callback, Journal, JournalConfig, JournalStats
+from bookie.journal._writer import (
+    ENTRY,
+    FENCE_RECORD,
+    KEY_RECORD,
+    LAC_RECORD,
+    Callback,
+    Journal,
+    JournalConfig,
+    JournalStats,
+    Record,
+)
 
 __all__ = [
+    "ENTRY",
+    "FENCE_RECORD",
+    "KEY_RECORD",
+    "LAC_RECORD",
+    "Record",
     "Callback",
     "FlushReason",
     "FrameType",

@@ -2,10 +2,12 @@
 
 Theory of operation
 -------------------
-Producers call :meth:`Journal.log_entry` (and the meta-record variants) from any thread.
-Under the journal's lock the record is framed straight into the batch being built (an
-aligned :class:`~bookie.journal._framing.FrameBuffer`: header, ids, payload, CRC32C) and
-its callback is appended to the batch. Framing in the caller's thread means a record is
+Producers call :meth:`Journal.log_entry` (and the meta-record variants) from any thread,
+or :meth:`Journal.log_records` with several records at once (the bookie hands over the
+adds of one received chunk together: one lock acquisition and at most one wake-up for
+all of them). Under the journal's lock each record is framed straight into the batch
+being built (an aligned :class:`~bookie.journal._framing.FrameBuffer`: header, ids,
+payload, CRC32C) and its callback is appended to the batch. Framing in the caller's thread means a record is
 touched once, and the journal threads wake once per batch, not per record - in CPython,
 where every thread shares one core's worth of bytecode, that is what throughput is made of.
 
@@ -67,12 +69,17 @@ from bookie.journal._mark import LogMark
 from bookie.journal._policy import FlushReason, GroupCommitPolicy, flush_reason, wait_timeout
 from walkit.errors import BookieShutdownError, InvalidArgumentError
 
-__all__ = ["Journal", "JournalConfig", "JournalStats", "Callback"]
+__all__ = ["Journal", "JournalConfig", "JournalStats", "Callback", "Record", "ENTRY", "KEY_RECORD", "FENCE_RECORD",
+           "LAC_RECORD"]
 
 log = logging.getLogger("bookie.journal")
 
 #: ``callback(error, ctx)``: error is None once the record is durable.
 Callback = Callable[[BaseException | None, Any], None]
+#: ``(type, ledger id, arg, data, callback or None, ctx)``: one record for :meth:`Journal.log_records`.
+Record = tuple[int, int, int, Any, "Callback | None", Any]
+KEY_RECORD, FENCE_RECORD, LAC_RECORD = int(FrameType.MASTER_KEY), int(FrameType.FENCE), int(FrameType.LAC)
+_RECORD_TYPES = frozenset({ENTRY, KEY_RECORD, FENCE_RECORD, LAC_RECORD})
 
 
 @dataclass(frozen=True)
@@ -233,45 +240,67 @@ class Journal:
 
     # --- producers ------------------------------------------------------------------------
     def log_entry(self, ledger_id: int, entry_id: int, data: bytes, callback: Callback | None = None, ctx: Any = None) -> None:
-        if (
-            type(ledger_id) is not int or type(entry_id) is not int or not 0 <= ledger_id <= _U64_MAX
-            or not _I64_MIN <= entry_id <= _I64_MAX or not isinstance(data, (bytes, bytearray, memoryview))
-        ):
-            _check_ids(ledger_id, entry_id)
-            _check_bytes(data)
-        self._add(ENTRY, ledger_id, entry_id, data, callback, ctx)
+        self.log_records([(ENTRY, ledger_id, entry_id, data, callback, ctx)])
 
     def log_master_key(self, ledger_id: int, key: bytes, callback: Callback | None = None, ctx: Any = None) -> None:
-        _check_ids(ledger_id, 0)
-        self._add(FrameType.MASTER_KEY, ledger_id, 0, _check_bytes(key), callback, ctx)
+        self.log_records([(KEY_RECORD, ledger_id, 0, key, callback, ctx)])
 
     def log_fence(self, ledger_id: int, callback: Callback | None = None, ctx: Any = None) -> None:
-        _check_ids(ledger_id, 0)
-        self._add(FrameType.FENCE, ledger_id, 0, b"", callback, ctx)
+        self.log_records([(FENCE_RECORD, ledger_id, 0, b"", callback, ctx)])
 
     def log_lac(self, ledger_id: int, lac: int, callback: Callback | None = None, ctx: Any = None) -> None:
-        _check_ids(ledger_id, lac)
-        self._add(FrameType.LAC, ledger_id, lac, b"", callback, ctx)
+        self.log_records([(LAC_RECORD, ledger_id, lac, b"", callback, ctx)])
 
-    def _add(self, ftype: int, ledger_id: int, arg: int, data: Any, callback: Callback | None, ctx: Any) -> None:
+    def log_records(self, records: list[Record]) -> None:
+        """Frame several records, in order, under one lock acquisition (one wake-up of
+        the journal thread at most). A record is ``(type, ledger id, arg, data, callback,
+        ctx)``: ``ENTRY`` (arg: entry id, data: payload), ``KEY_RECORD`` (data: the key),
+        ``FENCE_RECORD``, ``LAC_RECORD`` (arg: the LAC). Either the call raises and no
+        record is taken (a record out of range, a dead or shut-down journal), or every
+        callback is called exactly once later - with ``None`` once durable."""
+        for ftype, ledger_id, arg, data, _, _ in records:
+            if (
+                type(ledger_id) is not int or type(arg) is not int or not 0 <= ledger_id <= _U64_MAX
+                or not _I64_MIN <= arg <= _I64_MAX or not isinstance(data, (bytes, bytearray, memoryview))
+                or ftype not in _RECORD_TYPES
+            ):
+                _check_ids(ledger_id, arg)
+                _check_bytes(data)
+                raise InvalidArgumentError("unknown journal record type", type=ftype)
+        self._add(records)
+
+    def _add(self, records: list[Record]) -> None:
         # Under the lock: a record is either refused here or called back later exactly
         # once, even when the journal dies or shuts down at this very moment.
+        failed: list[tuple[Callback, Any]] = []
+        error: BaseException | None = None
         lock = self._lock  # acquire/release: cheaper than `with` on this hot path
         lock.acquire()
         try:
             if self._closed or self._error is not None:
                 raise self._dead_error()
-            self._frames.append(ftype, ledger_id, arg, data)
-            if callback is not None:
-                self._records.append((callback, ctx))
-            self._entries += 1
-            if self._oldest is None:
-                self._oldest = self._clock()
-            if self._waiting == _UNTIMED or (self._waiting == _TIMED and self._reason() is not None):
-                self._waiting = _IDLE
-                self._cond.notify()
+            callbacks = self._records
+            taken = 0
+            try:
+                for ftype, ledger_id, arg, data, callback, ctx in records:
+                    self._frames.append(ftype, ledger_id, arg, data)
+                    taken += 1
+                    if callback is not None:
+                        callbacks.append((callback, ctx))
+            except BaseException as exc:  # noqa: BLE001 - e.g. no memory for a buffer:
+                error = exc  # the records not framed fail, the framed ones stay
+                failed = [(cb, ctx) for _, _, _, _, cb, ctx in records[taken:] if cb is not None]
+            if taken:
+                self._entries += taken
+                if self._oldest is None:
+                    self._oldest = self._clock()
+                if self._waiting == _UNTIMED or (self._waiting == _TIMED and self._reason() is not None):
+                    self._waiting = _IDLE
+                    self._cond.notify()
         finally:
             lock.release()
+        if failed:
+            _call_back(failed, error)
 
     def _reason(self) -> FlushReason | None:
         """The policy's verdict on the batch being built (producers, lock held)."""

@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 ``add_entry`` appends a record to the active entry log of the ledger's dir
 (``ledger_id % len(dirs)``) through an in-memory buffer and remembers the entry's
-location in a *pending* map; ``set_master_key`` / ``set_fenced`` / ``set_explicit_lac``
+location in a *pending* map (``add_entries`` does the same for several entries under
+one lock acquisition; a refused entry does not stop the others); ``set_master_key`` / ``set_fenced`` / ``set_explicit_lac``
 change the ledger's in-memory state and mark it dirty. Nothing is durable until
 :meth:`LedgerStorage.flush` (the bookie's checkpoint), whose order is the whole
 crash-safety argument:
@@ -125,20 +126,36 @@ class LedgerStorage(LedgerStates):
     # --- entries --------------------------------------------------------------------
     def add_entry(self, ledger_id: int, entry_id: int, data: bytes) -> None:
         """Store an entry (creating the ledger if needed); re-adding overwrites."""
-        check_entry_ids(ledger_id, entry_id)
-        if len(data) > MAX_ENTRY_SIZE:
-            raise EntryTooLargeError("entry too large", ledger=ledger_id, entry=entry_id, size=len(data))
-        d = self._dir(ledger_id)
+        failed = self.add_entries([(ledger_id, entry_id, data)])
+        if failed:
+            raise failed[0][1]
+
+    def add_entries(self, entries: list[tuple[int, int, bytes]]) -> list[tuple[int, Exception]]:
+        """Store several entries, in order, under one lock acquisition: each as
+        :meth:`add_entry` would. A refused entry does not stop the others; returns the
+        refusals as ``(index in entries, error)`` (empty when every entry was stored)."""
+        failed: list[tuple[int, Exception]] = []
+        dirs, failing = self._dirs, self._failing
         with self._lock:
-            state = self._writable_state(ledger_id)
-            with self._failing:
-                location = d.append(ledger_id, entry_id, bytes(data))
-            if entry_id > state.last_entry_id:
-                state.last_entry_id = entry_id
-            slots = self._pending.get(ledger_id)
-            if slots is None:
-                slots = self._pending[ledger_id] = {}
-            slots[entry_id] = location
+            pending = self._pending  # swapped by a flush, under the lock
+            for i, (ledger_id, entry_id, data) in enumerate(entries):
+                try:
+                    check_entry_ids(ledger_id, entry_id)
+                    if len(data) > MAX_ENTRY_SIZE:
+                        raise EntryTooLargeError("entry too large", ledger=ledger_id, entry=entry_id, size=len(data))
+                    state = self._writable_state(ledger_id)
+                    with failing:
+                        location = dirs[ledger_id % len(dirs)].append(ledger_id, entry_id, bytes(data))
+                except Exception as exc:  # noqa: BLE001 - refuses this entry only
+                    failed.append((i, exc))
+                    continue
+                if entry_id > state.last_entry_id:
+                    state.last_entry_id = entry_id
+                slots = pending.get(ledger_id)
+                if slots is None:
+                    slots = pending[ledger_id] = {}
+                slots[entry_id] = location
+        return failed
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes:
         """The entry's data, verified (CRC and ids) against the stored record."""
