@@ -728,8 +728,8 @@ class BookieServer:
         assert self.bookie is not None
         try:
             self._reads.submit(self.bookie.read_lac, req.ledger_id).add_done_callback(checked)
-        except RuntimeError:
-            pass  # stopping: stop() answers every waiter
+        except RuntimeError:  # the read pool is shut down (stopping): answer as a timeout
+            self._poll_expired(waiter)
 
     def _first_check(self, waiter: _LongPoll, lac: int) -> None:
         """The LAC when the poll arrived: answer now, or start the timeout. (Registered

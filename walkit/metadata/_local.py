@@ -295,6 +295,12 @@ class _Db:
     def write(self, reap: bool = True) -> contextlib.AbstractContextManager[_Txn]:
         return self._txn("BEGIN IMMEDIATE", reap=reap)
 
+    def reap(self) -> None:
+        """End expired sessions and remove their ephemeral nodes, in a transaction of
+        its own (every write transaction also does this first)."""
+        with self.write(reap=False) as tx:
+            tx.reap_expired()
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
@@ -481,8 +487,7 @@ class LocalMetadataStore:
             seq = int(tx.conn.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()[0])
             expired = tx.conn.execute("SELECT 1 FROM sessions WHERE expires_at < ? LIMIT 1", (tx.now,)).fetchone()
         if expired:
-            with self._db.write():  # the write transaction reaps
-                pass
+            self._db.reap()
             return last_seq
         if seq != last_seq:
             for watch in list(self._watches.values()):

@@ -33,6 +33,7 @@ its disks (the bytes are :class:`bookie.cookie.Cookie`'s encoding).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -227,10 +228,8 @@ class BookieRegistration:
                 for path in (self._writable_path, self._readonly_path):
                     stat = self._store.exists(path)
                     if stat is not None and stat.ephemeral_owner == self._store.session_id:
-                        try:
+                        with contextlib.suppress(NoNodeError):  # gone already (an expiry)
                             self._store.delete(path, stat.version)
-                        except NoNodeError:
-                            pass
             finally:
                 self._release()
 
