@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from bookie import BookieConfig
 from bookie.server import BookieServer
 from walkit.client import BookieClient
 from walkit.protocol import encode_entry
+from zk_support import free_port
 
 T = TypeVar("T")
 KEY = b"master-key"
@@ -60,12 +60,6 @@ async def in_process(cfg: BookieConfig, **kwargs: Any) -> AsyncIterator[BookieSe
 
 async def client_of(server: BookieServer, **kwargs: Any) -> BookieClient:
     return await BookieClient.connect("127.0.0.1", server.port, **kwargs)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _toml(values: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ from walkit.errors import (
     UnauthorizedError,
 )
 from walkit.protocol import AddEntry, AddEntryResponse, ClientConnection, ReadEntry, encode_request
-from walkit.metadata import connect, init_cluster, open_metadata_store, parse_metadata_uri, read_cookie, write_cookie
+from walkit.metadata import SessionState, connect, init_cluster, open_metadata_store, parse_metadata_uri, read_cookie, write_cookie
 
 
 def test_add_read_lac_pipelined(tmp_path: Path) -> None:
@@ -437,5 +437,27 @@ def test_tls_refuses_a_client_certificate_from_another_ca(tmp_path: Path, certif
             with pytest.raises(BookieUnavailableError):
                 await asyncio.wait_for(client.add_entry(1, 0, KEY, entry(1, 0)), 10)
             await client.close()
+
+    run(body)
+
+
+def test_a_registration_lost_for_good_stops_the_bookie(tmp_path: Path) -> None:
+    """Rather than serve while invisible: the registration's on_lost stops the server
+    and marks it (python -m bookie then exits 1 for a supervisor to restart it)."""
+    uri = f"local://{tmp_path / 'md'}"
+    admin = open_metadata_store(parse_metadata_uri(uri))
+    init_cluster(admin, "/ledgers")
+    admin.close()
+
+    async def body() -> None:
+        server = BookieServer(config(tmp_path, metadata_service_uri=uri))
+        await server.start()
+        assert server._registration is not None
+        server._registration._retry_deadline = 0.2
+        server._registration._on_session(SessionState.LOST)  # what the store reports on expiry
+        await asyncio.wait_for(server.wait_stopped(), 30)
+        assert server.lost_registration and server.stop_error is None
+        with connect(uri) as cluster:
+            assert cluster.bookies().writable == frozenset()
 
     run(body)
