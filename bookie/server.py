@@ -551,13 +551,13 @@ class BookieServer:
             log.exception("bookie %s: disk check failed", self.bookie_id)
 
     # -- requests ----------------------------------------------------------------------
-    def _dispatch(self, conn: _Connection, req: Request) -> None:
+    def _dispatch(self, conn: _Connection, req: ReadEntry | ReadLac | WriteLac | GetBookieInfo) -> None:
+        """Every request but ADD_ENTRY (adds go through :meth:`_admit_add` and
+        :meth:`_submit_adds`, a chunk at a time)."""
         try:
             if self._stopping:
                 raise BookieShutdownError("bookie is stopping", bookie=self.bookie_id)
-            if isinstance(req, AddEntry):
-                self._add(conn, req)
-            elif isinstance(req, ReadEntry):
+            if isinstance(req, ReadEntry):
                 self._read_entry(conn, req)
             elif isinstance(req, ReadLac):
                 self._in_pool(conn, req, self._do_read_lac, req)
@@ -572,14 +572,6 @@ class BookieServer:
         except Exception as exc:  # answered, never lost: the connection keeps its count
             conn.respond(_error(_op_of(req), getattr(req, "ledger_id", 0), getattr(req, "entry_id", -1),
                                 req.request_id, exc))
-
-    def _add(self, conn: _Connection, req: AddEntry) -> None:
-        adds: list[AddItem] = []
-        refusal = self._admit_add(conn, req, adds)
-        if refusal is not None:
-            conn.respond(refusal)
-        else:
-            self._submit_adds(adds)
 
     def _admit_add(self, conn: _Connection, req: AddEntry, adds: list[AddItem]) -> ErrorResponse | None:
         """The server's checks of one add (stopping, read-only, adds in flight): either
