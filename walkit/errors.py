@@ -19,10 +19,12 @@ from the number.
     ├── DigestMismatchError          an entry's digest does not match its bytes
     ├── BookieError                  "the world failed" on a bookie
     │   ├── BookieUnavailableError
+    │   │   └── BookieTimeoutError   a bookie did not answer in time
     │   ├── BookieReadOnlyError      (EREADONLY)
     │   ├── BookieShutdownError
     │   ├── NativeIOError            an OSError from the native layer (keeps errno)
-    │   └── BookieBusyError          too many requests pending (ETOOMANYREQUESTS)
+    │   ├── BookieBusyError          too many requests pending (ETOOMANYREQUESTS)
+    │   └── NotEnoughBookiesError    too few bookies to form or repair an ensemble
     ├── StorageError                 bytes on disk are not what they must be
     │   ├── CorruptionError          bad data followed by good data: refuse to hide it
     │   ├── CookieError              missing / foreign cookie: wrong or wiped disk
@@ -82,6 +84,8 @@ __all__ = [
     "LedgerExistsError",
     "BookieIdInUseError",
     "BookieBusyError",
+    "NotEnoughBookiesError",
+    "BookieTimeoutError",
     "ProtocolError",
     "ProtocolVersionError",
     "FrameTooLargeError",
@@ -254,6 +258,19 @@ class BookieIdInUseError(MetadataError):
 
 class BookieBusyError(BookieError):
     code = 305
+
+
+class NotEnoughBookiesError(BookieError):
+    """Too few writable bookies to create a ledger, replace a failed bookie, or answer
+    enough of a write set for recovery."""
+
+    code = 306
+
+
+class BookieTimeoutError(BookieUnavailableError):
+    """A bookie did not answer a request within the client's timeout."""
+
+    code = 307
 
 
 class ProtocolError(WalkitError):

@@ -1,5 +1,11 @@
-"""walkit's client side: today the connection to one bookie (:class:`BookieClient`)."""
+"""walkit's client side: the ledger client (:class:`BookKeeper` and its handles) and the
+connection to one bookie (:class:`BookieClient`)."""
 
 from walkit.client._bookie_client import BookieClient, client_ssl_context
+from walkit.client._bookkeeper import BookKeeper, connect
+from walkit.client._config import ClientConfig
+from walkit.client._handles import LedgerHandle, ReadHandle
+from walkit.client._read import Entry
 
-__all__ = ["BookieClient", "client_ssl_context"]
+__all__ = ["BookKeeper", "BookieClient", "ClientConfig", "Entry", "LedgerHandle", "ReadHandle", "client_ssl_context",
+           "connect"]

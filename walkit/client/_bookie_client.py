@@ -2,6 +2,8 @@
 
 Each call sends one request frame and awaits its response; many calls may be in flight
 at once and their responses may come back in any order (request ids match them).
+:meth:`BookieClient.request_cb` is the same without a future: the callback gets
+``(response, error, ctx)`` on the loop (what the ledger client's hot paths use).
 Frames written in the same loop iteration go out in one ``transport.write``. An error
 response raises the walkit error of its status (``error_for``); a lost connection fails
 every request in flight with :class:`~walkit.errors.BookieUnavailableError`; bytes that
@@ -12,7 +14,9 @@ are not the protocol (or another protocol version) fail them with the
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from walkit.errors import BookieUnavailableError, InvalidArgumentError, ProtocolError, WalkitError
@@ -33,9 +37,22 @@ from walkit.protocol import (
     error_for,
 )
 
-__all__ = ["BookieClient", "client_ssl_context"]
+__all__ = ["BookieClient", "ResponseCallback", "client_ssl_context"]
 
+_log = logging.getLogger(__name__)
 R = TypeVar("R", bound=Response)
+ResponseCallback = Callable[[Response | None, WalkitError | None, Any], None]
+"""``(response, None, ctx)`` on success, ``(None, error, ctx)`` otherwise."""
+
+
+def _to_future(response: Response | None, error: WalkitError | None, fut: asyncio.Future[Response]) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        assert response is not None
+        fut.set_result(response)
 
 
 def client_ssl_context(ca_file: str, *, certificate: str = "", key: str = "") -> ssl.SSLContext:
@@ -72,7 +89,7 @@ class BookieClient:
     def __init__(self, address: str, max_frame_size: int) -> None:
         self.address = address
         self._wire = ClientConnection(max_frame_size)
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._pending: dict[int, tuple[ResponseCallback, Any]] = {}
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -137,14 +154,34 @@ class BookieClient:
             raise self._failure
         if self._transport is None or self._transport.is_closing():
             raise BookieUnavailableError("connection to bookie is closed", bookie=self.address)
-        request_id, frame = self._wire.send(request)
         fut: asyncio.Future[Response] = self._loop.create_future()
-        self._pending[request_id] = fut
+        self._queue(request, _to_future, fut)
+        return fut
+
+    @property
+    def failed(self) -> bool:
+        """True once the connection is lost, closed or broken: requests are refused."""
+        return self._failure is not None or self._transport is None or self._transport.is_closing()
+
+    def request_cb(self, request: Request, cb: ResponseCallback, ctx: Any) -> None:
+        """Send ``request``; ``cb(response, error, ctx)`` later, on the loop, exactly once
+        (also when the connection is already gone: then with that error)."""
+        if self._failure is not None or self._transport is None or self._transport.is_closing():
+            err = self._failure or BookieUnavailableError("connection to bookie is closed", bookie=self.address)
+            self._loop.call_soon(cb, None, err, ctx)
+            return
+        try:
+            self._queue(request, cb, ctx)
+        except WalkitError as exc:  # e.g. a frame over the maximum: this request only
+            self._loop.call_soon(cb, None, exc, ctx)
+
+    def _queue(self, request: Request, cb: ResponseCallback, ctx: Any) -> None:
+        request_id, frame = self._wire.send(request)
+        self._pending[request_id] = (cb, ctx)
         self._out.append(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
-        return fut
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -163,21 +200,27 @@ class BookieClient:
             return
         pending = self._pending
         for response in responses:
-            fut = pending.pop(response.request_id, None)
-            if fut is None or fut.done():
+            waiter = pending.pop(response.request_id, None)
+            if waiter is None:
                 continue
-            if isinstance(response, ErrorResponse):
-                fut.set_exception(error_for(response))
-            else:
-                fut.set_result(response)
+            cb, ctx = waiter
+            try:
+                if isinstance(response, ErrorResponse):
+                    cb(None, error_for(response), ctx)
+                else:
+                    cb(response, None, ctx)
+            except Exception:  # one failing callback must not strand the other responses
+                _log.exception("response callback failed")
 
     def _lost(self, exc: WalkitError) -> None:
         if self._failure is None:
             self._failure = exc
         pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(exc)
+        for cb, ctx in pending.values():
+            try:
+                cb(None, exc, ctx)
+            except Exception:
+                _log.exception("response callback failed")
 
     async def close(self) -> None:
         if self._transport is not None and not self._transport.is_closing():

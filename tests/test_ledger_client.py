@@ -1,0 +1,456 @@
+"""The ledger client (walkit.BookKeeper) on an in-process LocalCluster, on both metadata
+drivers: quorum writes, striping, digests, ensemble change, fencing and recovery, reads
+and tailing (issue 5)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import walkit
+from client_support import client, index_of, local_cluster, raw_add, stored_on
+from metadata_support import Driver, driver, wait_for  # noqa: F401  (fixture)
+from walkit.errors import (
+    DigestMismatchError,
+    InvalidArgumentError,
+    LedgerClosedError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    NotEnoughBookiesError,
+    UnauthorizedError,
+)
+from walkit.metadata import LedgerState
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_create_add_read_close_delete(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver) as cluster, client(cluster) as bk:
+        lh = bk.create_ledger(custom_metadata={"app": b"kv"})
+        assert lh.metadata.state is LedgerState.OPEN and len(lh.metadata.ensembles[0][1]) == 3
+        assert [lh.add_entry(b"entry-%d" % i) for i in range(20)] == list(range(20))
+        assert lh.last_add_confirmed == 19
+        assert [e.data for e in lh.read(5, 7)] == [b"entry-5", b"entry-6", b"entry-7"]
+        lh.close()
+        meta = bk.ledger_metadata(lh.ledger_id)
+        assert meta.state is LedgerState.CLOSED and meta.last_entry_id == 19
+        assert meta.length == sum(len(b"entry-%d" % i) for i in range(20)) == lh.length
+        assert meta.custom == {"app": b"kv"}
+        with pytest.raises(LedgerClosedError):
+            lh.add_entry(b"after close")
+        rh = bk.open_ledger(lh.ledger_id)
+        assert rh.is_closed and rh.last_add_confirmed == 19 and rh.length == meta.length
+        assert [(e.ledger_id, e.entry_id, e.data) for e in rh.read(0, 19)] == [
+            (lh.ledger_id, i, b"entry-%d" % i) for i in range(20)]
+        with pytest.raises(NoSuchEntryError):
+            list(rh.read(19, 20))
+        with pytest.raises(InvalidArgumentError):
+            list(rh.read(3, 2))
+        assert lh.ledger_id in list(bk.list_ledgers())
+        bk.delete_ledger(lh.ledger_id)
+        assert lh.ledger_id not in list(bk.list_ledgers())
+        with pytest.raises(NoSuchLedgerError):
+            bk.open_ledger(lh.ledger_id)
+        with pytest.raises(NoSuchLedgerError):
+            bk.delete_ledger(lh.ledger_id)
+
+
+def test_bad_arguments_are_refused_clearly(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        for e, qw, qa in ((3, 4, 2), (3, 2, 3), (3, 3, 0), (0, 0, 0)):
+            with pytest.raises(InvalidArgumentError):
+                bk.create_ledger(e, qw, qa)
+        with pytest.raises(InvalidArgumentError):
+            bk.create_ledger(digest="md5")
+        with pytest.raises(NotEnoughBookiesError):
+            bk.create_ledger(4, 3, 2)
+        with pytest.raises(InvalidArgumentError):
+            walkit.BookKeeper(cluster.metadata_uri, no_such_option=1)
+        lh = bk.create_ledger()
+        with pytest.raises(InvalidArgumentError):
+            lh.add_entry("text")  # type: ignore[arg-type]
+        with pytest.raises(walkit.errors.EntryTooLargeError):
+            lh.add_entry(b"x" * (6 << 20))
+        assert lh.add_entry(b"still fine") == 0
+
+
+def test_pipelined_adds_complete_in_order_from_many_threads(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver) as cluster, client(cluster) as bk:
+        lh = bk.create_ledger()
+        order: list[int] = []
+        futures = []
+        lock = threading.Lock()
+
+        def writer(t: int) -> None:
+            for i in range(200):
+                with lock:  # ids follow submission order; record it with the data
+                    fut = lh.add_entry_async(b"t%d-%d" % (t, i))
+                    futures.append((fut, b"t%d-%d" % (t, i)))
+                fut.add_done_callback(lambda f: order.append(f.result()))
+
+        threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        ids = [f.result(timeout=30) for f, _ in futures]
+        assert sorted(ids) == list(range(800))
+        assert order == list(range(800))  # completions come in entry order
+        data = {e.entry_id: e.data for e in lh.read(0, 799)}
+        assert all(data[f.result()] == payload for f, payload in futures)
+
+
+def test_striping_puts_each_entry_on_its_write_set(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=5) as cluster, client(cluster) as bk:
+        lh = bk.create_ledger(ensemble_size=5, write_quorum=3, ack_quorum=2)
+        for i in range(10):
+            lh.add_entry(b"%d" % i)
+        lh.close()
+        ensemble = lh.metadata.ensembles[0][1]
+        for i in range(10):
+            expected = {ensemble[(i + k) % 5] for k in range(3)}
+            holders = {b for b in ensemble if stored_on(cluster, b, lh.ledger_id, i)}
+            assert holders == expected, i
+
+
+@pytest.mark.parametrize("digest", ["crc32c", "mac", "none"])
+def test_digests_and_passwords(tmp_path: Path, driver: Driver, digest: str) -> None:
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        lh = bk.create_ledger(digest=digest, password=b"secret")
+        for i in range(5):
+            lh.add_entry(b"d%d" % i)
+        lh.close()
+        with pytest.raises(UnauthorizedError):
+            bk.open_ledger(lh.ledger_id, password=b"wrong")
+        rh = bk.open_ledger(lh.ledger_id, password=b"secret")
+        assert [e.data for e in rh.read(0, 4)] == [b"d%d" % i for i in range(5)]
+
+
+def _corrupt_reads(cluster: walkit.LocalCluster, bookie_id: str) -> None:
+    """Make an in-process bookie return its entries with one payload byte flipped."""
+    bookie = cluster.server(index_of(cluster, bookie_id)).bookie
+    assert bookie is not None
+    real = bookie.read_entry
+
+    def corrupted(ledger_id: int, entry_id: int) -> bytes:
+        data = bytearray(real(ledger_id, entry_id))
+        data[-1] ^= 0xFF
+        return bytes(data)
+
+    bookie.read_entry = corrupted  # type: ignore[method-assign]
+
+
+def test_a_corrupting_bookie_is_skipped_and_all_corrupt_is_an_error(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        lh = bk.create_ledger()
+        for i in range(10):
+            lh.add_entry(b"payload-%d" % i)
+        lh.close()
+        ensemble = lh.metadata.ensembles[0][1]
+        _corrupt_reads(cluster, ensemble[0])
+        _corrupt_reads(cluster, ensemble[1])
+        rh = bk.open_ledger(lh.ledger_id)
+        assert [e.data for e in rh.read(0, 9)] == [b"payload-%d" % i for i in range(10)]
+        _corrupt_reads(cluster, ensemble[2])
+        with pytest.raises(DigestMismatchError):
+            list(rh.read(0, 0))
+
+
+def test_speculative_read_goes_to_the_next_replica(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster, read_timeout=30.0) as bk:
+        lh = bk.create_ledger()
+        lh.add_entry(b"zero")
+        lh.close()
+        release = threading.Event()
+        for bookie_id in lh.metadata.ensembles[0][1]:
+            bookie = cluster.server(index_of(cluster, bookie_id)).bookie
+            assert bookie is not None
+            real = bookie.read_entry
+
+            def stuck(ledger_id: int, entry_id: int, real=real) -> bytes:  # type: ignore[no-untyped-def]
+                release.wait(60)
+                return real(ledger_id, entry_id)
+
+            bookie.read_entry = stuck  # type: ignore[method-assign]
+            break  # only the first replica hangs
+        try:
+            rh = bk.open_ledger(lh.ledger_id)
+            assert [e.data for e in rh.read(0, 0)] == [b"zero"]
+            assert not release.is_set()  # answered while the first replica still hangs
+        finally:
+            release.set()
+
+
+def test_killed_bookie_during_writes_changes_the_ensemble_and_loses_nothing(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=4) as cluster, client(cluster) as bk:
+        lh = bk.create_ledger()
+        victim = lh.metadata.ensembles[0][1][1]
+        futures = [lh.add_entry_async(b"a%d" % i) for i in range(300)]
+        futures[100].result(timeout=30)
+        cluster.kill_bookie(index_of(cluster, victim))
+        futures += [lh.add_entry_async(b"a%d" % i) for i in range(300, 600)]
+        assert [f.result(timeout=60) for f in futures] == list(range(600))
+        wait_for(lambda: lh.ensemble_changes >= 1, 10)  # Qa acks need not wait for the change
+        last = lh.metadata.ensembles[-1]
+        assert victim not in last[1] and len(lh.metadata.ensembles) >= 2 and last[0] <= 600
+        assert lh.add_entry(b"a600") == 600  # after the change: on the new ensemble
+        lh.close()
+        rh = bk.open_ledger(lh.ledger_id)
+        assert [e.data for e in rh.read(0, 600)] == [b"a%d" % i for i in range(601)]
+        replacement = next(b for b in last[1] if b not in lh.metadata.ensembles[0][1])
+        assert stored_on(cluster, replacement, lh.ledger_id, 600)
+
+
+def test_read_only_bookie_is_replaced(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=4) as cluster, client(cluster) as bk:
+        lh = bk.create_ledger()
+        lh.add_entry(b"before")
+        victim = lh.metadata.ensembles[0][1][0]
+        cluster.set_read_only(index_of(cluster, victim))
+        assert [lh.add_entry(b"after-%d" % i) for i in range(5)] == [1, 2, 3, 4, 5]
+        wait_for(lambda: victim not in lh.metadata.ensembles[-1][1], 10)  # Qa acks need not wait for it
+        lh.close()
+        assert [e.data for e in bk.open_ledger(lh.ledger_id).read(0, 1)] == [b"before", b"after-0"]
+
+
+def test_not_enough_bookies_fails_the_writer(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        lh = bk.create_ledger()
+        assert lh.add_entry(b"ok") == 0
+        cluster.kill_bookie(0)
+        confirmed = 0
+        with pytest.raises(NotEnoughBookiesError):
+            for i in range(1, 1000):  # an add may still reach Qa before the failed change
+                confirmed = lh.add_entry(b"%d" % i)
+                time.sleep(0.01)
+        with pytest.raises(NotEnoughBookiesError):
+            lh.add_entry(b"writer is done")
+        lh.close()  # the ledger is closed at what was confirmed
+        meta = bk.ledger_metadata(lh.ledger_id)
+        assert meta.state is LedgerState.CLOSED and meta.last_entry_id == confirmed
+
+
+def test_recovery_fences_the_writer_and_keeps_every_acknowledged_entry(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver) as cluster, client(cluster) as writer_bk, client(cluster) as bk:
+        lh = writer_bk.create_ledger(password=b"pw")
+        acked = [lh.add_entry(b"w%d" % i) for i in range(50)]
+        in_flight = [lh.add_entry_async(b"w%d" % i) for i in range(50, 80)]
+        rh = bk.open_ledger(lh.ledger_id, password=b"pw")
+        assert rh.is_closed and rh.last_add_confirmed >= acked[-1]
+        settled = [f.exception(timeout=30) is None for f in in_flight]
+        done = [50 + i for i, ok in enumerate(settled) if ok]
+        assert rh.last_add_confirmed >= max(done, default=49)
+        assert [e.data for e in rh.read(0, rh.last_add_confirmed)] == [
+            b"w%d" % i for i in range(rh.last_add_confirmed + 1)]
+        with pytest.raises(LedgerFencedError):
+            lh.add_entry(b"old writer")
+        try:  # closing the fenced handle succeeds only if recovery ended exactly at its LAC
+            lh.close()
+            closed_as_written = True
+        except (LedgerFencedError, LedgerClosedError):
+            closed_as_written = False
+        assert closed_as_written == (lh.last_add_confirmed == rh.last_add_confirmed)
+        assert bk.ledger_metadata(lh.ledger_id).last_entry_id == rh.last_add_confirmed
+
+
+def test_recovery_of_an_empty_ledger(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        lh = bk.create_ledger()
+        rh = bk.open_ledger(lh.ledger_id)
+        assert rh.is_closed and rh.last_add_confirmed == -1 and rh.length == 0
+        with pytest.raises(LedgerFencedError):
+            lh.add_entry(b"too late")
+
+
+def test_recovery_of_a_crashed_writer_with_entries_on_few_bookies(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=3) as cluster:
+        with client(cluster) as writer_bk:
+            lh = writer_bk.create_ledger()
+            for i in range(10):
+                lh.add_entry(b"e%d" % i)
+            meta = lh.metadata
+        ensemble = list(meta.ensembles[0][1])
+        length = sum(len(b"e%d" % i) for i in range(10))
+        # entry 10 reached two bookies (it may have been acknowledged: recovery must keep it);
+        # entry 11 reached one (it was not: recovery may keep it or not)
+        raw_add(cluster, meta, 10, b"e10", 9, length + 3, ensemble[:2])
+        raw_add(cluster, meta, 11, b"e11", 10, length + 6, ensemble[2:])
+        with client(cluster) as bk:
+            rh = bk.open_ledger(meta.ledger_id)
+            assert rh.is_closed and rh.last_add_confirmed in (10, 11)
+            last = rh.last_add_confirmed
+            assert [e.data for e in rh.read(0, last)] == [b"e%d" % i for i in range(last + 1)]
+            assert rh.length == length + 3 * (last - 9)
+            # recovery re-added what it found past the highest LAC (10, carried by entry 11)
+            # to the whole write set; entries up to that LAC were confirmed (on Qa bookies)
+            for bookie in ensemble:
+                assert all(stored_on(cluster, bookie, meta.ledger_id, e) for e in range(11, last + 1))
+
+
+def test_ensemble_change_during_recovery(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=4) as cluster:
+        with client(cluster) as writer_bk:
+            lh = writer_bk.create_ledger()
+            for i in range(5):
+                lh.add_entry(b"e%d" % i)
+            meta = lh.metadata
+        ensemble = list(meta.ensembles[0][1])
+        spare = next(b for b in cluster.bookie_ids if b not in ensemble)
+        length = sum(len(b"e%d" % i) for i in range(5))
+        for i in range(5, 8):  # acknowledged by two bookies, never reached the third
+            length += 3
+            raw_add(cluster, meta, i, b"e%d" % i, i - 1, length, ensemble[:2])
+        cluster.kill_bookie(index_of(cluster, ensemble[2]))
+        with client(cluster) as bk:
+            rh = bk.open_ledger(meta.ledger_id)
+            assert rh.is_closed and rh.last_add_confirmed == 7
+            final = bk.ledger_metadata(meta.ledger_id)
+            assert ensemble[2] not in final.ensembles[-1][1] and spare in final.ensembles[-1][1]
+            assert [e.data for e in rh.read(0, 7)] == [b"e%d" % i for i in range(8)]
+            assert all(stored_on(cluster, spare, meta.ledger_id, e) for e in range(final.ensembles[-1][0], 8))
+
+
+def test_two_recoverers_at_once_agree(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=3) as cluster:
+        with client(cluster) as writer_bk:
+            lh = writer_bk.create_ledger()
+            for i in range(30):
+                lh.add_entry_async(b"e%d" % i)
+            lh.add_entry(b"e30")
+            meta = lh.metadata
+        raw_add(cluster, meta, 31, b"e31", 30, sum(len(b"e%d" % i) for i in range(32)),
+                list(meta.ensembles[0][1][:1]))
+        results: list[object] = [None, None]
+
+        def recover(slot: int) -> None:
+            with client(cluster) as bk:
+                rh = bk.open_ledger(meta.ledger_id)
+                results[slot] = (rh.last_add_confirmed, rh.length, [e.data for e in rh.read(0, rh.last_add_confirmed)])
+
+        threads = [threading.Thread(target=recover, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert results[0] is not None and results[0] == results[1]
+        with client(cluster) as bk:
+            final = bk.ledger_metadata(meta.ledger_id)
+        assert final.state is LedgerState.CLOSED and (final.last_entry_id, final.length) == results[0][:2]  # type: ignore[index]
+
+
+def test_reader_without_recovery_tails_the_writer(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk, client(cluster) as reader_bk:
+        lh = bk.create_ledger()
+        lh.add_entry(b"first")
+        lh.add_entry(b"second")
+        rh = reader_bk.open_ledger(lh.ledger_id, recovery=False)
+        assert not rh.is_closed and rh.last_add_confirmed == 0  # entry 1's LAC rides on entry 2
+        seen: list[bytes] = []
+        follower = threading.Thread(target=lambda: seen.extend(e.data for e in rh.follow(0, poll_timeout=0.5)))
+        follower.start()
+        for i in range(2, 20):
+            lh.add_entry(b"e%d" % i)
+            time.sleep(0.005)
+        assert rh.wait_for_lac(0, 5.0) >= 1
+        lh.close()  # the last entry becomes readable through the close
+        follower.join(30)
+        assert not follower.is_alive()
+        assert seen == [b"first", b"second"] + [b"e%d" % i for i in range(2, 20)]
+        assert rh.is_closed and rh.last_add_confirmed == 19
+        lh.add_entry  # the writer stays usable for reads
+        assert [e.data for e in lh.read(19, 19)] == [b"e19"]
+
+
+def test_wait_for_lac_times_out_without_news(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        lh = bk.create_ledger()
+        lh.add_entry(b"a")
+        lh.add_entry(b"b")
+        rh = bk.open_ledger(lh.ledger_id, recovery=False)
+        assert rh.wait_for_lac(0, 0.3) == 0
+        lh.add_entry(b"c")
+        assert rh.wait_for_lac(0, 5.0) == 1
+        assert rh.read_last_add_confirmed() == 1
+
+
+def test_explicit_lac_makes_the_last_entry_visible(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster, explicit_lac_interval=0.05) as bk:
+        lh = bk.create_ledger()
+        for i in range(3):
+            lh.add_entry(b"%d" % i)
+        rh = bk.open_ledger(lh.ledger_id, recovery=False)
+        deadline = time.monotonic() + 10
+        while rh.read_last_add_confirmed() < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rh.last_add_confirmed == 2
+        assert [e.data for e in rh.read(2, 2)] == [b"2"]
+
+
+def test_reads_reconnect_to_a_restarted_bookie(tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        lh = bk.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=3)
+        for i in range(5):
+            lh.add_entry(b"%d" % i)
+        lh.close()
+        rh = bk.open_ledger(lh.ledger_id)
+        assert len(list(rh.read(0, 4))) == 5
+        for i in range(3):
+            cluster.restart_bookie(i)
+        assert [e.data for e in rh.read(0, 4)] == [b"%d" % i for i in range(5)]
+
+
+def test_asyncio_client(tmp_path: Path, driver: Driver) -> None:
+    import asyncio
+
+    import walkit.aio
+
+    with local_cluster(tmp_path, driver, bookies=3) as cluster:
+
+        async def main() -> None:
+            async with await walkit.aio.connect(cluster.metadata_uri, read_timeout=2.0) as bk:
+                lh = await bk.create_ledger(password=b"p")
+                assert await lh.add_entry(b"zero") == 0
+                futures = [await lh.add_entry_async(b"%d" % i) for i in range(1, 200)]
+                assert await asyncio.gather(*futures) == list(range(1, 200))
+                assert [e.data for e in await lh.read(0, 1)] == [b"zero", b"1"]
+                tail = await bk.open_ledger(lh.ledger_id, password=b"p", recovery=False)
+                follow = tail.follow(0, poll_timeout=0.3)
+                first = await follow.__anext__()
+                assert first.data == b"zero"
+                await lh.close()
+                rest = [e.data async for e in follow]
+                assert rest == [b"%d" % i for i in range(1, 200)]
+                rh = await bk.open_ledger(lh.ledger_id, password=b"p")
+                assert rh.is_closed and rh.last_add_confirmed == 199
+                assert len([e async for e in rh.read(0, 199)]) == 200
+                assert lh.ledger_id in await bk.list_ledgers()
+                assert (await bk.ledger_metadata(lh.ledger_id)).last_entry_id == 199
+                await bk.delete_ledger(lh.ledger_id)
+                with pytest.raises(NoSuchLedgerError):
+                    await bk.open_ledger(lh.ledger_id)
+
+        asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_tls_bookies(tmp_path: Path, driver: Driver) -> None:
+    from bookie_support import make_certificates
+
+    if driver.spec.driver != "local":
+        pytest.skip("TLS does not depend on the metadata driver")
+    certs = make_certificates(tmp_path)
+    options = {"tls_certificate_path": certs["cert"], "tls_key_store": certs["key"]}
+    with local_cluster(tmp_path, driver, bookies=3, bookie_options=options) as cluster:
+        with client(cluster, tls_ca_file=certs["ca"]) as bk:
+            lh = bk.create_ledger()
+            assert [lh.add_entry(b"%d" % i) for i in range(3)] == [0, 1, 2]
+            lh.close()
+            assert [e.data for e in bk.open_ledger(lh.ledger_id).read(0, 2)] == [b"0", b"1", b"2"]
+        with client(cluster, tls_ca_file=certs["stranger"]) as bk:
+            # every bookie fails verification: each is dropped and none is left to replace it
+            with pytest.raises(NotEnoughBookiesError):
+                lh = bk.create_ledger()
+                lh.add_entry(b"unverified bookie")

@@ -1,0 +1,191 @@
+"""The ledger client for asyncio applications: the same client as ``walkit.BookKeeper``
+(its core runs on a loop thread of its own), awaited on the caller's loop.
+
+::
+
+    async with await walkit.aio.connect(uri) as bk:
+        lh = await bk.create_ledger()
+        entry_id = await lh.add_entry(b"change")
+        done = await lh.add_entry_async(b"next")   # queued; await `done` for its id
+        await lh.close()
+        rh = await bk.open_ledger(lh.ledger_id)
+        async for entry in rh.read(0, rh.last_add_confirmed):
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+from walkit.client._bookkeeper import BookKeeper
+from walkit.client._handles import ReadState, check_payload, check_range
+from walkit.client._read import Entry, LedgerReader
+from walkit.client._writer import LedgerWriter
+from walkit.errors import InvalidArgumentError, LedgerClosedError, UsageError
+from walkit.metadata import LedgerMetadata
+
+__all__ = ["AsyncBookKeeper", "AsyncLedgerHandle", "AsyncReadHandle", "Entry", "connect"]
+
+T = TypeVar("T")
+
+
+async def connect(metadata_uri: str, **options: Any) -> AsyncBookKeeper:
+    """A client of the cluster at ``metadata_uri`` (options: ``walkit.ClientConfig``)."""
+    loop = asyncio.get_running_loop()
+    bk = await loop.run_in_executor(None, lambda: BookKeeper(metadata_uri, **options))
+    return AsyncBookKeeper(bk)
+
+
+class AsyncBookKeeper:
+    def __init__(self, bk: BookKeeper) -> None:
+        self.sync = bk  # the synchronous client this wraps (same connections, same core)
+
+    async def _on_core(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self.sync._closed:
+            coro.close()
+            raise UsageError("client is closed")
+        return await asyncio.wrap_future(self.sync._loop.submit(coro))
+
+    async def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 3, ack_quorum: int = 2,
+                            digest: str = "crc32c", password: bytes = b"",
+                            custom_metadata: Mapping[str, bytes] | None = None) -> AsyncLedgerHandle:
+        writer = await self._on_core(self.sync._create(ensemble_size, write_quorum, ack_quorum, digest, password,
+                                                       custom_metadata))
+        return AsyncLedgerHandle(self, writer)
+
+    async def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> AsyncReadHandle:
+        return AsyncReadHandle(self, await self._on_core(self.sync._open(ledger_id, password, recovery)))
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        await self._on_core(self.sync._core.md(self.sync.delete_ledger, ledger_id))
+
+    async def list_ledgers(self) -> list[int]:
+        return await self._on_core(self.sync._core.md(lambda: list(self.sync.list_ledgers())))
+
+    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        return await self._on_core(self.sync._core.md(self.sync.ledger_metadata, ledger_id))
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.sync.close)
+
+    async def __aenter__(self) -> AsyncBookKeeper:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+
+async def _read_chunks(bk: AsyncBookKeeper, state: ReadState, first: int, last: int) -> AsyncIterator[Entry]:
+    check_range(state.reader.ledger_id, first, last, state.lac)
+    chunk = bk.sync.config.read_parallelism * 4
+    start = first
+    while start <= last:
+        end = min(last, start + chunk - 1)
+        for entry in await bk._on_core(state.read(start, end)):
+            yield entry
+        start = end + 1
+
+
+class AsyncLedgerHandle:
+    def __init__(self, bk: AsyncBookKeeper, writer: LedgerWriter) -> None:
+        self._bk = bk
+        self._writer = writer
+        self._closed = False
+
+    @property
+    def ledger_id(self) -> int:
+        return self._writer.ledger_id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._writer.meta
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._writer.lac
+
+    @property
+    def length(self) -> int:
+        return self._writer.lac_length
+
+    async def add_entry_async(self, data: bytes) -> asyncio.Future[int]:
+        """Queue an entry (waiting, without blocking the loop, while ``max_pending_adds``
+        are in flight); the returned future gives its id once it is durable on Qa
+        bookies. Futures complete in entry order."""
+        if self._closed:
+            raise LedgerClosedError("ledger handle is closed", ledger=self.ledger_id)
+        payload = check_payload(data, self._bk.sync.config.max_frame_size, self._writer.meta.digest)
+        slots = self._writer.slots
+        if not slots.acquire(blocking=False):
+            await asyncio.get_running_loop().run_in_executor(None, slots.acquire)
+        return asyncio.wrap_future(self._writer.submit(payload, reserved=True))
+
+    async def add_entry(self, data: bytes) -> int:
+        """Add an entry; its id once it and every lower one are durable on Qa bookies."""
+        return await (await self.add_entry_async(data))
+
+    async def read(self, first: int, last: int) -> list[Entry]:
+        state = ReadState(LedgerReader(self._bk.sync._core, self._writer.meta, self._writer.key),
+                          self._writer.version, self._writer.lac)
+        return [entry async for entry in _read_chunks(self._bk, state, first, last)]
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._bk._on_core(self._writer.close())
+
+
+class AsyncReadHandle:
+    def __init__(self, bk: AsyncBookKeeper, state: ReadState) -> None:
+        self._bk = bk
+        self._state = state
+
+    @property
+    def ledger_id(self) -> int:
+        return self._state.reader.ledger_id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._state.metadata
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._state.lac
+
+    @property
+    def is_closed(self) -> bool:
+        return self._state.closed
+
+    @property
+    def length(self) -> int:
+        return self._state.length
+
+    def read(self, first: int, last: int) -> AsyncIterator[Entry]:
+        """``async for entry in handle.read(first, last)``."""
+        return _read_chunks(self._bk, self._state, first, last)
+
+    async def read_last_add_confirmed(self) -> int:
+        return await self._bk._on_core(self._state.read_lac())
+
+    async def wait_for_lac(self, previous: int, timeout: float) -> int:
+        return await self._bk._on_core(self._state.wait_lac(previous, timeout))
+
+    async def follow(self, start: int = 0, *, poll_timeout: float = 1.0) -> AsyncIterator[Entry]:
+        """Entries from ``start`` on as the LAC passes them; ends once the ledger is
+        closed and read to its end."""
+        if not isinstance(start, int) or start < 0:
+            raise InvalidArgumentError("follow starts at an entry id >= 0", start=start)
+        next_id = start
+        while True:
+            if next_id <= self._state.lac:
+                async for entry in self.read(next_id, self._state.lac):
+                    next_id = entry.entry_id + 1
+                    yield entry
+            elif self._state.closed:
+                return
+            else:
+                await self.wait_for_lac(self._state.lac, poll_timeout)

@@ -1,0 +1,72 @@
+"""The ledger client's options (``walkit.BookKeeper(uri, **options)``).
+
+Defaults follow BookKeeper's client where they make sense for Python bookies on a LAN
+(``reference/bookkeeper.md`` §1.2-1.3); where walkit differs the comment says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from walkit.errors import InvalidArgumentError
+from walkit.protocol import DEFAULT_MAX_FRAME_SIZE, MIN_MAX_FRAME_SIZE
+
+__all__ = ["ClientConfig"]
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    # A bookie that has not answered an add or read in this long is failed for that
+    # request (BookKeeper: addEntryTimeoutSec = readEntryTimeoutSec = 5 s).
+    add_timeout: float = 5.0
+    read_timeout: float = 5.0
+    # A read not answered by one replica after this long is also sent to the next one.
+    # BookKeeper waits 2 s; walkit's bookies answer in milliseconds, so a replica silent
+    # for 0.5 s is a slow or failing one and the next replica is the faster bet.
+    speculative_read_timeout: float = 0.5
+    connect_timeout: float = 5.0
+    # Send the LAC on its own (WRITE_LAC) when it advanced and no entry carried it for
+    # this long; 0 = off, as in BookKeeper (explicitLacInterval).
+    explicit_lac_interval: float = 0.0
+    # Metadata session timeout (seconds; zkTimeout).
+    session_timeout: float = 10.0
+    # Wire frames past this size are refused (nettyMaxFrameSizeBytes).
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    # Entries read at once by one read() / follow(), and looked ahead during recovery.
+    read_parallelism: int = 64
+    recovery_read_parallelism: int = 16
+    # Adds of one handle in flight at most: add_entry_async blocks the caller (sync API)
+    # or waits (asyncio API) past it, so memory stays bounded under a fast producer.
+    max_pending_adds: int = 10_000
+    # TLS to bookies that registered with TLS: the CA that signed their certificates, and
+    # the client's own certificate/key when bookies ask for one.
+    tls_ca_file: str = ""
+    tls_certificate: str = ""
+    tls_key: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("add_timeout", "read_timeout", "speculative_read_timeout", "connect_timeout",
+                     "session_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise InvalidArgumentError("client option must be a positive number of seconds", option=name,
+                                           value=value)
+        if not isinstance(self.explicit_lac_interval, (int, float)) or self.explicit_lac_interval < 0:
+            raise InvalidArgumentError("explicit_lac_interval must be >= 0 (0: off)", value=self.explicit_lac_interval)
+        for name in ("read_parallelism", "recovery_read_parallelism", "max_pending_adds"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidArgumentError("client option must be an int >= 1", option=name, value=value)
+        if not isinstance(self.max_frame_size, int) or self.max_frame_size < MIN_MAX_FRAME_SIZE:
+            raise InvalidArgumentError("max_frame_size too small", value=self.max_frame_size, min=MIN_MAX_FRAME_SIZE)
+
+    @classmethod
+    def of(cls, base: ClientConfig | None, options: dict[str, Any]) -> ClientConfig:
+        """``base`` (or the defaults) with ``options`` applied; unknown names are refused."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise InvalidArgumentError("unknown client option", options=",".join(unknown), known=",".join(sorted(known)))
+        return dataclasses.replace(base or cls(), **options)

@@ -1,0 +1,80 @@
+"""What every part of one client shares: options, the loop thread, the bookie pool, the
+metadata session, and what the client has learnt about bookies' health."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from walkit.client._config import ClientConfig
+from walkit.client._loop import LoopThread
+from walkit.client._pool import BookiePool, Endpoint, parse_endpoint
+from walkit.errors import NoNodeError, NotEnoughBookiesError
+from walkit.metadata import Cluster
+from walkit.metadata._cluster import cluster_path
+
+__all__ = ["ClientCore"]
+
+T = TypeVar("T")
+
+FAILURE_MEMORY = 60.0  # seconds a failed bookie is picked last (BookKeeper's failure history)
+
+
+class ClientCore:
+    def __init__(self, config: ClientConfig, cluster: Cluster, loop: LoopThread) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.ledgers = cluster.ledgers
+        self.loop = loop
+        self._metadata = ThreadPoolExecutor(4, thread_name_prefix="walkit-metadata")
+        self.pool = BookiePool(config, self._resolve)
+        self._failed_at: dict[str, float] = {}
+
+    async def md(self, fn: Callable[..., T], *args: object) -> T:
+        """Run a blocking metadata call off the loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._metadata, fn, *args)
+
+    async def _resolve(self, bookie: str) -> Endpoint:
+        return await self.md(self._registration_of, bookie)
+
+    def _registration_of(self, bookie: str) -> Endpoint:
+        available = cluster_path(self.cluster.info.root, "available")
+        for path in (f"{available}/{bookie}", f"{available}/readonly/{bookie}"):
+            try:
+                data, _ = self.cluster.store.get(path)
+            except NoNodeError:
+                continue
+            return parse_endpoint(bookie, data)
+        return parse_endpoint(bookie, None)
+
+    # -- bookie health and placement ---------------------------------------------------
+    def bookie_failed(self, bookie: str) -> None:
+        self._failed_at[bookie] = time.monotonic()
+
+    def recently_failed(self, bookie: str) -> bool:
+        at = self._failed_at.get(bookie)
+        return at is not None and time.monotonic() - at < FAILURE_MEMORY
+
+    def read_order(self, bookies: tuple[str, ...] | list[str]) -> list[str]:
+        """Replicas to read from: as given, recently failed ones last."""
+        return sorted(bookies, key=self.recently_failed)
+
+    async def choose_bookies(self, count: int, exclude: set[str]) -> list[str]:
+        """``count`` distinct writable bookies not in ``exclude``, at random, bookies
+        that failed lately only when no others are left (NotEnoughBookiesError)."""
+        writable = (await self.md(self.cluster.bookies)).writable
+        candidates = [b for b in writable if b not in exclude]
+        if len(candidates) < count:
+            raise NotEnoughBookiesError("not enough writable bookies", needed=count, available=len(candidates),
+                                        excluded=len(exclude & writable) or None)
+        random.shuffle(candidates)
+        candidates.sort(key=self.recently_failed)
+        return candidates[:count]
+
+    async def close(self) -> None:
+        await self.pool.close()
+        self._metadata.shutdown(wait=False)

@@ -1,0 +1,275 @@
+"""The handles applications hold: :class:`LedgerHandle` (the writer) and
+:class:`ReadHandle` (a reader), synchronous and thread-safe. The asyncio flavours in
+``walkit.aio`` drive the same cores (:class:`LedgerWriter`, :class:`ReadState`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from concurrent.futures import Future
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from walkit.client._read import Entry, LedgerReader
+from walkit.client._writer import LedgerWriter
+from walkit.errors import (
+    EntryTooLargeError,
+    InvalidArgumentError,
+    LedgerClosedError,
+    NoSuchEntryError,
+    UsageError,
+    WalkitError,
+)
+from walkit.metadata import LedgerMetadata, LedgerState
+from walkit.protocol import digest_size
+
+if TYPE_CHECKING:
+    from walkit.client._bookkeeper import BookKeeper
+
+__all__ = ["LedgerHandle", "ReadHandle", "ReadState", "Entry", "check_payload", "check_range"]
+
+_FRAME_OVERHEAD = 256  # frame header, ids, master key: well above what an ADD_ENTRY adds
+_ENTRY_HEADER = 32
+
+
+def check_payload(data: object, max_frame_size: int, digest: str) -> bytes:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError("an entry is bytes", type=type(data).__name__)
+    payload = bytes(data)
+    limit = max_frame_size - _FRAME_OVERHEAD - _ENTRY_HEADER - digest_size(digest)
+    if len(payload) > limit:
+        raise EntryTooLargeError("entry too large for the frame limit", size=len(payload), limit=limit)
+    return payload
+
+
+def check_range(ledger_id: int, first: int, last: int, lac: int) -> None:
+    if not isinstance(first, int) or not isinstance(last, int) or first < 0 or last < first:
+        raise InvalidArgumentError("read needs 0 <= first <= last", ledger=ledger_id, first=first, last=last)
+    if last > lac:
+        raise NoSuchEntryError("read past the last add confirmed", ledger=ledger_id, last=last,
+                               last_add_confirmed=lac)
+
+
+class ReadState:
+    """What a reader knows of a ledger (client loop): metadata, LAC, closed."""
+
+    def __init__(self, reader: LedgerReader, version: int, lac: int) -> None:
+        self.reader = reader
+        self.version = version
+        self.lac = lac
+        self.length = reader.metadata.length
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self.reader.metadata
+
+    @property
+    def closed(self) -> bool:
+        return self.reader.metadata.state is LedgerState.CLOSED
+
+    async def refresh(self) -> None:
+        """Re-read the metadata (a writer's ensemble change; a close)."""
+        core = self.reader.core
+        meta, version = await core.md(core.ledgers.read, self.reader.ledger_id)
+        if version != self.version:
+            self.reader.metadata, self.version = meta, version
+            if meta.state is LedgerState.CLOSED:
+                self.lac, self.length = meta.last_entry_id, meta.length
+
+    async def read(self, first: int, last: int) -> list[Entry]:
+        check_range(self.reader.ledger_id, first, last, self.lac)
+        try:
+            return await self.reader.read_range(first, last)
+        except WalkitError:
+            if self.closed:
+                raise
+            old = self.version
+            await self.refresh()  # an ensemble change may have moved entries: try once more
+            if self.version == old:
+                raise
+            return await self.reader.read_range(first, last)
+
+    def _saw(self, lac: int) -> None:
+        if lac > self.lac and not self.closed:
+            self.lac = lac
+
+    async def read_lac(self) -> int:
+        if not self.closed:
+            await self.refresh()
+        if not self.closed:
+            self._saw(await self.reader.read_lac())
+        return self.lac
+
+    async def wait_lac(self, previous: int, timeout: float) -> int:
+        if self.closed or self.lac > previous:
+            return self.lac
+        self._saw(await self.reader.wait_lac(previous, timeout))
+        if self.lac <= previous:
+            await self.refresh()  # no news from bookies: maybe the ledger was closed
+        return self.lac
+
+
+class _Handle:
+    def __init__(self, bk: BookKeeper) -> None:
+        self._bk = bk
+        self._loop = bk._loop
+
+    def _iter_read(self, state: ReadState, first: int, last: int) -> Iterator[Entry]:
+        check_range(state.reader.ledger_id, first, last, state.lac)
+        chunk = self._bk.config.read_parallelism * 4
+        start = first
+        while start <= last:
+            end = min(last, start + chunk - 1)
+            yield from self._loop.run(state.read(start, end))
+            start = end + 1
+
+
+class LedgerHandle(_Handle):
+    """The single writer of a ledger (from :meth:`BookKeeper.create_ledger`)."""
+
+    def __init__(self, bk: BookKeeper, writer: LedgerWriter) -> None:
+        super().__init__(bk)
+        self._writer = writer
+        self._closed = False
+
+    @property
+    def ledger_id(self) -> int:
+        return self._writer.ledger_id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._writer.meta
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._writer.lac
+
+    @property
+    def length(self) -> int:
+        """Bytes of the entries up to the LAC."""
+        return self._writer.lac_length
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def ensemble_changes(self) -> int:
+        return self._writer.ensemble_changes
+
+    def add_entry_async(self, data: bytes) -> Future[int]:
+        """Queue an entry; the future gives its id once it and every lower entry are
+        durable on Qa bookies (futures complete in entry order). Waits while
+        ``max_pending_adds`` adds are in flight. The future fails with the writer's error
+        (LedgerFencedError, NotEnoughBookiesError, ...): then no later add succeeds."""
+        if self._closed:
+            raise LedgerClosedError("ledger handle is closed", ledger=self.ledger_id)
+        return self._writer.submit(check_payload(data, self._bk.config.max_frame_size, self._writer.meta.digest))
+
+    def add_entry(self, data: bytes) -> int:
+        """Add an entry and wait until it (and every lower one) is durable on Qa
+        bookies; its entry id."""
+        if self._loop.in_loop():
+            raise UsageError("add_entry blocks: not from the client's loop thread; use add_entry_async")
+        return self.add_entry_async(data).result()
+
+    def read(self, first: int, last: int) -> Iterator[Entry]:
+        """Entries ``first``..``last`` (up to the LAC), in order."""
+        state = ReadState(LedgerReader(self._bk._core, self._writer.meta, self._writer.key), self._writer.version,
+                          self._writer.lac)
+        return self._iter_read(state, first, last)
+
+    def close(self) -> None:
+        """Wait for pending adds, then record the ledger CLOSED at its LAC. Raises the
+        writer's error when the ledger could not be closed as written (fenced)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.run(self._writer.close())
+
+    def __enter__(self) -> LedgerHandle:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is None:
+            self.close()
+            return
+        with contextlib.suppress(WalkitError):  # the error in flight says more than a failed close
+            self.close()
+
+
+class ReadHandle(_Handle):
+    """A reader of a ledger (from :meth:`BookKeeper.open_ledger`); closed ledgers are
+    read to their end, open ones up to the LAC, and followed as it advances."""
+
+    def __init__(self, bk: BookKeeper, state: ReadState) -> None:
+        super().__init__(bk)
+        self._state = state
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UsageError("read handle is closed", ledger=self.ledger_id)
+
+    @property
+    def ledger_id(self) -> int:
+        return self._state.reader.ledger_id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._state.metadata
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._state.lac
+
+    @property
+    def is_closed(self) -> bool:
+        return self._state.closed
+
+    @property
+    def length(self) -> int:
+        """The ledger's length in bytes once closed (0 before)."""
+        return self._state.length
+
+    def read(self, first: int, last: int) -> Iterator[Entry]:
+        self._check_open()
+        return self._iter_read(self._state, first, last)
+
+    def read_last_add_confirmed(self) -> int:
+        """Ask the bookies (and metadata, for a close) for the LAC now."""
+        self._check_open()
+        return self._loop.run(self._state.read_lac())
+
+    def wait_for_lac(self, previous: int, timeout: float) -> int:
+        """Long poll: the LAC once it passes ``previous``, or the LAC as it is after
+        ``timeout`` seconds."""
+        self._check_open()
+        return self._loop.run(self._state.wait_lac(previous, timeout))
+
+    def follow(self, start: int = 0, *, poll_timeout: float = 1.0) -> Iterator[Entry]:
+        """Entries from ``start`` on as they become readable (the LAC passes them); ends
+        after the last entry once the ledger is closed."""
+        if not isinstance(start, int) or start < 0:
+            raise InvalidArgumentError("follow starts at an entry id >= 0", start=start)
+        next_id = start
+        while True:
+            if next_id <= self._state.lac:
+                for entry in self.read(next_id, self._state.lac):
+                    next_id = entry.entry_id + 1
+                    yield entry
+            elif self._state.closed:
+                return
+            else:
+                self.wait_for_lac(self._state.lac, poll_timeout)
+
+    def close(self) -> None:
+        """End this handle's use (a reader holds nothing on the bookies)."""
+        self._closed = True
+
+    def __enter__(self) -> ReadHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

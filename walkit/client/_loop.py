@@ -1,0 +1,82 @@
+"""The client's event loop, on a thread of its own.
+
+Every piece of a client's state (connections, ledger handles' pending adds, reads in
+flight) lives on this one loop, so none of it needs a lock. The synchronous API hands
+work over with :meth:`LoopThread.submit` / :meth:`LoopThread.call` and waits on a
+``concurrent.futures.Future``; the asyncio API awaits the same futures on the caller's
+loop (``asyncio.wrap_future``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from walkit.errors import UsageError
+
+__all__ = ["LoopThread"]
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+class LoopThread:
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name=name, daemon=True)
+        self._thread.start()
+        ready.wait()
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(ready.set)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    def in_loop(self) -> bool:
+        return threading.get_ident() == self._thread.ident
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``coro`` on the loop; its future (for the sync or the asyncio API)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result (never from the loop itself:
+        that would wait for ever)."""
+        if self.in_loop():
+            coro.close()
+            raise UsageError("a blocking walkit call was made from the client's own event loop thread "
+                             "(from a callback?); use the asyncio API or another thread")
+        return self.submit(coro).result(timeout)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def stop(self) -> None:
+        """Cancel what still runs on the loop (an ensemble change, a read), let it
+        unwind, and end the thread."""
+        if not self._thread.is_alive():
+            return
+        if self.in_loop():
+            self.loop.stop()
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._cancel_tasks(), self.loop).result(10)
+        except (concurrent.futures.TimeoutError, RuntimeError):
+            log.warning("client loop tasks did not finish cancelling in 10 s")
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+    async def _cancel_tasks(self) -> None:
+        me = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not me]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

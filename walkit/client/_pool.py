@@ -1,0 +1,145 @@
+"""One pooled, pipelined connection per bookie, with reconnect (client loop only).
+
+A bookie is named by its id; :class:`BookiePool` resolves the id to the endpoint the
+bookie registered (``available/<id>`` or ``available/readonly/<id>``, JSON
+``{"endpoint": "host:port", "tls": bool}``), connects once, and sends every request for
+that bookie down the same connection. Requests made while the connection is being
+opened wait for it; a failed connect fails them with
+:class:`~walkit.errors.BookieUnavailableError`. A lost connection is dropped from the
+pool, so the next request opens a new one (the endpoint is resolved again: a restarted
+bookie may have moved).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from walkit.client._bookie_client import BookieClient, ResponseCallback, client_ssl_context
+from walkit.client._config import ClientConfig
+from walkit.errors import BookieTimeoutError, BookieUnavailableError, WalkitError
+from walkit.protocol import Request, Response
+
+__all__ = ["BookiePool", "Endpoint", "parse_endpoint"]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+    tls: bool = False
+
+
+def parse_endpoint(bookie_id: str, registration: bytes | None) -> Endpoint:
+    """The endpoint a bookie registered, or, without a registration, its id read as
+    ``host:port`` (the default id). BookieUnavailableError when neither works."""
+    address, tls = bookie_id, False
+    if registration:
+        try:
+            info = json.loads(registration)
+            address, tls = str(info["endpoint"]), bool(info.get("tls", False))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BookieUnavailableError("unreadable bookie registration", bookie=bookie_id) from exc
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise BookieUnavailableError("bookie is not registered and its id is not host:port", bookie=bookie_id)
+    return Endpoint(host.strip("[]"), int(port), tls)
+
+
+Resolver = Callable[[str], Awaitable[Endpoint]]
+
+
+class BookiePool:
+    def __init__(self, config: ClientConfig, resolve: Resolver) -> None:
+        self._config = config
+        self._resolve = resolve
+        self._clients: dict[str, BookieClient] = {}
+        self._connecting: dict[str, list[tuple[Request, ResponseCallback, Any]]] = {}
+        self._ssl: ssl.SSLContext | None = None
+        self._closed = False
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            c = self._config
+            self._ssl = client_ssl_context(c.tls_ca_file, certificate=c.tls_certificate, key=c.tls_key)
+        return self._ssl
+
+    def request_cb(self, bookie: str, request: Request, cb: ResponseCallback, ctx: Any) -> None:
+        """Send ``request`` to ``bookie``; ``cb(response, error, ctx)`` exactly once."""
+        client = self._clients.get(bookie)
+        if client is not None and not client.failed:
+            client.request_cb(request, cb, ctx)
+            return
+        waiting = self._connecting.get(bookie)
+        if waiting is not None:
+            waiting.append((request, cb, ctx))
+            return
+        if self._closed:
+            asyncio.get_running_loop().call_soon(cb, None, BookieUnavailableError("client closed", bookie=bookie), ctx)
+            return
+        self._clients.pop(bookie, None)
+        self._connecting[bookie] = [(request, cb, ctx)]
+        asyncio.get_running_loop().create_task(self._connect(bookie))
+
+    async def request(self, bookie: str, request: Request, timeout: float) -> Response:
+        """The response to ``request`` (its error raised), within ``timeout`` seconds."""
+        fut: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+
+        def done(response: Response | None, error: WalkitError | None, _: Any) -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                assert response is not None
+                fut.set_result(response)
+
+        self.request_cb(bookie, request, done, None)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise BookieTimeoutError("bookie did not answer in time", bookie=bookie, timeout=timeout) from None
+
+    async def _connect(self, bookie: str) -> None:
+        error: WalkitError | None = None
+        client: BookieClient | None = None
+        try:
+            endpoint = await self._resolve(bookie)
+            ctx = self._ssl_context() if endpoint.tls else None
+            client = await BookieClient.connect(endpoint.host, endpoint.port, ssl_context=ctx,
+                                                server_hostname=endpoint.host if ctx else None,
+                                                max_frame_size=self._config.max_frame_size,
+                                                timeout=self._config.connect_timeout)
+        except WalkitError as exc:
+            error = exc
+        except (OSError, ssl.SSLError) as exc:
+            error = BookieUnavailableError("cannot connect to bookie", bookie=bookie, reason=str(exc))
+        waiting = self._connecting.pop(bookie, [])
+        if client is not None and self._closed:
+            await client.close()
+            client, error = None, BookieUnavailableError("client closed", bookie=bookie)
+        if client is not None:
+            self._clients[bookie] = client
+            for request, cb, ctx_ in waiting:
+                client.request_cb(request, cb, ctx_)
+            return
+        assert error is not None
+        for _, cb, ctx_ in waiting:
+            cb(None, error, ctx_)
+
+    def forget(self, bookie: str) -> None:
+        """Drop the connection to ``bookie`` (it answered nonsense or timed out): the next
+        request opens a fresh one."""
+        client = self._clients.pop(bookie, None)
+        if client is not None:
+            asyncio.get_running_loop().create_task(client.close())
+
+    async def close(self) -> None:
+        self._closed = True
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()

@@ -1,0 +1,239 @@
+"""Reading a ledger's entries, its LAC, and long polls (client loop only).
+
+A read of one entry goes to the first replica of the entry's write set (replicas that
+failed lately last). It moves on to the next replica at once on an error, a missing
+entry or a bad digest, and also - speculatively, the first one still allowed to answer -
+when a replica has been silent for ``speculative_read_timeout``. The first valid answer
+wins. Only when every replica has failed does the read fail: NoSuchEntryError if every
+one said the entry (or ledger) is not there, else the first other error.
+
+Every entry is checked: its digest, and that its header names the ledger and entry
+asked for, so a bookie returning corrupted or misplaced bytes is just a replica skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, NamedTuple
+
+from walkit.client._core import ClientCore
+from walkit.errors import (
+    BookieTimeoutError,
+    BookieUnavailableError,
+    DigestMismatchError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+    WalkitError,
+)
+from walkit.metadata import LedgerMetadata
+from walkit.protocol import EntryHeader, ReadEntry, ReadEntryResponse, ReadLac, ReadLacResponse, Response, decode_entry
+
+__all__ = ["Entry", "LedgerReader", "covers_every_write_set", "is_absent"]
+
+
+class Entry(NamedTuple):
+    ledger_id: int
+    entry_id: int
+    data: bytes
+
+
+def is_absent(error: BaseException) -> bool:
+    """A bookie's definite "not here" (entry or ledger), as opposed to a failure."""
+    return isinstance(error, (NoSuchEntryError, NoSuchLedgerError))
+
+
+def covers_every_write_set(ensemble_size: int, write_quorum: int, ack_quorum: int, answered: set[int]) -> bool:
+    """BookKeeper's recovery coverage rule: every write set of the ensemble has at least
+    Qw - Qa + 1 members (by index) in ``answered``, so no entry can have reached Qa acks
+    on bookies that did not answer."""
+    need = write_quorum - ack_quorum + 1
+    for first in range(ensemble_size):
+        members = {(first + k) % ensemble_size for k in range(write_quorum)}
+        if len(members & answered) < need:
+            return False
+    return True
+
+
+def pick_error(errors: list[WalkitError], **context: object) -> WalkitError:
+    """The error of a read that every replica failed."""
+    if errors and all(is_absent(e) for e in errors):
+        return NoSuchEntryError("entry not found on any replica", **context)
+    for kind in (UnauthorizedError, DigestMismatchError):
+        for e in errors:
+            if isinstance(e, kind):
+                return e
+    others = [e for e in errors if not is_absent(e)]
+    if others:
+        return others[0]
+    return BookieUnavailableError("no replica to read from", **context)
+
+
+class _EntryRead:
+    """One entry's read across its replicas (see the module docstring)."""
+
+    def __init__(self, reader: LedgerReader, entry_id: int, replicas: list[str], fence: bool) -> None:
+        self.reader = reader
+        self.entry_id = entry_id
+        self.replicas = replicas
+        self.fence = fence
+        self.next = 0
+        self.outstanding = 0
+        self.errors: list[WalkitError] = []
+        self.timers: list[asyncio.TimerHandle] = []
+        self.loop = asyncio.get_running_loop()
+        self.future: asyncio.Future[tuple[EntryHeader, bytes, int]] = self.loop.create_future()
+
+    def start(self) -> asyncio.Future[tuple[EntryHeader, bytes, int]]:
+        self._try_next()
+        return self.future
+
+    def _try_next(self) -> None:
+        if self.next >= len(self.replicas):
+            return
+        bookie = self.replicas[self.next]
+        self.next += 1
+        self.outstanding += 1
+        r = self.reader
+        request = ReadEntry(r.ledger_id, self.entry_id, self.fence, r.key if self.fence else b"")
+        state = {"answered": False}
+        r.core.pool.request_cb(bookie, request, self._answered, (bookie, state))
+        config = r.core.config
+        self.timers.append(self.loop.call_later(config.read_timeout, self._timed_out, bookie, state))
+        if self.next < len(self.replicas):
+            self.timers.append(self.loop.call_later(config.speculative_read_timeout, self._speculate, state))
+
+    def _speculate(self, state: dict[str, bool]) -> None:
+        if not self.future.done() and not state["answered"]:
+            self._try_next()
+
+    def _timed_out(self, bookie: str, state: dict[str, bool]) -> None:
+        if not state["answered"]:
+            self.reader.core.bookie_failed(bookie)
+            self._answered(None, BookieTimeoutError("read timed out", bookie=bookie, ledger=self.reader.ledger_id,
+                                                    entry=self.entry_id), (bookie, state))
+
+    def _answered(self, response: Response | None, error: WalkitError | None, ctx: Any) -> None:
+        bookie, state = ctx
+        if state["answered"]:
+            return
+        state["answered"] = True
+        self.outstanding -= 1
+        if self.future.done():
+            return
+        if error is None:
+            assert isinstance(response, ReadEntryResponse)
+            try:
+                header, payload = self.reader.check(self.entry_id, response.data)
+            except DigestMismatchError as exc:
+                error = exc
+            else:
+                self._finish()
+                self.future.set_result((header, payload, response.lac))
+                return
+        if isinstance(error, BookieUnavailableError):
+            self.reader.core.bookie_failed(bookie)
+        self.errors.append(error)
+        if self.next < len(self.replicas):
+            self._try_next()
+        elif self.outstanding == 0:
+            self._finish()
+            self.future.set_exception(pick_error(self.errors, ledger=self.reader.ledger_id, entry=self.entry_id))
+
+    def _finish(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
+
+
+class LedgerReader:
+    """Reads of one ledger, for the metadata it is given (callers refresh it)."""
+
+    def __init__(self, core: ClientCore, metadata: LedgerMetadata, key: bytes) -> None:
+        self.core = core
+        self.metadata = metadata
+        self.ledger_id = metadata.ledger_id
+        self.key = key
+
+    def check(self, entry_id: int, data: bytes) -> tuple[EntryHeader, bytes]:
+        """Digest and ids of an entry a bookie returned (DigestMismatchError)."""
+        header, payload = decode_entry(data, digest=self.metadata.digest, key=self.key)
+        if header.ledger_id != self.ledger_id or header.entry_id != entry_id:
+            raise DigestMismatchError("bookie returned another entry than the one asked for", ledger=self.ledger_id,
+                                      entry=entry_id, got_ledger=header.ledger_id, got_entry=header.entry_id)
+        return header, payload
+
+    def read_entry(self, entry_id: int, *, fence: bool = False,
+                   replicas: list[str] | None = None) -> asyncio.Future[tuple[EntryHeader, bytes, int]]:
+        """(header, payload, the answering bookie's LAC) of one entry."""
+        if replicas is None:
+            replicas = self.core.read_order(self.metadata.write_set(entry_id))
+        return _EntryRead(self, entry_id, replicas, fence).start()
+
+    async def read_range(self, first: int, last: int) -> list[Entry]:
+        """Entries ``first``..``last`` in order, ``read_parallelism`` in flight."""
+        window = self.core.config.read_parallelism
+        results: list[Entry] = []
+        pending: list[tuple[int, asyncio.Future[tuple[EntryHeader, bytes, int]]]] = []
+        next_id = first
+        try:
+            while next_id <= last or pending:
+                while next_id <= last and len(pending) < window:
+                    pending.append((next_id, self.read_entry(next_id)))
+                    next_id += 1
+                entry_id, fut = pending.pop(0)
+                _, payload, _ = await fut
+                results.append(Entry(self.ledger_id, entry_id, payload))
+        finally:
+            for _, fut in pending:
+                fut.cancel()
+        return results
+
+    async def read_lac(self) -> int:
+        """The highest LAC any bookie of the last ensemble knows (-1: none). Bookies that
+        never saw the ledger count as -1; BookieUnavailableError when none answers."""
+        bookies = self.metadata.ensembles[-1][1]
+        timeout = self.core.config.read_timeout
+        answers = await asyncio.gather(
+            *(self.core.pool.request(b, ReadLac(self.ledger_id), timeout) for b in bookies), return_exceptions=True)
+        lacs: list[int] = []
+        errors: list[WalkitError] = []
+        for answer in answers:
+            if isinstance(answer, ReadLacResponse):
+                lacs.append(answer.lac)
+            elif isinstance(answer, WalkitError):
+                if is_absent(answer):
+                    lacs.append(-1)
+                else:
+                    errors.append(answer)
+            elif isinstance(answer, BaseException):
+                raise answer
+        if not lacs:
+            raise pick_error(errors, ledger=self.ledger_id)
+        return max(lacs)
+
+    async def wait_lac(self, previous: int, timeout: float) -> int:
+        """Long poll: the LAC once some bookie of the last ensemble knows one above
+        ``previous``, or ``previous`` after ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        bookies = self.metadata.ensembles[-1][1]
+        result: asyncio.Future[int] = loop.create_future()
+        remaining = [len(bookies)]
+        timeout_ms = max(0, int(timeout * 1000))
+
+        def answered(response: Response | None, error: WalkitError | None, _: Any) -> None:
+            remaining[0] -= 1
+            if result.done():
+                return
+            if isinstance(response, ReadEntryResponse) and response.lac > previous:
+                result.set_result(response.lac)
+            elif remaining[0] == 0:
+                result.set_result(previous)
+
+        request = ReadEntry(self.ledger_id, -1, previous_lac=previous, timeout_ms=timeout_ms)
+        for bookie in bookies:
+            self.core.pool.request_cb(bookie, request, answered, None)
+        try:
+            return await asyncio.wait_for(result, timeout + self.core.config.read_timeout)
+        except asyncio.TimeoutError:
+            return previous
+

@@ -1,0 +1,208 @@
+"""Ledger recovery: what opening an unclosed ledger with ``recovery=True`` does.
+
+BookKeeper's algorithm (``docs/architecture.md``, "Recovery"):
+
+1. Compare-and-set the metadata OPEN -> IN_RECOVERY (a CLOSED ledger needs nothing; one
+   already IN_RECOVERY - another recoverer, or one that died - is recovered again).
+   From here the writer's ensemble changes and close fail.
+2. Fence: a fencing read of the last entry on every bookie of the last ensemble. A bookie
+   journals the fence before it answers and then refuses the writer's adds (EFENCED).
+3. Wait until every write set of that ensemble has Qw - Qa + 1 definite answers (an
+   entry, or "no such entry/ledger"): then no add of the old writer can still reach Qa
+   acks. The start point is the highest LAC in the answers (or the entry before the last
+   fragment, if higher).
+4. Read forward from start + 1 with fencing reads, ``recovery_read_parallelism`` ahead.
+   An entry exists as soon as one replica returns it with a valid digest; it is absent
+   once Qw - Qa + 1 replicas of its write set say it is not there; the first absent
+   entry ends the ledger.
+5. Re-add every entry found, as it was read, with the recovery flag, to its whole write
+   set (a bookie failing here is replaced, in memory only).
+6. Compare-and-set IN_RECOVERY -> CLOSED with the last entry, its length and those
+   ensembles. Concurrent recoverers read the same fenced bookies; whichever closes
+   first decides, and the others take its metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+from walkit.client._core import ClientCore
+from walkit.client._read import LedgerReader, covers_every_write_set, is_absent, pick_error
+from walkit.client._writer import LedgerWriter
+from walkit.errors import (
+    BookieTimeoutError,
+    DigestMismatchError,
+    NotEnoughBookiesError,
+    UnauthorizedError,
+    WalkitError,
+)
+from walkit.metadata import LedgerMetadata, LedgerState
+from walkit.protocol import EntryHeader, ReadEntry, ReadEntryResponse, Response
+
+__all__ = ["recover"]
+
+_Found = tuple[EntryHeader, bytes] | None
+
+
+async def recover(core: ClientCore, ledger_id: int, key: bytes) -> tuple[LedgerMetadata, int]:
+    """Recover and close ``ledger_id``; its final metadata and version."""
+
+    def mark(current: LedgerMetadata) -> LedgerMetadata | None:
+        return current.with_state(LedgerState.IN_RECOVERY) if current.state is LedgerState.OPEN else None
+
+    meta, version = await core.md(core.ledgers.update, ledger_id, mark)
+    if meta.state is LedgerState.CLOSED:
+        return meta, version
+    reader = LedgerReader(core, meta, key)
+    lac = await _fence(core, reader)
+    start = max(lac, meta.ensembles[-1][0] - 1)
+    writer = LedgerWriter(core, meta, version, key, recovery=True, lac=start)
+    window = core.config.recovery_read_parallelism
+    reads: collections.deque[tuple[int, asyncio.Future[_Found]]] = collections.deque()
+    adds: list[asyncio.Future[int]] = []
+    next_id, ended = start + 1, False
+    try:
+        while True:
+            while not ended and len(reads) < window:
+                reads.append((next_id, _RecoveryRead(core, reader, next_id).start()))
+                next_id += 1
+            if not reads:
+                break
+            entry_id, fut = reads.popleft()
+            found = await fut
+            if found is None or ended:
+                ended = True
+                for _, other in reads:
+                    other.cancel()
+                reads.clear()
+                continue
+            header, data = found
+            adds.append(asyncio.wrap_future(writer.submit_recovered(entry_id, data, header.length)))
+        await asyncio.gather(*adds)
+    except BaseException:
+        for _, other in reads:
+            other.cancel()
+        for add in adds:
+            add.cancel()
+        raise
+    if not adds and start >= 0:
+        header, _, _ = await reader.read_entry(start)  # nothing past the start: its length is the ledger's
+        writer.lac_length = header.length
+    meta = await writer.close()
+    return meta, writer.version
+
+
+async def _fence(core: ClientCore, reader: LedgerReader) -> int:
+    """Steps 2-3: fence the last ensemble; the highest LAC once every write set is covered."""
+    meta = reader.metadata
+    ensemble = meta.ensembles[-1][1]
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[int] = loop.create_future()
+    answered: set[int] = set()
+    lacs: list[int] = [-1]
+    errors: list[WalkitError] = []
+    outstanding = [len(ensemble)]
+
+    def decide() -> None:
+        if done.done():
+            return
+        if covers_every_write_set(meta.ensemble_size, meta.write_quorum, meta.ack_quorum, answered):
+            done.set_result(max(lacs))
+        elif outstanding[0] == 0:
+            done.set_exception(NotEnoughBookiesError(
+                "cannot recover: too few bookies of a write set answered the fencing read", ledger=meta.ledger_id,
+                answered=len(answered), needed_per_write_set=meta.write_quorum - meta.ack_quorum + 1,
+                errors="; ".join(str(e) for e in errors)[:500] or None))
+
+    def answer(response: Response | None, error: WalkitError | None, index: int) -> None:
+        outstanding[0] -= 1
+        if error is None:
+            assert isinstance(response, ReadEntryResponse)
+            try:
+                header, _ = reader.check(response.entry_id, response.data)
+            except DigestMismatchError as exc:
+                errors.append(exc)
+            else:
+                lacs.append(max(header.lac, response.lac))
+                answered.add(index)
+        elif is_absent(error):
+            answered.add(index)
+        elif isinstance(error, UnauthorizedError):
+            if not done.done():
+                done.set_exception(error)
+            return
+        else:
+            errors.append(error)
+        decide()
+
+    request = ReadEntry(meta.ledger_id, -1, True, reader.key)
+    for index, bookie in enumerate(ensemble):
+        _request_with_timeout(core, bookie, request, answer, index)
+    return await done
+
+
+def _request_with_timeout(core: ClientCore, bookie: str, request: ReadEntry, cb: Any, ctx: Any) -> None:
+    """``core.pool.request_cb`` whose callback also comes (once) after read_timeout."""
+    loop = asyncio.get_running_loop()
+    state = {"answered": False}
+
+    def once(response: Response | None, error: WalkitError | None, _: Any) -> None:
+        if state["answered"]:
+            return
+        state["answered"] = True
+        timer.cancel()
+        cb(response, error, ctx)
+
+    timer = loop.call_later(core.config.read_timeout, once, None,
+                            BookieTimeoutError("no answer in time", bookie=bookie, ledger=request.ledger_id,
+                                               entry=request.entry_id), None)
+    core.pool.request_cb(bookie, request, once, None)
+
+
+class _RecoveryRead:
+    """Step 4 for one entry: found (header, entry bytes), or None when absent."""
+
+    def __init__(self, core: ClientCore, reader: LedgerReader, entry_id: int) -> None:
+        self.core = core
+        self.reader = reader
+        self.entry_id = entry_id
+        meta = reader.metadata
+        self.replicas = meta.write_set(entry_id)
+        self.need_absent = meta.write_quorum - meta.ack_quorum + 1
+        self.absent = 0
+        self.outstanding = len(self.replicas)
+        self.errors: list[WalkitError] = []
+        self.future: asyncio.Future[_Found] = asyncio.get_running_loop().create_future()
+
+    def start(self) -> asyncio.Future[_Found]:
+        request = ReadEntry(self.reader.ledger_id, self.entry_id, True, self.reader.key)
+        for bookie in self.replicas:
+            _request_with_timeout(self.core, bookie, request, self._answer, bookie)
+        return self.future
+
+    def _answer(self, response: Response | None, error: WalkitError | None, bookie: str) -> None:
+        self.outstanding -= 1
+        if self.future.done():
+            return
+        if error is None:
+            assert isinstance(response, ReadEntryResponse)
+            try:
+                header, _ = self.reader.check(self.entry_id, response.data)
+            except DigestMismatchError as exc:
+                error = exc
+            else:
+                self.future.set_result((header, response.data))
+                return
+        if is_absent(error):
+            self.absent += 1
+            if self.absent >= self.need_absent:
+                self.future.set_result(None)
+                return
+        else:
+            self.errors.append(error)
+        if self.outstanding == 0:
+            self.future.set_exception(NotEnoughBookiesError(
+                "cannot recover: too few replicas answered whether an entry exists", ledger=self.reader.ledger_id,
+                entry=self.entry_id, cause=str(pick_error(self.errors, ledger=self.reader.ledger_id))[:300]))

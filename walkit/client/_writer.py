@@ -1,0 +1,436 @@
+"""The write path of one ledger: quorum adds, in-order completion, ensemble change.
+
+Theory of operation (all state lives on the client loop except the submission queue):
+
+* :meth:`LedgerWriter.submit` (any thread) numbers the entry and queues it; the loop
+  takes the queue in one go, encodes each entry with the current LAC piggybacked, and
+  sends it to the Qw bookies of its write set (striping: ensemble[(e + i) mod E]).
+* An add is *acknowledged* once Qa bookies of its current write set confirmed it (each
+  after its journal's fdatasync). It *completes* when it is acknowledged and every lower
+  entry has completed: completions run in entry order and each moves the LAC.
+* A bookie that fails (connection lost, timeout, EIO, EREADONLY, busy) is dropped from
+  every pending add's counts (an entry must end up acknowledged by the bookies that
+  metadata says hold it) and an ensemble change starts: replacements from the writable
+  bookies, a new fragment from LAC + 1 written with compare-and-set (a recovery writer
+  keeps it in memory until its close), then every pending add is sent to the new members
+  of its write set. The application sees nothing of this while bookies are left; when
+  none are, every pending add fails with NotEnoughBookiesError.
+* A recovery writer (re-adding what recovery found) waits for its whole write set, not
+  Qa, so a recovered entry ends up on every bookie metadata names; if a failed bookie
+  cannot be replaced it settles for Qa acks from the others, as BookKeeper does.
+* EFENCED from any bookie means a recoverer took the ledger: every pending add fails
+  with LedgerFencedError (their outcome is unknown: recovery decides) and the writer
+  takes no more adds. EUA likewise fails the writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from walkit.client._core import ClientCore
+from walkit.errors import (
+    BookieTimeoutError,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataVersionError,
+    NotEnoughBookiesError,
+    UnauthorizedError,
+    WalkitError,
+)
+from walkit.metadata import LedgerMetadata, LedgerState
+from walkit.protocol import AddEntry, Response, WriteLac, encode_entry
+
+__all__ = ["LedgerWriter"]
+
+log = logging.getLogger(__name__)
+
+
+class _Add:
+    __slots__ = ("entry_id", "payload", "length", "future", "data", "sent", "acked", "sent_at", "quorum", "done",
+                 "slot")
+
+    def __init__(self, entry_id: int, payload: bytes, length: int, future: Future[int], data: bytes = b"",
+                 slot: bool = True) -> None:
+        self.entry_id = entry_id
+        self.payload = payload
+        self.length = length  # the ledger's length including this entry
+        self.future = future
+        self.data = data  # the encoded entry, made when first sent (recovery: as read)
+        self.sent: set[str] = set()  # bookies of the current write set it went to
+        self.acked: set[str] = set()
+        self.sent_at = 0.0
+        self.quorum = False
+        self.done = False
+        self.slot = slot  # holds one of the writer's max_pending_adds slots
+
+
+class LedgerWriter:
+    def __init__(self, core: ClientCore, metadata: LedgerMetadata, version: int, key: bytes, *,
+                 recovery: bool = False, lac: int = -1, length: int = 0) -> None:
+        self.core = core
+        self.meta = metadata
+        self.version = version
+        self.key = key
+        self.recovery = recovery
+        self.ledger_id = metadata.ledger_id
+        self.lac = lac
+        self.lac_length = length
+        self.error: WalkitError | None = None
+        self.failed: set[str] = set()  # bookies that failed this writer: never used again
+        self.ensemble_changes = 0
+        # acks an add needs: Qa; a recovery writer wants the whole write set (Qw) until
+        # a bookie cannot be replaced ("degraded": then Qa)
+        self.quorum_size = metadata.write_quorum if recovery else metadata.ack_quorum
+        self._degraded = False
+        self.pending: collections.deque[_Add] = collections.deque()
+        self._changing = False
+        self._drained: list[asyncio.Future[None]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._lac_timer: asyncio.TimerHandle | None = None
+        self._piggybacked = lac  # the highest LAC that went out on an entry or WRITE_LAC
+        self._set_ensemble()
+        # submission (any thread)
+        self._lock = threading.Lock()
+        self._incoming: list[_Add] = []
+        self._scheduled = False
+        self._next_entry_id = lac + 1
+        self._length = length
+        self.closing = False
+        self.slots = threading.BoundedSemaphore(core.config.max_pending_adds)
+
+    def _set_ensemble(self) -> None:
+        first, ensemble = self.meta.ensembles[-1]
+        self.ensemble = ensemble
+        size, qw = self.meta.ensemble_size, self.meta.write_quorum
+        self._write_sets = [tuple(ensemble[(e + i) % size] for i in range(qw)) for e in range(size)]
+
+    # -- submission (any thread) -------------------------------------------------------
+    def submit(self, payload: bytes, *, reserved: bool = False) -> Future[int]:
+        """Queue an add; its future gives the entry id once it completes. Unless
+        ``reserved`` (the caller took a slot already) this waits for a free slot when
+        ``max_pending_adds`` adds are in flight."""
+        if not reserved:
+            self.slots.acquire()
+        fut: Future[int] = Future()
+        with self._lock:
+            if self.closing:
+                self.slots.release()
+                raise LedgerClosedError("ledger handle is closed", ledger=self.ledger_id)
+            if self.error is not None:
+                self.slots.release()
+                fut.set_exception(self.error)
+                return fut
+            entry_id = self._next_entry_id
+            self._next_entry_id += 1
+            self._length += len(payload)
+            self._incoming.append(_Add(entry_id, payload, self._length, fut))
+            schedule = not self._scheduled
+            self._scheduled = True
+        if schedule:
+            self.core.loop.call(self._take_incoming)
+        return fut
+
+    def submit_recovered(self, entry_id: int, data: bytes, length: int) -> Future[int]:
+        """(Loop, recovery writer) re-add an entry exactly as it was read (recovery's
+        own read window bounds these: they take no slot)."""
+        fut: Future[int] = Future()
+        add = _Add(entry_id, b"", length, fut, data, slot=False)
+        self.pending.append(add)
+        if self.error is not None:
+            self._settle(add, self.error)
+            self.pending.pop()
+        else:
+            self._send(add)
+            self._arm_timer()
+        return fut
+
+    def _take_incoming(self) -> None:
+        with self._lock:
+            batch, self._incoming = self._incoming, []
+            self._scheduled = False
+        for add in batch:
+            if self.error is not None:
+                self._settle(add, self.error)
+                continue
+            self.pending.append(add)
+            self._send(add)
+        self._arm_timer()
+
+    # -- sending and acks --------------------------------------------------------------
+    def _send(self, add: _Add) -> None:
+        """Send ``add`` to the members of its write set it has not gone to yet."""
+        if not add.data:
+            meta = self.meta
+            add.data = encode_entry(self.ledger_id, add.entry_id, self.lac, add.length, add.payload,
+                                    digest=meta.digest, key=self.key)
+            if self.lac > self._piggybacked:
+                self._piggybacked = self.lac
+        request = AddEntry(self.ledger_id, add.entry_id, self.key, add.data, self.recovery)
+        add.sent_at = time.monotonic()
+        pool = self.core.pool
+        for bookie in self._write_sets[add.entry_id % self.meta.ensemble_size]:
+            if bookie in self.failed or bookie in add.sent:
+                continue
+            add.sent.add(bookie)
+            pool.request_cb(bookie, request, self._on_ack, (add, bookie))
+
+    def _on_ack(self, response: Response | None, error: WalkitError | None, ctx: Any) -> None:
+        add, bookie = ctx
+        if error is not None:
+            if isinstance(error, LedgerFencedError):
+                self._fail(LedgerFencedError("ledger fenced: another client recovered it; this writer is done",
+                                             ledger=self.ledger_id, entry=add.entry_id, bookie=bookie))
+            elif isinstance(error, UnauthorizedError):
+                self._fail(error)
+            else:
+                self.bookie_failed(bookie, error)
+            return
+        if add.done or bookie not in add.sent:
+            return  # late: completed already, or from a bookie since replaced
+        add.acked.add(bookie)
+        if not add.quorum and len(add.acked) >= self.quorum_size:
+            add.quorum = True
+            if self.pending and self.pending[0] is add:
+                self._complete_ready()
+
+    def _complete_ready(self) -> None:
+        pending = self.pending
+        while pending and pending[0].quorum:
+            add = pending.popleft()
+            self.lac = add.entry_id
+            self.lac_length = add.length
+            self._settle(add, None)
+        if not pending:
+            self._wake_drained()
+
+    def _settle(self, add: _Add, error: WalkitError | None) -> None:
+        add.done = True
+        add.payload = add.data = b""
+        if add.slot:
+            self.slots.release()
+        if error is None:
+            add.future.set_result(add.entry_id)
+        else:
+            add.future.set_exception(error)
+
+    def _fail(self, error: WalkitError) -> None:
+        """The writer is done: every pending and queued add fails with ``error``."""
+        if self.error is None:
+            self.error = error
+            log.warning("ledger %d writer failed: %s", self.ledger_id, error)
+        while self.pending:
+            self._settle(self.pending.popleft(), self.error)
+        with self._lock:
+            batch, self._incoming = self._incoming, []
+        for add in batch:
+            self._settle(add, self.error)
+        self._wake_drained()
+
+    # -- failures and ensemble change --------------------------------------------------
+    def bookie_failed(self, bookie: str, error: WalkitError) -> None:
+        if self.error is not None or self.meta.state is LedgerState.CLOSED:
+            return
+        if bookie not in self.ensemble or bookie in self.failed:
+            return
+        if self.closing and not self.pending:
+            return  # every add is settled: the close records the ledger as it is
+        log.info("ledger %d: bookie %s failed (%s); changing the ensemble", self.ledger_id, bookie, error)
+        self.core.bookie_failed(bookie)
+        self.failed.add(bookie)
+        need = self.quorum_size
+        for add in self.pending:
+            if bookie in add.sent:
+                add.sent.discard(bookie)
+                add.acked.discard(bookie)
+                add.quorum = len(add.acked) >= need
+        if isinstance(error, BookieTimeoutError):
+            self.core.pool.forget(bookie)
+        if self._degraded:
+            self._check_reachable(NotEnoughBookiesError("too few bookies left for the ack quorum",
+                                                        ledger=self.ledger_id, bookie=bookie))
+        elif not self._changing:
+            self._changing = True
+            asyncio.get_running_loop().create_task(self._change_ensemble())
+
+    async def _change_ensemble(self) -> None:
+        try:
+            while self.error is None:
+                failed = [b for b in self.ensemble if b in self.failed]
+                if not failed:
+                    return
+                start = self.lac + 1
+                chosen = await self.core.choose_bookies(len(failed), self.failed | set(self.ensemble))
+                replacement = dict(zip(failed, chosen))
+                new = tuple(replacement.get(b, b) for b in self.ensemble)
+                if self.error is not None:
+                    return
+                if self.recovery:
+                    self.meta = self.meta.with_ensemble(start, new)
+                else:
+                    self.meta, self.version = await self.core.md(self._write_ensemble, self.meta, start, new)
+                self._set_ensemble()
+                self.ensemble_changes += 1
+                log.info("ledger %d: new ensemble from entry %d: %s", self.ledger_id, start, ",".join(new))
+                for add in list(self.pending):
+                    self._send(add)
+        except NotEnoughBookiesError as exc:
+            if self.recovery and not self._degraded:
+                self._degrade(exc)
+            else:
+                self._fail(exc)
+        except WalkitError as exc:
+            self._fail(exc)
+        except Exception as exc:  # a bug must not leave adds hanging for ever
+            log.exception("ensemble change failed")
+            self._fail(WalkitError("ensemble change failed", ledger=self.ledger_id, reason=repr(exc)))
+        finally:
+            self._changing = False
+
+    def _degrade(self, error: NotEnoughBookiesError) -> None:
+        """(Recovery) no replacement: keep the ensemble and settle for Qa acks."""
+        log.warning("ledger %d: recovery keeps a failed bookie in the ensemble (%s); entries need Qa acks",
+                    self.ledger_id, error)
+        self._degraded = True
+        self.quorum_size = self.meta.ack_quorum
+        for add in self.pending:
+            add.quorum = len(add.acked) >= self.quorum_size
+        self._check_reachable(error)
+        if self.error is None and self.pending and self.pending[0].quorum:
+            self._complete_ready()
+
+    def _check_reachable(self, error: WalkitError) -> None:
+        """Fail the writer when some pending add can no longer get its acks."""
+        size = self.meta.ensemble_size
+        for add in self.pending:
+            alive = [b for b in self._write_sets[add.entry_id % size] if b not in self.failed]
+            if len(alive) < self.quorum_size:
+                self._fail(error)
+                return
+
+    def _write_ensemble(self, ours: LedgerMetadata, start: int, new: tuple[str, ...]) -> tuple[LedgerMetadata, int]:
+        """(Metadata thread) CAS the new fragment in."""
+
+        def change(current: LedgerMetadata) -> LedgerMetadata | None:
+            check_writable(current, self.ledger_id)
+            if current.ensembles[-1] == (start, new):
+                return None  # our own write, whose reply was lost
+            if current.ensembles != ours.ensembles:
+                raise MetadataVersionError("ledger ensembles changed under their writer", ledger=self.ledger_id)
+            return current.with_ensemble(start, new)
+
+        return self.core.ledgers.update(self.ledger_id, change)
+
+    # -- timeouts and explicit LAC -----------------------------------------------------
+    def _arm_timer(self) -> None:
+        if self._timer is None and self.pending:
+            self._timer = asyncio.get_running_loop().call_later(self._check_every(), self._check_timeouts)
+        if self._lac_timer is None and self.core.config.explicit_lac_interval > 0 and not self.recovery:
+            self._lac_timer = asyncio.get_running_loop().call_later(self.core.config.explicit_lac_interval,
+                                                                    self._send_lac)
+
+    def _check_every(self) -> float:
+        return max(0.05, self.core.config.add_timeout / 4)
+
+    def _check_timeouts(self) -> None:
+        self._timer = None
+        deadline = time.monotonic() - self.core.config.add_timeout
+        for add in list(self.pending):
+            if add.sent_at < deadline:
+                for bookie in add.sent - add.acked:
+                    self.bookie_failed(bookie, BookieTimeoutError("add timed out", bookie=bookie,
+                                                                  ledger=self.ledger_id, entry=add.entry_id))
+        self._arm_timer()
+
+    def _send_lac(self) -> None:
+        self._lac_timer = None
+        if self.error is not None or self.meta.state is LedgerState.CLOSED:
+            return
+        if self.lac > self._piggybacked:
+            self._piggybacked = self.lac
+            request = WriteLac(self.ledger_id, self.lac, self.key)
+            for bookie in self.ensemble:
+                if bookie not in self.failed:
+                    self.core.pool.request_cb(bookie, request, _ignore, None)
+        self._arm_timer()
+
+    # -- drain and close ---------------------------------------------------------------
+    def _wake_drained(self) -> None:
+        waiters, self._drained = self._drained, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def drain(self) -> None:
+        """Until no add is queued or pending (each completed or failed)."""
+        while True:
+            self._take_incoming()
+            if not self.pending:
+                return
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._drained.append(fut)
+            await fut
+
+    async def close(self) -> LedgerMetadata:
+        """Stop taking adds, let the pending ones finish, and record the close (CAS):
+        last entry = LAC, length = the LAC entry's length."""
+        with self._lock:
+            self.closing = True
+        await self.drain()
+        while self._changing:  # an ensemble change already under way lands first
+            await asyncio.sleep(0.01)
+        for timer in (self._timer, self._lac_timer):
+            if timer is not None:
+                timer.cancel()
+        if self.recovery:
+            self.meta, self.version = await self.core.md(self._write_recovered, self.meta, self.lac, self.lac_length)
+        else:
+            self.meta, self.version = await self.core.md(self._write_close, self.meta, self.lac, self.lac_length)
+        return self.meta
+
+    def _write_close(self, ours: LedgerMetadata, lac: int, length: int) -> tuple[LedgerMetadata, int]:
+        """(Metadata thread) OPEN -> CLOSED; a conflict is resolved as BookKeeper does:
+        closed by someone else at the same point is success, anything else an error."""
+
+        def change(current: LedgerMetadata) -> LedgerMetadata | None:
+            if current.state is LedgerState.CLOSED and current.last_entry_id == lac and current.length == length:
+                return None
+            check_writable(current, self.ledger_id)
+            if current.ensembles != ours.ensembles:
+                raise MetadataVersionError("ledger ensembles changed under their writer", ledger=self.ledger_id)
+            return current.closed(lac, length)
+
+        return self.core.ledgers.update(self.ledger_id, change)
+
+    def _write_recovered(self, ours: LedgerMetadata, lac: int, length: int) -> tuple[LedgerMetadata, int]:
+        """(Metadata thread) IN_RECOVERY -> CLOSED with the ensembles recovery used. A
+        ledger another recoverer closed first stays as it is: the store decided."""
+
+        def change(current: LedgerMetadata) -> LedgerMetadata | None:
+            if current.state is LedgerState.CLOSED:
+                return None
+            if current.state is not LedgerState.IN_RECOVERY:
+                raise MetadataVersionError("ledger left recovery under its recoverer", ledger=self.ledger_id,
+                                           state=current.state.name)
+            return dataclasses.replace(current.closed(lac, length), ensembles=ours.ensembles)
+
+        return self.core.ledgers.update(self.ledger_id, change)
+
+
+def check_writable(current: LedgerMetadata, ledger_id: int) -> None:
+    if current.state is LedgerState.IN_RECOVERY:
+        raise LedgerFencedError("ledger is being recovered by another client", ledger=ledger_id)
+    if current.state is LedgerState.CLOSED:
+        raise LedgerClosedError("ledger was closed", ledger=ledger_id, last_entry=current.last_entry_id)
+
+
+def _ignore(response: Response | None, error: WalkitError | None, ctx: Any) -> None:
+    """Explicit LAC writes are best effort: the next entry carries the LAC anyway."""
+    if error is not None:
+        log.debug("explicit LAC not written: %s", error)
