@@ -7,11 +7,12 @@ a different key is refused with ``UnauthorizedError``) and the fence (``LedgerFe
 unless it is a recovery add), put the entry in ledger storage (memory), then hand it to
 the journal. The returned future completes when the journal's fdatasync covering the
 entry returned - that is what makes an acknowledgement durable. The server hands over
-the adds of one received chunk together (:meth:`Bookie.add_entries_cb`): every check is
+the adds of one received chunk together (:meth:`Bookie.add_batch_cb`): every check is
 still made per add and a refusal touches that add only, but the bookie, storage and
 journal locks are taken once for the batch - first all admitted entries go to storage,
-then their records (new master keys first) are framed into the journal in one call.
-The single-add forms are batches of one.
+then their records (new master keys first) are framed into the journal in one call,
+with one callback for the admitted group (they share one flush, so one fdatasync makes
+them all durable). The single-add and per-add-callback forms are built on it.
 
 *Fence*: set the flag, journal a FENCE record, answer when it is durable; afterwards
 normal adds are refused for good (the flag survives restarts by replay or checkpoint).
@@ -30,16 +31,17 @@ journal file and checkpoint at once.
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from bookie._config import BookieConfig
 from bookie.cookie import Cookie, check_or_write_cookies
 from bookie.fs import FileSystem
 from bookie.journal import (
-    ENTRY,
     KEY_RECORD,
     GroupCommitPolicy,
     Journal,
@@ -62,9 +64,9 @@ from walkit.errors import (
     UnauthorizedError,
     WalkitError,
 )
-from walkit.protocol import parse_entry_header
+from walkit.protocol import ENTRY_HEADER, parse_entry_header
 
-__all__ = ["Bookie", "LAST_ENTRY", "AddItem"]
+__all__ = ["Bookie", "LAST_ENTRY", "AddItem", "AddRequest", "BatchCallback"]
 
 log = logging.getLogger("bookie")
 
@@ -109,6 +111,44 @@ def _as_walkit_error(exc: BaseException) -> WalkitError:
 Callback = Callable[[BaseException | None, Any], None]
 #: One add for :meth:`Bookie.add_entries_cb`: ledger id, entry id, master key, payload, recovery, ctx.
 AddItem = tuple[int, int, bytes, bytes, bool, Any]
+
+
+class AddRequest(Protocol):
+    """What :meth:`Bookie.add_batch_cb` reads of an add (an ADD_ENTRY request has it)."""
+
+    @property
+    def ledger_id(self) -> int: ...
+
+    @property
+    def entry_id(self) -> int: ...
+
+    @property
+    def master_key(self) -> bytes: ...
+
+    @property
+    def data(self) -> bytes: ...
+
+    @property
+    def recovery(self) -> bool: ...
+
+
+A = TypeVar("A", bound=AddRequest)
+#: ``cb(error, adds)``: error is None once every add of the group is durable.
+BatchCallback = Callable[[BaseException | None, list[A]], None]
+_HEADER_IDS = struct.Struct(">Qq")  # the ledger and entry id an entry's header starts with
+_HEADER_SIZE = ENTRY_HEADER.size
+
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    """An :data:`AddItem` as an :class:`AddRequest` (the per-add callback forms)."""
+
+    ledger_id: int
+    entry_id: int
+    master_key: bytes
+    data: bytes
+    recovery: bool
+    ctx: Any
 
 
 def _resolve(err: BaseException | None, fut: Future[Any]) -> None:
@@ -235,65 +275,98 @@ class Bookie:
 
     def add_entries_cb(self, adds: list[AddItem], cb: Callback) -> None:
         """Store several entries - ``(ledger id, entry id, master key, payload, recovery,
-        ctx)`` each, e.g. the adds of one received chunk - taking the bookie, storage and
-        journal locks once for all of them. Each add is checked as a single one would be,
-        and ``cb(err, ctx)`` is called once per add: when it is durable, or at once (after
-        the bookie lock is released) when it is refused. A refusal affects no other add."""
-        refused: list[tuple[BaseException, Any]] = []
-        checked: list[AddItem] = []
-        for add in adds:
-            try:
-                self._check_ledger(add[0], add[2])
-                self._check_entry(add[0], add[1], add[3])
-            except WalkitError as exc:
-                refused.append((exc, add[5]))
-                continue
-            checked.append(add)
-        if checked:
-            stored = self._store_entries(checked, refused, cb)
-            if stored:
-                self._count_pending(stored)
-        for err, ctx in refused:
-            cb(err, ctx)
+        ctx)`` each - as :meth:`add_batch_cb` does, but ``cb(err, ctx)`` is called once
+        per add: when it is durable, or at once when it is refused."""
 
-    def _store_entries(self, adds: list[AddItem], refused: list[tuple[BaseException, Any]], cb: Callback) -> int:
-        """Under the bookie lock: admit each add (master key, fence), put the admitted
-        ones in storage, then journal them - the master keys seen for the first time,
-        then the entries, in order, all framed at once. Refusals go to ``refused``;
-        returns how many adds were handed to the journal."""
+        def each(err: BaseException | None, group: list[_Add]) -> None:
+            for add in group:
+                cb(err, add.ctx)
+
+        self.add_batch_cb([_Add(*add) for add in adds], each)
+
+    def add_batch_cb(self, adds: list[A], cb: BatchCallback[A]) -> None:
+        """Store several entries (e.g. the adds of one received chunk; anything with the
+        fields of an ADD_ENTRY request: ``ledger_id``, ``entry_id``, ``master_key``,
+        ``data``, ``recovery``), taking the bookie, storage and journal locks once for
+        all of them. Each add is checked as a single one would be and a refusal affects
+        no other add; every add is handed to ``cb(err, group)`` exactly once: the
+        admitted ones together, in order, once the journal's fdatasync covering them
+        returned (``err`` None; or the journal's error), each refused one on its own
+        (``[add]``) at once, after the bookie lock is released."""
+        refused: list[tuple[BaseException, A]] = []
         with self._lock:
-            try:
-                self._check_running()
-            except WalkitError as exc:
-                refused.extend((exc, add[5]) for add in adds)
+            stored = self._store_batch(adds, refused, cb)
+        if stored:
+            self._count_pending(stored)
+        for err, add in refused:
+            cb(err, [add])
+
+    def _store_batch(self, adds: list[A], refused: list[tuple[BaseException, A]], cb: BatchCallback[A]) -> int:
+        """Under the bookie lock: admit each add (arguments, entry header, master key,
+        fence), put the admitted ones in storage, then journal them - the master keys
+        seen for the first time, then the entries, in order, all framed at once, with one
+        callback for the group. Refusals go to ``refused``; returns how many adds were
+        handed to the journal."""
+        if not self._running:
+            exc = BookieShutdownError("bookie is not running", bookie=self.config.effective_bookie_id)
+            refused.extend((exc, add) for add in adds)
+            return 0
+        records: list[Record] = []
+        admitted, entries = self._admit_batch(adds, refused, records)
+        if not admitted:
+            return 0
+        failed = self.storage.add_entries(entries)
+        if failed:
+            bad = {i for i, _ in failed}
+            refused.extend((_as_walkit_error(exc), admitted[i]) for i, exc in failed)
+            admitted = [add for i, add in enumerate(admitted) if i not in bad]
+            entries = [entry for i, entry in enumerate(entries) if i not in bad]
+            if not admitted:
                 return 0
-            seen: dict[int, tuple[bytes | None, bool]] = {}
-            records: list[Record] = []
-            admitted: list[AddItem] = []
-            for add in adds:
-                ledger_id, entry_id, master_key, _, recovery, ctx = add
-                try:
-                    if self._admit_key(ledger_id, master_key, seen, records) and not recovery:
-                        raise LedgerFencedError("ledger is fenced", ledger=ledger_id, entry=entry_id)
-                except (WalkitError, OSError) as exc:
-                    refused.append((_as_walkit_error(exc), ctx))
-                    continue
-                admitted.append(add)
-            if admitted:
-                failed = self.storage.add_entries([(add[0], add[1], add[3]) for add in admitted])
-                if failed:
-                    bad = {i for i, _ in failed}
-                    refused.extend((_as_walkit_error(exc), admitted[i][5]) for i, exc in failed)
-                    admitted = [add for i, add in enumerate(admitted) if i not in bad]
-                records.extend([(ENTRY, add[0], add[1], add[3], cb, add[5]) for add in admitted])
-            if records:
-                try:
-                    self.journal.log_records(records)
-                except (WalkitError, OSError) as exc:
-                    err = _as_walkit_error(exc)
-                    refused.extend((err, add[5]) for add in admitted)
-                    return 0
-            return len(admitted)
+        try:
+            self.journal.log_entries(entries, cb, admitted, records)
+        except (WalkitError, OSError) as exc:
+            err = _as_walkit_error(exc)
+            refused.extend((err, add) for add in admitted)
+            return 0
+        return len(admitted)
+
+    def _admit_batch(self, adds: list[A], refused: list[tuple[BaseException, A]],
+                     records: list[Record]) -> tuple[list[A], list[tuple[int, int, bytes]]]:
+        """The adds that pass every check, and their ``(ledger id, entry id, payload)``
+        for storage and journal. One combined test per add; only an add that fails it
+        goes through the checks that name the fault (:meth:`_check_ledger`,
+        :meth:`_check_entry`, which refuse it - or pass it, e.g. an ``int`` subclass).
+        The key and fence of a ledger are looked up once per run of adds of that ledger
+        with the same key (they cannot change meanwhile: the bookie lock is held)."""
+        admitted: list[A] = []
+        entries: list[tuple[int, int, bytes]] = []
+        seen: dict[int, tuple[bytes | None, bool]] = {}
+        max_size, header_ids = self._max_entry_size, _HEADER_IDS.unpack_from
+        last_ledger, last_key, fenced = -1, b"", False
+        for add in adds:
+            ledger_id, entry_id, key, data = add.ledger_id, add.entry_id, add.master_key, add.data
+            try:
+                if not (
+                    type(ledger_id) is int and type(entry_id) is int and type(key) is bytes and type(data) is bytes
+                    and 0 <= ledger_id <= _MAX_LEDGER_ID and 0 <= entry_id <= MAX_ENTRY_ID
+                    and 0 < len(key) <= _MAX_KEY and _HEADER_SIZE <= len(data) <= max_size
+                    and header_ids(data) == (ledger_id, entry_id)
+                ):
+                    self._check_ledger(ledger_id, key)
+                    self._check_entry(ledger_id, entry_id, data)
+                if ledger_id != last_ledger or key != last_key:
+                    last_ledger = -1
+                    fenced = self._admit_key(ledger_id, key, seen, records)
+                    last_ledger, last_key = ledger_id, key
+                if fenced and not add.recovery:
+                    raise LedgerFencedError("ledger is fenced", ledger=ledger_id, entry=entry_id)
+            except (WalkitError, OSError) as exc:
+                refused.append((_as_walkit_error(exc), add))
+                continue
+            admitted.append(add)
+            entries.append((ledger_id, entry_id, data))
+        return admitted, entries
 
     def add_entry(
         self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, recovery: bool = False

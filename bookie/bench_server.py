@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from walkit.client import BookieClient
-from walkit.protocol import encode_entry
+from walkit.errors import WalkitError
+from walkit.protocol import AddEntry, Response, encode_entry
 
 __all__ = ["run_bookie_bench", "format_markdown"]
 
@@ -68,47 +69,45 @@ def _start_bookie(base: str, port: int) -> subprocess.Popen[bytes]:
 async def _drive(port: int, pid: int, seconds: float, in_flight: int, size: int) -> dict[str, Any]:
     client = await BookieClient.connect("127.0.0.1", port)
     payload = os.urandom(size)
-    state = {"ledger": 1, "entry": 0, "acked": 0, "counting": False}
+    ledger, entry, acked, counting = 1, 0, 0, False
     latencies: list[int] = []
     failures: list[BaseException] = []
     finished = asyncio.get_running_loop().create_future()
+    clock = time.perf_counter_ns
 
+    # The adds go through BookieClient.request_cb, the ledger client's path: a callback
+    # per answer, no future (and no loop callback) per add.
     def send() -> None:
-        entry = state["entry"]
-        ledger = state["ledger"]
+        nonlocal ledger, entry
         if entry == _ENTRIES_PER_LEDGER:
-            state["ledger"], state["entry"], entry = ledger + 1, 0, 0
-            ledger += 1
-        state["entry"] = entry + 1
+            ledger, entry = ledger + 1, 0
         data = encode_entry(ledger, entry, entry - 1, (entry + 1) * size, payload, digest="crc32c")
-        sent = time.perf_counter_ns()
-        fut = client.add_entry_nowait(ledger, entry, _KEY, data)
-        fut.add_done_callback(lambda f: done(f, sent))
+        client.request_cb(AddEntry(ledger, entry, _KEY, data), done, clock())
+        entry += 1
 
-    def done(fut: asyncio.Future[Any], sent: int) -> None:
+    def done(response: Response | None, error: WalkitError | None, sent: int) -> None:
+        nonlocal acked
         if finished.done():
-            fut.exception()  # the run is over; close() fails what is still in flight
+            return  # the run is over; close() fails what is still in flight
+        if error is not None:
+            failures.append(error)
+            finished.set_result(None)
             return
-        if fut.exception() is not None:
-            failures.append(fut.exception())  # type: ignore[arg-type]
-            if not finished.done():
-                finished.set_result(None)
-            return
-        if state["counting"]:
-            state["acked"] += 1
-            latencies.append(time.perf_counter_ns() - sent)
+        if counting:
+            acked += 1
+            latencies.append(clock() - sent)
         send()
 
     for _ in range(in_flight):
         send()
     await asyncio.sleep(1.0)  # warm-up
-    state["counting"] = True
+    counting = True
     cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
     client_cpu0 = time.process_time()
     await asyncio.wait([finished], timeout=seconds)
     elapsed = time.perf_counter() - t0
     cpu1, client_cpu1 = _cpu_seconds(pid), time.process_time()
-    acked = state["acked"]
+    counting = False
     if not finished.done():
         finished.set_result(None)
     await client.close()

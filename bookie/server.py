@@ -9,15 +9,18 @@ responses for frames it could not accept) and dispatches each:
 
 * ADD_ENTRY goes straight to the core: the consecutive adds that one pass of
   :meth:`_Connection._pump` may dispatch (limits and stopping / read-only / busy checks
-  per add, as for a single add) are handed over in one :meth:`Bookie.add_entries_cb`
-  call, which still checks and answers each add on its own; any other request (or a
-  refused add) first submits the adds collected before it, so submission order is
-  arrival order. The journal's sync thread calls back once each entry is durable;
-  callbacks are queued (a deque, thread-safe) and the loop is woken once per batch
-  (``call_soon_threadsafe`` only when no drain is scheduled yet - a callback that sees
-  the flag set does not even take the drain lock), so a group commit of a thousand
-  entries costs one wake-up. A durable add's answer is encoded straight from its
-  request (:meth:`~walkit.protocol.ServerConnection.send_added`, the same bytes).
+  per add, as for a single add) are handed over in one :meth:`Bookie.add_batch_cb`
+  call, which still checks each add on its own; any other request (or a refused add)
+  first submits the adds collected before it, so submission order is arrival order.
+  The adds the core admitted are framed into one journal batch with **one callback**
+  for the group, which the journal's sync thread calls once their fdatasync returned
+  (a refused add is called back on its own, at once). Callbacks are queued (a deque,
+  thread-safe) and the loop is woken once per journal flush (``call_soon_threadsafe``
+  only when no drain is scheduled yet - a callback that sees the flag set does not even
+  take the drain lock), so a group commit of a thousand entries costs a few queue
+  items and one wake-up. The answers of a group are encoded straight from the requests
+  and joined once (:meth:`~walkit.protocol.ServerConnection.send_added_many`, the bytes
+  of an AddEntryResponse each).
 * Reads (READ_ENTRY, READ_LAC, GET_BOOKIE_INFO) may touch the disk: they run on a small
   thread pool and answer through the loop.
 * A fencing READ_ENTRY first fences (the FENCE record is journaled and synced), then
@@ -59,6 +62,7 @@ import asyncio
 import collections
 import dataclasses
 import fcntl
+import functools
 import itertools
 import json
 import logging
@@ -72,7 +76,7 @@ from typing import Any
 
 from sortedcontainers import SortedKeyList
 
-from bookie._bookie import AddItem, Bookie
+from bookie._bookie import Bookie
 from bookie._config import BookieConfig
 from bookie.cookie import Cookie
 from bookie.fs import FileSystem
@@ -160,6 +164,9 @@ class _Connection(asyncio.Protocol):
         self.eof = False
         self.peer = "?"
         self.waiters: set[_LongPoll] = set()
+        #: The core's callback for this connection's adds (``cb(err, adds)``).
+        self.on_added: Callable[[BaseException | None, list[AddEntry]], None] = functools.partial(
+            server._on_added, self)
 
     # -- asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -217,37 +224,51 @@ class _Connection(asyncio.Protocol):
         return self.out_bytes + buffered
 
     def _pump(self) -> None:
-        """Dispatch what the limits allow; pause reading while anything must wait."""
+        """Dispatch what the limits allow; pause reading while anything must wait.
+        Consecutive adds are admitted here (the server's checks, inlined: this loop runs
+        once per add) and handed to the core together; anything else - another request,
+        a refused add - first submits the adds collected before it, so submission order
+        is arrival order."""
         server = self.server
-        limit = server.config.max_pending_requests_per_connection
-        budget = 2 * server.config.netty_max_frame_size_bytes
+        c = server.config
+        limit, budget = c.max_pending_requests_per_connection, 2 * c.netty_max_frame_size_bytes
+        max_adds, max_bytes = c.max_pending_add_requests, c.max_pending_add_bytes
         backlog = self.backlog
-        adds: list[AddItem] = []  # consecutive adds admitted so far: submitted in one call
+        adds: list[AddEntry] = []  # consecutive adds admitted so far: submitted in one call
+        unsent = self._unsent()  # changes only when this loop answers something
         while backlog and not self.closed:
             req = backlog[0]
-            is_read = not isinstance(req, (AddEntry, WriteLac))
-            if (self.in_flight >= limit or self._unsent() >= budget
-                    or (is_read and self.reads_in_flight >= _READS_IN_FLIGHT)):
+            if self.in_flight >= limit or unsent >= budget:
+                break
+            if isinstance(req, AddEntry):
+                backlog.popleft()
+                self.in_flight += 1
+                if not (server._stopping or (server.readonly and not req.recovery)
+                        or server._pending_adds >= max_adds or server._pending_add_bytes >= max_bytes):
+                    server._pending_adds += 1
+                    server._pending_add_bytes += len(req.data)
+                    adds.append(req)
+                    continue
+                if adds:  # keep the order: what came before goes first
+                    server._submit_adds(self, adds)
+                    adds = []
+                self.respond(server._add_refusal(req))
+                unsent = self._unsent()
+                continue
+            is_read = not isinstance(req, WriteLac)
+            if is_read and self.reads_in_flight >= _READS_IN_FLIGHT:
                 break
             backlog.popleft()
             self.in_flight += 1
-            if isinstance(req, AddEntry):
-                refusal = server._admit_add(self, req, adds)
-                if refusal is None:
-                    continue
-                if adds:  # keep the order: what came before goes first
-                    server._submit_adds(adds)
-                    adds = []
-                self.respond(refusal)
-                continue
             if adds:
-                server._submit_adds(adds)
+                server._submit_adds(self, adds)
                 adds = []
             if is_read:
                 self.reads_in_flight += 1
             server._dispatch(self, req)
+            unsent = self._unsent()
         if adds:
-            server._submit_adds(adds)
+            server._submit_adds(self, adds)
         want_pause = bool(backlog) or server._stopping
         if want_pause != self.reading_paused and self.transport is not None and not self.closed:
             self.reading_paused = want_pause
@@ -272,13 +293,13 @@ class _Connection(asyncio.Protocol):
         self._queue_frame(self.wire.send(response))
         self._answered()
 
-    def respond_added(self, req: AddEntry) -> None:
-        """``respond(AddEntryResponse(...))`` for a durable add, without building the
-        response object (same bytes; the hot path)."""
-        self.in_flight -= 1
+    def respond_added(self, reqs: list[AddEntry]) -> None:
+        """``respond(AddEntryResponse(...))`` for each of several durable adds, without
+        building the response objects: their frames (the same bytes) joined once."""
+        self.in_flight -= len(reqs)
         if self.closed:
             return
-        self._queue_frame(self.wire.send_added(req))
+        self._queue_frame(self.wire.send_added_many(reqs))
         self._answered()
 
     def _answered(self) -> None:
@@ -359,7 +380,8 @@ class BookieServer:
         self._registration: Any = None
         self._connections: set[_Connection] = set()
         self._pending_adds = 0
-        self._done: collections.deque[tuple[tuple[int, _Connection, Any], BaseException | None]] = collections.deque()
+        #: Completions (kind, connection, adds or request, error), from the sync thread.
+        self._done: collections.deque[tuple[int, _Connection, Any, BaseException | None]] = collections.deque()
         self._drain_lock = threading.Lock()
         self._drain_scheduled = False
         self._pending_add_bytes = 0
@@ -552,8 +574,8 @@ class BookieServer:
 
     # -- requests ----------------------------------------------------------------------
     def _dispatch(self, conn: _Connection, req: ReadEntry | ReadLac | WriteLac | GetBookieInfo) -> None:
-        """Every request but ADD_ENTRY (adds go through :meth:`_admit_add` and
-        :meth:`_submit_adds`, a chunk at a time)."""
+        """Every request but ADD_ENTRY (adds are admitted by :meth:`_Connection._pump`
+        and go through :meth:`_submit_adds`, a chunk at a time)."""
         try:
             if self._stopping:
                 raise BookieShutdownError("bookie is stopping", bookie=self.bookie_id)
@@ -573,33 +595,37 @@ class BookieServer:
             conn.respond(_error(_op_of(req), getattr(req, "ledger_id", 0), getattr(req, "entry_id", -1),
                                 req.request_id, exc))
 
-    def _admit_add(self, conn: _Connection, req: AddEntry, adds: list[AddItem]) -> ErrorResponse | None:
-        """The server's checks of one add (stopping, read-only, adds in flight): either
-        count it in flight and append it to ``adds`` (for :meth:`_submit_adds`), or
-        return the refusal to answer it with."""
+    def _add_refusal(self, req: AddEntry) -> ErrorResponse:
+        """The answer to an add the server's checks refuse (stopping, read-only, adds in
+        flight; :meth:`_Connection._pump` makes those checks)."""
         c = self.config
         if self._stopping:
             exc: WalkitError = BookieShutdownError("bookie is stopping", bookie=self.bookie_id)
         elif self.readonly and not req.recovery:
             exc = BookieReadOnlyError("bookie is read-only", bookie=self.bookie_id)
-        elif self._pending_adds >= c.max_pending_add_requests or self._pending_add_bytes >= c.max_pending_add_bytes:
+        else:
             exc = BookieBusyError("too many adds in flight", limit=c.max_pending_add_requests,
                                   bytes_limit=c.max_pending_add_bytes)
-        else:
-            self._pending_adds += 1
-            self._pending_add_bytes += len(req.data)
-            adds.append((req.ledger_id, req.entry_id, req.master_key, req.data, req.recovery, (_ADD_DONE, conn, req)))
-            return None
         return _error(Op.ADD_ENTRY, req.ledger_id, req.entry_id, req.request_id, exc)
 
-    def _submit_adds(self, adds: list[AddItem]) -> None:
-        """Hand admitted adds to the core in one call; each is answered via ``_on_done``."""
+    def _submit_adds(self, conn: _Connection, adds: list[AddEntry]) -> None:
+        """Hand admitted adds to the core in one call; they are answered via
+        :meth:`_on_added` (once for those durable together, once per refusal)."""
         assert self.bookie is not None
-        self.bookie.add_entries_cb(adds, self._on_done)
+        self.bookie.add_batch_cb(adds, conn.on_added)
+
+    def _on_added(self, conn: _Connection, err: BaseException | None, reqs: list[AddEntry]) -> None:
+        """Journal callback for a group of adds (sync thread, or this thread on a refusal)."""
+        self._done.append((_ADD_DONE, conn, reqs, err))
+        self._wake_drain()
 
     def _on_done(self, err: BaseException | None, ctx: Any) -> None:
-        """Journal callback (sync thread, or this thread on a refusal)."""
-        self._done.append((ctx, err))
+        """Journal callback of one WRITE_LAC: ``ctx`` is ``(_LAC_WRITTEN, conn, req)``."""
+        kind, conn, req = ctx
+        self._done.append((kind, conn, req, err))
+        self._wake_drain()
+
+    def _wake_drain(self) -> None:
         if self._drain_scheduled:  # read without the lock: the drain, which clears the
             return  # flag before it empties the queue, will find this completion
         with self._drain_lock:
@@ -613,23 +639,30 @@ class BookieServer:
             self._drain_scheduled = False
         done = self._done
         while done:
-            (kind, conn, req), err = done.popleft()
+            kind, conn, req, err = done.popleft()
             try:
-                self._completed(kind, conn, req, err)
+                if kind == _ADD_DONE:
+                    self._added(conn, req, err)
+                else:
+                    self._lac_written(conn, req, err)
             except Exception:  # one bad completion must not strand the others
                 log.exception("answering a completed request failed")
 
-    def _completed(self, kind: int, conn: _Connection, req: Any, err: BaseException | None) -> None:
-        if kind == _ADD_DONE:
-            self._pending_adds -= 1
-            self._pending_add_bytes -= len(req.data)
-            if err is None:
-                conn.respond_added(req)
-                if req.ledger_id in self._waiters:
-                    self._lac_advanced(req.ledger_id, parse_entry_header(req.data).lac)
-            else:
+    def _added(self, conn: _Connection, reqs: list[AddEntry], err: BaseException | None) -> None:
+        self._pending_adds -= len(reqs)
+        self._pending_add_bytes -= sum([len(req.data) for req in reqs])
+        if err is None:
+            conn.respond_added(reqs)
+            if self._waiters:
+                for req in reqs:
+                    if req.ledger_id in self._waiters:
+                        self._lac_advanced(req.ledger_id, parse_entry_header(req.data).lac)
+        else:
+            for req in reqs:
                 conn.respond(_error(Op.ADD_ENTRY, req.ledger_id, req.entry_id, req.request_id, err))
-        elif err is None:
+
+    def _lac_written(self, conn: _Connection, req: WriteLac, err: BaseException | None) -> None:
+        if err is None:
             conn.respond(WriteLacResponse(req.ledger_id, req.request_id))
             if req.ledger_id in self._waiters:
                 self._lac_advanced(req.ledger_id, req.lac)

@@ -36,7 +36,7 @@ from walkit.errors import (
     UsageError,
     WalkitError,
 )
-from walkit.protocol import encode_entry
+from walkit.protocol import AddEntry, encode_entry
 
 KEY = b"writer-master-key-0123456789abcd"
 OTHER_KEY = b"another-writer-key"
@@ -1002,3 +1002,30 @@ def test_a_batch_of_adds_checks_each_add_on_its_own(place: Place) -> None:
     assert [b.read_entry(1, i) for i in range(3)] == [entry(1, i) for i in range(3)]
     assert b.read_entry(2, 1) == entry(2, 1)
     assert b.storage.master_key(1) == b"k1"
+
+
+def test_a_batch_is_called_back_once_for_its_durable_adds(place: Place) -> None:
+    """add_batch_cb (the server's path): the admitted adds come back together, in order,
+    in one call once durable; each refused add comes back on its own, at once."""
+    b = place.bookie()
+    ok(b.add_entry(2, 0, b"k2", entry(2, 0)))
+    ok(b.fence(2, b"k2"))
+    adds = [AddEntry(1, 0, b"k1", entry(1, 0)), AddEntry(2, 1, b"k2", entry(2, 1)),
+            AddEntry(1, 1, b"k1", entry(1, 1)), AddEntry(1, 2, b"k1", entry(1, 3)),
+            AddEntry(2, 1, b"k2", entry(2, 1), recovery=True)]
+    calls: list[tuple[type | None, list[AddEntry]]] = []
+    done = threading.Event()
+
+    def cb(err: BaseException | None, group: list[AddEntry]) -> None:
+        calls.append((None if err is None else type(err), group))
+        if err is None:
+            done.set()
+
+    b.add_batch_cb(adds, cb)
+    refused = [c for c in calls if c[0] is not None]  # called at once, before add_batch_cb returns
+    assert refused == [(LedgerFencedError, [adds[1]]), (InvalidArgumentError, [adds[3]])], refused
+    assert done.wait(TIMEOUT)
+    durable = [c for c in calls if c[0] is None]
+    assert durable == [(None, [adds[0], adds[2], adds[4]])], "one call for the durable adds, in order"
+    assert len(calls) == 3, calls
+    assert b.read_entry(1, 1) == entry(1, 1) and b.read_entry(2, 1) == entry(2, 1)

@@ -29,7 +29,17 @@ from bookie import native
 from bookie.fs import File, FileSystem
 from bookie.fs.mem import MemFS
 from bookie.fs.real import RealFS
-from bookie.journal import FrameType, GroupCommitPolicy, Journal, JournalConfig, LogMark, list_journals, replay, scan_journal
+from bookie.journal import (
+    KEY_RECORD,
+    FrameType,
+    GroupCommitPolicy,
+    Journal,
+    JournalConfig,
+    LogMark,
+    list_journals,
+    replay,
+    scan_journal,
+)
 from bookie.journal._format import FLAG_FLUSH_START, FRAME_HEADER
 from walkit.errors import BookieShutdownError, InvalidArgumentError, WalkitError
 from journal_support import Rec, Recorder, submit
@@ -654,3 +664,42 @@ def test_stats_count_every_record_with_or_without_callback(mem: Env) -> None:
     acks.wait(1)
     j.shutdown()
     assert j.stats.records == 3, f"stats: {j.stats}"
+
+
+def test_log_entries_frames_a_group_under_one_callback(env: Env) -> None:
+    """The bookie's hot path: new master keys, then a group of entries spanning several
+    buffers, framed in one call; one callback for the group, once durable; replay gives
+    every record in order."""
+    j = env.journal(buffer_size=64 * KIB)
+    acks = Acks()
+    group = [(7, i, bytes([i % 251]) * (i * 997 % 9000)) for i in range(300)]  # ~1.3 MiB: several segments
+    j.log_entries(group, acks, "group", [(KEY_RECORD, 7, 0, b"key", None, None)])
+    acks.wait(1)
+    j.log_entries([(8, 0, b"x")], acks, "second")
+    acks.wait(2)
+    j.shutdown()
+    assert acks.calls == [("group", None), ("second", None)], "one callback per group, in order, no error"
+    assert j.stats.records == len(group) + 2, f"every framed record is counted: {j.stats}"
+    want = [("master_key", 7, b"key"), *[("entry", *e) for e in group], ("entry", 8, 0, b"x")]
+    assert replayed(env.fs, env.dir) == want
+
+
+def test_log_entries_refusals(mem: Env) -> None:
+    """No entry: refused at the call. A value that cannot be framed: the group's callback
+    gets the error, once, and the journal stays up. A shut-down journal: refused at the
+    call, no callback."""
+    j = mem.journal()
+    acks = Acks()
+    with pytest.raises(InvalidArgumentError):
+        j.log_entries([], acks, "empty")
+    j.log_entries([(1, 0, b"a"), (-1, 1, b"b")], acks, "bad")
+    acks.wait(1)
+    assert [c for c, _ in acks.calls] == ["bad"] and acks.calls[0][1] is not None, acks.calls
+    j.log_entries([(1, 2, b"c")], acks, "after")
+    acks.wait(2)
+    assert acks.calls[1] == ("after", None), "the journal stays up after a group it could not frame"
+    j.shutdown()
+    with pytest.raises(BookieShutdownError):
+        j.log_entries([(1, 3, b"d")], acks, "late")
+    time.sleep(0.05)
+    assert len(acks.calls) == 2, f"a refused call is not called back: {acks.calls}"

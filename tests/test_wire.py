@@ -718,3 +718,80 @@ def test_error_for_names_the_error_class() -> None:
     }
     for status, cls in expected.items():
         assert type(error_for(ErrorResponse(Op.ADD_ENTRY, status))) is cls
+
+
+# --- the add fast paths: the same messages as the general decoders ------------------------
+
+
+def _add_frames() -> list[bytes]:
+    """ADD_ENTRY frames of every shape the fast path takes, and near misses it leaves to
+    decode_request (bad version, flags, key length, ids past 2^63-1, short body)."""
+    good = [AddEntry(1, 0, KEY, b"x" * 1000), AddEntry(2**63 - 1, 2**63 - 1, b"", b""),
+            AddEntry(3, 7, b"k" * 64, b"data", recovery=True, request_id=5)]
+    frames = [encode_request(r) for r in good]
+    base = encode_request(AddEntry(4, 1, KEY, b"payload", request_id=9))
+
+    def patched(offset: int, raw: bytes) -> bytes:
+        return base[:offset] + raw + base[offset + len(raw):]
+
+    frames += [
+        patched(6, b"\x00\x02"),  # FENCE is no add flag
+        patched(32, bytes([65])),  # key longer than allowed
+        patched(32, b"\xff"),  # key past the end of the frame
+        patched(16, b"\x80" + b"\0" * 7),  # ledger id 2^63
+        patched(24, b"\xff" * 8),  # entry id 2^64-1
+        struct.pack(">IBBHQ", 20, 1, 1, 0, 3) + b"\0" * 8,  # body shorter than 17 bytes
+        base,  # still read after those refusals
+        patched(4, b"\x02"),  # protocol version 2: the stream closes
+        base,  # not read
+    ]
+    return frames
+
+
+def test_server_add_fast_path_answers_as_decode_request() -> None:
+    """Every frame, fed whole or cut anywhere, gives what decode_request (or the refusal
+    of a bad frame) gives; frames after a refused one are still read."""
+    frames = _add_frames()
+    expected: list[Request | ErrorResponse] = []
+    for frame in frames:
+        fresh = ServerConnection()
+        expected += fresh.receive(frame)
+        if fresh.closing:
+            break  # another protocol version closes the stream: nothing after it counts
+    stream = b"".join(frames)
+    assert ServerConnection().receive(stream) == expected
+    rng = random.Random(7)
+    for _ in range(50):
+        server, got, pos = ServerConnection(), [], 0
+        while pos < len(stream):
+            step = rng.randint(1, 1500)
+            got += server.receive(memoryview(stream)[pos : pos + step] if step % 2 else stream[pos : pos + step])
+            pos += step
+        assert got == expected
+    assert isinstance(expected[0], AddEntry) and expected[0] == decode_request(frames[0][4:])
+    assert isinstance(expected[2], AddEntry) and expected[2].recovery
+    assert [type(e).__name__ for e in expected[3:]] == ["ErrorResponse"] * 6 + ["AddEntry", "ErrorResponse"]
+    assert all(e.status is Status.EBADREQ for e in expected[3:9] if isinstance(e, ErrorResponse))
+    assert isinstance(expected[-1], ErrorResponse) and expected[-1].status is Status.EBADVERSION
+
+
+def test_server_answers_many_adds_at_once_as_one_by_one() -> None:
+    server = ServerConnection()
+    reqs = [AddEntry(1, e, KEY, b"d", request_id=e + 1) for e in range(5)]
+    assert server.send_added_many(reqs) == b"".join(server.send_added(r) for r in reqs)
+    assert server.send_added(reqs[0]) == server.send(AddEntryResponse(1, 0, request_id=1))
+
+
+def test_client_add_fast_path_still_matches_and_refuses() -> None:
+    """An add's answer is matched like any response: a second answer to the same id, or
+    an add answer to a read, is a ProtocolError."""
+    client, server = ClientConnection(), ServerConnection()
+    rid, _ = client.send(AddEntry(1, 0, KEY, b"d"))
+    answer = server.send(AddEntryResponse(1, 0, request_id=rid))
+    assert client.receive(answer[:7]) == [] and client.receive(answer[7:]) == [AddEntryResponse(1, 0, rid)]
+    with pytest.raises(ProtocolError, match="no pending request"):
+        client.receive(answer)
+    client = ClientConnection()
+    rid, _ = client.send(ReadLac(1))
+    with pytest.raises(ProtocolError, match="does not match"):
+        client.receive(server.send(AddEntryResponse(1, 0, request_id=rid)))

@@ -121,6 +121,19 @@ def _check_bytes(data: Any) -> bytes:
     return data  # type: ignore[return-value]
 
 
+def _check_records(records: list[Record]) -> None:
+    """Refuse a record the journal could not frame (one combined test per record)."""
+    for ftype, ledger_id, arg, data, _, _ in records:
+        if (
+            type(ledger_id) is not int or type(arg) is not int or not 0 <= ledger_id <= _U64_MAX
+            or not _I64_MIN <= arg <= _I64_MAX or not isinstance(data, (bytes, bytearray, memoryview))
+            or ftype not in _RECORD_TYPES
+        ):
+            _check_ids(ledger_id, arg)
+            _check_bytes(data)
+            raise InvalidArgumentError("unknown journal record type", type=ftype)
+
+
 def _call_back(records: list[tuple[Callback, Any]], error: BaseException | None) -> None:
     """Run a batch's callbacks, in submission order."""
     for cb, ctx in records:
@@ -258,18 +271,28 @@ class Journal:
         ``FENCE_RECORD``, ``LAC_RECORD`` (arg: the LAC). Either the call raises and no
         record is taken (a record out of range, a dead or shut-down journal), or every
         callback is called exactly once later - with ``None`` once durable."""
-        for ftype, ledger_id, arg, data, _, _ in records:
-            if (
-                type(ledger_id) is not int or type(arg) is not int or not 0 <= ledger_id <= _U64_MAX
-                or not _I64_MIN <= arg <= _I64_MAX or not isinstance(data, (bytes, bytearray, memoryview))
-                or ftype not in _RECORD_TYPES
-            ):
-                _check_ids(ledger_id, arg)
-                _check_bytes(data)
-                raise InvalidArgumentError("unknown journal record type", type=ftype)
+        _check_records(records)
         self._add(records)
 
-    def _add(self, records: list[Record]) -> None:
+    def log_entries(self, entries: list[tuple[int, int, bytes]], callback: Callback, ctx: Any,
+                    records: list[Record] | None = None) -> None:
+        """Frame ``records`` (checked as :meth:`log_records` checks them; e.g. the master
+        keys of ledgers seen for the first time), then the ENTRY records ``(ledger id,
+        entry id, payload)``, in order, under one lock acquisition; ``callback(error,
+        ctx)`` is called **once** for all the entries - with ``None`` when the flush that
+        covers them returned (they are framed into one batch, so one fdatasync covers
+        them all). The hot path: the bookie checked the entries (ids in range, payload
+        bytes), so they are not checked again; a value that cannot be framed fails the
+        group's callback with its error (the entries framed before it are written but
+        not acknowledged). A dead or shut-down journal raises and takes nothing."""
+        if not entries:
+            raise InvalidArgumentError("log_entries needs at least one entry")
+        if records:
+            _check_records(records)
+        self._add(records or [], entries, (callback, ctx))
+
+    def _add(self, records: list[Record], entries: list[tuple[int, int, bytes]] | None = None,
+             group: tuple[Callback, Any] | None = None) -> None:
         # Under the lock: a record is either refused here or called back later exactly
         # once, even when the journal dies or shuts down at this very moment.
         failed: list[tuple[Callback, Any]] = []
@@ -280,6 +303,7 @@ class Journal:
             if self._closed or self._error is not None:
                 raise self._dead_error()
             callbacks = self._records
+            frames = self._frames
             taken = 0
             try:
                 for ftype, ledger_id, arg, data, callback, ctx in records:
@@ -287,9 +311,20 @@ class Journal:
                     taken += 1
                     if callback is not None:
                         callbacks.append((callback, ctx))
+                if entries:
+                    frames.framed = 0
+                    frames.append_entries(entries)
+                    taken += frames.framed
+                if group is not None:
+                    callbacks.append(group)
             except BaseException as exc:  # noqa: BLE001 - e.g. no memory for a buffer:
                 error = exc  # the records not framed fail, the framed ones stay
-                failed = [(cb, ctx) for _, _, _, _, cb, ctx in records[taken:] if cb is not None]
+                if taken < len(records):
+                    failed = [(cb, ctx) for _, _, _, _, cb, ctx in records[taken:] if cb is not None]
+                else:
+                    taken += frames.framed  # entries framed before the failure
+                if group is not None:
+                    failed.append(group)
             if taken:
                 self._entries += taken
                 if self._oldest is None:

@@ -20,6 +20,7 @@ from walkit.errors import CorruptionError, FormatError, InvalidArgumentError
 __all__ = [
     "LOG_HEADER_SIZE",
     "RECORD_HEADER",
+    "RECORD_CRC_HEAD",
     "MAX_ENTRY_SIZE",
     "MAX_ENTRY_ID",
     "MAX_LEDGER_ID",
@@ -54,7 +55,7 @@ _LOG_HEADER = struct.Struct("<8sHHQI")  # magic, version, header size, log id, c
 #: length (of everything after the CRC), crc32c, ledger id, entry id; then the data.
 RECORD_HEADER = struct.Struct("<IIQQ")
 _RECORD_IDS = struct.Struct("<QQ")  # the part of the header counted in ``length``
-_RECORD_CRC_HEAD = struct.Struct("<IQQ")  # length and ids: what the CRC covers before the data
+RECORD_CRC_HEAD = struct.Struct("<IQQ")  # length and ids: what the CRC covers before the data
 _U32 = struct.Struct("<I")
 
 MAX_ENTRY_SIZE = 64 << 20  # bound checked before allocating a record's data
@@ -103,7 +104,7 @@ def check_log_header(raw: bytes, log_id: int, path: str) -> None:
 def record_prefix(ledger_id: int, entry_id: int, data: bytes) -> bytes:
     """The 24-byte record header; the record is this followed by ``data``."""
     length = _RECORD_IDS.size + len(data)
-    crc = crc32c(data, crc32c(_RECORD_CRC_HEAD.pack(length, ledger_id, entry_id)))
+    crc = crc32c(data, crc32c(RECORD_CRC_HEAD.pack(length, ledger_id, entry_id)))
     return RECORD_HEADER.pack(length, crc, ledger_id, entry_id)
 
 

@@ -38,7 +38,6 @@ from bookie.storage._format import (
     RECORD_HEADER,
     index_name,
     log_name,
-    pack_location,
     parse_index_name,
     parse_log_name,
     unpack_location,
@@ -156,7 +155,7 @@ class LedgerDir:
         w = self.writer
         if w is None or (w.position > LOG_HEADER_SIZE and w.position + RECORD_HEADER.size + len(data) > self.size_limit):
             w = self._roll()
-        return pack_location(w.log_id, w.append(ledger_id, entry_id, data))
+        return (w.log_id << 32) | w.append(ledger_id, entry_id, data)  # pack_location(), inlined
 
     def read_buffered(self, location: int, ledger_id: int, entry_id: int) -> bytes | None:
         log_id, offset = unpack_location(location)

@@ -48,7 +48,7 @@ from bookie.storage._format import (
     unpack_location,
 )
 from bookie.storage._handles import HandleCache
-from bookie.storage._index import load_index, read_slot, write_header, write_slots
+from bookie.storage._index import LedgerState, load_index, read_slot, write_header, write_slots
 from bookie.storage._ledgerdir import LedgerDir, LogFlush
 from bookie.storage._state import LedgerStates
 from walkit.errors import CorruptionError, EntryTooLargeError, NoSuchEntryError, NoSuchLedgerError
@@ -133,29 +133,56 @@ class LedgerStorage(LedgerStates):
     def add_entries(self, entries: list[tuple[int, int, bytes]]) -> list[tuple[int, Exception]]:
         """Store several entries, in order, under one lock acquisition: each as
         :meth:`add_entry` would. A refused entry does not stop the others; returns the
-        refusals as ``(index in entries, error)`` (empty when every entry was stored)."""
+        refusals as ``(index in entries, error)`` (empty when every entry was stored).
+
+        The hot path: an entry of a ledger already known, ids in range, ``bytes`` data,
+        a storage that has not failed, goes straight to its dir's log; anything else
+        takes :meth:`_add_checked`, which checks each point and raises the right error."""
         failed: list[tuple[int, Exception]] = []
-        dirs, failing = self._dirs, self._failing
+        dirs, states = self._dirs, self._states
+        ndirs = len(dirs)
         with self._lock:
             pending = self._pending  # swapped by a flush, under the lock
+            last_ledger, state, slots = -1, None, None
             for i, (ledger_id, entry_id, data) in enumerate(entries):
-                try:
-                    check_entry_ids(ledger_id, entry_id)
-                    if len(data) > MAX_ENTRY_SIZE:
-                        raise EntryTooLargeError("entry too large", ledger=ledger_id, entry=entry_id, size=len(data))
-                    state = self._writable_state(ledger_id)
-                    with failing:
-                        location = dirs[ledger_id % len(dirs)].append(ledger_id, entry_id, bytes(data))
-                except Exception as exc:  # noqa: BLE001 - refuses this entry only
-                    failed.append((i, exc))
-                    continue
+                if ledger_id != last_ledger:
+                    state = states.get(ledger_id)
+                    last_ledger, slots = -1, None
+                if (state is None or self._failure is not None or type(data) is not bytes
+                        or not 0 <= entry_id <= MAX_ENTRY_ID or len(data) > MAX_ENTRY_SIZE):
+                    try:
+                        location, state = self._add_checked(ledger_id, entry_id, data)
+                    except Exception as exc:  # noqa: BLE001 - refuses this entry only
+                        failed.append((i, exc))
+                        last_ledger = -1
+                        continue
+                else:
+                    try:
+                        location = dirs[ledger_id % ndirs].append(ledger_id, entry_id, data)
+                    except Exception as exc:  # noqa: BLE001 - refuses this entry only, and
+                        if self._failure is None:  # leaves the storage failed (as `_failing`)
+                            self._failure = exc
+                        failed.append((i, exc))
+                        continue
+                assert state is not None
                 if entry_id > state.last_entry_id:
                     state.last_entry_id = entry_id
-                slots = pending.get(ledger_id)
                 if slots is None:
-                    slots = pending[ledger_id] = {}
+                    slots = pending.get(ledger_id)
+                    if slots is None:
+                        slots = pending[ledger_id] = {}
+                    last_ledger = ledger_id
                 slots[entry_id] = location
         return failed
+
+    def _add_checked(self, ledger_id: int, entry_id: int, data: bytes) -> tuple[int, LedgerState]:
+        """One entry with every check (lock held): its location and its ledger's state."""
+        check_entry_ids(ledger_id, entry_id)
+        if len(data) > MAX_ENTRY_SIZE:
+            raise EntryTooLargeError("entry too large", ledger=ledger_id, entry=entry_id, size=len(data))
+        state = self._writable_state(ledger_id)
+        with self._failing:
+            return self._dir(ledger_id).append(ledger_id, entry_id, bytes(data)), state
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes:
         """The entry's data, verified (CRC and ids) against the stored record."""

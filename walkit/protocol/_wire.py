@@ -209,6 +209,21 @@ class AddEntry:
         raise InvalidArgumentError("invalid AddEntry")  # unreachable unless the two checks disagree
 
 
+_new = object.__new__
+
+
+def _trusted_add(ledger_id: int, entry_id: int, master_key: bytes, data: bytes, recovery: bool,
+                 request_id: int) -> AddEntry:
+    """An AddEntry whose fields the caller already checked (the server's decode of an
+    ADD_ENTRY frame: the frame layout fixes the types, the decoder the ranges), without
+    running the constructor's test again: ~0.5 us less per add."""
+    req: AddEntry = _new(AddEntry)
+    fields = req.__dict__
+    fields["ledger_id"], fields["entry_id"], fields["master_key"] = ledger_id, entry_id, master_key
+    fields["data"], fields["recovery"], fields["request_id"] = data, recovery, request_id
+    return req
+
+
 @dataclass(frozen=True)
 class ReadEntry:
     ledger_id: int
@@ -286,6 +301,14 @@ class AddEntryResponse:
         _int("entry_id", self.entry_id, 0, _I63)
         _int("request_id", self.request_id, 0, _U64)
         raise InvalidArgumentError("invalid AddEntryResponse")
+
+
+def _trusted_added(ledger_id: int, entry_id: int, request_id: int) -> AddEntryResponse:
+    """An AddEntryResponse whose fields the caller already checked (see _trusted_add)."""
+    resp: AddEntryResponse = _new(AddEntryResponse)
+    fields = resp.__dict__
+    fields["ledger_id"], fields["entry_id"], fields["request_id"] = ledger_id, entry_id, request_id
+    return resp
 
 
 @dataclass(frozen=True, init=False)
@@ -539,6 +562,7 @@ def encode_response(resp: Response, *, max_frame_size: int = DEFAULT_MAX_FRAME_S
 # flags/status field and the request id; they check structure, the constructors ranges.
 
 _ADD_BODY = struct.Struct(">QQB")
+_ADD_HEAD = struct.Struct(">BBHQQQB")  # an ADD_ENTRY frame after its length: header + body
 _READ_BODY = struct.Struct(">QqB")
 _LEDGER = struct.Struct(">Q")
 _LEDGER_LAC = struct.Struct(">Qq")
@@ -827,6 +851,34 @@ class FrameDecoder:
                 buf += memoryview(data)[end:]
         return frames, self._error
 
+    def join(self, data: Buffer) -> bytes:
+        """The bytes held back followed by ``data``, as one ``bytes`` (no copy when
+        nothing was held back and ``data`` is bytes); the buffer is emptied. For a
+        reader that cuts frames itself: it hands back what it did not use with
+        :meth:`keep` and a bad length prefix with :meth:`refuse`."""
+        buf = self._buf
+        if not buf:
+            return data if type(data) is bytes else bytes(data)
+        buf += data
+        src = bytes(buf)
+        buf.clear()
+        return src
+
+    def keep(self, src: bytes, end: int) -> None:
+        """Hold back ``src[end:]`` (an incomplete frame) for the next call."""
+        if end < len(src):
+            self._buf += memoryview(src)[end:]
+
+    def refuse(self, length: int) -> ProtocolError:
+        """The error for a bad length prefix, kept: later calls get it again."""
+        self._error = self._length_error(length)
+        return self._error
+
+    @property
+    def limit(self) -> int:
+        """The largest length prefix accepted."""
+        return self._limit
+
     def _scan(self, src: Buffer) -> tuple[list[bytes], int]:
         if type(src) is bytes:
             return self._cut(src, src)
@@ -870,15 +922,43 @@ class ServerConnection:
         return self._closing
 
     def receive(self, data: Buffer) -> list[Request | ErrorResponse]:
-        """Requests to handle and ErrorResponses to send back, in stream order. Never raises."""
+        """Requests to handle and ErrorResponses to send back, in stream order. Never raises.
+
+        Frames are cut here, not by :meth:`FrameDecoder.split`: an ADD_ENTRY frame of the
+        usual shape (version 1, no flag but RECOVERY_ADD, a key of at most 64 bytes inside
+        the frame, ids up to 2^63-1) becomes an AddEntry straight from the received bytes
+        - one copy of key and entry, one struct unpack, no second range test. Any other
+        frame, a malformed add included, goes through :func:`decode_request` and gets
+        exactly the answer it got before (the same checks, the same messages)."""
         if self._closing:
             return []
-        frames, error = self._decoder.split(data)
+        decoder = self._decoder
+        src = decoder.join(data)
         events: list[Request | ErrorResponse] = []
-        for frame in frames:
-            events.append(self._event(frame))
-            if self._closing:
+        n, off, limit, length_of, add_head = len(src), 0, decoder.limit, _LENGTH.unpack_from, _ADD_HEAD.unpack_from
+        error: ProtocolError | None = None
+        while n - off >= 4:
+            (length,) = length_of(src, off)
+            if not HEADER_SIZE <= length <= limit:
+                error = decoder.refuse(length)
+                break
+            end = off + 4 + length
+            if end > n:
+                break
+            if src[off + 5] == 1 and length >= 29:  # ADD_ENTRY (kind byte): the hot path
+                version, _, flags, rid, ledger, entry, klen = add_head(src, off + 4)
+                key_end = off + 33 + klen
+                if version == 1 and flags <= 1 and klen <= MAX_KEY_SIZE and key_end <= end and ledger <= _I63 \
+                        and entry <= _I63:
+                    events.append(_trusted_add(ledger, entry, src[off + 33 : key_end], src[key_end:end], flags == 1,
+                                               rid))
+                    off = end
+                    continue
+            events.append(self._event(src[off + 4 : end]))
+            off = end
+            if self._closing:  # another protocol version: nothing after this frame counts
                 return events
+        decoder.keep(src, off)
         if error is not None:
             self._closing = True
             events.append(ErrorResponse(Op.INVALID, Status.EBADREQ, message=str(error)))
@@ -901,6 +981,12 @@ class ServerConnection:
         building the response: the bookie's hot path. ``req`` already passed the same
         range checks, and the frame (32 bytes) is below any maximum frame size."""
         return _add_resp_frame(req.ledger_id, req.entry_id, req.request_id)
+
+    def send_added_many(self, reqs: list[AddEntry]) -> bytes:
+        """The frames answering each of ``reqs`` (durable adds), back to back: the bytes of
+        :meth:`send_added` for each, joined once."""
+        pack = _ADD_RESP.pack
+        return b"".join([pack(28, _V, 0x81, 0, r.request_id, r.ledger_id, r.entry_id) for r in reqs])
 
     def send(self, resp: Response) -> bytes:
         """The frame for ``resp``. A response past the maximum frame size (an entry too
@@ -939,23 +1025,53 @@ class ClientConnection:
     def send(self, req: Request) -> tuple[int, bytes]:
         """(request id, frame): ``req.request_id`` is replaced by the next id of this connection."""
         rid = self._next_id
-        frame = _encode(_REQUEST_ENCODERS, req, self._max, rid)
+        if type(req) is AddEntry and 33 + len(req.master_key) + len(req.data) <= self._max:
+            frame = _enc_add(req, rid)  # the hot path: no table look-up, the size known
+            op = Op.ADD_ENTRY
+        else:
+            frame = _encode(_REQUEST_ENCODERS, req, self._max, rid)
+            op = _REQUEST_OP[type(req)]
         self._next_id = rid + 1
-        self._pending[rid] = _REQUEST_OP[type(req)]
+        self._pending[rid] = op
         return rid, frame
 
     def receive(self, data: Buffer) -> list[Response]:
-        """Responses completed by ``data``, in stream order."""
+        """Responses completed by ``data``, in stream order.
+
+        Frames are cut here (as :meth:`ServerConnection.receive` does): an EOK answer to
+        a pending ADD_ENTRY (32 bytes, version 1, ids up to 2^63-1) becomes an
+        AddEntryResponse straight from the received bytes; every other frame goes
+        through :func:`decode_response` and the matching as before."""
         if self._error is not None:
             raise self._error
-        frames, error = self._decoder.split(data)
+        decoder, pending = self._decoder, self._pending
+        src = decoder.join(data)
         responses: list[Response] = []
+        n, off, limit, length_of, add_resp = len(src), 0, decoder.limit, _LENGTH.unpack_from, _ADD_RESP.unpack_from
+        error: ProtocolError | None = None
         try:
-            for frame in frames:
-                responses.append(self._match(decode_response(frame)))
+            while n - off >= 4:
+                (length,) = length_of(src, off)
+                if not HEADER_SIZE <= length <= limit:
+                    error = decoder.refuse(length)
+                    break
+                end = off + 4 + length
+                if end > n:
+                    break
+                if length == 28 and src[off + 5] == 0x81:  # ADD_ENTRY's answer: the hot path
+                    _, version, _, status, rid, ledger, entry = add_resp(src, off)
+                    if version == 1 and status == 0 and ledger <= _I63 and entry <= _I63 \
+                            and pending.get(rid) is Op.ADD_ENTRY:
+                        del pending[rid]
+                        responses.append(_trusted_added(ledger, entry, rid))
+                        off = end
+                        continue
+                responses.append(self._match(decode_response(src[off + 4 : end])))
+                off = end
         except ProtocolError as exc:
             self._error = exc
             raise
+        decoder.keep(src, off)
         if error is not None:
             self._error = error
             raise error
