@@ -3,6 +3,7 @@
 ``walkit init``            create the cluster layout in the metadata store (idempotent)
 ``walkit bench journal``   measure the journal against the disk's floor (docs/performance.md)
 ``walkit bench bookie``    one connection, 1 KiB adds with 1,000 in flight against a bookie process
+``walkit bench ledger``    the ledger client (E=3 Qw=3 Qa=2, bookie processes): sequential latency, pipelined rate
 ``walkit bookie start``    run a bookie (as ``python -m bookie --conf FILE``)
 ``walkit bookie list``     the available and read-only bookies of a cluster
 ``walkit journal repair``  keep a ``.broken`` copy of a damaged journal and truncate it
@@ -61,6 +62,15 @@ def _bench_bookie(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_ledger(args: argparse.Namespace) -> int:
+    from walkit.bench_ledger import format_markdown, run_ledger_bench
+
+    report = run_ledger_bench(args.dir, seconds=args.seconds, in_flight=args.in_flight, size=args.size,
+                              bookies=args.bookies)
+    print(json.dumps(report, indent=2) if args.json else format_markdown(report))
+    return 0
+
+
 def _bookie_start(args: argparse.Namespace) -> int:
     from bookie._main import run
 
@@ -99,6 +109,14 @@ def _parser() -> argparse.ArgumentParser:
     bb.add_argument("--size", type=int, default=1024, help="entry payload bytes (default 1024)")
     bb.add_argument("--dir", default=None, help="where the bookie keeps its data (default: a temporary one here)")
     bb.set_defaults(func=_bench_bookie)
+    bld = bench.add_parser("ledger", help="the ledger client: sequential add latency and pipelined adds per second")
+    bld.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bld.add_argument("--seconds", type=float, default=5.0, help="duration of each phase, after its warm-up (default 5)")
+    bld.add_argument("--in-flight", type=int, default=1000, help="adds in flight in the pipelined phase (default 1000)")
+    bld.add_argument("--size", type=int, default=1024, help="entry payload bytes (default 1024)")
+    bld.add_argument("--bookies", type=int, default=3, help="bookie processes (default 3; the ledger uses 3)")
+    bld.add_argument("--dir", default=None, help="where the cluster keeps its data (default: a temporary one here)")
+    bld.set_defaults(func=_bench_ledger)
 
     init = sub.add_parser("init", help="create the cluster layout in the metadata store (idempotent)")
     init.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
