@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import walkit
-from client_support import client, index_of, local_cluster, raw_add, stored_on
+from client_support import FAST, client, index_of, local_cluster, raw_add, stored_on
 from metadata_support import Driver, driver, wait_for  # noqa: F401  (fixture)
 from walkit.errors import (
     DigestMismatchError,
@@ -454,3 +454,89 @@ def test_tls_bookies(tmp_path: Path, driver: Driver) -> None:
             with pytest.raises(NotEnoughBookiesError):
                 lh = bk.create_ledger()
                 lh.add_entry(b"unverified bookie")
+
+
+def test_a_cancelled_add_future_does_not_wedge_the_writer(tmp_path: Path, driver: Driver) -> None:
+    if driver.spec.driver != "local":
+        pytest.skip("writer logic: one driver is enough")
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        lh = bk.create_ledger()
+        lh.add_entry(b"first")
+        release = threading.Event()
+        first = cluster.server(index_of(cluster, lh.metadata.ensembles[0][1][0])).bookie
+        second = cluster.server(index_of(cluster, lh.metadata.ensembles[0][1][1])).bookie
+        assert first is not None and second is not None
+        for bookie in (first, second):  # entry 1 waits on both; later entries go through
+            real = bookie.add_batch_cb
+
+            def held(adds: list, cb: object, real=real) -> None:  # type: ignore[no-untyped-def,type-arg]
+                if any(a.entry_id == 1 for a in adds):
+                    threading.Thread(target=lambda: (release.wait(30), real(adds, cb))).start()
+                else:
+                    real(adds, cb)
+
+            bookie.add_batch_cb = held  # type: ignore[method-assign]
+        futures = [lh.add_entry_async(b"e%d" % i) for i in range(1, 4)]
+        time.sleep(0.3)
+        assert futures[1].cancel() or futures[1].done()
+        release.set()
+        assert futures[0].result(timeout=10) == 1 and futures[2].result(timeout=10) == 3
+        assert lh.add_entry(b"later") == 4
+        lh.close()
+
+
+def test_closing_the_client_fails_adds_in_flight_and_later_use(tmp_path: Path, driver: Driver) -> None:
+    if driver.spec.driver != "local":
+        pytest.skip("client lifecycle: one driver is enough")
+    with local_cluster(tmp_path, driver, bookies=3) as cluster:
+        bk = cluster.client(**FAST)
+        lh = bk.create_ledger()
+        lh.add_entry(b"zero")
+        held: list[tuple[list, object]] = []  # type: ignore[type-arg]
+        for member in lh.metadata.ensembles[0][1]:  # no bookie answers the next adds (yet)
+            server = cluster.server(index_of(cluster, member))
+            assert server.bookie is not None
+            server.bookie.add_batch_cb = lambda adds, cb: held.append((adds, cb))  # type: ignore[method-assign,assignment,misc]
+        pending = [lh.add_entry_async(b"never acknowledged") for _ in range(3)]
+        wait_for(lambda: len(held) >= 3, 10)
+        bk.close()
+        for fut in pending:
+            with pytest.raises(walkit.errors.UsageError):
+                fut.result(timeout=10)
+        with pytest.raises(walkit.errors.UsageError):
+            lh.add_entry(b"after close")
+        assert isinstance(lh.add_entry_async(b"after close").exception(timeout=10), walkit.errors.UsageError)
+        with pytest.raises(walkit.errors.UsageError):
+            bk.create_ledger()
+        for adds, cb in held:  # let the bookies finish, so that they stop promptly
+            cb(walkit.errors.BookieShutdownError("test over"), adds)  # type: ignore[operator]
+        meta = cluster.client(**FAST)
+        try:  # nothing rewrote the ensemble on the way out
+            assert meta.ledger_metadata(lh.ledger_id).ensembles == lh.metadata.ensembles
+        finally:
+            meta.close()
+
+
+def test_a_follower_of_a_dead_ensemble_waits_instead_of_spinning(tmp_path: Path, driver: Driver) -> None:
+    if driver.spec.driver != "local":
+        pytest.skip("reader logic: one driver is enough")
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        lh = bk.create_ledger()
+        lh.add_entry(b"a")
+        lh.add_entry(b"b")
+        rh = bk.open_ledger(lh.ledger_id, recovery=False)
+        for i in range(3):
+            cluster.kill_bookie(i)
+        reads = 0
+        ledgers = bk._core.ledgers
+        real = ledgers.read
+
+        def counted(ledger_id: int) -> object:
+            nonlocal reads
+            reads += 1
+            return real(ledger_id)
+
+        ledgers.read = counted  # type: ignore[method-assign,assignment]
+        for _ in range(3):
+            assert rh.wait_for_lac(0, 0.3) == 0
+        assert reads <= 3  # one metadata look per poll that brought nothing, not hundreds

@@ -120,9 +120,11 @@ class AsyncLedgerHandle:
             raise LedgerClosedError("ledger handle is closed", ledger=self.ledger_id)
         payload = check_payload(data, self._bk.sync.config.max_frame_size, self._writer.meta.digest)
         slots = self._writer.slots
-        if not slots.acquire(blocking=False):
-            await asyncio.get_running_loop().run_in_executor(None, slots.acquire)
-        return asyncio.wrap_future(self._writer.submit(payload, reserved=True))
+        delay = 0.0005
+        while not slots.acquire(blocking=False):  # no thread parked on the semaphore: cancel-safe
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        return asyncio.wrap_future(self._writer.submit(payload, reserved=True))  # releases the slot if it raises
 
     async def add_entry(self, data: bytes) -> int:
         """Add an entry; its id once it and every lower one are durable on Qa bookies."""

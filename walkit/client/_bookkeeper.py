@@ -138,6 +138,8 @@ class BookKeeper:
         still open stay open (a later open with recovery closes them)."""
         if self._closed:
             return
+        if self._loop.in_loop():
+            raise UsageError("close() blocks: not from the client's loop thread")
         self._closed = True
         try:
             self._loop.run(self._core.close(), timeout=30)

@@ -6,14 +6,15 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 from walkit.client._config import ClientConfig
 from walkit.client._loop import LoopThread
 from walkit.client._pool import BookiePool, Endpoint, parse_endpoint
-from walkit.errors import NoNodeError, NotEnoughBookiesError
+from walkit.errors import NoNodeError, NotEnoughBookiesError, UsageError, WalkitError
 from walkit.metadata import Cluster
 from walkit.metadata._cluster import cluster_path
 
@@ -22,6 +23,10 @@ __all__ = ["ClientCore"]
 T = TypeVar("T")
 
 FAILURE_MEMORY = 60.0  # seconds a failed bookie is picked last (BookKeeper's failure history)
+
+
+class _Failable(Protocol):
+    def fail_for_close(self, error: WalkitError) -> None: ...
 
 
 class ClientCore:
@@ -33,6 +38,19 @@ class ClientCore:
         self._metadata = ThreadPoolExecutor(4, thread_name_prefix="walkit-metadata")
         self.pool = BookiePool(config, self._resolve)
         self._failed_at: dict[str, float] = {}
+        self.closing = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.writers: weakref.WeakSet[_Failable] = weakref.WeakSet()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` as a task the core keeps (asyncio keeps only weak references) and
+        cancels when the client closes."""
+        if self.closing:
+            coro.close()
+            return
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def md(self, fn: Callable[..., T], *args: object) -> T:
         """Run a blocking metadata call off the loop."""
@@ -76,5 +94,15 @@ class ClientCore:
         return candidates[:count]
 
     async def close(self) -> None:
+        """Fail what writers still have in flight (their outcome is unknown), stop the
+        core's tasks, close every connection."""
+        self.closing = True
+        error = UsageError("client closed with adds in flight: their outcome is unknown")
+        for writer in list(self.writers):
+            writer.fail_for_close(error)
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.pool.close()
         self._metadata.shutdown(wait=False)

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from walkit.errors import UsageError
+from walkit.errors import UsageError, WalkitError
 
 __all__ = ["LoopThread"]
 
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 class LoopThread:
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
+        self._stopped = False
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name=name, daemon=True)
         self._thread.start()
@@ -40,11 +41,22 @@ class LoopThread:
         finally:
             self.loop.close()
 
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def _check_running(self) -> None:
+        if self._stopped:
+            raise UsageError("client is closed")
+
     def in_loop(self) -> bool:
         return threading.get_ident() == self._thread.ident
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run ``coro`` on the loop; its future (for the sync or the asyncio API)."""
+        if self._stopped:
+            coro.close()
+            raise UsageError("client is closed")
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
@@ -54,29 +66,45 @@ class LoopThread:
             coro.close()
             raise UsageError("a blocking walkit call was made from the client's own event loop thread "
                              "(from a callback?); use the asyncio API or another thread")
-        return self.submit(coro).result(timeout)
+        try:
+            return self.submit(coro).result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise WalkitError("the client's loop did not finish in time", timeout=timeout) from None
+        except concurrent.futures.CancelledError:
+            raise UsageError("client closed while the call ran") from None
 
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
-        self.loop.call_soon_threadsafe(fn, *args)
+        if self._stopped:
+            raise UsageError("client is closed")
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            raise UsageError("client is closed") from None
 
     def stop(self) -> None:
         """Cancel what still runs on the loop (an ensemble change, a read), let it
         unwind, and end the thread."""
-        if not self._thread.is_alive():
+        if not self._thread.is_alive() or self._stopped:
             return
         if self.in_loop():
+            self._stopped = True
             self.loop.stop()
             return
         try:
             asyncio.run_coroutine_threadsafe(self._cancel_tasks(), self.loop).result(10)
         except (concurrent.futures.TimeoutError, RuntimeError):
             log.warning("client loop tasks did not finish cancelling in 10 s")
+        self._stopped = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
 
     async def _cancel_tasks(self) -> None:
         me = asyncio.current_task()
-        tasks = [t for t in asyncio.all_tasks() if t is not me]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for _ in range(10):  # cancelling may start more (a callback's task): until none is left
+            tasks = [t for t in asyncio.all_tasks() if t is not me]
+            if not tasks:
+                break
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await self.loop.shutdown_asyncgens()

@@ -61,6 +61,7 @@ class BookiePool:
         self._connecting: dict[str, list[tuple[Request, ResponseCallback, Any]]] = {}
         self._ssl: ssl.SSLContext | None = None
         self._closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:
@@ -83,7 +84,9 @@ class BookiePool:
             return
         self._clients.pop(bookie, None)
         self._connecting[bookie] = [(request, cb, ctx)]
-        asyncio.get_running_loop().create_task(self._connect(bookie))
+        task = asyncio.get_running_loop().create_task(self._connect(bookie))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def request(self, bookie: str, request: Request, timeout: float) -> Response:
         """The response to ``request`` (its error raised), within ``timeout`` seconds."""
@@ -118,6 +121,10 @@ class BookiePool:
             error = exc
         except (OSError, ssl.SSLError) as exc:
             error = BookieUnavailableError("cannot connect to bookie", bookie=bookie, reason=str(exc))
+        except BaseException:  # cancelled (client closing) or a bug: the waiters still hear back
+            for _, cb, ctx_ in self._connecting.pop(bookie, []):
+                cb(None, BookieUnavailableError("connection attempt abandoned", bookie=bookie), ctx_)
+            raise
         waiting = self._connecting.pop(bookie, [])
         if client is not None and self._closed:
             await client.close()
@@ -131,15 +138,12 @@ class BookiePool:
         for _, cb, ctx_ in waiting:
             cb(None, error, ctx_)
 
-    def forget(self, bookie: str) -> None:
-        """Drop the connection to ``bookie`` (it answered nonsense or timed out): the next
-        request opens a fresh one."""
-        client = self._clients.pop(bookie, None)
-        if client is not None:
-            asyncio.get_running_loop().create_task(client.close())
-
     async def close(self) -> None:
         self._closed = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             await client.close()

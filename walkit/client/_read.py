@@ -14,6 +14,7 @@ asked for, so a bookie returning corrupted or misplaced bytes is just a replica 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from walkit.client._core import ClientCore
@@ -27,9 +28,18 @@ from walkit.errors import (
     WalkitError,
 )
 from walkit.metadata import LedgerMetadata
-from walkit.protocol import EntryHeader, ReadEntry, ReadEntryResponse, ReadLac, ReadLacResponse, Response, decode_entry
+from walkit.protocol import (
+    EntryHeader,
+    ReadEntry,
+    ReadEntryResponse,
+    ReadLac,
+    ReadLacResponse,
+    Request,
+    Response,
+    decode_entry,
+)
 
-__all__ = ["Entry", "LedgerReader", "covers_every_write_set", "is_absent"]
+__all__ = ["Entry", "LedgerReader", "covers_every_write_set", "is_absent", "pick_error", "request_with_timeout"]
 
 
 class Entry(NamedTuple):
@@ -53,6 +63,25 @@ def covers_every_write_set(ensemble_size: int, write_quorum: int, ack_quorum: in
         if len(members & answered) < need:
             return False
     return True
+
+
+def request_with_timeout(core: ClientCore, bookie: str, request: Request, cb: Callable[..., None],
+                         ctx: Any) -> None:
+    """``core.pool.request_cb`` whose callback also comes (once) after ``read_timeout``."""
+    loop = asyncio.get_running_loop()
+    state = {"answered": False}
+
+    def once(response: Response | None, error: WalkitError | None, _: Any) -> None:
+        if state["answered"]:
+            return
+        state["answered"] = True
+        timer.cancel()
+        cb(response, error, ctx)
+
+    timer = loop.call_later(core.config.read_timeout, once, None,
+                            BookieTimeoutError("no answer in time", bookie=bookie, op=type(request).__name__,
+                                               ledger=getattr(request, "ledger_id", None)), None)
+    core.pool.request_cb(bookie, request, once, None)
 
 
 def pick_error(errors: list[WalkitError], **context: object) -> WalkitError:
@@ -85,6 +114,7 @@ class _EntryRead:
         self.future: asyncio.Future[tuple[EntryHeader, bytes, int]] = self.loop.create_future()
 
     def start(self) -> asyncio.Future[tuple[EntryHeader, bytes, int]]:
+        self.future.add_done_callback(lambda _: self._finish())  # also when the caller cancels it
         self._try_next()
         return self.future
 
@@ -189,27 +219,40 @@ class LedgerReader:
         return results
 
     async def read_lac(self) -> int:
-        """The highest LAC any bookie of the last ensemble knows (-1: none). Bookies that
-        never saw the ledger count as -1; BookieUnavailableError when none answers."""
-        bookies = self.metadata.ensembles[-1][1]
-        timeout = self.core.config.read_timeout
-        answers = await asyncio.gather(
-            *(self.core.pool.request(b, ReadLac(self.ledger_id), timeout) for b in bookies), return_exceptions=True)
+        """The highest LAC the bookies of the last ensemble know (-1: none), once every
+        write set has Qw - Qa + 1 answers (BookKeeper's coverage: no confirmed entry is
+        missed) or every bookie answered. Bookies that never saw the ledger count as -1;
+        BookieUnavailableError (or the bookies' error) when none answers."""
+        meta = self.metadata
+        bookies = meta.ensembles[-1][1]
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[int] = loop.create_future()
+        answered: set[int] = set()
         lacs: list[int] = []
         errors: list[WalkitError] = []
-        for answer in answers:
-            if isinstance(answer, ReadLacResponse):
-                lacs.append(answer.lac)
-            elif isinstance(answer, WalkitError):
-                if is_absent(answer):
-                    lacs.append(-1)
-                else:
-                    errors.append(answer)
-            elif isinstance(answer, BaseException):
-                raise answer
-        if not lacs:
-            raise pick_error(errors, ledger=self.ledger_id)
-        return max(lacs)
+        outstanding = [len(bookies)]
+
+        def answer(response: Response | None, error: WalkitError | None, index: int) -> None:
+            outstanding[0] -= 1
+            if done.done():
+                return
+            if isinstance(response, ReadLacResponse):
+                lacs.append(response.lac)
+                answered.add(index)
+            elif error is not None and is_absent(error):
+                lacs.append(-1)
+                answered.add(index)
+            elif error is not None:
+                errors.append(error)
+            if covers_every_write_set(meta.ensemble_size, meta.write_quorum, meta.ack_quorum, answered) or (
+                    outstanding[0] == 0 and lacs):
+                done.set_result(max(lacs))
+            elif outstanding[0] == 0:
+                done.set_exception(pick_error(errors, ledger=self.ledger_id))
+
+        for index, bookie in enumerate(bookies):
+            request_with_timeout(self.core, bookie, ReadLac(self.ledger_id), answer, index)
+        return await done
 
     async def wait_lac(self, previous: int, timeout: float) -> int:
         """Long poll: the LAC once some bookie of the last ensemble knows one above
@@ -220,8 +263,12 @@ class LedgerReader:
         remaining = [len(bookies)]
         timeout_ms = max(0, int(timeout * 1000))
 
+        polled = [False]  # some bookie really waited (answered, or timed the poll out)
+
         def answered(response: Response | None, error: WalkitError | None, _: Any) -> None:
             remaining[0] -= 1
+            if isinstance(response, ReadEntryResponse) or (error is not None and is_absent(error)):
+                polled[0] = True
             if result.done():
                 return
             if isinstance(response, ReadEntryResponse) and response.lac > previous:
@@ -232,8 +279,14 @@ class LedgerReader:
         request = ReadEntry(self.ledger_id, -1, previous_lac=previous, timeout_ms=timeout_ms)
         for bookie in bookies:
             self.core.pool.request_cb(bookie, request, answered, None)
+        deadline = loop.time() + timeout
         try:
-            return await asyncio.wait_for(result, timeout + self.core.config.read_timeout)
+            lac = await asyncio.wait_for(result, timeout + self.core.config.read_timeout)
         except asyncio.TimeoutError:
             return previous
+        if lac == previous and not polled[0]:
+            # every bookie failed at once (down, busy): wait out the poll rather than
+            # let a follower spin on errors
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+        return lac
 

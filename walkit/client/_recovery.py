@@ -29,10 +29,9 @@ import collections
 from typing import Any
 
 from walkit.client._core import ClientCore
-from walkit.client._read import LedgerReader, covers_every_write_set, is_absent, pick_error
+from walkit.client._read import LedgerReader, covers_every_write_set, is_absent, pick_error, request_with_timeout
 from walkit.client._writer import LedgerWriter
 from walkit.errors import (
-    BookieTimeoutError,
     DigestMismatchError,
     NotEnoughBookiesError,
     UnauthorizedError,
@@ -81,11 +80,16 @@ async def recover(core: ClientCore, ledger_id: int, key: bytes) -> tuple[LedgerM
             header, data = found
             adds.append(asyncio.wrap_future(writer.submit_recovered(entry_id, data, header.length)))
         await asyncio.gather(*adds)
-    except BaseException:
+    except BaseException as exc:
         for _, other in reads:
+            if other.done() and not other.cancelled():
+                other.exception()  # retrieved: it is not the error being raised
             other.cancel()
         for add in adds:
-            add.cancel()
+            if add.done() and not add.cancelled():
+                add.exception()
+        writer.fail_for_close(exc if isinstance(exc, WalkitError) else WalkitError("recovery abandoned",
+                                                                                     ledger=ledger_id))
         raise
     if not adds and start >= 0:
         header, _, _ = await reader.read_entry(start)  # nothing past the start: its length is the ledger's
@@ -139,26 +143,8 @@ async def _fence(core: ClientCore, reader: LedgerReader) -> int:
 
     request = ReadEntry(meta.ledger_id, -1, True, reader.key)
     for index, bookie in enumerate(ensemble):
-        _request_with_timeout(core, bookie, request, answer, index)
+        request_with_timeout(core, bookie, request, answer, index)
     return await done
-
-
-def _request_with_timeout(core: ClientCore, bookie: str, request: ReadEntry, cb: Any, ctx: Any) -> None:
-    """``core.pool.request_cb`` whose callback also comes (once) after read_timeout."""
-    loop = asyncio.get_running_loop()
-    state = {"answered": False}
-
-    def once(response: Response | None, error: WalkitError | None, _: Any) -> None:
-        if state["answered"]:
-            return
-        state["answered"] = True
-        timer.cancel()
-        cb(response, error, ctx)
-
-    timer = loop.call_later(core.config.read_timeout, once, None,
-                            BookieTimeoutError("no answer in time", bookie=bookie, ledger=request.ledger_id,
-                                               entry=request.entry_id), None)
-    core.pool.request_cb(bookie, request, once, None)
 
 
 class _RecoveryRead:
@@ -179,7 +165,7 @@ class _RecoveryRead:
     def start(self) -> asyncio.Future[_Found]:
         request = ReadEntry(self.reader.ledger_id, self.entry_id, True, self.reader.key)
         for bookie in self.replicas:
-            _request_with_timeout(self.core, bookie, request, self._answer, bookie)
+            request_with_timeout(self.core, bookie, request, self._answer, bookie)
         return self.future
 
     def _answer(self, response: Response | None, error: WalkitError | None, bookie: str) -> None:

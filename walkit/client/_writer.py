@@ -41,7 +41,7 @@ from walkit.errors import (
     LedgerFencedError,
     MetadataVersionError,
     NotEnoughBookiesError,
-    UnauthorizedError,
+    UsageError,
     WalkitError,
 )
 from walkit.metadata import LedgerMetadata, LedgerState
@@ -95,6 +95,7 @@ class LedgerWriter:
         self._timer: asyncio.TimerHandle | None = None
         self._lac_timer: asyncio.TimerHandle | None = None
         self._piggybacked = lac  # the highest LAC that went out on an entry or WRITE_LAC
+        self.explicit_lac_interval = core.config.explicit_lac_interval  # a WAL sets its own
         self._set_ensemble()
         # submission (any thread)
         self._lock = threading.Lock()
@@ -104,6 +105,12 @@ class LedgerWriter:
         self._length = length
         self.closing = False
         self.slots = threading.BoundedSemaphore(core.config.max_pending_adds)
+        core.writers.add(self)
+
+    def fail_for_close(self, error: WalkitError) -> None:
+        """(Loop) the client is closing: adds in flight fail now rather than hang."""
+        if self.pending or self._incoming:
+            self._fail(error)
 
     def _set_ensemble(self) -> None:
         first, ensemble = self.meta.ensembles[-1]
@@ -117,7 +124,12 @@ class LedgerWriter:
         ``reserved`` (the caller took a slot already) this waits for a free slot when
         ``max_pending_adds`` adds are in flight."""
         if not reserved:
-            self.slots.acquire()
+            if self.core.loop.in_loop():  # blocking here would stop the very loop that frees slots
+                if not self.slots.acquire(blocking=False):
+                    raise UsageError("too many adds in flight to wait for a slot on the client's loop thread",
+                                     ledger=self.ledger_id, limit=self.core.config.max_pending_adds)
+            else:
+                self.slots.acquire()
         fut: Future[int] = Future()
         with self._lock:
             if self.closing:
@@ -130,11 +142,19 @@ class LedgerWriter:
             entry_id = self._next_entry_id
             self._next_entry_id += 1
             self._length += len(payload)
-            self._incoming.append(_Add(entry_id, payload, self._length, fut))
+            add = _Add(entry_id, payload, self._length, fut)
+            self._incoming.append(add)
             schedule = not self._scheduled
             self._scheduled = True
         if schedule:
-            self.core.loop.call(self._take_incoming)
+            try:
+                self.core.loop.call(self._take_incoming)
+            except UsageError:  # the client is closed: nothing will ever take this add
+                with self._lock:
+                    self._incoming.remove(add)
+                    self._scheduled = False
+                self.slots.release()
+                raise
         return fut
 
     def submit_recovered(self, entry_id: int, data: bytes, length: int) -> Future[int]:
@@ -172,6 +192,12 @@ class LedgerWriter:
                                     digest=meta.digest, key=self.key)
             if self.lac > self._piggybacked:
                 self._piggybacked = self.lac
+        if self._degraded:
+            alive = [b for b in self._write_sets[add.entry_id % self.meta.ensemble_size] if b not in self.failed]
+            if len(alive) < self.quorum_size:
+                self._fail(NotEnoughBookiesError("too few bookies left for the ack quorum", ledger=self.ledger_id,
+                                                 entry=add.entry_id))
+                return
         request = AddEntry(self.ledger_id, add.entry_id, self.key, add.data, self.recovery)
         add.sent_at = time.monotonic()
         pool = self.core.pool
@@ -187,7 +213,7 @@ class LedgerWriter:
             if isinstance(error, LedgerFencedError):
                 self._fail(LedgerFencedError("ledger fenced: another client recovered it; this writer is done",
                                              ledger=self.ledger_id, entry=add.entry_id, bookie=bookie))
-            elif isinstance(error, UnauthorizedError):
+            elif isinstance(error, UsageError):  # EUA, or a request no bookie would take
                 self._fail(error)
             else:
                 self.bookie_failed(bookie, error)
@@ -215,6 +241,8 @@ class LedgerWriter:
         add.payload = add.data = b""
         if add.slot:
             self.slots.release()
+        if add.future.done():  # the caller cancelled it: the add goes on, nobody listens
+            return
         if error is None:
             add.future.set_result(add.entry_id)
         else:
@@ -235,7 +263,7 @@ class LedgerWriter:
 
     # -- failures and ensemble change --------------------------------------------------
     def bookie_failed(self, bookie: str, error: WalkitError) -> None:
-        if self.error is not None or self.meta.state is LedgerState.CLOSED:
+        if self.error is not None or self.meta.state is LedgerState.CLOSED or self.core.closing:
             return
         if bookie not in self.ensemble or bookie in self.failed:
             return
@@ -250,14 +278,12 @@ class LedgerWriter:
                 add.sent.discard(bookie)
                 add.acked.discard(bookie)
                 add.quorum = len(add.acked) >= need
-        if isinstance(error, BookieTimeoutError):
-            self.core.pool.forget(bookie)
         if self._degraded:
             self._check_reachable(NotEnoughBookiesError("too few bookies left for the ack quorum",
                                                         ledger=self.ledger_id, bookie=bookie))
         elif not self._changing:
             self._changing = True
-            asyncio.get_running_loop().create_task(self._change_ensemble())
+            self.core.spawn(self._change_ensemble())
 
     async def _change_ensemble(self) -> None:
         try:
@@ -287,6 +313,9 @@ class LedgerWriter:
                 self._fail(exc)
         except WalkitError as exc:
             self._fail(exc)
+        except asyncio.CancelledError:  # the client is closing
+            self._fail(UsageError("client closed during an ensemble change", ledger=self.ledger_id))
+            raise
         except Exception as exc:  # a bug must not leave adds hanging for ever
             log.exception("ensemble change failed")
             self._fail(WalkitError("ensemble change failed", ledger=self.ledger_id, reason=repr(exc)))
@@ -331,8 +360,8 @@ class LedgerWriter:
     def _arm_timer(self) -> None:
         if self._timer is None and self.pending:
             self._timer = asyncio.get_running_loop().call_later(self._check_every(), self._check_timeouts)
-        if self._lac_timer is None and self.core.config.explicit_lac_interval > 0 and not self.recovery:
-            self._lac_timer = asyncio.get_running_loop().call_later(self.core.config.explicit_lac_interval,
+        if self._lac_timer is None and self.explicit_lac_interval > 0 and not self.recovery:
+            self._lac_timer = asyncio.get_running_loop().call_later(self.explicit_lac_interval,
                                                                     self._send_lac)
 
     def _check_every(self) -> float:
@@ -342,10 +371,14 @@ class LedgerWriter:
         self._timer = None
         deadline = time.monotonic() - self.core.config.add_timeout
         for add in list(self.pending):
-            if add.sent_at < deadline:
-                for bookie in add.sent - add.acked:
+            if add.sent_at < deadline and not add.done:
+                waiting = add.sent - add.acked
+                for bookie in waiting:
                     self.bookie_failed(bookie, BookieTimeoutError("add timed out", bookie=bookie,
                                                                   ledger=self.ledger_id, entry=add.entry_id))
+                if not waiting and not add.quorum and not self._changing and self.error is None:
+                    self._fail(NotEnoughBookiesError("an add can no longer reach its quorum", ledger=self.ledger_id,
+                                                     entry=add.entry_id, acked=len(add.acked)))
         self._arm_timer()
 
     def _send_lac(self) -> None:
@@ -388,6 +421,7 @@ class LedgerWriter:
         for timer in (self._timer, self._lac_timer):
             if timer is not None:
                 timer.cancel()
+        self._timer = self._lac_timer = None
         if self.recovery:
             self.meta, self.version = await self.core.md(self._write_recovered, self.meta, self.lac, self.lac_length)
         else:
