@@ -397,6 +397,13 @@ class BookieServer:
         self.stop_error: BaseException | None = None
         self.lost_registration = False
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
+        # Test hooks (None in production; walkit.testing sets them on in-process bookies):
+        #: ``endpoint_hook(port)``: the "host:port" registered for clients instead of
+        #: ``<advertised host>:<port>`` - a proxy in front of the bookie. Set before start().
+        self.endpoint_hook: Callable[[int], str] | None = None
+        #: ``read_hook(ledger, entry, data)``: the bytes a READ_ENTRY is answered with
+        #: instead of ``data`` (what the bookie stored) - a corrupted replica.
+        self.read_hook: Callable[[int, int, bytes], bytes] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -438,8 +445,8 @@ class BookieServer:
         self.readonly = self._disks_full(self.readonly)
         if self._cluster is not None:
             self._check_cookie()
-            info = json.dumps({"endpoint": f"{c.advertised_host}:{self.port}", "tls": self._ssl is not None,
-                               "protocol": 1}).encode()
+            endpoint = self.endpoint_hook(self.port) if self.endpoint_hook else f"{c.advertised_host}:{self.port}"
+            info = json.dumps({"endpoint": endpoint, "tls": self._ssl is not None, "protocol": 1}).encode()
             # waits out the session of a previous incarnation (kill -9, restart) first
             self._registration = self._cluster.register_bookie(
                 self.bookie_id, readonly=self.readonly, data=info, on_lost=self._registration_lost)
@@ -706,6 +713,8 @@ class BookieServer:
         assert self.bookie is not None
         data = self.bookie.read_entry(req.ledger_id, req.entry_id)
         entry_id = parse_entry_header(data).entry_id if req.entry_id < 0 else req.entry_id
+        if self.read_hook is not None:
+            data = self.read_hook(req.ledger_id, entry_id, data)
         return ReadEntryResponse(req.ledger_id, entry_id, self.bookie.read_lac(req.ledger_id), data, req.request_id)
 
     def _read_entry(self, conn: _Connection, req: ReadEntry) -> None:

@@ -45,6 +45,9 @@ process mode shows the expiry.
 full (or empty) and runs the server's own disk check, exactly the path the disk monitor
 takes; the override stays with the bookie across ``restart_bookie`` until it is lifted
 (not across a re-open of the directory).
+``on_server`` (in-process only) is called with every :class:`~bookie.server.BookieServer`
+the cluster creates, before it starts: the seam where ``walkit.testing`` sets the
+server's test hooks (a proxy as its registered endpoint, corrupted reads).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -135,14 +138,19 @@ class LocalCluster:
     ``metadata_uri`` defaults to ``local://<data_dir>/metadata``; ``bookie_options`` are
     :class:`~bookie.BookieConfig` attribute values for every bookie (not the ones that
     make a bookie this bookie: ports, directories, ids, metadata); ``session_timeout``
-    (seconds) is the bookies' metadata session timeout (``zkTimeout``)."""
+    (seconds) is the bookies' metadata session timeout (``zkTimeout``). ``on_server(i,
+    server)`` (in-process only) sees each new server of bookie ``i`` before it starts
+    (fault-injection hooks: ``walkit.testing``)."""
 
     def __init__(self, data_dir: str | os.PathLike[str], bookies: int = 3, processes: bool = False, *,
                  metadata_uri: str | None = None, bookie_options: Mapping[str, Any] | None = None,
-                 session_timeout: float = 10.0) -> None:
+                 session_timeout: float = 10.0,
+                 on_server: Callable[[int, BookieServer], None] | None = None) -> None:
         if bookies < 0 or session_timeout <= 0:
             raise InvalidArgumentError("need bookies >= 0 and session_timeout > 0", bookies=bookies,
                                        session_timeout=session_timeout)
+        if processes and on_server is not None:
+            raise InvalidArgumentError("on_server needs in-process bookies (processes=False)")
         self._dir = Path(data_dir).resolve()
         self._processes = processes
         self._options = dict(bookie_options or {})
@@ -158,7 +166,7 @@ class LocalCluster:
         self._slots = [_Slot(i, self._bookie_dir(i), b["port"], b["bookie_id"]) for i, b in enumerate(state["bookies"])]
         self._slots += [_Slot(i, self._bookie_dir(i)) for i in range(len(self._slots), bookies)]
         self._save()
-        self._runner: _Runner = _ProcessRunner() if processes else _InProcessRunner()
+        self._runner: _Runner = _ProcessRunner() if processes else _InProcessRunner(on_server)
         self._finalizer = weakref.finalize(self, self._runner.close)  # no orphan bookies if never stopped
         try:
             self._start(self._slots)
@@ -469,8 +477,9 @@ class _LoopThread:
 class _InProcessRunner:
     """Every BookieServer on one :class:`_LoopThread`."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_server: Callable[[int, BookieServer], None] | None = None) -> None:
         self._loop = _LoopThread()
+        self._on_server = on_server
         self._servers: dict[int, BookieServer] = {}
         self._starting: dict[int, concurrent.futures.Future[tuple[str, int]]] = {}
         self._forced_usage: dict[int, float] = {}  # set_read_only: what the disks of a bookie look like
@@ -490,6 +499,8 @@ class _InProcessRunner:
         from bookie.server import BookieServer
 
         server = BookieServer(config, disk_usage=lambda path: self._disk_usage(slot.index, path))
+        if self._on_server is not None:
+            self._on_server(slot.index, server)
         try:
             await server.start()
         except WalkitError:

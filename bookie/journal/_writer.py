@@ -201,6 +201,9 @@ class Journal:
         #: Called on the sync thread after each batch's callbacks, with the new durable
         #: mark: one wake-up per batch for whoever waits on many entries.
         self.flush_listeners: list[Callable[[LogMark], None]] = []
+        #: Test hook (walkit.testing's slow_disk): seconds the sync thread sleeps before
+        #: writing and syncing each batch, as a slow disk would take; 0 in production.
+        self.sync_delay = 0.0
 
     # --- lifecycle --------------------------------------------------------------------
     def start(self) -> LogMark:
@@ -504,6 +507,8 @@ class Journal:
         """Write, sync and acknowledge one batch; True when the journal died doing it."""
         assert self._current is not None
         f = self._current.file
+        if self.sync_delay > 0:
+            time.sleep(self.sync_delay)
         try:
             views = [buf.view[:n] for buf, n in b.segments]
             if b.terminator is not None:

@@ -1,0 +1,178 @@
+"""walkit.testing, the pytest plugin: its fixtures (used here as an application would use
+them, through the installed entry point) and every fault it injects, checked with the
+ledger client; and the example of docs/testing.md, run as written."""
+
+from __future__ import annotations
+
+import re
+import time
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+import walkit
+from walkit.errors import DigestMismatchError, InvalidArgumentError
+from walkit.metadata import connect
+from walkit.testing import FaultyCluster
+
+pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.timeout(120)
+
+FAST = {"add_timeout": 2.0, "read_timeout": 2.0, "speculative_read_timeout": 0.2, "connect_timeout": 2.0}
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "testing.md"
+
+
+def _ensemble(lh: walkit.LedgerHandle, fragment: int = -1) -> tuple[str, ...]:
+    return tuple(lh.metadata.ensembles[fragment][1])
+
+
+def _fill(bk: walkit.BookKeeper, count: int, **create: int) -> walkit.LedgerHandle:
+    lh = bk.create_ledger(**create)
+    for i in range(count):
+        lh.add_entry(b"e%d" % i)
+    return lh
+
+
+def _read_all(bk: walkit.BookKeeper, ledger_id: int, last: int) -> list[bytes]:
+    return [e.data for e in bk.open_ledger(ledger_id).read(0, last)]
+
+
+def test_the_plugin_is_registered_and_its_marker_counts_bookies(walkit_cluster: FaultyCluster,
+                                                                request: pytest.FixtureRequest) -> None:
+    assert any(ep.value == "walkit.testing" for ep in entry_points(group="pytest11"))
+    assert request.config.pluginmanager.has_plugin("walkit")
+    assert len(walkit_cluster.bookie_ids) == 3 and all(walkit_cluster.is_running(i) for i in range(3))
+    with connect(walkit_cluster.metadata_uri) as cluster:
+        assert cluster.bookies().writable == set(walkit_cluster.bookie_ids)
+    for i in range(3):  # clients are sent to the proxy, not to the bookie's own port
+        assert walkit_cluster.endpoint(i) != walkit_cluster.bookie_ids[i]
+
+
+@pytest.mark.walkit_cluster(bookies=4)
+def test_kill_and_restart(walkit_cluster: FaultyCluster) -> None:
+    bk = walkit_cluster.client(**FAST)
+    lh = _fill(bk, 10)
+    first = _ensemble(lh)
+    victim = walkit_cluster.index_of(first[1])
+    walkit_cluster.kill_bookie(victim)
+    assert [lh.add_entry(b"e%d" % i) for i in range(10, 20)] == list(range(10, 20))
+    assert walkit_cluster.bookie_ids[victim] not in _ensemble(lh)  # the writes moved on
+    lh.close()
+    walkit_cluster.restart_bookie(victim)
+    # only the restarted bookie can answer for the first fragment now
+    for other in first:
+        if other != first[1]:
+            walkit_cluster.partition(walkit_cluster.index_of(other))
+    assert _read_all(bk, lh.ledger_id, 9) == [b"e%d" % i for i in range(10)]
+
+
+@pytest.mark.parametrize("walkit_cluster", [4], indirect=True)
+def test_partition_and_heal(walkit_cluster: FaultyCluster) -> None:
+    writer, reader = walkit_cluster.client(**FAST), walkit_cluster.client(**FAST)
+    lh = _fill(writer, 6, ensemble_size=3, write_quorum=3, ack_quorum=3)
+    first = _ensemble(lh)
+    victim = walkit_cluster.index_of(first[0])  # the first replica of entries 0 and 3
+    walkit_cluster.partition(victim)
+    assert walkit_cluster.is_partitioned(victim) and walkit_cluster.is_running(victim)
+    started = time.monotonic()
+    assert lh.add_entry(b"e6") == 6  # Qa = 3: only an ensemble change completes it
+    assert time.monotonic() - started >= 1.5  # after the add timeout, not an error
+    assert first[0] not in _ensemble(lh) and len(lh.metadata.ensembles) == 2
+    lh.close()
+    # a fresh reader: its connection to the victim hangs, reads go to the next replicas
+    assert _read_all(reader, lh.ledger_id, 6) == [b"e%d" % i for i in range(7)]
+    walkit_cluster.heal(victim)
+    assert not walkit_cluster.is_partitioned(victim)
+    for other in first[1:]:  # now only the healed bookie can answer for fragment 0
+        walkit_cluster.partition(walkit_cluster.index_of(other))
+    assert _read_all(reader, lh.ledger_id, 5) == [b"e%d" % i for i in range(6)]
+
+
+def test_slow_disk_delays_adds_not_reads(walkit_cluster: FaultyCluster) -> None:
+    bk = walkit_cluster.client(**FAST)
+    lh = _fill(bk, 3, ack_quorum=3)  # every add waits for every bookie
+    slow = walkit_cluster.index_of(_ensemble(lh)[0])  # first replica of entry 0
+    walkit_cluster.slow_disk(slow, 0.6)
+    started = time.monotonic()
+    assert lh.add_entry(b"e3") == 3
+    assert 0.55 <= time.monotonic() - started < 2.0  # slower, and no timeout
+    assert _ensemble(lh) == _ensemble(lh, 0)
+    rh = walkit_cluster.client(**FAST).open_ledger(lh.ledger_id, recovery=False)  # the writer stays
+    for i in range(3):
+        if i != slow:
+            walkit_cluster.partition(i)  # the read can come from the slow bookie only
+    started = time.monotonic()
+    assert [e.data for e in rh.read(0, 0)] == [b"e0"]
+    assert time.monotonic() - started < 0.55
+    for i in range(3):
+        walkit_cluster.heal(i)
+    walkit_cluster.slow_disk(slow, 0)
+    started = time.monotonic()
+    lh.add_entry(b"e4")
+    assert time.monotonic() - started < 0.55
+    with pytest.raises(InvalidArgumentError):
+        walkit_cluster.slow_disk(slow, -1)
+
+
+def test_corrupt_entry_is_caught_by_the_digest(walkit_cluster: FaultyCluster) -> None:
+    bk = walkit_cluster.client(**FAST)
+    lh = _fill(bk, 5)
+    lh.close()
+    ensemble = _ensemble(lh)
+    walkit_cluster.corrupt_entry(lh.ledger_id, 2, bookie=walkit_cluster.index_of(ensemble[2]))  # its first replica
+    walkit_cluster.corrupt_entry(lh.ledger_id, 2, bookie=walkit_cluster.index_of(ensemble[0]))
+    assert _read_all(bk, lh.ledger_id, 4) == [b"e%d" % i for i in range(5)]
+    walkit_cluster.restart_bookie(walkit_cluster.index_of(ensemble[1]))  # the good copy, still good
+    walkit_cluster.corrupt_entry(lh.ledger_id, 2, bookie=walkit_cluster.index_of(ensemble[1]))
+    with pytest.raises(DigestMismatchError):
+        list(bk.open_ledger(lh.ledger_id).read(2, 2))
+    assert _read_all(bk, lh.ledger_id, 1) == [b"e0", b"e1"]  # other entries are intact
+
+
+@pytest.mark.walkit_cluster(4)
+def test_read_only_bookie(walkit_cluster: FaultyCluster) -> None:
+    bk = walkit_cluster.client(**FAST)
+    lh = _fill(bk, 2, ack_quorum=3)
+    victim = walkit_cluster.index_of(_ensemble(lh)[0])
+    walkit_cluster.set_read_only(victim)
+    assert lh.add_entry(b"e2") == 2  # refused by the victim: an ensemble change
+    assert walkit_cluster.bookie_ids[victim] not in _ensemble(lh)
+    assert walkit_cluster.bookie_ids[victim] not in _ensemble(bk.create_ledger())
+    lh.close()
+    assert _read_all(bk, lh.ledger_id, 2) == [b"e0", b"e1", b"e2"]  # it still serves reads
+    walkit_cluster.set_read_only(victim, False)
+    with connect(walkit_cluster.metadata_uri) as cluster:
+        assert walkit_cluster.bookie_ids[victim] in cluster.bookies().writable
+
+
+def test_session_expiry_on_zookeeper(walkit_zk_cluster: FaultyCluster) -> None:
+    assert walkit_zk_cluster.metadata_uri.startswith("zk://127.0.0.1:")
+    bk = walkit_zk_cluster.client(**FAST)
+    server = walkit_zk_cluster.server(1)
+    registration = server._registration  # the bookie's own view of its registration
+    walkit_zk_cluster.expire_session(1)  # returns once registered again, on a new session
+    assert registration.registered and walkit_zk_cluster.server(1) is server and not server.lost_registration
+    with connect(walkit_zk_cluster.metadata_uri) as cluster:
+        assert cluster.bookies().writable == set(walkit_zk_cluster.bookie_ids)
+    lh = _fill(bk, 3)  # three bookies, all needed
+    walkit_zk_cluster.expire_session(client=bk)
+    assert [lh.add_entry(b"more"), bk.create_ledger().add_entry(b"new")] == [3, 0]
+    lh.close()
+    assert bk.ledger_metadata(lh.ledger_id).last_entry_id == 3
+
+
+def test_expire_session_needs_one_target(walkit_cluster: FaultyCluster) -> None:
+    with pytest.raises(InvalidArgumentError):
+        walkit_cluster.expire_session()
+    walkit_cluster.expire_session(0)  # the embedded store has the hook too
+    with connect(walkit_cluster.metadata_uri) as cluster:
+        assert walkit_cluster.bookie_ids[0] in cluster.bookies().writable
+
+
+def test_the_documented_example(pytester: pytest.Pytester) -> None:
+    blocks = re.findall(r"## Example\n.*?```python\n(.*?)```", DOCS.read_text(), re.S)
+    assert len(blocks) == 1
+    pytester.makepyfile(test_example=blocks[0])
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
