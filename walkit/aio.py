@@ -16,9 +16,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Coroutine, Mapping
+import itertools
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from walkit.client._bookkeeper import BookKeeper
 from walkit.client._handles import ReadState, check_payload, check_range
@@ -26,8 +27,10 @@ from walkit.client._read import Entry, LedgerReader
 from walkit.client._writer import LedgerWriter
 from walkit.errors import InvalidArgumentError, LedgerClosedError, UsageError
 from walkit.metadata import LedgerMetadata
+from walkit.wal import LSN, LogReader, Snapshot, WriteAheadLog
 
-__all__ = ["AsyncBookKeeper", "AsyncLedgerHandle", "AsyncReadHandle", "Entry", "connect"]
+__all__ = ["AsyncBookKeeper", "AsyncLedgerHandle", "AsyncLogReader", "AsyncReadHandle", "AsyncWriteAheadLog", "Entry",
+           "connect"]
 
 T = TypeVar("T")
 
@@ -191,3 +194,112 @@ class AsyncReadHandle:
                 return
             else:
                 await self.wait_for_lac(self._state.lac, poll_timeout)
+
+
+# -- the write-ahead log -----------------------------------------------------------------------
+
+_BATCH = 256
+
+
+async def _drain(iterator: Iterator[T]) -> AsyncIterator[T]:
+    """An async iterator over a blocking one: batches pulled on an executor thread."""
+    loop = asyncio.get_running_loop()
+
+    def pull() -> list[T]:
+        return list(itertools.islice(iterator, _BATCH))
+
+    while True:
+        batch = await loop.run_in_executor(None, pull)
+        if not batch:
+            return
+        for item in batch:
+            yield item
+
+
+def _one_by_one(iterator: Iterator[T]) -> AsyncIterator[T]:
+    """Like :func:`_drain` but handing over every item as soon as it comes (tailing)."""
+
+    async def gen() -> AsyncIterator[T]:
+        loop = asyncio.get_running_loop()
+        done = object()
+        while True:
+            item = await loop.run_in_executor(None, next, iterator, done)
+            if item is done:
+                return
+            yield item  # type: ignore[misc]
+
+    return gen()
+
+
+class AsyncWriteAheadLog:
+    """``walkit.WriteAheadLog`` for asyncio: ``await AsyncWriteAheadLog.open(...)``,
+    ``await log.append(record)``, ``async for lsn, record in log.replay()``."""
+
+    def __init__(self, wal: WriteAheadLog) -> None:
+        self.sync = wal
+
+    @classmethod
+    async def open(cls, client_or_uri: AsyncBookKeeper | BookKeeper | str, name: str,
+                   **options: Any) -> AsyncWriteAheadLog:
+        target = client_or_uri.sync if isinstance(client_or_uri, AsyncBookKeeper) else client_or_uri
+        loop = asyncio.get_running_loop()
+        return cls(await loop.run_in_executor(None, lambda: WriteAheadLog.open(target, name, **options)))
+
+    @staticmethod
+    async def reader(client_or_uri: AsyncBookKeeper | BookKeeper | str, name: str,
+                     **options: Any) -> AsyncLogReader:
+        target = client_or_uri.sync if isinstance(client_or_uri, AsyncBookKeeper) else client_or_uri
+        loop = asyncio.get_running_loop()
+        return AsyncLogReader(await loop.run_in_executor(None, lambda: WriteAheadLog.reader(target, name, **options)))
+
+    @property
+    def epoch(self) -> int:
+        return self.sync.epoch
+
+    async def append_async(self, record: bytes) -> asyncio.Future[LSN]:
+        """Queue a record; the future gives its LSN once durable (in append order)."""
+        return asyncio.wrap_future(self.sync.append_async(record))
+
+    async def append(self, record: bytes) -> LSN:
+        return await asyncio.wrap_future(self.sync.append_async(record))
+
+    async def flush(self) -> LSN | None:
+        return await asyncio.get_running_loop().run_in_executor(None, self.sync.flush)
+
+    async def snapshot(self, data: bytes | IO[bytes], lsn: LSN) -> Snapshot:
+        return await asyncio.get_running_loop().run_in_executor(None, self.sync.snapshot, data, lsn)
+
+    async def latest_snapshot(self) -> Snapshot | None:
+        return await asyncio.get_running_loop().run_in_executor(None, self.sync.latest_snapshot)
+
+    def replay(self, after: LSN | None = None) -> AsyncIterator[tuple[LSN, bytes]]:
+        return _drain(self.sync.replay(after))
+
+    async def truncate(self, before: LSN) -> int:
+        return await asyncio.get_running_loop().run_in_executor(None, self.sync.truncate, before)
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.sync.close)
+
+    async def __aenter__(self) -> AsyncWriteAheadLog:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncLogReader:
+    def __init__(self, reader: LogReader) -> None:
+        self.sync = reader
+
+    def replay(self, after: LSN | None = None) -> AsyncIterator[tuple[LSN, bytes]]:
+        return _drain(self.sync.replay(after))
+
+    def tail(self, after: LSN | None = None, *, poll_timeout: float = 1.0) -> AsyncIterator[tuple[LSN, bytes]]:
+        return _one_by_one(self.sync.tail(after, poll_timeout=poll_timeout))
+
+    async def latest_snapshot(self) -> Snapshot | None:
+        return await asyncio.get_running_loop().run_in_executor(None, self.sync.latest_snapshot)
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.sync.close)

@@ -14,6 +14,8 @@ from the number.
     │   ├── LedgerClosedError
     │   └── UnauthorizedError        wrong password / master key (EUA)
     ├── LedgerFencedError            the ledger was fenced by a recoverer (EFENCED)
+    │   └── WriterFencedError        a newer writer took the log over
+    ├── NoSuchLogError               no write-ahead log of that name
     ├── NoSuchLedgerError            (ENOLEDGER)
     ├── NoSuchEntryError             (ENOENTRY)
     ├── DigestMismatchError          an entry's digest does not match its bytes
@@ -60,6 +62,8 @@ __all__ = [
     "LedgerClosedError",
     "UnauthorizedError",
     "LedgerFencedError",
+    "WriterFencedError",
+    "NoSuchLogError",
     "NoSuchLedgerError",
     "NoSuchEntryError",
     "DigestMismatchError",
@@ -150,6 +154,17 @@ class UnauthorizedError(UsageError):
 
 class LedgerFencedError(WalkitError):
     code = 200
+
+
+class WriterFencedError(LedgerFencedError):
+    """A newer writer opened the log (bumped its epoch and fenced this writer's segment):
+    this WriteAheadLog can never append again."""
+
+    code = 204
+
+
+class NoSuchLogError(WalkitError):
+    code = 205
 
 
 class NoSuchLedgerError(WalkitError):

@@ -1,0 +1,271 @@
+"""WriteAheadLog (issue 6): LSNs, batched appends, rolling, snapshots, replay, tailing,
+writer failover, retention and namespaces, on an in-process LocalCluster."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import walkit
+from client_support import FAST, client, index_of, local_cluster
+from metadata_support import Driver, driver  # noqa: F401  (fixture)
+from walkit import LSN, WriteAheadLog
+from walkit.errors import (
+    FormatError,
+    InvalidArgumentError,
+    NoSuchLedgerError,
+    NoSuchLogError,
+    UsageError,
+    WriterFencedError,
+)
+from walkit.wal import delete_log, list_logs, set_namespace_defaults
+from walkit.wal._format import pack_records, unpack_records
+
+pytestmark = pytest.mark.timeout(180)
+
+
+# -- pure parts ----------------------------------------------------------------------------------
+
+@given(st.integers(0, 2**40), st.integers(0, 2**40), st.integers(0, 2**20))
+def test_lsn_text_round_trip(segment: int, entry: int, slot: int) -> None:
+    lsn = LSN(segment, entry, slot)
+    assert LSN.parse(str(lsn)) == lsn and hash(LSN.parse(str(lsn))) == hash(lsn)
+
+
+def test_lsn_order_and_bad_text() -> None:
+    assert LSN(1, 5, 9) < LSN(1, 6, 0) < LSN(2, 0, 0)
+    assert sorted([LSN(2, 0, 0), LSN(1, 0, 1), LSN(1, 0, 0)]) == [LSN(1, 0, 0), LSN(1, 0, 1), LSN(2, 0, 0)]
+    for text in ("", "1/2", "1/2/3/4", "a/b/c", "-1/0/0", " 1/2/3"):
+        with pytest.raises(InvalidArgumentError):
+            LSN.parse(text)
+    with pytest.raises(InvalidArgumentError):
+        LSN(-1, 0, 0)
+
+
+@given(st.lists(st.binary(max_size=300), max_size=50))
+def test_record_batches_round_trip(records: list[bytes]) -> None:
+    assert unpack_records(pack_records(records)) == records
+
+
+@given(st.lists(st.binary(min_size=1, max_size=50), min_size=1, max_size=10), st.data())
+def test_damaged_record_batches_are_refused(records: list[bytes], data: st.DataObject) -> None:
+    packed = pack_records(records)
+    cut = data.draw(st.integers(0, len(packed) - 1))
+    with pytest.raises(FormatError):
+        unpack_records(packed[:cut])
+    with pytest.raises(FormatError):
+        unpack_records(packed + b"x")
+
+
+# -- with a cluster -----------------------------------------------------------------------------
+
+@pytest.fixture
+def bk(tmp_path: Path, driver: Driver) -> Iterator[walkit.BookKeeper]:
+    with local_cluster(tmp_path, driver, bookies=4) as cluster, client(cluster) as bk:
+        bk.cluster = cluster  # type: ignore[attr-defined]
+        yield bk
+
+
+def test_append_replay_and_batching(bk: walkit.BookKeeper) -> None:
+    with WriteAheadLog.open(bk, "orders") as wal:
+        first = [wal.append(b"r%d" % i) for i in range(20)]
+        assert first == sorted(first) and len(set(first)) == 20
+        assert all(lsn.slot == 0 for lsn in first)  # one at a time: one entry each
+        futures = [wal.append_async(b"b%d" % i) for i in range(3000)]
+        lsns = [f.result(timeout=60) for f in futures]
+        assert lsns == sorted(lsns) and lsns[0] > first[-1]
+        entries = {(lsn.segment, lsn.entry) for lsn in lsns}
+        assert len(entries) < len(lsns)  # records in flight together share entries
+        assert wal.flush() == lsns[-1] == wal.last_lsn
+        replayed = list(wal.replay())
+        assert [r for _, r in replayed] == [b"r%d" % i for i in range(20)] + [b"b%d" % i for i in range(3000)]
+        assert [lsn for lsn, _ in replayed] == first + lsns
+        assert [r for _, r in wal.replay(after=lsns[99])] == [b"b%d" % i for i in range(100, 3000)]
+    reader = WriteAheadLog.reader(bk, "orders")
+    assert len(list(reader.replay())) == 3020
+    reader.close()
+
+
+def test_bad_input_is_refused_and_loses_nothing(bk: walkit.BookKeeper) -> None:
+    with pytest.raises(InvalidArgumentError):
+        WriteAheadLog.open(bk, "bad/name")
+    with pytest.raises(NoSuchLogError):
+        WriteAheadLog.reader(bk, "never-written")
+    with WriteAheadLog.open(bk, "strict", max_entry_bytes=4096) as wal:
+        lsn = wal.append(b"ok")
+        with pytest.raises(InvalidArgumentError):
+            wal.append("text")  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError):
+            wal.append(b"x" * 8192)
+        with pytest.raises(InvalidArgumentError):
+            wal.snapshot(b"state", LSN(lsn.segment, lsn.entry + 5, 0))
+        assert [r for _, r in wal.replay()] == [b"ok"]
+    with pytest.raises(UsageError):
+        wal.append(b"closed")
+
+
+def test_rolling_by_size_and_age_keeps_order(bk: walkit.BookKeeper) -> None:
+    with WriteAheadLog.open(bk, "rolling", roll_bytes=20_000, roll_seconds=3600, max_entry_bytes=4096) as wal:
+        lsns = [f.result(timeout=60) for f in [wal.append_async(b"x" * 500 + b"%d" % i) for i in range(300)]]
+        assert len({lsn.segment for lsn in lsns}) >= 3
+        assert lsns == sorted(lsns)
+        assert len(wal.metadata().segments) >= 3
+        assert [r for _, r in wal.replay()] == [b"x" * 500 + b"%d" % i for i in range(300)]
+    with WriteAheadLog.open(bk, "aging", roll_seconds=0.2) as wal:
+        a = wal.append(b"a")
+        time.sleep(0.3)
+        b = wal.append(b"b")
+        assert b.segment == a.segment + 1
+
+
+def test_snapshots_and_truncation(bk: walkit.BookKeeper) -> None:
+    with WriteAheadLog.open(bk, "snap", roll_bytes=5_000) as wal:
+        assert wal.latest_snapshot() is None
+        lsns = [wal.append(b"%04d" % i + b"." * 200) for i in range(100)]
+        assert wal.truncate(lsns[-1]) == 0  # no snapshot: nothing may go
+        state = b"S" * (3 << 20) + b"end"  # several chunks
+        snap = wal.snapshot(io.BytesIO(state), lsns[59])
+        assert snap.lsn == lsns[59] and snap.size == len(state)
+        latest = wal.latest_snapshot()
+        assert latest is not None and latest.lsn == lsns[59] and latest.read() == state
+        with latest.open() as stream:
+            assert stream.read(5) == b"SSSSS" and len(stream.read()) == len(state) - 5
+        with pytest.raises(InvalidArgumentError):
+            wal.snapshot(b"older", lsns[10])
+        segments_before = wal.metadata().segments
+        dropped = wal.truncate(lsns[-1])  # only below the snapshot
+        after = wal.metadata()
+        assert dropped == len([s for s in segments_before if s.seq < lsns[59].segment]) > 0
+        assert all(s.seq >= lsns[59].segment for s in after.segments)
+        for gone in segments_before[:dropped]:
+            with pytest.raises(NoSuchLedgerError):
+                bk.ledger_metadata(gone.ledger_id)
+        assert [r for _, r in wal.replay(after=snap.lsn)] == [b"%04d" % i + b"." * 200 for i in range(60, 100)]
+        with pytest.raises(InvalidArgumentError):
+            list(wal.replay(after=lsns[0]))  # those records are gone
+        newer = wal.snapshot(b"newer", lsns[80])
+        with pytest.raises(NoSuchLedgerError):
+            bk.ledger_metadata(snap.ledger_id)  # the superseded snapshot's ledger is deleted
+        assert wal.latest_snapshot().lsn == newer.lsn  # type: ignore[union-attr]
+
+
+def test_failover_fences_the_old_writer_and_keeps_every_acknowledged_record(bk: walkit.BookKeeper) -> None:
+    cluster = bk.cluster  # type: ignore[attr-defined]
+    with client(cluster) as other:
+        old = WriteAheadLog.open(other, "kv")
+        acked = [old.append(b"a%d" % i) for i in range(50)]
+        in_flight = [old.append_async(b"f%d" % i) for i in range(200)]
+        new = WriteAheadLog.open(bk, "kv")
+        assert new.epoch == old.epoch + 1
+        with pytest.raises(WriterFencedError):
+            old.append(b"after failover")
+        with pytest.raises(WriterFencedError):
+            old.append(b"never again")
+        with pytest.raises(WriterFencedError):
+            old.snapshot(b"state", acked[-1])
+        records = dict(new.replay())
+        assert all(records[lsn] == b"a%d" % i for i, lsn in enumerate(acked))
+        for i, fut in enumerate(in_flight):
+            if fut.exception(timeout=30) is None:  # acknowledged: must be there
+                assert records[fut.result()] == b"f%d" % i
+        new_lsn = new.append(b"new writer")
+        assert new_lsn.segment > max(lsn.segment for lsn in records)
+        old.close()
+        new.close()
+
+
+def test_reader_tails_across_rolls_and_failover(bk: walkit.BookKeeper) -> None:
+    cluster = bk.cluster  # type: ignore[attr-defined]
+    wal = WriteAheadLog.open(bk, "tailed", roll_bytes=2_000)
+    wal.append(b"before")
+    reader = WriteAheadLog.reader(bk, "tailed")
+    seen: list[bytes] = []
+
+    def follow() -> None:
+        for _, record in reader.tail(poll_timeout=0.3):
+            seen.append(record)
+            if record == b"last":
+                return
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    for i in range(40):
+        wal.append(b"t%03d" % i + b"-" * 100)  # several rolls
+    with client(cluster) as other:
+        successor = WriteAheadLog.open(other, "tailed")
+        successor.append(b"last")
+        thread.join(30)
+        assert not thread.is_alive()
+        assert seen == [b"before"] + [b"t%03d" % i + b"-" * 100 for i in range(40)] + [b"last"]
+        successor.close()
+    reader.close()
+    with pytest.raises(WriterFencedError):
+        wal.append(b"fenced")
+    wal.close()
+
+
+def test_a_killed_bookie_loses_no_acknowledged_record(bk: walkit.BookKeeper) -> None:
+    cluster = bk.cluster  # type: ignore[attr-defined]
+    with WriteAheadLog.open(bk, "durable") as wal:
+        futures = [wal.append_async(b"d%d" % i) for i in range(2000)]
+        futures[100].result(timeout=30)
+        ensemble = bk.ledger_metadata(wal.metadata().segments[-1].ledger_id).ensembles[-1][1]
+        cluster.kill_bookie(index_of(cluster, ensemble[0]))
+        futures += [wal.append_async(b"d%d" % i) for i in range(2000, 3000)]
+        lsns = [f.result(timeout=60) for f in futures]
+        records = dict(wal.replay())
+        assert [records[lsn] for lsn in lsns] == [b"d%d" % i for i in range(3000)]
+
+
+def test_namespaces_list_delete_and_defaults(bk: walkit.BookKeeper) -> None:
+    set_namespace_defaults(bk, "tenants", ensemble_size=3, write_quorum=2, ack_quorum=2, roll_bytes=1 << 20)
+    with WriteAheadLog.open(bk, "alpha", namespace="tenants") as alpha:
+        alpha.append(b"a")
+        assert alpha.settings.write_quorum == 2 and alpha.settings.roll_bytes == 1 << 20
+    with WriteAheadLog.open(bk, "beta", namespace="tenants", write_quorum=3) as beta:
+        beta.append(b"b")
+        assert beta.settings.write_quorum == 3
+        ledgers = [s.ledger_id for s in beta.metadata().segments]
+    assert list_logs(bk, "tenants") == ["alpha", "beta"]
+    assert list_logs(bk, "empty") == []
+    delete_log(bk, "tenants", "beta")
+    assert list_logs(bk, "tenants") == ["alpha"]
+    for ledger_id in ledgers:
+        with pytest.raises(NoSuchLedgerError):
+            bk.ledger_metadata(ledger_id)
+    with pytest.raises(NoSuchLogError):
+        delete_log(bk, "tenants", "beta")
+    with pytest.raises(InvalidArgumentError):
+        set_namespace_defaults(bk, "tenants", nonsense=1)
+
+
+def test_asyncio_write_ahead_log(bk: walkit.BookKeeper) -> None:
+    import asyncio
+
+    from walkit.aio import AsyncWriteAheadLog
+
+    async def main() -> None:
+        async with await AsyncWriteAheadLog.open(bk, "async-log") as wal:
+            first = await wal.append(b"one")
+            pending = [await wal.append_async(b"n%d" % i) for i in range(100)]
+            lsns = await asyncio.gather(*pending)
+            assert lsns == sorted(lsns) and lsns[0] > first
+            assert await wal.flush() == lsns[-1]
+            assert [r async for _, r in wal.replay()] == [b"one"] + [b"n%d" % i for i in range(100)]
+            snap = await wal.snapshot(b"state", lsns[-1])
+            assert (await wal.latest_snapshot()).lsn == snap.lsn  # type: ignore[union-attr]
+            reader = await AsyncWriteAheadLog.reader(bk, "async-log")
+            tail = reader.tail(lsns[-1], poll_timeout=0.3)
+            await wal.append(b"tailed")
+            lsn, record = await asyncio.wait_for(tail.__anext__(), 30)
+            assert record == b"tailed" and lsn > lsns[-1]
+            await reader.close()
+
+    asyncio.run(asyncio.wait_for(main(), 120))

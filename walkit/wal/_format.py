@@ -1,0 +1,147 @@
+"""Bytes of the WAL: record batches (ledger entries) and log metadata (docs/format.md).
+
+A **record batch** is one ledger entry's payload::
+
+    "WKRB" | version u8 (1) | count u32 | count x (length u32 | record bytes)
+
+big-endian. **Log metadata** (node ``<root>/logs/<namespace>/<name>``) is canonical JSON:
+``{"format": 1, "epoch": int, "segments": [[seq, ledger_id], ...],
+"snapshots": [[lsn, ledger_id, size], ...], "truncated": lsn | null,
+"settings": {...}}``. A **namespace** node (``<root>/logs/<namespace>``) holds the
+namespace's default settings as canonical JSON (``{}``: none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from walkit.errors import FormatError, InvalidArgumentError
+from walkit.wal._lsn import LSN
+
+__all__ = ["LogMetadata", "LogSettings", "pack_records", "unpack_records", "Segment", "SnapshotRef"]
+
+MAGIC = b"WKRB"
+VERSION = 1
+_HEAD = struct.Struct(">4sBI")
+_LEN = struct.Struct(">I")
+LOG_FORMAT = 1
+
+
+def pack_records(records: Sequence[bytes]) -> bytes:
+    parts = [_HEAD.pack(MAGIC, VERSION, len(records))]
+    pack = _LEN.pack
+    for record in records:
+        parts.append(pack(len(record)))
+        parts.append(record)
+    return b"".join(parts)
+
+
+def unpack_records(data: bytes) -> list[bytes]:
+    if len(data) < _HEAD.size:
+        raise FormatError("record batch shorter than its header", size=len(data))
+    magic, version, count = _HEAD.unpack_from(data)
+    if magic != MAGIC or version != VERSION:
+        raise FormatError("not a walkit record batch", magic=magic.hex(), version=version)
+    records: list[bytes] = []
+    pos = _HEAD.size
+    view = memoryview(data)
+    for _ in range(count):
+        if pos + 4 > len(data):
+            raise FormatError("record batch truncated", count=count, at=len(records))
+        (length,) = _LEN.unpack_from(data, pos)
+        pos += 4
+        if pos + length > len(data):
+            raise FormatError("record batch truncated", count=count, at=len(records))
+        records.append(bytes(view[pos:pos + length]))
+        pos += length
+    if pos != len(data):
+        raise FormatError("bytes after the last record of a batch", extra=len(data) - pos)
+    return records
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    ensemble_size: int = 3
+    write_quorum: int = 3
+    ack_quorum: int = 2
+    roll_bytes: int = 256 << 20
+    roll_seconds: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if not self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1:
+            raise InvalidArgumentError("quorums must satisfy ensemble_size >= write_quorum >= ack_quorum >= 1",
+                                       E=self.ensemble_size, Qw=self.write_quorum, Qa=self.ack_quorum)
+        if not self.roll_bytes > 0 or not self.roll_seconds > 0:
+            raise InvalidArgumentError("roll_bytes and roll_seconds must be > 0", roll_bytes=self.roll_bytes,
+                                       roll_seconds=self.roll_seconds)
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> LogSettings:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise InvalidArgumentError("unknown log setting", settings=",".join(unknown))
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Segment:
+    seq: int
+    ledger_id: int
+
+
+@dataclass(frozen=True)
+class SnapshotRef:
+    lsn: LSN
+    ledger_id: int
+    size: int
+
+
+@dataclass(frozen=True)
+class LogMetadata:
+    epoch: int
+    segments: tuple[Segment, ...]
+    snapshots: tuple[SnapshotRef, ...]
+    truncated: LSN | None
+    settings: LogSettings
+
+    def encode(self) -> bytes:
+        body = {
+            "format": LOG_FORMAT, "epoch": self.epoch,
+            "segments": [[s.seq, s.ledger_id] for s in self.segments],
+            "snapshots": [[str(s.lsn), s.ledger_id, s.size] for s in self.snapshots],
+            "truncated": None if self.truncated is None else str(self.truncated),
+            "settings": self.settings.to_json(),
+        }
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")
+
+    @classmethod
+    def decode(cls, data: bytes, path: str) -> LogMetadata:
+        try:
+            body = json.loads(data)
+            if body["format"] != LOG_FORMAT:
+                raise FormatError("unknown log metadata format", path=path, format=body["format"])
+            return cls(
+                epoch=int(body["epoch"]),
+                segments=tuple(Segment(int(a), int(b)) for a, b in body["segments"]),
+                snapshots=tuple(SnapshotRef(LSN.parse(a), int(b), int(c)) for a, b, c in body["snapshots"]),
+                truncated=None if body["truncated"] is None else LSN.parse(body["truncated"]),
+                settings=LogSettings.of(body["settings"]),
+            )
+        except FormatError:
+            raise
+        except (ValueError, KeyError, TypeError, InvalidArgumentError) as exc:
+            raise FormatError("unreadable log metadata", path=path, reason=str(exc)[:200]) from exc
+
+    def segments_from(self, after: LSN | None) -> Iterator[Segment]:
+        for segment in self.segments:
+            if after is None or segment.seq >= after.segment:
+                yield segment

@@ -1,0 +1,766 @@
+"""``WriteAheadLog``: a log that outlives any one writer, on top of ledgers.
+
+Theory of operation
+-------------------
+A log is a node ``<root>/logs/<namespace>/<name>`` (:class:`LogMetadata`): the writer
+epoch, the segments (ledgers, in order, numbered from 1), the snapshots and settings.
+Every change is a compare-and-set on the node's version, and every change a writer makes
+first checks that the epoch is still its own.
+
+Opening for writing makes the caller the single writer: it bumps the epoch (CAS), opens
+the last two segments with recovery (which fences the previous writer's ledger and closes
+it at what was acknowledged), creates a new ledger and appends it as the next segment
+(CAS). The previous writer's next add fails with EFENCED; its next metadata change sees
+the new epoch; either way it gets :class:`WriterFencedError` and is done for good.
+
+Appends are batched on the client's loop: records queue up while up to
+``max_inflight_entries`` entries of the segment are in flight; as soon as there is room
+the queued records (up to ``max_entry_bytes``) become one ledger entry (a record batch,
+docs/format.md). A lone writer thus pays one entry per record, a busy one a fraction of
+an entry per record. A record's LSN is (segment, entry, slot in batch); entries complete
+in order, so do records. The segment rolls (close, new ledger, CAS) when it reached
+``roll_bytes`` or ``roll_seconds``; records wait meanwhile.
+
+Readers (``WriteAheadLog.reader``) never fence: they read closed segments to the end
+and the open one up to its LAC, which the writer keeps fresh with explicit LAC writes
+when it is idle; ``tail`` follows the open segment by long poll and moves to the next
+segment once its ledger is closed (by a roll, a writer's close, or a new writer's
+recovery).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import io
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from types import TracebackType
+from typing import IO, Any
+
+from walkit.client._bookkeeper import BookKeeper
+from walkit.client._handles import ReadState
+from walkit.client._writer import LedgerWriter
+from walkit.errors import (
+    InvalidArgumentError,
+    LedgerFencedError,
+    MetadataVersionError,
+    NodeExistsError,
+    NoNodeError,
+    NoSuchLedgerError,
+    NoSuchLogError,
+    UsageError,
+    WalkitError,
+    WriterFencedError,
+)
+from walkit.metadata._cluster import cluster_path
+from walkit.metadata._registration import check_bookie_id
+from walkit.wal._format import LogMetadata, LogSettings, Segment, SnapshotRef, pack_records, unpack_records
+from walkit.wal._lsn import LSN
+
+__all__ = ["WriteAheadLog", "LogReader", "Snapshot", "list_logs", "delete_log", "set_namespace_defaults"]
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_CHUNK = 1 << 20
+EXPLICIT_LAC_INTERVAL = 0.1  # seconds: how stale an idle log's last record may look to readers
+_READ_CHUNK = 256  # entries per read on the client loop
+_POLL = 0.5  # seconds between looks at the log metadata while tailing an idle log
+
+
+def _client(client_or_uri: BookKeeper | str) -> tuple[BookKeeper, bool]:
+    if isinstance(client_or_uri, BookKeeper):
+        return client_or_uri, False
+    if isinstance(client_or_uri, str):
+        return BookKeeper(client_or_uri), True
+    raise InvalidArgumentError("expected a walkit.BookKeeper or a metadata URI", type=type(client_or_uri).__name__)
+
+
+def _check_name(kind: str, value: str) -> str:
+    try:
+        return check_bookie_id(value)  # the same rules: one non-empty node name
+    except InvalidArgumentError:
+        raise InvalidArgumentError(f"invalid {kind} name", name=repr(value)) from None
+
+
+class _LogNode:
+    """The log's metadata node (blocking calls: run them off the client loop)."""
+
+    def __init__(self, bk: BookKeeper, namespace: str, name: str) -> None:
+        self.store = bk._cluster.store
+        self.namespace = _check_name("namespace", namespace)
+        self.name = _check_name("log", name)
+        self.ns_path = cluster_path(bk._cluster.info.root, f"logs/{namespace}")
+        self.path = f"{self.ns_path}/{name}"
+
+    def read(self) -> tuple[LogMetadata, int]:
+        try:
+            data, stat = self.store.get(self.path)
+        except NoNodeError:
+            raise NoSuchLogError("no such log", namespace=self.namespace, log=self.name) from None
+        return LogMetadata.decode(data, self.path), stat.version
+
+    def namespace_defaults(self) -> dict[str, Any]:
+        import json
+
+        try:
+            data, _ = self.store.get(self.ns_path)
+        except NoNodeError:
+            return {}
+        return dict(json.loads(data or b"{}"))
+
+    def create(self, settings: LogSettings) -> None:
+        meta = LogMetadata(0, (), (), None, settings)
+        with contextlib.suppress(NodeExistsError):
+            self.store.create(self.path, meta.encode(), make_parents=True)
+
+    def write(self, meta: LogMetadata, version: int) -> int:
+        return self.store.set(self.path, meta.encode(), version).version
+
+
+class Snapshot:
+    """A stored snapshot: ``lsn`` (everything up to it is in the state), ``size`` in
+    bytes; :meth:`read` gives the bytes, :meth:`open` a stream for large ones."""
+
+    def __init__(self, bk: BookKeeper, ref: SnapshotRef, password: bytes) -> None:
+        self._bk = bk
+        self.lsn = ref.lsn
+        self.size = ref.size
+        self.ledger_id = ref.ledger_id
+        self._password = password
+
+    def _chunks(self) -> Iterator[bytes]:
+        handle = self._bk.open_ledger(self.ledger_id, self._password, recovery=False)
+        if handle.last_add_confirmed >= 0:
+            for entry in handle.read(0, handle.last_add_confirmed):
+                yield entry.data
+
+    def read(self) -> bytes:
+        return b"".join(self._chunks())
+
+    def open(self) -> io.BufferedReader:
+        return io.BufferedReader(_ChunkStream(self._chunks()), buffer_size=SNAPSHOT_CHUNK)
+
+
+class _ChunkStream(io.RawIOBase):
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buffer = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        while not self._buffer:
+            nxt = next(self._chunks, None)
+            if nxt is None:
+                return 0
+            self._buffer = nxt
+        n = min(len(target), len(self._buffer))
+        target[:n] = self._buffer[:n]
+        self._buffer = self._buffer[n:]
+        return n
+
+
+class _LogView:
+    """What readers and the writer share: the node, reading segments, snapshots."""
+
+    def __init__(self, bk: BookKeeper, owned: bool, node: _LogNode, password: bytes) -> None:
+        self._bk = bk
+        self._owned = owned
+        self._node = node
+        self._password = password
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        return self._node.name
+
+    @property
+    def namespace(self) -> str:
+        return self._node.namespace
+
+    def metadata(self) -> LogMetadata:
+        return self._node.read()[0]
+
+    def latest_snapshot(self) -> Snapshot | None:
+        snapshots = self.metadata().snapshots
+        return Snapshot(self._bk, snapshots[-1], self._password) if snapshots else None
+
+    def _open_segment(self, segment: Segment) -> ReadState | None:
+        """A reader of the segment's ledger (None if retention deleted it meanwhile)."""
+        try:
+            return self._bk._loop.run(self._bk._open(segment.ledger_id, self._password, False))
+        except NoSuchLedgerError:
+            return None
+
+    def _records(self, segment: Segment, state: ReadState, first: int, last: int,
+                 after: LSN | None) -> Iterator[tuple[LSN, bytes]]:
+        start = first
+        while start <= last:
+            end = min(last, start + _READ_CHUNK - 1)
+            for entry in self._bk._loop.run(state.read(start, end)):
+                for slot, record in enumerate(unpack_records(entry.data)):
+                    lsn = LSN(segment.seq, entry.entry_id, slot)
+                    if after is None or lsn > after:
+                        yield lsn, record
+            start = end + 1
+
+    def _own_lac(self, segment: Segment) -> int | None:
+        """The writer's LAC for its own open segment (None for readers)."""
+        return None
+
+    def replay(self, after: LSN | None = None) -> Iterator[tuple[LSN, bytes]]:
+        """Every durable record after ``after`` (all when None), across segments, in
+        order: ``(lsn, record)``."""
+        self._check_open()
+        if after is not None and not isinstance(after, LSN):
+            raise InvalidArgumentError("after must be an LSN or None", type=type(after).__name__)
+        meta = self.metadata()
+        if after is not None and meta.truncated is not None and after < meta.truncated and meta.segments \
+                and after.segment < meta.segments[0].seq:
+            raise InvalidArgumentError("records after this LSN were truncated; start from the latest snapshot",
+                                       after=str(after), truncated=str(meta.truncated))
+        for segment in meta.segments_from(after):
+            state = self._open_segment(segment)
+            if state is None:
+                continue
+            own = self._own_lac(segment)
+            if own is not None:  # the writer knows its own segment's LAC better than the bookies
+                state.lac = max(state.lac, own)
+            last = state.lac
+            first = after.entry if after is not None and after.segment == segment.seq else 0
+            yield from self._records(segment, state, first, last, after)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UsageError("log handle is closed", log=self.name)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._owned:
+                self._bk.close()
+
+
+class LogReader(_LogView):
+    """A read-only view of a log (no fencing: the writer goes on)."""
+
+    def tail(self, after: LSN | None = None, *, poll_timeout: float = 1.0) -> Iterator[tuple[LSN, bytes]]:
+        """Records after ``after`` as they become durable, for ever (break out of the
+        loop to stop): replay, then follow the open segment by long poll, then the next
+        segments as the log rolls or changes writer."""
+        self._check_open()
+        position = after
+        next_seq = 1 if after is None else after.segment
+        while True:
+            segments = [s for s in self.metadata().segments if s.seq >= next_seq]
+            if not segments:
+                time.sleep(_POLL)
+                continue
+            for segment in segments:
+                state = self._open_segment(segment)
+                if state is not None:
+                    first = position.entry if position is not None and position.segment == segment.seq else 0
+                    for lsn, record in self._follow(segment, state, first, position, poll_timeout):
+                        position = lsn
+                        yield lsn, record
+                next_seq = segment.seq + 1
+
+    def _follow(self, segment: Segment, state: ReadState, first: int, after: LSN | None,
+                poll_timeout: float) -> Iterator[tuple[LSN, bytes]]:
+        next_id = first
+        loop = self._bk._loop
+        while True:
+            if next_id <= state.lac:
+                last = state.lac
+                yield from self._records(segment, state, next_id, last, after)
+                next_id = last + 1
+            elif state.closed:
+                return
+            else:
+                loop.run(state.wait_lac(state.lac, poll_timeout))
+
+    def __enter__(self) -> LogReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class WriteAheadLog(_LogView):
+    """The single writer of a log (:meth:`open`); readers use :meth:`reader`."""
+
+    def __init__(self, bk: BookKeeper, owned: bool, node: _LogNode, password: bytes, *, epoch: int,
+                 settings: LogSettings, segment: Segment, writer: LedgerWriter, max_entry_bytes: int,
+                 max_inflight_entries: int) -> None:
+        super().__init__(bk, owned, node, password)
+        self.epoch = epoch
+        self.settings = settings
+        self._segment = segment
+        self._writer = writer
+        self._max_entry_bytes = max_entry_bytes
+        self._max_inflight = max_inflight_entries
+        self._lock = threading.Lock()
+        self._queue: list[bytes] = []
+        self._futures: list[Future[LSN]] = []
+        self._scheduled = False
+        self._in_flight = 0
+        self._segment_bytes = 0
+        self._segment_started = time.monotonic()
+        self._rolling = False
+        self._error: WalkitError | None = None
+        self._idle: list[asyncio.Future[None]] = []
+        self.last_lsn: LSN | None = None
+
+    # -- opening ----------------------------------------------------------------------------
+    @classmethod
+    def open(cls, client_or_uri: BookKeeper | str, name: str, *, namespace: str = "default", password: bytes = b"",
+             ensemble_size: int | None = None, write_quorum: int | None = None, ack_quorum: int | None = None,
+             roll_bytes: int | None = None, roll_seconds: float | None = None, max_entry_bytes: int = 1 << 20,
+             max_inflight_entries: int = 4) -> WriteAheadLog:
+        """Become the log's single writer (creating the log on first use): bump the epoch,
+        recover and close the previous writer's segment (fencing it), start a segment.
+        Settings given here apply to a new log; an existing log keeps its own."""
+        bk, owned = _client(client_or_uri)
+        try:
+            node = _LogNode(bk, namespace, name)
+            if not 1 <= max_inflight_entries <= 1024 or not 1024 <= max_entry_bytes <= 4 << 20:
+                raise InvalidArgumentError("max_inflight_entries in 1..1024, max_entry_bytes in 1 KiB..4 MiB",
+                                           max_inflight_entries=max_inflight_entries, max_entry_bytes=max_entry_bytes)
+            asked = {k: v for k, v in (("ensemble_size", ensemble_size), ("write_quorum", write_quorum),
+                                       ("ack_quorum", ack_quorum), ("roll_bytes", roll_bytes),
+                                       ("roll_seconds", roll_seconds)) if v is not None}
+            return bk._loop.run(cls._open(bk, owned, node, password, asked, max_entry_bytes, max_inflight_entries))
+        except BaseException:
+            if owned:
+                bk.close()
+            raise
+
+    @classmethod
+    async def _open(cls, bk: BookKeeper, owned: bool, node: _LogNode, password: bytes, asked: dict[str, Any],
+                    max_entry_bytes: int, max_inflight: int) -> WriteAheadLog:
+        core = bk._core
+
+        def claim() -> tuple[LogMetadata, int]:
+            settings = LogSettings.of({**node.namespace_defaults(), **asked})
+            node.create(settings)
+            for _ in range(100):
+                meta, version = node.read()
+                bumped = dataclasses.replace(meta, epoch=meta.epoch + 1)
+                try:
+                    return bumped, node.write(bumped, version)
+                except MetadataVersionError:
+                    continue
+            raise MetadataVersionError("log metadata kept changing while claiming it", log=node.name)
+
+        meta, version = await core.md(claim)
+        epoch = meta.epoch
+        for segment in meta.segments[-2:]:  # fence and close what a previous writer left open
+            try:
+                await bk._open(segment.ledger_id, password, True)
+            except NoSuchLedgerError:
+                log.warning("log %s: segment %d's ledger %d is gone", node.name, segment.seq, segment.ledger_id)
+        settings = meta.settings
+        writer = await bk._create(settings.ensemble_size, settings.write_quorum, settings.ack_quorum, "crc32c",
+                                  password, {"walkit.log": f"{node.namespace}/{node.name}".encode()})
+        seq = meta.segments[-1].seq + 1 if meta.segments else 1
+        segment = Segment(seq, writer.ledger_id)
+
+        def add_segment() -> None:
+            current, current_version = node.read()
+            if current.epoch != epoch:
+                raise WriterFencedError("another writer opened the log", log=node.name, epoch=epoch,
+                                        current=current.epoch)
+            node.write(dataclasses.replace(current, segments=(*current.segments, segment)), current_version)
+
+        try:
+            await core.md(_retry_cas, add_segment)
+        except BaseException:
+            await writer.close()
+            with contextlib.suppress(WalkitError):
+                await core.md(core.ledgers.delete, writer.ledger_id)
+            raise
+        writer.explicit_lac_interval = bk.config.explicit_lac_interval or EXPLICIT_LAC_INTERVAL
+        wal = cls(bk, owned, node, password, epoch=epoch, settings=settings, segment=segment, writer=writer,
+                  max_entry_bytes=max_entry_bytes, max_inflight_entries=max_inflight)
+        log.info("log %s/%s: writer epoch %d, segment %d (ledger %d)", node.namespace, node.name, epoch, seq,
+                 writer.ledger_id)
+        return wal
+
+    @classmethod
+    def reader(cls, client_or_uri: BookKeeper | str, name: str, *, namespace: str = "default",
+               password: bytes = b"") -> LogReader:
+        """A read-only view of the log: ``replay``, ``tail``, ``latest_snapshot``."""
+        bk, owned = _client(client_or_uri)
+        try:
+            node = _LogNode(bk, namespace, name)
+            node.read()  # NoSuchLogError now rather than at the first read
+        except BaseException:
+            if owned:
+                bk.close()
+            raise
+        return LogReader(bk, owned, node, password)
+
+    # -- appending --------------------------------------------------------------------------
+    def append_async(self, record: bytes) -> Future[LSN]:
+        """Queue a record; the future gives its LSN once it is durable on a quorum.
+        Futures complete in append order."""
+        if not isinstance(record, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError("a record is bytes", type=type(record).__name__)
+        record = bytes(record)
+        if len(record) > self._max_entry_bytes - 16:
+            raise InvalidArgumentError("record larger than max_entry_bytes", size=len(record),
+                                       limit=self._max_entry_bytes - 16)
+        fut: Future[LSN] = Future()
+        with self._lock:
+            if self._closed:
+                raise UsageError("log is closed", log=self.name)
+            if self._error is not None:
+                fut.set_exception(self._error)
+                return fut
+            self._queue.append(record)
+            self._futures.append(fut)
+            schedule = not self._scheduled
+            self._scheduled = True
+        if schedule:
+            self._bk._loop.call(self._pump)
+        return fut
+
+    def append(self, record: bytes) -> LSN:
+        """Append a record; its LSN once it is durable on a quorum of bookies."""
+        if self._bk._loop.in_loop():
+            raise UsageError("append blocks: not from the client's loop thread; use append_async")
+        return self.append_async(record).result()
+
+    def flush(self) -> LSN | None:
+        """Wait until every record appended so far is durable; the last LSN."""
+        with self._lock:
+            last = self._futures[-1] if self._futures else None
+        if last is not None:
+            last.exception()  # waits; the error (if any) is the records' to report
+        self._bk._loop.run(self._wait_idle())
+        if self._error is not None:
+            raise self._error
+        return self.last_lsn
+
+    # loop side
+    def _pump(self) -> None:
+        with self._lock:
+            self._scheduled = False
+        while self._error is None and not self._rolling and self._in_flight < self._max_inflight:
+            if self._segment_bytes >= self.settings.roll_bytes or (
+                    self._segment_bytes and time.monotonic() - self._segment_started >= self.settings.roll_seconds):
+                self._rolling = True
+                asyncio.get_running_loop().create_task(self._roll())
+                return
+            with self._lock:
+                if not self._queue:
+                    break
+                take, size = 0, 0
+                for record in self._queue:
+                    if take and size + len(record) + 4 > self._max_entry_bytes:
+                        break
+                    take += 1
+                    size += len(record) + 4
+                records, self._queue = self._queue[:take], self._queue[take:]
+                futures, self._futures = self._futures[:take], self._futures[take:]
+            if not self._writer.slots.acquire(blocking=False):  # cannot happen below 1024 in flight
+                raise UsageError("ledger writer has no free slot", log=self.name)
+            packed = pack_records(records)
+            self._in_flight += 1
+            self._segment_bytes += len(packed)
+            seq = self._segment.seq
+            done = self._writer.submit(packed, reserved=True)
+            done.add_done_callback(functools.partial(self._entry_done, futures=futures, seq=seq))
+        if self._in_flight == 0 and not self._rolling:
+            self._wake_idle()
+
+    def _entry_done(self, done: Future[int], futures: list[Future[LSN]], seq: int) -> None:
+        self._in_flight -= 1
+        error = done.exception()
+        if error is not None:
+            self._fail(self._as_wal_error(error), futures)
+        else:
+            entry = done.result()
+            for slot, fut in enumerate(futures):
+                if not fut.done():  # a caller may have cancelled its future: nothing to tell it
+                    fut.set_result(LSN(seq, entry, slot))
+            self.last_lsn = LSN(seq, entry, len(futures) - 1)
+        if self._in_flight == 0:
+            self._wake_idle()  # a roll waits for this, and so does flush()
+        if self._bk._loop.in_loop():
+            self._pump()
+        else:
+            self._bk._loop.call(self._pump)
+
+    def _as_wal_error(self, error: BaseException) -> WalkitError:
+        if isinstance(error, WriterFencedError):
+            return error
+        if isinstance(error, LedgerFencedError):
+            return WriterFencedError("a newer writer took the log over", log=self.name, epoch=self.epoch)
+        if isinstance(error, WalkitError):
+            return error
+        return WalkitError("append failed", log=self.name, reason=repr(error))
+
+    def _fail(self, error: WalkitError, futures: Sequence[Future[LSN]] = ()) -> None:
+        if self._error is None:
+            self._error = error
+            log.warning("log %s: writer failed: %s", self.name, error)
+        with self._lock:
+            queued, self._futures, self._queue = self._futures, [], []
+        for fut in [*futures, *queued]:
+            if not fut.done():
+                fut.set_exception(self._error)
+        self._wake_idle()
+
+    def _wake_idle(self) -> None:
+        waiters, self._idle = self._idle, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait_idle(self) -> None:
+        while True:
+            with self._lock:
+                queued = bool(self._queue)
+            if self._error is not None or (not queued and self._in_flight == 0 and not self._rolling):
+                return
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._idle.append(fut)
+            self._pump()
+            await fut
+
+    async def _roll(self) -> None:
+        """Close the segment and start the next one (records wait meanwhile)."""
+        core = self._bk._core
+        try:
+            while self._in_flight:
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._idle.append(fut)
+                await fut
+            if self._error is not None:
+                return
+            await self._writer.close()
+            settings = self.settings
+            writer = await self._bk._create(settings.ensemble_size, settings.write_quorum, settings.ack_quorum,
+                                            "crc32c", self._password,
+                                            {"walkit.log": f"{self.namespace}/{self.name}".encode()})
+            segment = Segment(self._segment.seq + 1, writer.ledger_id)
+
+            def add(meta: LogMetadata) -> LogMetadata:
+                return dataclasses.replace(meta, segments=(*meta.segments, segment))
+
+            try:
+                await core.md(_retry_cas, self._change, add)
+            except BaseException:
+                await writer.close()
+                with contextlib.suppress(WalkitError):
+                    await core.md(core.ledgers.delete, writer.ledger_id)
+                raise
+            writer.explicit_lac_interval = self._writer.explicit_lac_interval
+            self._writer, self._segment = writer, segment
+            self._segment_bytes, self._segment_started = 0, time.monotonic()
+            log.info("log %s: rolled to segment %d (ledger %d)", self.name, segment.seq, writer.ledger_id)
+        except WalkitError as exc:
+            self._fail(self._as_wal_error(exc))
+        except Exception as exc:
+            log.exception("log %s: roll failed", self.name)
+            self._fail(WalkitError("segment roll failed", log=self.name, reason=repr(exc)))
+        finally:
+            self._rolling = False
+            self._pump()
+
+    def _change(self, change: Any) -> None:
+        """(Metadata thread) CAS ``change(meta)`` into the log node if our epoch holds."""
+        current, version = self._node.read()
+        if current.epoch != self.epoch:
+            raise WriterFencedError("another writer opened the log", log=self.name, epoch=self.epoch,
+                                    current=current.epoch)
+        self._node.write(change(current), version)
+
+    def _own_lac(self, segment: Segment) -> int | None:
+        return self._writer.lac if segment == self._segment else None
+
+    # -- snapshots and retention ----------------------------------------------------------------
+    def snapshot(self, data: bytes | IO[bytes], lsn: LSN) -> Snapshot:
+        """Store application state that covers every record up to ``lsn`` (chunked into
+        a ledger of its own, then recorded in the log metadata atomically)."""
+        self._check_writable()
+        if not isinstance(lsn, LSN):
+            raise InvalidArgumentError("snapshot needs the LSN it covers", type=type(lsn).__name__)
+        if self.last_lsn is None or lsn > self.last_lsn:
+            if not self._acknowledged_before(lsn):
+                raise InvalidArgumentError("snapshot LSN is past the last acknowledged record", lsn=str(lsn),
+                                           last=str(self.last_lsn))
+        latest = self.metadata().snapshots
+        if latest and lsn < latest[-1].lsn:
+            raise InvalidArgumentError("snapshot LSN is older than the latest snapshot's", lsn=str(lsn),
+                                       latest=str(latest[-1].lsn))
+        s = self.settings
+        handle = self._bk.create_ledger(s.ensemble_size, s.write_quorum, s.ack_quorum, password=self._password,
+                                        custom_metadata={"walkit.snapshot": f"{self.namespace}/{self.name}".encode(),
+                                                         "walkit.lsn": str(lsn).encode()})
+        size = 0
+        try:
+            stream = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+            pending = []
+            while True:
+                chunk = stream.read(SNAPSHOT_CHUNK)
+                if not chunk:
+                    break
+                size += len(chunk)
+                pending.append(handle.add_entry_async(bytes(chunk)))
+                if len(pending) >= 16:
+                    pending.pop(0).result()
+            for fut in pending:
+                fut.result()
+            handle.close()
+            ref = SnapshotRef(lsn, handle.ledger_id, size)
+            previous: list[SnapshotRef] = []
+
+            def record(meta: LogMetadata) -> LogMetadata:
+                previous[:] = meta.snapshots
+                return dataclasses.replace(meta, snapshots=(ref,))
+
+            _retry_cas(self._change, record)
+        except BaseException as exc:
+            with contextlib.suppress(WalkitError):
+                self._bk.delete_ledger(handle.ledger_id)
+            if isinstance(exc, WriterFencedError):
+                self._fail(exc)
+            raise
+        for old in previous:
+            with contextlib.suppress(NoSuchLedgerError):
+                self._bk.delete_ledger(old.ledger_id)
+        return Snapshot(self._bk, ref, self._password)
+
+    def _acknowledged_before(self, lsn: LSN) -> bool:
+        """Whether ``lsn`` is in a segment closed before this writer (all durable)."""
+        return lsn.segment < self._segment.seq
+
+    def truncate(self, before: LSN) -> int:
+        """Delete whole segments wholly below ``before`` and below the latest snapshot
+        (never past it: without a snapshot nothing goes); the number deleted."""
+        self._check_writable()
+        if not isinstance(before, LSN):
+            raise InvalidArgumentError("truncate needs an LSN", type=type(before).__name__)
+        dropped: list[Segment] = []
+
+        def cut(meta: LogMetadata) -> LogMetadata:
+            limit = min(before, meta.snapshots[-1].lsn) if meta.snapshots else None
+            dropped[:] = [s for s in meta.segments
+                          if limit is not None and s.seq < limit.segment and s != self._segment]
+            if not dropped:
+                return meta
+            keep = tuple(s for s in meta.segments if s not in dropped)
+            mark = LSN(keep[0].seq, 0, 0) if keep else LSN(dropped[-1].seq + 1, 0, 0)
+            return dataclasses.replace(meta, segments=keep, truncated=max(mark, meta.truncated or mark))
+
+        try:
+            _retry_cas(self._change, cut)
+        except WriterFencedError as exc:
+            self._fail(exc)
+            raise
+        for segment in dropped:
+            with contextlib.suppress(NoSuchLedgerError):
+                self._bk.delete_ledger(segment.ledger_id)
+        return len(dropped)
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._error is not None:
+            raise self._error
+
+    # -- closing ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Wait for appended records, close the segment; the log stays (open it again
+        to write more, or read it)."""
+        if self._closed:
+            return
+        try:
+            if self._error is None:
+                self._bk._loop.run(self._wait_idle())
+                if not isinstance(self._error, WriterFencedError):
+                    with contextlib.suppress(LedgerFencedError):
+                        self._bk._loop.run(self._writer.close())
+        finally:
+            with self._lock:
+                self._closed = True
+            super().close()
+
+    def __enter__(self) -> WriteAheadLog:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is None:
+            self.close()
+        else:
+            with contextlib.suppress(WalkitError):
+                self.close()
+
+
+def _retry_cas(fn: Any, *args: Any) -> None:
+    """Run ``fn`` again while it loses a compare-and-set (bounded)."""
+    for _ in range(100):
+        try:
+            fn(*args)
+            return
+        except MetadataVersionError:
+            continue
+    raise MetadataVersionError("log metadata kept changing", attempts=100)
+
+
+# -- namespaces ---------------------------------------------------------------------------------
+def list_logs(client_or_uri: BookKeeper | str, namespace: str = "default") -> list[str]:
+    """The names of the logs of ``namespace``, sorted."""
+    bk, owned = _client(client_or_uri)
+    try:
+        node = _LogNode(bk, namespace, "x")
+        try:
+            return sorted(node.store.children(node.ns_path))
+        except NoNodeError:
+            return []
+    finally:
+        if owned:
+            bk.close()
+
+
+def delete_log(client_or_uri: BookKeeper | str, namespace: str, name: str) -> None:
+    """Delete a log: its metadata, then its segments' and snapshots' ledgers.
+    NoSuchLogError when there is no such log."""
+    bk, owned = _client(client_or_uri)
+    try:
+        node = _LogNode(bk, namespace, name)
+        meta, version = node.read()
+        node.store.delete(node.path, version)
+        for ledger_id in [s.ledger_id for s in meta.segments] + [s.ledger_id for s in meta.snapshots]:
+            with contextlib.suppress(NoSuchLedgerError):
+                bk.delete_ledger(ledger_id)
+    finally:
+        if owned:
+            bk.close()
+
+
+def set_namespace_defaults(client_or_uri: BookKeeper | str, namespace: str, **settings: Any) -> None:
+    """Default settings (``ensemble_size``, ``write_quorum``, ``ack_quorum``,
+    ``roll_bytes``, ``roll_seconds``) for logs created in ``namespace`` from now on."""
+    import json
+
+    LogSettings.of(settings)  # checked against the defaults of the others
+    bk, owned = _client(client_or_uri)
+    try:
+        node = _LogNode(bk, namespace, "x")
+        data = json.dumps(settings, sort_keys=True, separators=(",", ":")).encode("ascii")
+        try:
+            node.store.create(node.ns_path, data, make_parents=True)
+        except NodeExistsError:
+            node.store.set(node.ns_path, data)
+    finally:
+        if owned:
+            bk.close()
