@@ -19,6 +19,12 @@ def zk_server() -> Iterator[ZooKeeperServer]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def walkit_zookeeper(zk_server: ZooKeeperServer) -> str:
+    """The walkit.testing plugin's ZooKeeper is the suite's: one JVM for the whole run."""
+    return zk_server.hosts
+
+
 @pytest.fixture(scope="module")
 def zk_ensemble_module() -> Iterator[ZooKeeperEnsemble]:
     """A fresh 3-node ZooKeeper ensemble on 127.0.0.1 per test module."""

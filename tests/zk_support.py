@@ -10,7 +10,6 @@ restart single nodes. Both stop their JVMs and remove their temporary directorie
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
@@ -20,23 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-JAR = Path("/usr/share/java/zookeeper.jar")
-SLF4J = Path("/usr/share/java/slf4j-simple.jar")
+from walkit._testing._zookeeper import JAR, JVM_FLAGS, SLF4J, START_TIMEOUT, TICK_MS, ensure_zookeeper
+
 STANDALONE_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
 QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
-JVM_FLAGS = ("-Xms32m", "-Xmx256m", "-XX:+UseSerialGC")  # room for the 100,000-ledger listing test
-TICK_MS = 500
-START_TIMEOUT = 30.0  # seconds; JVM start-up on two busy cores
-
-
-def ensure_zookeeper() -> None:
-    if JAR.exists():
-        return
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise RuntimeError("ZooKeeper is missing: install Debian's 'zookeeper' package (needs root)")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, stdout=subprocess.DEVNULL)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "zookeeper"], check=True, env=env, stdout=subprocess.DEVNULL)
+__all__ = ["JAR", "JVM_FLAGS", "SLF4J", "START_TIMEOUT", "TICK_MS", "ensure_zookeeper", "free_port", "free_ports",
+           "ZooKeeperServer", "ZooKeeperEnsemble", "ZooKeeperProcess"]
 
 
 def free_port() -> int:

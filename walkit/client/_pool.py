@@ -3,8 +3,9 @@
 A bookie is named by its id; :class:`BookiePool` resolves the id to the endpoint the
 bookie registered (``available/<id>`` or ``available/readonly/<id>``, JSON
 ``{"endpoint": "host:port", "tls": bool}``), connects once, and sends every request for
-that bookie down the same connection. Requests made while the connection is being
-opened wait for it; a failed connect fails them with
+that bookie down the same connection (:meth:`BookiePool.request_each_cb`: to several at
+once, as a writer sends an entry to its write set). Requests made while the connection
+is being opened wait for it; a failed connect fails them with
 :class:`~walkit.errors.BookieUnavailableError`. A lost connection is dropped from the
 pool, so the next request opens a new one (the endpoint is resolved again: a restarted
 bookie may have moved).
@@ -15,14 +16,14 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from walkit.client._bookie_client import BookieClient, ResponseCallback, client_ssl_context
 from walkit.client._config import ClientConfig
-from walkit.errors import BookieTimeoutError, BookieUnavailableError, WalkitError
-from walkit.protocol import Request, Response
+from walkit.errors import BookieUnavailableError, WalkitError
+from walkit.protocol import Request
 
 __all__ = ["BookiePool", "Endpoint", "parse_endpoint"]
 
@@ -88,24 +89,25 @@ class BookiePool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def request(self, bookie: str, request: Request, timeout: float) -> Response:
-        """The response to ``request`` (its error raised), within ``timeout`` seconds."""
-        fut: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
-
-        def done(response: Response | None, error: WalkitError | None, _: Any) -> None:
-            if fut.done():
-                return
-            if error is not None:
-                fut.set_exception(error)
+    def request_each_cb(self, bookies: Iterable[str], request: Request, cb: ResponseCallback, ctx: Any) -> None:
+        """:meth:`request_cb` to each of ``bookies``, the callback's context ``(ctx, bookie)``
+        (a writer's path: one call per entry, and an ADD_ENTRY frame per bookie that only
+        differs in its header)."""
+        clients = self._clients
+        for bookie in bookies:
+            client = clients.get(bookie)
+            if client is not None and not client.failed:
+                client.request_cb(request, cb, (ctx, bookie))
             else:
-                assert response is not None
-                fut.set_result(response)
+                self.request_cb(bookie, request, cb, (ctx, bookie))
 
-        self.request_cb(bookie, request, done, None)
-        try:
-            return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
-            raise BookieTimeoutError("bookie did not answer in time", bookie=bookie, timeout=timeout) from None
+    def flush(self, bookies: Iterable[str]) -> None:
+        """Write what is queued for ``bookies`` now (see :meth:`BookieClient.flush`)."""
+        clients = self._clients
+        for bookie in bookies:
+            client = clients.get(bookie)
+            if client is not None:
+                client.flush()
 
     async def _connect(self, bookie: str) -> None:
         error: WalkitError | None = None

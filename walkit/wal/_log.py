@@ -39,7 +39,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from types import TracebackType
 from typing import IO, Any
 
@@ -206,7 +206,7 @@ class _LogView:
             end = min(last, start + _READ_CHUNK - 1)
             for entry in self._bk._loop.run(state.read(start, end)):
                 for slot, record in enumerate(unpack_records(entry.data)):
-                    lsn = LSN(segment.seq, entry.entry_id, slot)
+                    lsn = LSN._trusted(segment.seq, entry.entry_id, slot)
                     if after is None or lsn > after:
                         yield lsn, record
             start = end + 1
@@ -488,10 +488,13 @@ class WriteAheadLog(_LogView):
             self._fail(self._as_wal_error(error), futures)
         else:
             entry = done.result()
+            make = LSN._trusted
             for slot, fut in enumerate(futures):
-                if not fut.done():  # a caller may have cancelled its future: nothing to tell it
-                    fut.set_result(LSN(seq, entry, slot))
-            self.last_lsn = LSN(seq, entry, len(futures) - 1)
+                try:
+                    fut.set_result(make(seq, entry, slot))
+                except InvalidStateError:  # the caller cancelled its future: nobody to tell
+                    continue
+            self.last_lsn = make(seq, entry, len(futures) - 1)
         if self._in_flight == 0:
             self._wake_idle()  # a roll waits for this, and so does flush()
         if self._bk._loop.in_loop():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from walkit.errors import InvalidArgumentError
 
@@ -12,25 +12,39 @@ __all__ = ["LSN"]
 _TEXT = re.compile(r"^(\d{1,19})/(\d{1,19})/(\d{1,10})$")
 
 
-@dataclass(frozen=True, order=True)
-class LSN:
-    """(segment, entry, slot): the log segment (its sequence number, from 1), the entry
-    in that segment's ledger, and the record's place in the entry (records that arrive
-    together share an entry). Totally ordered, hashable; ``str(lsn)`` is
-    ``"segment/entry/slot"`` and :meth:`parse` reads it back."""
-
+class _Parts(NamedTuple):
     segment: int
     entry: int
     slot: int
 
-    def __post_init__(self) -> None:
-        for name in ("segment", "entry", "slot"):
-            value = getattr(self, name)
+
+class LSN(_Parts):
+    """(segment, entry, slot): the log segment (its sequence number, from 1), the entry
+    in that segment's ledger, and the record's place in the entry (records that arrive
+    together share an entry). Totally ordered (as the tuple), hashable, immutable;
+    ``str(lsn)`` is ``"segment/entry/slot"`` and :meth:`parse` reads it back.
+
+    A tuple underneath: the writer makes one per record, so it must cost little.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, segment: int, entry: int, slot: int) -> LSN:
+        for name, value in (("segment", segment), ("entry", entry), ("slot", slot)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidArgumentError("LSN parts are ints >= 0", part=name, value=repr(value))
+        return tuple.__new__(cls, (segment, entry, slot))
+
+    @classmethod
+    def _trusted(cls, segment: int, entry: int, slot: int) -> LSN:
+        """Without the checks: for parts the writer itself numbered."""
+        return tuple.__new__(cls, (segment, entry, slot))
 
     def __str__(self) -> str:
         return f"{self.segment}/{self.entry}/{self.slot}"
+
+    def __repr__(self) -> str:
+        return f"LSN({self.segment}, {self.entry}, {self.slot})"
 
     @classmethod
     def parse(cls, text: str) -> LSN:

@@ -1,0 +1,59 @@
+"""``walkit bench wal``: a very short run on three bookie processes gives a sane report
+for every case and both baselines (no timing assertions: the machine is shared), and
+cleans up after itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from walkit.bench_wal import CASES, RATIOS, format_markdown, run_wal_bench
+from walkit.cli import main
+from walkit.errors import InvalidArgumentError
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _check_case(case: dict[str, Any]) -> None:
+    assert case["records"] > 0 and case["records_per_s"] > 0 and case["seconds"] > 0, case
+    assert case["mb_per_s"] >= 0, case
+    assert 0 < case["p50_ms"] <= case["p99_ms"] <= case["p999_ms"], case
+    assert case["client_cpu_us_per_record"] > 0 and case["bookie_cpu_us_per_record"] >= 0, case
+    assert case["other_cpu_cores"] >= 0 and case["steal_cores"] >= 0, case
+
+
+def test_short_run_reports_every_case_and_cleans_up(tmp_path: Path) -> None:
+    report = run_wal_bench(str(tmp_path), seconds=0.5, in_flight=16, warmup=0.2)
+    assert set(report["sizes"]) == {"100", "1024"}
+    for size, cases in report["sizes"].items():
+        assert set(cases) == set(CASES)
+        for case in cases.values():
+            _check_case(case)
+        for key in ("wal_sequential", "wal_in_flight"):
+            assert cases[key]["entries_per_s"] > 0 and cases[key]["records_per_entry"] >= 1, (size, cases[key])
+        assert cases["wal_sequential"]["records_per_entry"] == 1  # one record in flight: one entry each
+        assert cases["wal_in_flight"]["in_flight"] == 16
+        assert set(report["ratios"][size]) == set(RATIOS)
+        assert all(r["records_per_s"] > 0 for r in report["ratios"][size].values())
+    assert (report["bookies"], report["ensemble"], report["write_quorum"], report["ack_quorum"]) == (3, 3, 3, 2)
+    assert all(isinstance(ok, bool) for ok in report["checks"].values())
+    table = format_markdown(report)
+    assert "| 100 B: walkit, 16 in flight |" in table and "SQLite" in table and "targets:" in table
+    assert list(tmp_path.iterdir()) == []  # the cluster's directory and the baselines' files are gone
+
+
+def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", "wal", "--json", "--seconds", "0.3", "--in-flight", "8", "--dir", str(tmp_path)]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["in_flight"] == 8 and report["sizes"]["100"]["wal_in_flight"]["records"] > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_refuses_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError):
+        run_wal_bench(str(tmp_path), seconds=0.1, in_flight=0)
+    assert list(tmp_path.iterdir()) == []

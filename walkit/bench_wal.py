@@ -1,0 +1,335 @@
+"""``walkit bench wal``: the WriteAheadLog's append path, end to end, against the local
+logs it replaces.
+
+What it measures
+----------------
+A :class:`~walkit.LocalCluster` of three bookie processes under a temporary directory and
+one :class:`~walkit.WriteAheadLog` writer in this process (its options at their defaults;
+segments on ledgers of E=3, Qw=3, Qa=2), appending 100 B and 1 KiB records. Per size, each
+case after ``warmup`` uncounted seconds in the same mode, then ``seconds`` counted:
+
+* **walkit, sequential**: one ``append`` at a time (returns once durable on a quorum);
+* **walkit, N in flight**: ``append_async`` with a window of ``in_flight`` futures kept
+  full (they complete in order: wait on the oldest, collect every later one done, refill).
+  Records arriving while entries are in flight share one ledger entry; the LSNs tell how
+  many: records per entry is records / distinct (segment, entry) pairs.
+
+and, in the same run and the same directory, two local-only baselines (no replication):
+
+* **file + fdatasync**: one file, ``os.write`` of a length-prefixed record and
+  ``os.fdatasync`` per record - the naive local log. Its API is synchronous, so "1,000 in
+  flight" is the same loop: it is compared with both walkit cases;
+* **SQLite** (WAL mode, ``synchronous=FULL``): one ``INSERT`` per transaction, and
+  ``SQLITE_BATCH`` inserts per transaction (latency: the transaction's, for each record).
+
+Latency is per append (sequential) or from submission until the producer sees the
+future done (window; mostly queueing: in flight / rate). CPU: this process (producer,
+client loop and metadata threads) and the bookies, per record, with the machine's other
+load and steal, as ``walkit bench ledger`` reports them (its helpers). Targets (issue:
+WriteAheadLog): >= 200,000 records/s of 100 B with 1,000 in flight; sequential p99 <= 3 ms.
+
+The cluster, the baselines' files and the directory are removed at the end, also after
+an error or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime
+import os
+import shutil
+import sqlite3
+import struct
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from walkit._local_cluster import LocalCluster
+from walkit.bench_ledger import _latencies, _Meter, _o_direct
+from walkit.client import BookKeeper
+from walkit.errors import InvalidArgumentError
+from walkit.wal import LSN, WriteAheadLog
+
+__all__ = ["run_wal_bench", "format_markdown", "TARGETS"]
+
+BOOKIES, ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 3, 2
+SIZES = (100, 1024)
+SQLITE_BATCH = 1000
+TARGETS = {"in_flight_100B_records_per_s": 200_000, "sequential_p99_ms": 3.0}
+# case key -> row label
+CASES = {
+    "wal_sequential": "walkit, sequential (1 in flight)",
+    "wal_in_flight": "walkit, {in_flight:,} in flight",
+    "file_fdatasync": "file: write + fdatasync per record (synchronous: sequential = in flight)",
+    "sqlite_txn_per_record": "SQLite WAL, synchronous=FULL, 1 insert per transaction",
+    "sqlite_batched": f"SQLite WAL, synchronous=FULL, {SQLITE_BATCH:,} inserts per transaction",
+}
+RATIOS = {  # walkit case / baseline case
+    "sequential_vs_file": ("wal_sequential", "file_fdatasync"),
+    "sequential_vs_sqlite": ("wal_sequential", "sqlite_txn_per_record"),
+    "in_flight_vs_file": ("wal_in_flight", "file_fdatasync"),
+    "in_flight_vs_sqlite_batched": ("wal_in_flight", "sqlite_batched"),
+}
+
+
+class _Entries:
+    """Ledger entries the counted records went into: distinct (segment, entry) of their
+    LSNs, which arrive in order (so a change of either is a new entry)."""
+
+    def __init__(self) -> None:
+        self.count, self._last = 0, (0, -1)
+
+    def reset(self) -> None:
+        self.count, self._last = 0, (0, -1)
+
+    def see(self, lsn: LSN) -> None:
+        if (lsn.segment, lsn.entry) != self._last:
+            self._last = (lsn.segment, lsn.entry)
+            self.count += 1
+
+
+def _per_record(meter_report: dict[str, Any], size: int) -> dict[str, Any]:
+    """``_Meter.stop``'s per-entry figures, named per record, with MB/s."""
+    out = {key.replace("entries", "records").replace("entry", "record"): value for key, value in meter_report.items()}
+    out["mb_per_s"] = round(out["records_per_s"] * size / 1e6, 1)
+    return out
+
+
+def _timed(step: Callable[[], int], meter: _Meter, warmup: float, seconds: float,
+           on_start: Callable[[], None] = lambda: None) -> tuple[dict[str, Any], list[int]]:
+    """``step`` (records it wrote) over and over: ``warmup`` seconds uncounted, then
+    ``seconds`` counted; the meter's report for the counted records and each step's latency."""
+    clock = time.perf_counter_ns
+    counting_at = clock() + int(warmup * 1e9)
+    while clock() < counting_at:
+        step()
+    latencies: list[int] = []
+    records = 0
+    on_start()
+    meter.start()
+    until = clock() + int(seconds * 1e9)
+    while (start := clock()) < until:
+        records += step()
+        latencies.append(clock() - start)
+    return meter.stop(records), latencies
+
+
+def _wal_sequential(wal: WriteAheadLog, payload: bytes, meter: _Meter, warmup: float,
+                    seconds: float) -> dict[str, Any]:
+    entries, append = _Entries(), wal.append
+
+    def step() -> int:
+        entries.see(append(payload))
+        return 1
+
+    report, latencies = _timed(step, meter, warmup, seconds, entries.reset)
+    return _wal_report(report, latencies, entries, len(payload), 1)
+
+
+def _wal_window(wal: WriteAheadLog, payload: bytes, meter: _Meter, warmup: float, seconds: float,
+                in_flight: int) -> dict[str, Any]:
+    """``in_flight`` appends outstanding; the window carries over from the warm-up into the
+    counted interval (steady state), and what is in flight at its end is drained uncounted."""
+    clock, submit, entries = time.perf_counter_ns, wal.append_async, _Entries()
+    window: collections.deque[tuple[Future[LSN], int]] = collections.deque()
+    latencies: list[int] = []
+    counting_at = clock() + int(warmup * 1e9)
+    until, counting = counting_at + int(seconds * 1e9), False
+    while (now := clock()) < until:
+        if not counting and now >= counting_at:
+            counting = True
+            meter.start()
+        while len(window) < in_flight:
+            window.append((submit(payload), clock()))
+        window[0][0].result()
+        done = clock()
+        while window and window[0][0].done():
+            fut, sent = window.popleft()
+            lsn = fut.result()  # the writer's error, if any
+            if counting:
+                entries.see(lsn)
+                latencies.append(done - sent)
+    report = meter.stop(len(latencies))
+    for fut, _ in window:
+        fut.result()
+    return _wal_report(report, latencies, entries, len(payload), in_flight)
+
+
+def _wal_report(report: dict[str, Any], latencies: list[int], entries: _Entries, size: int,
+                in_flight: int) -> dict[str, Any]:
+    out = _per_record(report, size) | _latencies(latencies)
+    out["entries_per_s"] = round(entries.count / report["seconds"]) if report["seconds"] else 0
+    out["records_per_entry"] = round(report["entries"] / max(entries.count, 1), 2)
+    return out | {"in_flight": in_flight}
+
+
+def _file_fdatasync(path: Path, payload: bytes, meter: _Meter, warmup: float, seconds: float) -> dict[str, Any]:
+    """The naive local log: append a length-prefixed record, fdatasync, next."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    framed = struct.pack(">I", len(payload)) + payload
+    write, sync = os.write, os.fdatasync
+
+    def step() -> int:
+        write(fd, framed)
+        sync(fd)
+        return 1
+
+    try:
+        report, latencies = _timed(step, meter, warmup, seconds)
+    finally:
+        os.close(fd)
+    return _per_record(report, len(payload)) | _latencies(latencies) | {"in_flight": 1}
+
+
+def _sqlite(path: Path, payload: bytes, meter: _Meter, warmup: float, seconds: float, batch: int) -> dict[str, Any]:
+    """SQLite in WAL mode with synchronous=FULL: ``batch`` inserts per transaction."""
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("CREATE TABLE log (seq INTEGER PRIMARY KEY, record BLOB NOT NULL)")
+        insert, rows = "INSERT INTO log (record) VALUES (?)", [(payload,)] * batch
+
+        def one() -> int:
+            db.execute(insert, rows[0])  # autocommit: a transaction of its own
+            return 1
+
+        def many() -> int:
+            db.execute("BEGIN")
+            db.executemany(insert, rows)
+            db.execute("COMMIT")
+            return batch
+
+        report, latencies = _timed(one if batch == 1 else many, meter, warmup, seconds)
+    finally:
+        db.close()
+    return _per_record(report, len(payload)) | _latencies(latencies) | {"in_flight": batch}
+
+
+def _baselines(base: Path, meter: _Meter, size: int, payload: bytes, warmup: float,
+               seconds: float) -> dict[str, dict[str, Any]]:
+    """The local-only baselines (the idle bookies' CPU still shows: it should be ~0)."""
+    out = {}
+    out["file_fdatasync"] = _file_fdatasync(base / f"naive-{size}.log", payload, meter, warmup, seconds)
+    out["sqlite_txn_per_record"] = _sqlite(base / f"one-{size}.db", payload, meter, warmup, seconds, 1)
+    out["sqlite_batched"] = _sqlite(base / f"batched-{size}.db", payload, meter, warmup, seconds, SQLITE_BATCH)
+    return out
+
+
+def _on_log(bk: BookKeeper, name: str, run: Callable[[WriteAheadLog], dict[str, Any]]) -> dict[str, Any]:
+    """``run`` on a log of its own, closed afterwards (after an error the client's close
+    drops it: waiting for its appends could outlast the bookies)."""
+    wal = WriteAheadLog.open(bk, name, ensemble_size=ENSEMBLE, write_quorum=WRITE_QUORUM, ack_quorum=ACK_QUORUM)
+    result = run(wal)
+    wal.close()
+    return result
+
+
+def _measure(cluster: LocalCluster, base: Path, seconds: float, in_flight: int,
+             warmup: float) -> dict[str, dict[str, Any]]:
+    meter = _Meter([cluster.bookie_pid(i) for i in range(BOOKIES)])
+    results: dict[str, dict[str, Any]] = {}
+    with cluster.client() as bk:
+        for size in SIZES:
+            payload = os.urandom(size)
+            cases = {
+                "wal_sequential": _on_log(bk, f"seq-{size}", lambda w: _wal_sequential(w, payload, meter, warmup,
+                                                                                        seconds)),
+                "wal_in_flight": _on_log(bk, f"window-{size}", lambda w: _wal_window(w, payload, meter, warmup,
+                                                                                      seconds, in_flight)),
+            }
+            results[str(size)] = cases | _baselines(base, meter, size, payload, warmup, seconds)
+    return results
+
+
+def _ratios(cases: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """walkit / baseline: records/s, p50 and p99 latency, client CPU per record."""
+    out = {}
+    for name, (ours, theirs) in RATIOS.items():
+        a, b = cases[ours], cases[theirs]
+        out[name] = {key: round(a[key] / b[key], 2) if b[key] else 0.0
+                     for key in ("records_per_s", "p50_ms", "p99_ms", "client_cpu_us_per_record")}
+    return out
+
+
+def _checks(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, bool]:
+    return {
+        "in_flight_100B_rate_met":
+            results["100"]["wal_in_flight"]["records_per_s"] >= TARGETS["in_flight_100B_records_per_s"],
+        **{f"sequential_{size}B_p99_met": results[size]["wal_sequential"]["p99_ms"] <= TARGETS["sequential_p99_ms"]
+           for size in results},
+    }
+
+
+def run_wal_bench(directory: str | None = None, seconds: float = 5.0, in_flight: int = 1000,
+                  warmup: float = 1.0) -> dict[str, Any]:
+    """Every case on a fresh cluster of three bookie processes; the report (a dict)."""
+    if in_flight < 1 or seconds <= 0 or warmup < 0:
+        raise InvalidArgumentError("need in_flight >= 1, seconds > 0, warmup >= 0", in_flight=in_flight,
+                                   seconds=seconds, warmup=warmup)
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if directory is not None:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix="walkit-bench-wal-", dir=directory or "."))
+    try:
+        cluster = LocalCluster(base / "cluster", BOOKIES, processes=True)
+        try:
+            results = _measure(cluster, base, seconds, in_flight, warmup)
+            o_direct = _o_direct(cluster, BOOKIES)
+        finally:
+            with contextlib.suppress(Exception):  # a bookie hit by the same Ctrl-C exits on its own
+                cluster.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return {
+        "started": started, "cpus": os.cpu_count(), "bookies": BOOKIES, "ensemble": ENSEMBLE,
+        "write_quorum": WRITE_QUORUM, "ack_quorum": ACK_QUORUM, "journal_o_direct": o_direct,
+        "in_flight": in_flight, "seconds": seconds, "warmup": warmup, "sqlite_batch": SQLITE_BATCH,
+        "sqlite_version": sqlite3.sqlite_version, "sizes": results,
+        "ratios": {size: _ratios(cases) for size, cases in results.items()},
+        "targets": TARGETS, "checks": _checks(results),
+    }
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _row(label: str, r: dict[str, Any]) -> str:
+    cells = [r["records"], r["records_per_s"], r["mb_per_s"], r.get("entries_per_s", "-"),
+             r.get("records_per_entry", "-"), r["p50_ms"], r["p99_ms"], r["p999_ms"], r["client_cpu_us_per_record"],
+             r["client_cpu_cores"], r["bookie_cpu_us_per_record"], r["other_cpu_cores"], r["steal_cores"]]
+    return f"| {label} | " + " | ".join(_fmt(c) for c in cells) + " |"
+
+
+def format_markdown(report: dict[str, Any]) -> str:
+    def met(ok: bool) -> str:
+        return "met" if ok else "**missed**"
+
+    checks = report["checks"]
+    lines = [
+        f"{report['started']}; {report['bookies']} bookie processes, E={report['ensemble']} "
+        f"Qw={report['write_quorum']} Qa={report['ack_quorum']}, journal O_DIRECT: {report['journal_o_direct']}, "
+        f"{report['cpus']} CPUs, SQLite {report['sqlite_version']}; baselines are local only (no replication)",
+        "",
+        "| size / case | records | records/s | MB/s | entries/s | records/entry | p50 ms | p99 ms | p99.9 ms "
+        "| client CPU µs/record | client cores | bookies CPU µs/record | other cores | steal cores |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size, cases in report["sizes"].items():
+        for key, label in CASES.items():
+            lines.append(_row(f"{size} B: " + label.format(in_flight=report["in_flight"]), cases[key]))
+    lines += ["", "| size | walkit / baseline | records/s | p50 | p99 | client CPU/record |", "|---|---|---:|---:|---:|---:|"]
+    for size, ratios in report["ratios"].items():
+        for name, r in ratios.items():
+            lines.append(f"| {size} B | {name} | {r['records_per_s']} | {r['p50_ms']} | {r['p99_ms']} "
+                         f"| {r['client_cpu_us_per_record']} |")
+    lines += ["", f"targets: 100 B with {report['in_flight']:,} in flight >= "
+                  f"{TARGETS['in_flight_100B_records_per_s']:,} records/s: {met(checks['in_flight_100B_rate_met'])}; "
+                  f"sequential p99 <= {TARGETS['sequential_p99_ms']} ms: "
+              + ", ".join(f"{size} B {met(checks[f'sequential_{size}B_p99_met'])}" for size in report["sizes"])]
+    return "\n".join(lines)
