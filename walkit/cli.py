@@ -4,9 +4,12 @@
 ``walkit bench journal``   measure the journal against the disk's floor (docs/performance.md)
 ``walkit bench bookie``    one connection, 1 KiB adds with 1,000 in flight against a bookie process
 ``walkit bench ledger``    the ledger client (E=3 Qw=3 Qa=2, bookie processes): sequential latency, pipelined rate
+``walkit bench wal``       the WriteAheadLog (100 B / 1 KiB records) against a fdatasync'd file and SQLite
 ``walkit bookie start``    run a bookie (as ``python -m bookie --conf FILE``)
 ``walkit bookie list``     the available and read-only bookies of a cluster
 ``walkit journal repair``  keep a ``.broken`` copy of a damaged journal and truncate it
+``walkit demo``            a key-value store's primary is SIGKILLed; a standby fails over; the old one is fenced
+``walkit sandbox``         a local cluster in the foreground for other processes, until SIGINT/SIGTERM
 """
 
 from __future__ import annotations
@@ -71,6 +74,14 @@ def _bench_ledger(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_wal(args: argparse.Namespace) -> int:
+    from walkit.bench_wal import format_markdown, run_wal_bench
+
+    report = run_wal_bench(args.dir, seconds=args.seconds, in_flight=args.in_flight)
+    print(json.dumps(report, indent=2) if args.json else format_markdown(report))
+    return 0
+
+
 def _bookie_start(args: argparse.Namespace) -> int:
     from bookie._main import run
 
@@ -89,6 +100,21 @@ def _bookie_list(args: argparse.Namespace) -> int:
     if not bookies.writable and not bookies.readonly:
         print("no bookies registered", file=sys.stderr)
     return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from walkit.demo import format_report, run_demo
+
+    report = run_demo(args.data, seconds=args.seconds, bookies=args.bookies, progress=not args.no_progress,
+                      verbose=args.verbose)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0 if report["pass"] else 1
+
+
+def _sandbox(args: argparse.Namespace) -> int:
+    from walkit.sandbox import run_sandbox
+
+    return run_sandbox(args.data, bookies=args.bookies, processes=args.processes)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -117,6 +143,13 @@ def _parser() -> argparse.ArgumentParser:
     bld.add_argument("--bookies", type=int, default=3, help="bookie processes (default 3; the ledger uses 3)")
     bld.add_argument("--dir", default=None, help="where the cluster keeps its data (default: a temporary one here)")
     bld.set_defaults(func=_bench_ledger)
+    bw = bench.add_parser("wal", help="the WriteAheadLog: records/s and append latency vs. a local file and SQLite")
+    bw.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bw.add_argument("--seconds", type=float, default=5.0, help="duration of each case, after its warm-up (default 5)")
+    bw.add_argument("--in-flight", type=int, default=1000, help="appends in flight in the windowed case (default 1000)")
+    bw.add_argument("--dir", default=None, help="where the cluster and the baselines keep their data "
+                    "(default: a temporary one here)")
+    bw.set_defaults(func=_bench_wal)
 
     init = sub.add_parser("init", help="create the cluster layout in the metadata store (idempotent)")
     init.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
@@ -134,6 +167,20 @@ def _parser() -> argparse.ArgumentParser:
     jr = journal.add_parser("repair", help="keep PATH.broken and truncate PATH at its first bad frame")
     jr.add_argument("path", help="a journal file (<id:016x>.txn) the bookie refused to replay")
     jr.set_defaults(func=_journal_repair)
+
+    demo = sub.add_parser("demo", help="failover of a replicated key-value store: SIGKILL, snapshot + replay, fencing")
+    demo.add_argument("--data", default=None, help="where the cluster keeps its data (default: a temporary directory)")
+    demo.add_argument("--seconds", type=float, default=10.0, help="how long the primary writes before SIGKILL (default 10)")
+    demo.add_argument("--bookies", type=int, default=3, help="bookie processes (default 3; the log uses 3)")
+    demo.add_argument("--json", action="store_true", help="print the report as JSON")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    demo.set_defaults(func=_demo)
+
+    sandbox = sub.add_parser("sandbox", help="run a local cluster in the foreground until SIGINT/SIGTERM")
+    sandbox.add_argument("--data", default=None, help="the cluster's directory (default: a temporary one, removed)")
+    sandbox.add_argument("--bookies", type=int, default=3, help="bookies (default 3)")
+    sandbox.add_argument("--processes", action="store_true", help="bookies as child processes (default: in-process)")
+    sandbox.set_defaults(func=_sandbox)
     return p
 
 
