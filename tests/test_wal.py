@@ -269,3 +269,106 @@ def test_asyncio_write_ahead_log(bk: walkit.BookKeeper) -> None:
             await reader.close()
 
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+# -- review findings: lost replies, races, refusals ------------------------------------------------
+
+def _lose_next_reply(wal: WriteAheadLog) -> None:
+    """The next write of the log node lands but reports a lost compare-and-set (what a
+    ZooKeeper retry after a dropped connection sees)."""
+    from walkit.errors import MetadataVersionError
+
+    node = wal._node
+    real = node.write
+    armed = [True]
+
+    def write(meta: object, version: int) -> int:
+        result = real(meta, version)  # type: ignore[arg-type]
+        if armed[0]:
+            armed[0] = False
+            raise MetadataVersionError("simulated lost reply")
+        return result
+
+    node.write = write  # type: ignore[method-assign,assignment]
+
+
+def test_metadata_changes_whose_reply_was_lost_are_not_applied_twice(bk: walkit.BookKeeper) -> None:
+    with WriteAheadLog.open(bk, "lost-roll", roll_bytes=300) as wal:
+        wal.append(b"a" * 400)
+        _lose_next_reply(wal)
+        wal.append(b"b" * 400)  # rolls first
+        wal.append(b"c")
+        seqs = [s.seq for s in wal.metadata().segments]
+        assert seqs == sorted(set(seqs))
+        assert [r[:1] for _, r in wal.replay()] == [b"a", b"b", b"c"]
+    with WriteAheadLog.open(bk, "lost-snapshot") as wal:
+        x = wal.append(b"x")
+        wal.snapshot(b"s1", x)
+        _lose_next_reply(wal)
+        wal.snapshot(b"s2", x)
+        assert wal.latest_snapshot().read() == b"s2"  # type: ignore[union-attr]
+
+
+def test_an_older_snapshot_landing_late_is_refused(bk: walkit.BookKeeper) -> None:
+    with WriteAheadLog.open(bk, "snap-race") as wal:
+        early = wal.append(b"1")
+        late = wal.append(b"2")
+        wal.snapshot(b"newer", late)
+        wal._check_snapshot_lsn = lambda lsn: None  # type: ignore[method-assign]  # as if checked before
+        with pytest.raises(InvalidArgumentError):
+            wal.snapshot(b"older", early)
+        assert wal.latest_snapshot().lsn == late  # type: ignore[union-attr]
+        assert wal.latest_snapshot().read() == b"newer"  # type: ignore[union-attr]
+
+
+def test_appends_racing_close_are_refused_not_lost(bk: walkit.BookKeeper) -> None:
+    wal = WriteAheadLog.open(bk, "closing")
+    stop = threading.Event()
+    outcomes: list[object] = []
+
+    def producer() -> None:
+        while not stop.is_set():
+            try:
+                outcomes.append(wal.append_async(b"r"))
+            except UsageError:
+                return
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    time.sleep(0.2)
+    wal.close()
+    stop.set()
+    thread.join(10)
+    for fut in outcomes:  # every accepted append completed one way or the other
+        assert fut.exception(timeout=10) is None  # type: ignore[attr-defined]
+    assert len(list(WriteAheadLog.reader(bk, "closing").replay())) == len(outcomes)
+
+
+def test_reading_past_truncation_is_an_error_not_a_gap(bk: walkit.BookKeeper) -> None:
+    with WriteAheadLog.open(bk, "gaps", roll_bytes=1_000) as wal:
+        lsns = [wal.append(b"%03d" % i + b"." * 300) for i in range(30)]
+        reader = WriteAheadLog.reader(bk, "gaps")
+        replay = reader.replay()
+        next(replay)
+        wal.snapshot(b"state", lsns[-1])
+        assert wal.truncate(lsns[-1]) > 0
+        with pytest.raises(NoSuchLedgerError):
+            list(replay)  # its next segments are gone: say so
+        with pytest.raises(InvalidArgumentError):
+            list(reader.replay())  # from the start: those records are gone
+        with pytest.raises(InvalidArgumentError):
+            next(reader.tail())
+        assert list(reader.replay(after=lsns[-1])) == []
+        reader.close()
+
+
+def test_writer_options_that_cannot_work_are_refused(tmp_path: Path, driver: Driver) -> None:
+    if driver.spec.driver != "local":
+        pytest.skip("argument checks: one driver is enough")
+    with local_cluster(tmp_path, driver, bookies=3) as cluster:
+        with client(cluster, max_pending_adds=2) as small:
+            with pytest.raises(InvalidArgumentError):
+                WriteAheadLog.open(small, "x", max_inflight_entries=4)
+        with client(cluster, max_frame_size=65536) as framed:
+            with pytest.raises(InvalidArgumentError):
+                WriteAheadLog.open(framed, "y", max_entry_bytes=1 << 20)

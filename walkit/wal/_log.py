@@ -54,6 +54,7 @@ from walkit.errors import (
     NoNodeError,
     NoSuchLedgerError,
     NoSuchLogError,
+    FormatError,
     UsageError,
     WalkitError,
     WriterFencedError,
@@ -112,7 +113,10 @@ class _LogNode:
             data, _ = self.store.get(self.ns_path)
         except NoNodeError:
             return {}
-        return dict(json.loads(data or b"{}"))
+        try:
+            return dict(json.loads(data or b"{}"))
+        except (ValueError, TypeError) as exc:
+            raise FormatError("unreadable namespace defaults", path=self.ns_path, reason=str(exc)[:200]) from exc
 
     def create(self, settings: LogSettings) -> None:
         meta = LogMetadata(0, (), (), None, settings)
@@ -192,12 +196,15 @@ class _LogView:
         snapshots = self.metadata().snapshots
         return Snapshot(self._bk, snapshots[-1], self._password) if snapshots else None
 
-    def _open_segment(self, segment: Segment) -> ReadState | None:
-        """A reader of the segment's ledger (None if retention deleted it meanwhile)."""
+    def _open_segment(self, segment: Segment) -> ReadState:
+        """A reader of the segment's ledger; a segment deleted under the reader (retention
+        after a newer snapshot) is an error, never a silent gap."""
         try:
             return self._bk._loop.run(self._bk._open(segment.ledger_id, self._password, False))
-        except NoSuchLedgerError:
-            return None
+        except NoSuchLedgerError as exc:
+            raise NoSuchLedgerError("a segment of the log was deleted (truncated) while it was being read; "
+                                    "start again from the latest snapshot", log=self.name, segment=segment.seq,
+                                    ledger=segment.ledger_id) from exc
 
     def _records(self, segment: Segment, state: ReadState, first: int, last: int,
                  after: LSN | None) -> Iterator[tuple[LSN, bytes]]:
@@ -205,7 +212,12 @@ class _LogView:
         while start <= last:
             end = min(last, start + _READ_CHUNK - 1)
             for entry in self._bk._loop.run(state.read(start, end)):
-                for slot, record in enumerate(unpack_records(entry.data)):
+                try:
+                    records = unpack_records(entry.data)
+                except FormatError as exc:
+                    raise FormatError("a log entry is not a record batch", log=self.name, segment=segment.seq,
+                                      entry=entry.entry_id, reason=str(exc)) from exc
+                for slot, record in enumerate(records):
                     lsn = LSN._trusted(segment.seq, entry.entry_id, slot)
                     if after is None or lsn > after:
                         yield lsn, record
@@ -222,20 +234,26 @@ class _LogView:
         if after is not None and not isinstance(after, LSN):
             raise InvalidArgumentError("after must be an LSN or None", type=type(after).__name__)
         meta = self.metadata()
-        if after is not None and meta.truncated is not None and after < meta.truncated and meta.segments \
-                and after.segment < meta.segments[0].seq:
-            raise InvalidArgumentError("records after this LSN were truncated; start from the latest snapshot",
-                                       after=str(after), truncated=str(meta.truncated))
+        self._check_not_truncated(meta, after)
         for segment in meta.segments_from(after):
             state = self._open_segment(segment)
-            if state is None:
-                continue
             own = self._own_lac(segment)
             if own is not None:  # the writer knows its own segment's LAC better than the bookies
                 state.lac = max(state.lac, own)
             last = state.lac
             first = after.entry if after is not None and after.segment == segment.seq else 0
             yield from self._records(segment, state, first, last, after)
+
+    @staticmethod
+    def _check_not_truncated(meta: LogMetadata, after: LSN | None) -> None:
+        """Reading from a point retention deleted would silently skip records: refuse."""
+        if meta.truncated is None:
+            return
+        first_kept = meta.segments[0].seq if meta.segments else meta.truncated.segment
+        if after is None or after.segment < first_kept:
+            raise InvalidArgumentError("the records after this point were truncated; load the latest snapshot and "
+                                       "read after its LSN", after=str(after) if after else "start",
+                                       truncated=str(meta.truncated))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -258,18 +276,24 @@ class LogReader(_LogView):
         self._check_open()
         position = after
         next_seq = 1 if after is None else after.segment
+        meta = self.metadata()
+        if meta.truncated is not None:
+            self._check_not_truncated(meta, after)
         while True:
+            self._check_open()  # close() ends a tail at its next poll
             segments = [s for s in self.metadata().segments if s.seq >= next_seq]
             if not segments:
                 time.sleep(_POLL)
                 continue
+            if segments[0].seq > next_seq and position is not None:
+                raise NoSuchLedgerError("segments the tail had not read yet were truncated", log=self.name,
+                                        expected=next_seq, first_kept=segments[0].seq)
             for segment in segments:
                 state = self._open_segment(segment)
-                if state is not None:
-                    first = position.entry if position is not None and position.segment == segment.seq else 0
-                    for lsn, record in self._follow(segment, state, first, position, poll_timeout):
-                        position = lsn
-                        yield lsn, record
+                first = position.entry if position is not None and position.segment == segment.seq else 0
+                for lsn, record in self._follow(segment, state, first, position, poll_timeout):
+                    position = lsn
+                    yield lsn, record
                 next_seq = segment.seq + 1
 
     def _follow(self, segment: Segment, state: ReadState, first: int, after: LSN | None,
@@ -284,6 +308,7 @@ class LogReader(_LogView):
             elif state.closed:
                 return
             else:
+                self._check_open()
                 loop.run(state.wait_lac(state.lac, poll_timeout))
 
     def __enter__(self) -> LogReader:
@@ -316,6 +341,8 @@ class WriteAheadLog(_LogView):
         self._rolling = False
         self._error: WalkitError | None = None
         self._idle: list[asyncio.Future[None]] = []
+        self._closing = False  # close() began: no more appends, no more rolls
+        self._admin = threading.Lock()  # snapshot and truncate, one at a time
         self.last_lsn: LSN | None = None
 
     # -- opening ----------------------------------------------------------------------------
@@ -333,6 +360,14 @@ class WriteAheadLog(_LogView):
             if not 1 <= max_inflight_entries <= 1024 or not 1024 <= max_entry_bytes <= 4 << 20:
                 raise InvalidArgumentError("max_inflight_entries in 1..1024, max_entry_bytes in 1 KiB..4 MiB",
                                            max_inflight_entries=max_inflight_entries, max_entry_bytes=max_entry_bytes)
+            if max_inflight_entries > bk.config.max_pending_adds:
+                raise InvalidArgumentError("max_inflight_entries exceeds the client's max_pending_adds",
+                                           max_inflight_entries=max_inflight_entries,
+                                           max_pending_adds=bk.config.max_pending_adds)
+            frame_room = bk.config.max_frame_size - 512  # frame and entry headers, digest, batch header
+            if max_entry_bytes > frame_room:
+                raise InvalidArgumentError("max_entry_bytes does not fit the client's max_frame_size",
+                                           max_entry_bytes=max_entry_bytes, max_frame_size=bk.config.max_frame_size)
             asked = {k: v for k, v in (("ensemble_size", ensemble_size), ("write_quorum", write_quorum),
                                        ("ack_quorum", ack_quorum), ("roll_bytes", roll_bytes),
                                        ("roll_seconds", roll_seconds)) if v is not None}
@@ -377,6 +412,8 @@ class WriteAheadLog(_LogView):
             if current.epoch != epoch:
                 raise WriterFencedError("another writer opened the log", log=node.name, epoch=epoch,
                                         current=current.epoch)
+            if segment in current.segments:
+                return  # our own write, whose reply was lost
             node.write(dataclasses.replace(current, segments=(*current.segments, segment)), current_version)
 
         try:
@@ -419,7 +456,7 @@ class WriteAheadLog(_LogView):
                                        limit=self._max_entry_bytes - 16)
         fut: Future[LSN] = Future()
         with self._lock:
-            if self._closed:
+            if self._closing:
                 raise UsageError("log is closed", log=self.name)
             if self._error is not None:
                 fut.set_exception(self._error)
@@ -454,8 +491,8 @@ class WriteAheadLog(_LogView):
         with self._lock:
             self._scheduled = False
         while self._error is None and not self._rolling and self._in_flight < self._max_inflight:
-            if self._segment_bytes >= self.settings.roll_bytes or (
-                    self._segment_bytes and time.monotonic() - self._segment_started >= self.settings.roll_seconds):
+            if not self._closing and (self._segment_bytes >= self.settings.roll_bytes or (
+                    self._segment_bytes and time.monotonic() - self._segment_started >= self.settings.roll_seconds)):
                 self._rolling = True
                 asyncio.get_running_loop().create_task(self._roll())
                 return
@@ -470,14 +507,15 @@ class WriteAheadLog(_LogView):
                     size += len(record) + 4
                 records, self._queue = self._queue[:take], self._queue[take:]
                 futures, self._futures = self._futures[:take], self._futures[take:]
-            if not self._writer.slots.acquire(blocking=False):  # cannot happen below 1024 in flight
-                raise UsageError("ledger writer has no free slot", log=self.name)
             packed = pack_records(records)
+            try:  # on the loop: never blocks (max_inflight_entries <= max_pending_adds, checked at open)
+                done = self._writer.submit(packed)
+            except WalkitError as exc:
+                self._fail(self._as_wal_error(exc), futures)
+                break
             self._in_flight += 1
             self._segment_bytes += len(packed)
-            seq = self._segment.seq
-            done = self._writer.submit(packed, reserved=True)
-            done.add_done_callback(functools.partial(self._entry_done, futures=futures, seq=seq))
+            done.add_done_callback(functools.partial(self._entry_done, futures=futures, seq=self._segment.seq))
         if self._in_flight == 0 and not self._rolling:
             self._wake_idle()
 
@@ -489,12 +527,12 @@ class WriteAheadLog(_LogView):
         else:
             entry = done.result()
             make = LSN._trusted
+            self.last_lsn = make(seq, entry, len(futures) - 1)  # before any caller hears of these records
             for slot, fut in enumerate(futures):
                 try:
                     fut.set_result(make(seq, entry, slot))
                 except InvalidStateError:  # the caller cancelled its future: nobody to tell
                     continue
-            self.last_lsn = make(seq, entry, len(futures) - 1)
         if self._in_flight == 0:
             self._wake_idle()  # a roll waits for this, and so does flush()
         if self._bk._loop.in_loop():
@@ -520,7 +558,11 @@ class WriteAheadLog(_LogView):
         for fut in [*futures, *queued]:
             if not fut.done():
                 fut.set_exception(self._error)
-        self._wake_idle()
+        if self._bk._loop.in_loop():
+            self._wake_idle()
+        else:  # snapshot / truncate fail on the caller's thread: the waiters live on the loop
+            with contextlib.suppress(UsageError):
+                self._bk._loop.call(self._wake_idle)
 
     def _wake_idle(self) -> None:
         waiters, self._idle = self._idle, []
@@ -557,6 +599,8 @@ class WriteAheadLog(_LogView):
             segment = Segment(self._segment.seq + 1, writer.ledger_id)
 
             def add(meta: LogMetadata) -> LogMetadata:
+                if segment in meta.segments:
+                    return meta  # our own write, whose reply was lost
                 return dataclasses.replace(meta, segments=(*meta.segments, segment))
 
             try:
@@ -585,7 +629,9 @@ class WriteAheadLog(_LogView):
         if current.epoch != self.epoch:
             raise WriterFencedError("another writer opened the log", log=self.name, epoch=self.epoch,
                                     current=current.epoch)
-        self._node.write(change(current), version)
+        new = change(current)
+        if new != current:
+            self._node.write(new, version)
 
     def _own_lac(self, segment: Segment) -> int | None:
         return self._writer.lac if segment == self._segment else None
@@ -593,23 +639,40 @@ class WriteAheadLog(_LogView):
     # -- snapshots and retention ----------------------------------------------------------------
     def snapshot(self, data: bytes | IO[bytes], lsn: LSN) -> Snapshot:
         """Store application state that covers every record up to ``lsn`` (chunked into
-        a ledger of its own, then recorded in the log metadata atomically)."""
+        a ledger of its own, then recorded in the log metadata atomically). ``lsn`` must
+        be acknowledged and not older than the latest snapshot's."""
         self._check_writable()
         if not isinstance(lsn, LSN):
             raise InvalidArgumentError("snapshot needs the LSN it covers", type=type(lsn).__name__)
-        if self.last_lsn is None or lsn > self.last_lsn:
-            if not self._acknowledged_before(lsn):
-                raise InvalidArgumentError("snapshot LSN is past the last acknowledged record", lsn=str(lsn),
-                                           last=str(self.last_lsn))
-        latest = self.metadata().snapshots
-        if latest and lsn < latest[-1].lsn:
-            raise InvalidArgumentError("snapshot LSN is older than the latest snapshot's", lsn=str(lsn),
-                                       latest=str(latest[-1].lsn))
+        with self._admin:
+            self._check_snapshot_lsn(lsn)
+            return self._snapshot(data, lsn)
+
+    def _check_snapshot_lsn(self, lsn: LSN) -> None:
+        meta = self.metadata()
+        known = {s.seq: s for s in meta.segments}
+        if lsn.segment not in known:
+            raise InvalidArgumentError("snapshot LSN names no segment of the log", lsn=str(lsn),
+                                       segments=f"{meta.segments[0].seq}..{meta.segments[-1].seq}"
+                                       if meta.segments else "none")
+        if self.last_lsn is not None and lsn <= self.last_lsn:
+            return
+        if lsn.segment >= self._segment.seq:
+            raise InvalidArgumentError("snapshot LSN is past the last acknowledged record", lsn=str(lsn),
+                                       last=str(self.last_lsn))
+        # a segment closed before this writer: everything in it up to its last entry is durable
+        last_entry = self._bk.ledger_metadata(known[lsn.segment].ledger_id).last_entry_id
+        if lsn.entry > last_entry:
+            raise InvalidArgumentError("snapshot LSN is past the end of its segment", lsn=str(lsn),
+                                       last_entry=last_entry)
+
+    def _snapshot(self, data: bytes | IO[bytes], lsn: LSN) -> Snapshot:
         s = self.settings
         handle = self._bk.create_ledger(s.ensemble_size, s.write_quorum, s.ack_quorum, password=self._password,
                                         custom_metadata={"walkit.snapshot": f"{self.namespace}/{self.name}".encode(),
                                                          "walkit.lsn": str(lsn).encode()})
         size = 0
+        previous: list[SnapshotRef] = []
         try:
             stream = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
             pending = []
@@ -625,14 +688,20 @@ class WriteAheadLog(_LogView):
                 fut.result()
             handle.close()
             ref = SnapshotRef(lsn, handle.ledger_id, size)
-            previous: list[SnapshotRef] = []
 
             def record(meta: LogMetadata) -> LogMetadata:
-                previous[:] = meta.snapshots
+                if meta.snapshots and meta.snapshots[-1] == ref:
+                    return meta  # our own write, whose reply was lost
+                if meta.snapshots and lsn < meta.snapshots[-1].lsn:
+                    raise InvalidArgumentError("snapshot LSN is older than the latest snapshot's", lsn=str(lsn),
+                                               latest=str(meta.snapshots[-1].lsn))
+                previous[:] = [old for old in meta.snapshots if old != ref]
                 return dataclasses.replace(meta, snapshots=(ref,))
 
             _retry_cas(self._change, record)
         except BaseException as exc:
+            with contextlib.suppress(WalkitError):
+                handle.close()
             with contextlib.suppress(WalkitError):
                 self._bk.delete_ledger(handle.ledger_id)
             if isinstance(exc, WriterFencedError):
@@ -643,16 +712,16 @@ class WriteAheadLog(_LogView):
                 self._bk.delete_ledger(old.ledger_id)
         return Snapshot(self._bk, ref, self._password)
 
-    def _acknowledged_before(self, lsn: LSN) -> bool:
-        """Whether ``lsn`` is in a segment closed before this writer (all durable)."""
-        return lsn.segment < self._segment.seq
-
     def truncate(self, before: LSN) -> int:
         """Delete whole segments wholly below ``before`` and below the latest snapshot
         (never past it: without a snapshot nothing goes); the number deleted."""
         self._check_writable()
         if not isinstance(before, LSN):
             raise InvalidArgumentError("truncate needs an LSN", type=type(before).__name__)
+        with self._admin:
+            return self._truncate(before)
+
+    def _truncate(self, before: LSN) -> int:
         dropped: list[Segment] = []
 
         def cut(meta: LogMetadata) -> LogMetadata:
@@ -686,12 +755,13 @@ class WriteAheadLog(_LogView):
         to write more, or read it)."""
         if self._closed:
             return
+        with self._lock:
+            self._closing = True  # appends from now on are refused, no roll starts
         try:
-            if self._error is None:
-                self._bk._loop.run(self._wait_idle())
-                if not isinstance(self._error, WriterFencedError):
-                    with contextlib.suppress(LedgerFencedError):
-                        self._bk._loop.run(self._writer.close())
+            self._bk._loop.run(self._wait_idle())
+            if not isinstance(self._error, WriterFencedError):  # a fenced segment is the new writer's to close
+                with contextlib.suppress(LedgerFencedError):
+                    self._bk._loop.run(self._writer.close())
         finally:
             with self._lock:
                 self._closed = True
