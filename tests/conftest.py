@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -41,3 +42,37 @@ def zk_ensemble(zk_ensemble_module: ZooKeeperEnsemble) -> ZooKeeperEnsemble:
     (even a failed one) are restarted on their own data before this test starts."""
     zk_ensemble_module.restore()
     return zk_ensemble_module
+
+
+# -- torture runs (tests/test_torture.py, docs/reliability.md) ------------------------------------
+
+def _env_number(name: str, default: float) -> float:
+    text = os.environ.get(name, "")
+    try:
+        return float(text) if text else default
+    except ValueError:
+        raise pytest.UsageError(f"{name} must be a number, not {text!r}") from None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("torture", "seeded fault-injection runs (pytest -m torture)")
+    group.addoption("--torture-seed", type=int, action="append", default=None, metavar="N",
+                    help="run only torture seed N (repeatable); default: seeds 0 .. --torture-seeds - 1")
+    group.addoption("--torture-seeds", type=int, default=None, metavar="COUNT",
+                    help="how many seeds (default: $WALKIT_TORTURE_SEEDS or 20)")
+    group.addoption("--torture-seconds", type=float, default=None, metavar="S",
+                    help="seconds of faults per seed (default: $WALKIT_TORTURE_SECONDS or 4; the issue's long "
+                         "form is 30)")
+
+
+def torture_seeds(config: pytest.Config) -> list[int]:
+    chosen: list[int] | None = config.getoption("--torture-seed")
+    if chosen:
+        return chosen
+    count = config.getoption("--torture-seeds")
+    return list(range(int(_env_number("WALKIT_TORTURE_SEEDS", 20)) if count is None else count))
+
+
+def torture_seconds(config: pytest.Config) -> float:
+    seconds: float | None = config.getoption("--torture-seconds")
+    return _env_number("WALKIT_TORTURE_SECONDS", 4.0) if seconds is None else seconds

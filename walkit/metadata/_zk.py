@@ -10,6 +10,15 @@ kazoo reconnects by itself; after a session expiry it opens a *new* session, and
 listeners registered with :meth:`ZooKeeperStore.add_session_listener` hear LOST then
 CONNECTED so that owners can recreate their ephemeral nodes. kazoo's
 ``transaction().commit()`` does not raise: every result is checked here.
+
+Access control (optional): hosts given as ``user:password@h1:2181,h2:2181`` (the URI
+``zk://user:password@h1:2181/ledgers``) make the session authenticate with ZooKeeper's
+``digest`` scheme, and every node this store creates (plain, ephemeral, sequential,
+parents, inside transactions) carries the ACL ``digest:user:<hash>`` with all
+permissions and nothing for anyone else, so a client without those credentials can
+neither read nor change walkit's nodes. Nodes that existed before are left as they
+are. The credentials never appear in this store's ``hosts`` or its errors; they do sit
+in the URI, so keep configuration files holding it private.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
+from kazoo.security import make_digest_acl
 
 from walkit.errors import (
     InvalidArgumentError,
@@ -101,8 +111,9 @@ class ZooKeeperStore:
         # never hear CONNECTED again).
         command = {"max_tries": -1, "delay": 0.1, "max_delay": 2.0, "deadline": retry_deadline}
         connection = {"max_tries": -1, "delay": 0.1, "max_delay": 2.0}
+        hosts, access = _split_credentials(hosts)
         self._client = KazooClient(hosts=hosts, timeout=session_timeout, connection_retry=connection,
-                                   command_retry=command)
+                                   command_retry=command, **access)
         self._retry: KazooRetry = self._client.retry
         self._listeners: list[Callable[[SessionState], None]] = []
         self._lock = threading.Lock()
@@ -285,6 +296,18 @@ class ZooKeeperStore:
 
         self._client.DataWatch(path, on_node)
         return w
+
+
+def _split_credentials(hosts: str) -> tuple[str, dict[str, Any]]:
+    """``user:password@hosts`` → the hosts, and kazoo's digest auth and default ACL."""
+    credentials, at, rest = hosts.rpartition("@")
+    if not at:
+        return hosts, {}
+    user, colon, password = credentials.partition(":")
+    if not user or not colon or not password or not rest:
+        raise InvalidArgumentError("ZooKeeper credentials are user:password@hosts", hosts=rest or "?")
+    return rest, {"auth_data": [("digest", f"{user}:{password}")],
+                  "default_acl": [make_digest_acl(user, password, all=True)]}
 
 
 def _result(op: Op, res: Any) -> str | Stat | None:

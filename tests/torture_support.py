@@ -1,0 +1,718 @@
+"""Seeded torture runs: a WAL workload on a real cluster under random faults, recorded
+as a :class:`~torture_history.History` and judged by :func:`torture_history.check`.
+
+Theory of operation
+-------------------
+``random.Random(seed)`` chooses everything that can be chosen up front (:func:`make_plan`):
+the cluster kind, the metadata store, and a schedule of faults (start, end, kind, victim),
+so a seed always names the same run. Timing is the machine's, so a reproduction replays
+the same faults at the same offsets, not the same interleaving to the microsecond.
+
+Two cluster kinds, because each fault needs one or the other:
+
+``processes``  ``LocalCluster(processes=True)``: every bookie is ``python -m bookie``.
+               Faults: SIGKILL of a bookie then a restart; SIGKILL of a bookie, its
+               newest journal truncated or a byte of its tail flipped while it is down,
+               then a restart; writer failover by SIGKILL of the writer's own child
+               process (before or after the next writer opened).
+``hooks``      ``walkit.testing.FaultyCluster`` (in-process bookies behind loopback
+               proxies): faults that need a hook inside the bookie or the network:
+               crash + restart, partition of one bookie from every client, slow fsync,
+               read-only (disk full), metadata session expiry of a bookie or of the
+               writer's client, writer failover (the next writer opens while the old one
+               keeps appending; then the old client is closed under it).
+
+Either runs on the embedded ``local://`` store or a real ZooKeeper (the suite's).
+The plan keeps the cluster usable: 5 bookies, ensembles of 3 with Qw = 3 and Qa = 2,
+at most Qw - Qa = 1 bookie down at a time, at most 2 bookies impaired (down,
+partitioned or read-only) at a time, and journal damage on at most Qa - 1 = 1 bookie
+per run (damaging a second one could destroy the two copies of an acknowledged entry,
+which no replication scheme survives).
+
+The workload: one writer at a time appends records with a window of futures; a reader
+thread tails the log from the start (restarting after its last record on errors); a
+second reader replays the whole log every ``REPLAY_EVERY`` seconds. A writer that fails
+(fenced, too few bookies) is replaced by a new one, as an application would.
+After the faults end, every fault is lifted, the last writer closes, a fresh writer
+opens and closes (recovering whatever the previous ones left open), a fresh reader
+replays the log (the reference), the tail must catch up with it, and a second fresh
+reader must read the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+import walkit
+from torture_history import Anomaly, History, Lsn, Read, check
+from walkit import LSN, WriteAheadLog
+from walkit.errors import UsageError, WalkitError
+from walkit.testing import FaultyCluster
+
+BOOKIES, ENSEMBLE, QW, QA = 5, 3, 3, 2
+LOG = "torture"
+WINDOW = 8  # appends in flight per writer
+ROLL_SECONDS = 1.5  # segments roll often, so rolls meet faults
+REPLAY_EVERY = 0.8
+SESSION_TIMEOUT = 2.0
+CLIENT: dict[str, Any] = {"add_timeout": 2.0, "read_timeout": 2.0, "speculative_read_timeout": 0.2,
+                          "connect_timeout": 2.0, "session_timeout": 5.0}
+HOOK_FAULTS = ("kill", "partition", "slow-disk", "read-only", "expire-bookie", "expire-writer", "failover")
+PROCESS_FAULTS = ("kill", "kill", "damage-journal", "failover")
+_DOWN = {"kill", "damage-journal"}
+_IMPAIRING = _DOWN | {"partition", "read-only"}
+_INSTANT = {"expire-bookie", "expire-writer", "failover"}
+_WRITER_SCRIPT = Path(__file__).with_name("torture_writer.py")
+
+
+def payload(seed: int, writer: int, seq: int) -> bytes:
+    """The record ``seq`` of ``writer`` in run ``seed``: unique, 1 byte to 2 KiB of noise."""
+    rng = random.Random(f"{seed}/{writer}/{seq}")
+    return f"w{writer}s{seq}:".encode() + rng.randbytes(rng.randint(1, 2048))
+
+
+# -- the plan ------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    start: float
+    end: float
+    kind: str
+    bookie: int = -1
+    how: str = ""
+    salt: int = 0
+
+    def __str__(self) -> str:
+        victim = f" bookie {self.bookie}" if self.bookie >= 0 else ""
+        how = f" ({self.how})" if self.how else ""
+        span = f"{self.start:.2f}s" if self.kind in _INSTANT else f"{self.start:.2f}-{self.end:.2f}s"
+        return f"{span} {self.kind}{victim}{how}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    seed: int
+    seconds: float
+    mode: str  # "processes" or "hooks"
+    metadata: str  # "local" or "zk"
+    faults: tuple[Fault, ...]
+
+
+def make_plan(seed: int, seconds: float) -> Plan:
+    """The run ``seed`` names: cluster kind, metadata store, fault schedule."""
+    rng = random.Random(seed)
+    mode = rng.choice(["processes", "hooks"])
+    metadata = rng.choice(["local", "zk"])
+    menu = PROCESS_FAULTS if mode == "processes" else HOOK_FAULTS
+    faults: list[Fault] = []
+    t = rng.uniform(0.3, 0.8)
+    while t < seconds - 0.5:
+        kind = rng.choice(menu)
+        end = t if kind in _INSTANT else min(seconds, t + rng.uniform(0.3, 2.0))
+        fault = _place(rng, Fault(t, end, kind, salt=rng.getrandbits(32)), faults, mode)
+        if fault is not None:
+            faults.append(fault)
+        t += rng.uniform(0.2, 1.0)
+    return Plan(seed, seconds, mode, metadata, tuple(faults))
+
+
+def _place(rng: random.Random, fault: Fault, placed: list[Fault], mode: str) -> Fault | None:
+    """``fault`` with a victim and a manner, or None where the limits leave no room."""
+    overlapping = [f for f in placed if f.start <= fault.end and fault.start <= f.end]
+    if fault.kind == "failover":
+        if any(f.kind == "failover" and abs(f.start - fault.start) < 1.0 for f in placed):
+            return None
+        ways = ["kill-first", "overlap-then-kill"] if mode == "processes" else ["overlap-then-close"]
+        return dataclasses.replace(fault, how=rng.choice(ways))
+    if fault.kind == "expire-writer":
+        return fault
+    busy = {f.bookie for f in overlapping if f.bookie >= 0}
+    free = [b for b in range(BOOKIES) if b not in busy]
+    if fault.kind == "damage-journal":
+        damaged = {f.bookie for f in placed if f.kind == "damage-journal"}
+        free = [b for b in free if b in damaged or len(damaged) < QA - 1]
+    if fault.kind in _DOWN and sum(f.kind in _DOWN for f in overlapping) >= QW - QA:
+        return None
+    if fault.kind in _IMPAIRING and sum(f.kind in _IMPAIRING for f in overlapping) >= 2:
+        return None
+    if not free:
+        return None
+    how = {"slow-disk": f"{rng.choice([0.05, 0.2, 0.5])} s per sync",
+           "damage-journal": rng.choice(["truncate", "corrupt"])}.get(fault.kind, "")
+    return dataclasses.replace(fault, bookie=rng.choice(free), how=how)
+
+
+# -- clusters ------------------------------------------------------------------------------------
+
+class Cluster(Protocol):
+    metadata_uri: str
+
+    def begin(self, fault: Fault, workload: Workload) -> str: ...
+
+    def end(self, fault: Fault) -> str: ...
+
+    def lift_all(self) -> list[str]: ...
+
+    def stop(self) -> None: ...
+
+
+class HookCluster:
+    """In-process bookies with every hook of :class:`walkit.testing.FaultyCluster`."""
+
+    def __init__(self, directory: Path, metadata_uri: str | None) -> None:
+        self.cluster = FaultyCluster(directory, BOOKIES, metadata_uri=metadata_uri, session_timeout=SESSION_TIMEOUT)
+        self.metadata_uri = self.cluster.metadata_uri
+        self._ended: set[Fault] = set()
+        self._begun: list[Fault] = []
+
+    def begin(self, fault: Fault, workload: Workload) -> str:
+        c, b = self.cluster, fault.bookie
+        self._begun.append(fault)
+        if fault.kind == "kill":
+            c.kill_bookie(b)
+        elif fault.kind == "partition":
+            c.partition(b)
+        elif fault.kind == "slow-disk":
+            c.slow_disk(b, float(fault.how.split()[0]))
+        elif fault.kind == "read-only":
+            c.set_read_only(b, True)
+        elif fault.kind == "expire-bookie":
+            c.expire_session(b)
+        elif fault.kind == "expire-writer":
+            bk = workload.current_client()
+            if bk is None:
+                return "no in-process writer client"
+            c.expire_session(client=bk)
+        elif fault.kind == "failover":
+            return workload.failover(fault.how)
+        return "done"
+
+    def end(self, fault: Fault) -> str:
+        c, b = self.cluster, fault.bookie
+        self._ended.add(fault)
+        if fault.kind == "kill":
+            c.restart_bookie(b)
+        elif fault.kind == "partition":
+            c.heal(b)
+        elif fault.kind == "slow-disk":
+            c.slow_disk(b, 0)
+        elif fault.kind == "read-only":
+            c.set_read_only(b, False)
+        return "done"
+
+    def lift_all(self) -> list[str]:
+        notes = []
+        for fault in self._begun:
+            if fault not in self._ended and fault.kind not in _INSTANT:
+                notes.append(f"lifted {fault}: {_attempt(functools.partial(self.end, fault))}")
+        return notes
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
+class ProcessCluster:
+    """Real bookie processes: SIGKILL, and journal damage while a bookie is down."""
+
+    def __init__(self, directory: Path, metadata_uri: str | None) -> None:
+        self.cluster = walkit.LocalCluster(directory, BOOKIES, processes=True, metadata_uri=metadata_uri,
+                                           session_timeout=SESSION_TIMEOUT)
+        self.metadata_uri = self.cluster.metadata_uri
+        self._directory = directory
+        self._refused: set[int] = set()  # bookies that refused to start on a damaged journal
+
+    def begin(self, fault: Fault, workload: Workload) -> str:
+        if fault.kind == "failover":
+            return workload.failover(fault.how)
+        if fault.bookie in self._refused:
+            return "left alone: it refused to start on its damaged journal"
+        self.cluster.kill_bookie(fault.bookie)
+        if fault.kind == "damage-journal":
+            return damage_journal(self._directory / f"bookie-{fault.bookie}" / "journal", fault.how,
+                                  random.Random(fault.salt))
+        return "killed"
+
+    def end(self, fault: Fault) -> str:
+        if fault.kind in _DOWN and fault.bookie not in self._refused and not self.cluster.is_running(fault.bookie):
+            return self._restart(fault.bookie)
+        return "nothing to do"
+
+    def lift_all(self) -> list[str]:
+        return [f"restart of bookie {i}: {_attempt(functools.partial(self._restart, i))}"
+                for i in range(BOOKIES) if i not in self._refused and not self.cluster.is_running(i)]
+
+    def _restart(self, i: int) -> str:
+        """Restart bookie ``i``; one that refuses its damaged journal stays down for good
+        (CorruptionError: valid data after a bad frame is never hidden)."""
+        try:
+            self.cluster.restart_bookie(i)
+        except WalkitError as exc:
+            if "CorruptionError" in str(exc):
+                self._refused.add(i)
+            raise
+        return "restarted"
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
+def damage_journal(directory: Path, how: str, rng: random.Random) -> str:
+    """Truncate the newest journal with frames inside its last 64 KiB of frames, or flip
+    one byte there. Replay must drop a torn tail and refuse (CorruptionError) valid
+    frames after a bad one; either way no acknowledged record may be lost, since the
+    other copies of each entry are intact."""
+    from bookie.fs.real import RealFS
+    from bookie.journal._files import list_journals
+    from bookie.journal._format import journal_name
+    from bookie.journal._replay import scan_journal
+
+    fs = RealFS()
+    for jid in reversed(list_journals(fs, str(directory))):
+        frames, stop, alignment = scan_journal(fs, str(directory), jid)
+        if not frames:
+            continue
+        path = directory / journal_name(jid)
+        offset = rng.randrange(max(alignment, stop.offset - (64 << 10)), stop.offset)
+        if how == "truncate":
+            os.truncate(path, offset)
+            return f"journal {jid:x} truncated at {offset} (frames ended at {stop.offset})"
+        with open(path, "r+b") as fh:
+            fh.seek(offset)
+            byte = fh.read(1)
+            fh.seek(offset)
+            fh.write(bytes([byte[0] ^ 0x5A]))
+        return f"journal {jid:x}: byte {offset} flipped (frames ended at {stop.offset})"
+    return "no journal with frames"
+
+
+def _attempt(action: Callable[[], str]) -> str:
+    try:
+        return action()
+    except WalkitError as exc:
+        return f"failed: {_summary(exc)}"
+
+
+def _summary(exc: BaseException) -> str:
+    """The error's first line, and the last error its quoted bookie log names."""
+    lines = str(exc).splitlines() or [""]
+    quoted = [line.strip() for line in lines[1:] if "Error" in line]
+    return f"{type(exc).__name__}: {lines[0][:200]}" + (f" | {quoted[-1][:300]}" if quoted else "")
+
+
+# -- writers ---------------------------------------------------------------------------------------
+
+def pump(wal: WriteAheadLog, seed: int, writer: int, stop: threading.Event,
+         on_sent: Callable[[int, bytes], None], on_ack: Callable[[int, Lsn, float], None],
+         on_fail: Callable[[int, str], None]) -> None:
+    """Append records with ``WINDOW`` futures in flight until ``stop`` or the log fails."""
+    window = threading.BoundedSemaphore(WINDOW)
+    failed = threading.Event()
+
+    def done(seq: int, fut: Future[LSN]) -> None:
+        at = time.monotonic()
+        error = fut.exception()
+        if error is None:
+            lsn = fut.result()
+            on_ack(seq, (lsn.segment, lsn.entry, lsn.slot), at)
+        else:
+            on_fail(seq, f"{type(error).__name__}: {str(error)[:200]}")
+            failed.set()
+        window.release()
+
+    seq = 0
+    while not stop.is_set() and not failed.is_set():
+        if not window.acquire(timeout=0.1):
+            continue
+        seq += 1
+        data = payload(seed, writer, seq)
+        on_sent(seq, data)
+        try:
+            fut = wal.append_async(data)
+        except WalkitError as exc:
+            on_fail(seq, f"{type(exc).__name__}: {str(exc)[:200]}")
+            return
+        fut.add_done_callback(lambda f, seq=seq: done(seq, f))
+
+
+def open_log(bk: walkit.BookKeeper, attempts: int = 5) -> WriteAheadLog:
+    """Become the writer, trying again while faults make the open fail."""
+    for attempt in range(attempts):
+        try:
+            return WriteAheadLog.open(bk, LOG, ensemble_size=ENSEMBLE, write_quorum=QW, ack_quorum=QA,
+                                      roll_seconds=ROLL_SECONDS)
+        except WalkitError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+class Writer(Protocol):
+    number: int
+
+    def alive(self) -> bool: ...
+
+    def client(self) -> walkit.BookKeeper | None: ...
+
+    def close(self) -> None: ...
+
+    def crash(self) -> None: ...
+
+
+class ThreadWriter:
+    """A writer in this process, on a client of its own."""
+
+    def __init__(self, number: int, uri: str, seed: int, history: History) -> None:
+        self.number = number
+        self._history = history
+        self._stop = threading.Event()
+        self._bk = walkit.BookKeeper(uri, **CLIENT)
+        try:
+            self._wal = open_log(self._bk)
+        except BaseException:
+            self._bk.close()
+            raise
+        history.opened(number, time.monotonic())
+        self._thread = threading.Thread(target=pump, name=f"torture-writer-{number}", daemon=True, args=(
+            self._wal, seed, number, self._stop, lambda s, d: history.sent(number, s, d, time.monotonic()),
+            lambda s, lsn, at: history.acked(number, s, lsn, at), lambda s, e: history.failed(number, s, e)))
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def client(self) -> walkit.BookKeeper | None:
+        return self._bk
+
+    def close(self) -> None:
+        """Stop appending, wait for what is in flight, close the log and the client."""
+        self._stop.set()
+        self._thread.join(30)
+        with contextlib.suppress(WalkitError):
+            self._wal.close()
+        self._bk.close()
+
+    def crash(self) -> None:
+        """Stop appending and close the client under the log (its segment stays open)."""
+        self._stop.set()
+        self._thread.join(30)
+        with contextlib.suppress(WalkitError):
+            self._bk.close()
+
+
+class ChildWriter:
+    """A writer in a child process (tests/torture_writer.py) that reports on its stdout."""
+
+    def __init__(self, number: int, uri: str, seed: int, history: History) -> None:
+        self.number = number
+        self._history = history
+        self._opened = threading.Event()
+        self._proc = subprocess.Popen([sys.executable, str(_WRITER_SCRIPT), uri, str(number), str(seed)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._reader = threading.Thread(target=self._read, name=f"torture-child-{number}", daemon=True)
+        self._reader.start()
+        if not self._opened.wait(60) or self._proc.poll() is not None and not self._opened.is_set():
+            self.crash()
+            raise WalkitError("writer process did not open the log", writer=number)
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._handle(line.decode(errors="replace").split())
+        self._opened.set()  # an exit before the open wakes the constructor too
+
+    def _handle(self, words: list[str]) -> None:
+        h, n = self._history, self.number
+        try:
+            if words[0] == "open":
+                h.opened(n, float(words[1]))
+                self._opened.set()
+            elif words[0] == "sent":
+                seq = int(words[1])
+                h.sent(n, seq, payload(int(words[2]), n, seq), float(words[3]))
+            elif words[0] == "ack":
+                h.acked(n, int(words[1]), (int(words[2]), int(words[3]), int(words[4])), float(words[5]))
+            elif words[0] == "fail":
+                h.failed(n, int(words[1]), " ".join(words[2:]))
+        except (IndexError, ValueError, KeyError):
+            return  # the torn last line of a killed process
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def client(self) -> walkit.BookKeeper | None:
+        return None
+
+    def close(self) -> None:
+        stdin: IO[bytes] | None = self._proc.stdin
+        with contextlib.suppress(OSError):
+            if stdin is not None:
+                stdin.close()  # EOF: stop, flush, close the log, exit
+        try:
+            self._proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.crash()
+        self._reader.join(10)
+
+    def crash(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.send_signal(signal.SIGKILL)
+        self._proc.wait(30)
+        self._reader.join(10)
+
+
+# -- readers ---------------------------------------------------------------------------------------
+
+class Tail:
+    """A reader thread that tails the log from its start, resuming after its last record
+    when a read fails."""
+
+    def __init__(self, uri: str, history: History) -> None:
+        self._bk = walkit.BookKeeper(uri, **CLIENT)
+        self._reader = WriteAheadLog.reader(self._bk, LOG)
+        self.read = history.read("tail", "tail", time.monotonic())
+        self._thread = threading.Thread(target=self._run, name="torture-tail", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        after: LSN | None = None
+        while True:
+            try:
+                for lsn, record in self._reader.tail(after, poll_timeout=0.5):
+                    self.read.records.append(((lsn.segment, lsn.entry, lsn.slot), record))
+                    after = lsn
+            except UsageError:
+                return  # closed
+            except WalkitError as exc:
+                self.read.errors.append(_summary(exc))
+                time.sleep(0.2)
+
+    def catch_up(self, count: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while len(self.read.records) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return len(self.read.records) >= count
+
+    def close(self) -> None:
+        self._reader.close()
+        self._thread.join(30)
+        self._bk.close()
+
+
+def replay_once(bk: walkit.BookKeeper, read: Read) -> None:
+    """Replay the whole log into ``read`` (an error ends it: what came before stands)."""
+    try:
+        with WriteAheadLog.reader(bk, LOG) as reader:
+            for lsn, record in reader.replay():
+                read.records.append(((lsn.segment, lsn.entry, lsn.slot), record))
+    except WalkitError as exc:
+        read.errors.append(_summary(exc))
+
+
+class Replayer:
+    """Replays the whole log every ``REPLAY_EVERY`` seconds."""
+
+    def __init__(self, uri: str, history: History) -> None:
+        self._bk = walkit.BookKeeper(uri, **CLIENT)
+        self._history = history
+        self._stop = threading.Event()
+        self.count = 0
+        self._thread = threading.Thread(target=self._run, name="torture-replay", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(REPLAY_EVERY):
+            replay_once(self._bk, self._history.read("replayer", "replay", time.monotonic()))
+            self.count += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        self._bk.close()
+
+
+# -- the workload ------------------------------------------------------------------------------------
+
+class Workload:
+    """One writer at a time (replaced when it fails or on failover), a tail, a replayer."""
+
+    def __init__(self, uri: str, seed: int, history: History, in_process: bool) -> None:
+        self._uri, self._seed, self._history = uri, seed, history
+        self._kind: type[ThreadWriter] | type[ChildWriter] = ThreadWriter if in_process else ChildWriter
+        self._lock = threading.Lock()
+        self._numbers = 0
+        self.notes: list[str] = []
+        self._stop = threading.Event()
+        self._writer: Writer | None = self._open()
+        self.tail = Tail(uri, history)
+        self.replayer = Replayer(uri, history)
+        self._supervisor = threading.Thread(target=self._supervise, name="torture-supervisor", daemon=True)
+        self._supervisor.start()
+
+    @property
+    def writers(self) -> int:
+        return self._numbers
+
+    def _open(self) -> Writer:
+        self._numbers += 1
+        return self._kind(self._numbers, self._uri, self._seed, self._history)
+
+    def current_client(self) -> walkit.BookKeeper | None:
+        writer = self._writer
+        return writer.client() if writer is not None else None
+
+    def _supervise(self) -> None:
+        """A writer whose log failed is replaced (after a pause, as an application would)."""
+        while not self._stop.wait(0.2):
+            with self._lock:
+                writer = self._writer
+                if writer is None or writer.alive() or self._stop.is_set():
+                    continue
+                self.notes.append(f"writer {writer.number} failed; opening writer {self._numbers + 1}")
+                writer.crash()
+                self._writer = None
+                self._writer = self._try_open()
+
+    def _try_open(self) -> Writer | None:
+        try:
+            return self._open()
+        except WalkitError as exc:
+            self.notes.append(f"writer {self._numbers} could not open: {_summary(exc)}")
+            return None
+
+    def failover(self, how: str) -> str:
+        """Replace the writer: ``kill-first`` (SIGKILL, then open), ``overlap-then-kill``
+        / ``overlap-then-close`` (open while the old one appends, then kill / close it)."""
+        with self._lock:
+            old = self._writer
+            if how == "kill-first" and old is not None:
+                old.crash()
+            self._writer = None
+            self._writer = self._try_open()
+            if how != "kill-first" and old is not None:
+                time.sleep(0.3)  # the old writer keeps appending against the fence
+                old.crash()
+            new = self._writer.number if self._writer is not None else "none"
+            return f"writer {old.number if old else 'none'} -> {new}"
+
+    def finish(self) -> None:
+        """Stop the supervisor and close the last writer gracefully."""
+        self._stop.set()
+        self._supervisor.join(60)
+        with self._lock:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+
+    def recover(self) -> None:
+        """A fresh writer opens (fencing and closing whatever is left open) and closes."""
+        with self._lock:
+            self._numbers += 1
+            number = self._numbers
+        with walkit.BookKeeper(self._uri, **CLIENT) as bk:
+            open_log(bk, attempts=10).close()
+        self._history.opened(number, time.monotonic())
+
+
+# -- one run -------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Report:
+    plan: Plan
+    events: list[str] = dataclasses.field(default_factory=list)
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    writers: int = 0
+    replays: int = 0
+    tail_records: int = 0
+    tail_errors: int = 0
+    log_records: int = 0
+    anomalies: list[Anomaly] = dataclasses.field(default_factory=list)
+
+    def __str__(self) -> str:
+        p = self.plan
+        lines = [f"torture seed={p.seed} seconds={p.seconds:g} cluster={p.mode} metadata={p.metadata}",
+                 f"  faults planned: {len(p.faults)}", *(f"    {f}" for f in p.faults),
+                 "  what happened:", *(f"    {e}" for e in self.events),
+                 f"  records: {self.counts}, writers opened: {self.writers}, log: {self.log_records} records",
+                 f"  reads: {self.replays} replays, tail {self.tail_records} records ({self.tail_errors} errors "
+                 f"resumed)",
+                 f"  anomalies: {len(self.anomalies)}", *(f"    {a}" for a in self.anomalies[:30]),
+                 f"  reproduce: pytest tests/test_torture.py -m torture --torture-seed {p.seed} "
+                 f"--torture-seconds {p.seconds:g}"]
+        return "\n".join(lines)
+
+
+def run_faults(plan: Plan, cluster: Cluster, workload: Workload, report: Report, t0: float) -> None:
+    """Begin and end each fault at its planned offset (late when an earlier one blocked)."""
+    events = sorted([(f.start, 0, f) for f in plan.faults] +
+                    [(f.end, 1, f) for f in plan.faults if f.kind not in _INSTANT], key=lambda e: (e[0], e[1]))
+    for at, phase, fault in events:
+        delay = t0 + at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        verb = "end" if phase else "begin"
+        action = functools.partial(cluster.end, fault) if phase else functools.partial(cluster.begin, fault, workload)
+        outcome = _attempt(action)
+        report.events.append(f"{time.monotonic() - t0:6.2f}s {verb} {fault.kind}"
+                             f"{' bookie %d' % fault.bookie if fault.bookie >= 0 else ''}: {outcome}")
+
+
+def torture(plan: Plan, directory: Path, zookeeper: str | None) -> Report:
+    """Run ``plan`` in ``directory`` (``zookeeper``: connect string when the plan wants one)."""
+    uri = f"zk://{zookeeper}/torture-{os.getpid()}-{time.monotonic_ns()}/ledgers" if plan.metadata == "zk" else None
+    report = Report(plan)
+    history = History()
+    kind = ProcessCluster if plan.mode == "processes" else HookCluster
+    cluster: Cluster = kind(directory / "cluster", uri)
+    try:
+        workload = Workload(cluster.metadata_uri, plan.seed, history, in_process=plan.mode == "hooks")
+        t0 = time.monotonic()  # fault offsets count from a running workload
+        try:
+            run_faults(plan, cluster, workload, report, t0)
+            time.sleep(max(0.0, t0 + plan.seconds - time.monotonic()))
+            report.events += cluster.lift_all()
+        finally:
+            workload.finish()
+            report.events += workload.notes
+            workload.replayer.close()
+        workload.recover()
+        reference = history.read("fresh reader 1", "final", time.monotonic())
+        with walkit.BookKeeper(cluster.metadata_uri, **CLIENT) as bk:
+            replay_once(bk, reference)
+        reference.complete = not reference.errors
+        if not workload.tail.catch_up(len(reference.records), 30):
+            report.events.append(f"tail did not catch up: {len(workload.tail.read.records)} of "
+                                 f"{len(reference.records)} records")
+        workload.tail.read.complete = True
+        workload.tail.close()
+        second = history.read("fresh reader 2", "final", time.monotonic())
+        with walkit.BookKeeper(cluster.metadata_uri, **CLIENT) as bk:
+            replay_once(bk, second)
+        second.complete = True
+        history.reads.remove(reference)
+        report.anomalies = check(history, reference)
+        if reference.errors:
+            report.anomalies.append(Anomaly("missed", f"the reference replay failed: {reference.errors[0]}"))
+        report.counts = history.counts()
+        report.writers = workload.writers
+        report.replays = workload.replayer.count
+        report.tail_records = len(workload.tail.read.records)
+        report.tail_errors = len(workload.tail.read.errors)
+        report.log_records = len(reference.records)
+    finally:
+        with contextlib.suppress(WalkitError):
+            cluster.stop()
+    return report
