@@ -63,3 +63,13 @@ def test_walkit_init_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert capsys.readouterr().out == first, "init is idempotent: same cluster, same instance id"
     assert main(["init", "--metadata", f"local+flat://{tmp_path}/md"]) == 2  # clear error, exit 2
     assert "another ledger layout" in capsys.readouterr().err
+
+
+def test_passwords_never_appear_in_errors() -> None:
+    from walkit.metadata._uri import redact
+
+    assert redact("zk://walkit:s3cret@127.0.0.1:2181/ledgers") == "zk://walkit:***@127.0.0.1:2181/ledgers"
+    assert redact("local:///data/md") == "local:///data/md"
+    with pytest.raises(InvalidArgumentError) as err:
+        parse_metadata_uri("zk+sideways://walkit:s3cret@127.0.0.1:2181/ledgers")
+    assert "s3cret" not in str(err.value)

@@ -20,7 +20,7 @@ from walkit.errors import InvalidArgumentError
 from walkit.metadata._paths import Layout
 from walkit.metadata._store import MetadataStore, check_path
 
-__all__ = ["MetadataURI", "parse_metadata_uri", "open_metadata_store"]
+__all__ = ["MetadataURI", "parse_metadata_uri", "open_metadata_store", "redact"]
 
 _LOCAL_ROOT = "/ledgers"
 
@@ -33,19 +33,27 @@ class MetadataURI:
     layout: Layout | None  # None: not named in the URI
 
 
+def redact(uri: str) -> str:
+    """``uri`` without the password of a ``zk://user:password@...`` URI (for messages)."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    return parts._replace(netloc=f"{parts.username}:***@{parts.netloc.rpartition('@')[2]}").geturl()
+
+
 def parse_metadata_uri(uri: str) -> MetadataURI:
     parts = urlsplit(uri)
     scheme, _, layout_name = parts.scheme.partition("+")
     layout = layout_name or None
     if layout not in (None, "hierarchical", "flat") or scheme not in ("zk", "local"):
-        raise InvalidArgumentError("unknown metadata service URI scheme", uri=uri, known="zk, zk+flat, zk+hierarchical, local")
+        raise InvalidArgumentError("unknown metadata service URI scheme", uri=redact(uri), known="zk, zk+flat, zk+hierarchical, local")
     if scheme == "zk":
         if not parts.netloc:
-            raise InvalidArgumentError("zk:// URI needs host:port[,host:port...]", uri=uri)
+            raise InvalidArgumentError("zk:// URI needs host:port[,host:port...]", uri=redact(uri))
         root = parts.path.rstrip("/") or "/ledgers"
         return MetadataURI("zk", parts.netloc, check_path(root), layout)  # type: ignore[arg-type]
     if parts.netloc or not parts.path:
-        raise InvalidArgumentError("local:// URI is local:///absolute/directory", uri=uri)
+        raise InvalidArgumentError("local:// URI is local:///absolute/directory", uri=redact(uri))
     return MetadataURI("local", parts.path, _LOCAL_ROOT, layout)  # type: ignore[arg-type]
 
 
