@@ -4,6 +4,7 @@ and tailing (issue 5)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from pathlib import Path
@@ -540,3 +541,96 @@ def test_a_follower_of_a_dead_ensemble_waits_instead_of_spinning(tmp_path: Path,
         for _ in range(3):
             assert rh.wait_for_lac(0, 0.3) == 0
         assert reads <= 3  # one metadata look per poll that brought nothing, not hundreds
+
+
+def test_add_future_is_a_concurrent_future_with_lock_free_reads() -> None:
+    import asyncio
+
+    from walkit.client._submit import AddFuture
+
+    done, failed, cancelled, waiting = AddFuture(), AddFuture(), AddFuture(), AddFuture()
+    assert isinstance(done, concurrent.futures.Future) and not done.done()
+    with pytest.raises(concurrent.futures.TimeoutError):
+        waiting.result(timeout=0.01)
+    seen: list[int] = []
+    done.add_done_callback(lambda f: seen.append(f.result()))
+    timer = threading.Timer(0.05, done.set_result, (0,))  # entry 0: a falsy result
+    timer.start()
+    assert done.result(timeout=10) == 0 and done.done()
+    timer.join(10)
+    assert seen == [0]
+    failed.set_exception(LedgerFencedError("fenced"))
+    assert failed.done() and isinstance(failed.exception(), LedgerFencedError)
+    with pytest.raises(LedgerFencedError):
+        failed.result()
+    assert cancelled.cancel() and cancelled.done() and cancelled.cancelled()
+    with pytest.raises(concurrent.futures.CancelledError):
+        cancelled.result()
+    finished, _ = concurrent.futures.wait([done, failed, cancelled, waiting], timeout=0.01)
+    assert finished == {done, failed}  # wait() skips a cancelled future no executor was told of: stdlib behaviour
+
+    async def awaited() -> int:
+        later = AddFuture()
+        asyncio.get_running_loop().call_later(0.01, later.set_result, 5)
+        return await asyncio.wrap_future(later)
+
+    assert asyncio.run(awaited()) == 5
+
+
+def test_slots_count_under_the_lock_and_wake_waiters() -> None:
+    from walkit.client._submit import Slots
+
+    lock = threading.Lock()
+    slots = Slots(2, lock)
+    assert slots.acquire() and slots.acquire(blocking=False) and not slots.acquire(blocking=False)
+    got: list[bool] = []
+    waiters = [threading.Thread(target=lambda: got.append(slots.acquire())) for _ in range(2)]
+    for t in waiters:
+        t.start()
+    time.sleep(0.1)
+    assert got == []  # both wait for a slot
+    slots.release(2)  # one release of two slots wakes both
+    for t in waiters:
+        t.join(10)
+    assert got == [True, True] and slots.free == 0
+    slots.release(2)
+    with pytest.raises(ValueError):
+        slots.release()
+    with lock:
+        assert slots.take_locked(blocking=False) and slots.free == 1
+        slots.release_locked()
+    assert slots.free == 2
+
+
+def test_max_pending_adds_blocks_the_producer_until_an_add_completes(tmp_path: Path, driver: Driver) -> None:
+    if driver.spec.driver != "local":
+        pytest.skip("writer logic: one driver is enough")
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster, max_pending_adds=2) as bk:
+        lh = bk.create_ledger()
+        lh.add_entry(b"zero")
+        release = threading.Event()
+        for member in lh.metadata.ensembles[0][1]:  # no bookie answers entry 1 until released
+            bookie = cluster.server(index_of(cluster, member)).bookie
+            assert bookie is not None
+            real = bookie.add_batch_cb
+
+            def held(adds: list, cb: object, real=real) -> None:  # type: ignore[no-untyped-def,type-arg]
+                if any(a.entry_id == 1 for a in adds):
+                    threading.Thread(target=lambda: (release.wait(30), real(adds, cb))).start()
+                else:
+                    real(adds, cb)
+
+            bookie.add_batch_cb = held  # type: ignore[method-assign]
+        first = [lh.add_entry_async(b"one"), lh.add_entry_async(b"two")]
+        third: list[object] = []
+        producer = threading.Thread(target=lambda: third.append(lh.add_entry_async(b"three")))
+        producer.start()
+        time.sleep(0.3)
+        assert producer.is_alive() and not third  # both slots taken: the third add waits
+        release.set()
+        producer.join(10)
+        assert [f.result(timeout=10) for f in first] == [1, 2] and len(third) == 1
+        fut = third[0]
+        assert isinstance(fut, concurrent.futures.Future) and fut.result(timeout=10) == 3
+        assert lh.add_entry(b"four") == 4
+        lh.close()

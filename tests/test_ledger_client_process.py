@@ -13,7 +13,7 @@ import pytest
 
 import walkit
 from client_support import FAST, client, index_of, local_cluster
-from metadata_support import Driver, driver  # noqa: F401  (fixture)
+from metadata_support import Driver, driver, wait_for  # noqa: F401  (fixture)
 from walkit.errors import LedgerFencedError
 from walkit.metadata import LedgerState
 
@@ -30,6 +30,7 @@ def test_bookie_process_killed_during_writes_loses_no_acknowledged_entry(tmp_pat
         futures += [lh.add_entry_async(b"p%d" % i) for i in range(500, 1000)]
         acked = [f.result(timeout=60) for f in futures]
         assert acked == list(range(1000))
+        wait_for(lambda: lh.ensemble_changes >= 1, 20)  # Qa acks from the others need not wait for it
         lh.close()
         assert victim not in lh.metadata.ensembles[-1][1]
         rh = bk.open_ledger(lh.ledger_id)

@@ -795,3 +795,26 @@ def test_client_add_fast_path_still_matches_and_refuses() -> None:
     rid, _ = client.send(ReadLac(1))
     with pytest.raises(ProtocolError, match="does not match"):
         client.receive(server.send(AddEntryResponse(1, 0, request_id=rid)))
+
+
+@pytest.mark.parametrize("recovery", [False, True])
+def test_client_send_add_in_pieces_is_the_frame_send_gives(recovery: bool) -> None:
+    """send_add's head + key + entry are the bytes of send(), with the same numbering and
+    matching; a frame past the maximum raises, leaves nothing pending and takes no id."""
+    whole, parts = ClientConnection(MIN_MAX_FRAME_SIZE), ClientConnection(MIN_MAX_FRAME_SIZE)
+    for entry_id, data in enumerate([b"", b"x", bytes(range(256)) * 3]):
+        req = AddEntry(7, entry_id, KEY, data, recovery)
+        rid, frame = whole.send(req)
+        prid, head = parts.send_add(req)
+        assert (prid, head + KEY + data) == (rid, frame) and len(head) == 33
+        assert decode_request(frame[4:]) == replace(req, request_id=rid)
+    assert parts.pending_ids() == whole.pending_ids() == [1, 2, 3]
+    too_big = AddEntry(7, 9, KEY, b"y" * (MIN_MAX_FRAME_SIZE - 33 - len(KEY) + 1))
+    with pytest.raises(FrameTooLargeError):
+        whole.send(too_big)
+    with pytest.raises(FrameTooLargeError):
+        parts.send_add(too_big)
+    assert parts.pending_ids() == [1, 2, 3] and parts.send_add(AddEntry(7, 9, KEY, b""))[0] == 4
+    server = ServerConnection()
+    assert parts.receive(server.send(AddEntryResponse(7, 1, request_id=2))) == [AddEntryResponse(7, 1, 2)]
+    assert parts.pending_ids() == [1, 3, 4]

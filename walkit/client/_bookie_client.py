@@ -4,7 +4,9 @@ Each call sends one request frame and awaits its response; many calls may be in 
 at once and their responses may come back in any order (request ids match them).
 :meth:`BookieClient.request_cb` is the same without a future: the callback gets
 ``(response, error, ctx)`` on the loop (what the ledger client's hot paths use).
-Frames written in the same loop iteration go out in one ``transport.write``. An error
+Frames written in the same loop iteration go out in one ``transport.write`` (or earlier,
+on :meth:`BookieClient.flush`); an ADD_ENTRY's key and entry are not copied into a frame
+of their own, only into that write. An error
 response raises the walkit error of its status (``error_for``); a lost connection fails
 every request in flight with :class:`~walkit.errors.BookieUnavailableError`; bytes that
 are not the protocol (or another protocol version) fail them with the
@@ -166,28 +168,46 @@ class BookieClient:
     def request_cb(self, request: Request, cb: ResponseCallback, ctx: Any) -> None:
         """Send ``request``; ``cb(response, error, ctx)`` later, on the loop, exactly once
         (also when the connection is already gone: then with that error)."""
-        if self._failure is not None or self._transport is None or self._transport.is_closing():
+        if not self.try_request_cb(request, cb, ctx):
             err = self._failure or BookieUnavailableError("connection to bookie is closed", bookie=self.address)
             self._loop.call_soon(cb, None, err, ctx)
-            return
+
+    def try_request_cb(self, request: Request, cb: ResponseCallback, ctx: Any) -> bool:
+        """:meth:`request_cb` while the connection is usable; False when it is not
+        (:attr:`failed`): then nothing is sent and ``cb`` is not called (a pool
+        reconnects instead)."""
+        transport = self._transport
+        if self._failure is not None or transport is None or transport.is_closing():
+            return False
         try:
             self._queue(request, cb, ctx)
         except WalkitError as exc:  # e.g. a frame over the maximum: this request only
             self._loop.call_soon(cb, None, exc, ctx)
+        return True
 
     def _queue(self, request: Request, cb: ResponseCallback, ctx: Any) -> None:
-        request_id, frame = self._wire.send(request)
+        if type(request) is AddEntry:  # the hot path: key and entry go out as they are, not in a frame of their own
+            request_id, head = self._wire.send_add(request)
+            self._out += (head, request.master_key, request.data)
+        else:
+            request_id, frame = self._wire.send(request)
+            self._out.append(frame)
         self._pending[request_id] = (cb, ctx)
-        self._out.append(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
+
+    def flush(self) -> None:
+        """Write what is queued now rather than at the loop's next iteration (a writer
+        that queued a batch saves an iteration of latency)."""
+        if self._out:
+            self._flush()
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._out and self._transport is not None and not self._transport.is_closing():
             out, self._out = self._out, []
-            self._transport.write(b"".join(out) if len(out) > 1 else out[0])
+            self._transport.write(b"".join(out))
 
     # -- responses ---------------------------------------------------------------------
     def _received(self, data: bytes) -> None:

@@ -96,10 +96,8 @@ class BookiePool:
         clients = self._clients
         for bookie in bookies:
             client = clients.get(bookie)
-            if client is not None and not client.failed:
-                client.request_cb(request, cb, (ctx, bookie))
-            else:
-                self.request_cb(bookie, request, cb, (ctx, bookie))
+            if client is None or not client.try_request_cb(request, cb, (ctx, bookie)):
+                self.request_cb(bookie, request, cb, (ctx, bookie))  # connects (again)
 
     def flush(self, bookies: Iterable[str]) -> None:
         """Write what is queued for ``bookies`` now (see :meth:`BookieClient.flush`)."""

@@ -31,10 +31,11 @@ import dataclasses
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from walkit.client._core import ClientCore
+from walkit.client._submit import AddFuture, Slots
 from walkit.errors import (
     BookieTimeoutError,
     LedgerClosedError,
@@ -104,7 +105,7 @@ class LedgerWriter:
         self._next_entry_id = lac + 1
         self._length = length
         self.closing = False
-        self.slots = threading.BoundedSemaphore(core.config.max_pending_adds)
+        self.slots = Slots(core.config.max_pending_adds, self._lock)  # max_pending_adds, under the same lock
         core.writers.add(self)
 
     def fail_for_close(self, error: WalkitError) -> None:
@@ -123,29 +124,33 @@ class LedgerWriter:
         """Queue an add; its future gives the entry id once it completes. Unless
         ``reserved`` (the caller took a slot already) this waits for a free slot when
         ``max_pending_adds`` adds are in flight."""
-        if not reserved:
-            if self.core.loop.in_loop():  # blocking here would stop the very loop that frees slots
-                if not self.slots.acquire(blocking=False):
+        fut = AddFuture()
+        with self._lock:
+            if not reserved:
+                slots = self.slots
+                if slots.free > 0:
+                    slots.free -= 1
+                # blocking on the loop thread would stop the very loop that frees slots
+                elif not slots.take_locked(blocking=not self.core.loop.in_loop()):
                     raise UsageError("too many adds in flight to wait for a slot on the client's loop thread",
                                      ledger=self.ledger_id, limit=self.core.config.max_pending_adds)
-            else:
-                self.slots.acquire()
-        fut: Future[int] = Future()
-        with self._lock:
             if self.closing:
-                self.slots.release()
+                self.slots.release_locked()
                 raise LedgerClosedError("ledger handle is closed", ledger=self.ledger_id)
-            if self.error is not None:
-                self.slots.release()
-                fut.set_exception(self.error)
-                return fut
-            entry_id = self._next_entry_id
-            self._next_entry_id += 1
-            self._length += len(payload)
-            add = _Add(entry_id, payload, self._length, fut)
-            self._incoming.append(add)
-            schedule = not self._scheduled
-            self._scheduled = True
+            error = self.error
+            if error is None:
+                entry_id = self._next_entry_id
+                self._next_entry_id += 1
+                self._length += len(payload)
+                add = _Add(entry_id, payload, self._length, fut)
+                self._incoming.append(add)
+                schedule = not self._scheduled
+                self._scheduled = True
+            else:
+                self.slots.release_locked()
+        if error is not None:
+            fut.set_exception(error)
+            return fut
         if schedule:
             try:
                 self.core.loop.call(self._take_incoming)
@@ -153,7 +158,7 @@ class LedgerWriter:
                 with self._lock:
                     self._incoming.remove(add)
                     self._scheduled = False
-                self.slots.release()
+                    self.slots.release_locked()
                 raise
         return fut
 
@@ -181,6 +186,8 @@ class LedgerWriter:
                 continue
             self.pending.append(add)
             self._send(add)
+        if batch:
+            self.core.pool.flush(self.ensemble)  # now, not at the loop's next iteration
         self._arm_timer()
 
     # -- sending and acks --------------------------------------------------------------
@@ -192,20 +199,22 @@ class LedgerWriter:
                                     digest=meta.digest, key=self.key)
             if self.lac > self._piggybacked:
                 self._piggybacked = self.lac
+        write_set = self._write_sets[add.entry_id % len(self._write_sets)]
+        failed, sent = self.failed, add.sent
         if self._degraded:
-            alive = [b for b in self._write_sets[add.entry_id % self.meta.ensemble_size] if b not in self.failed]
+            alive = [b for b in write_set if b not in failed]
             if len(alive) < self.quorum_size:
                 self._fail(NotEnoughBookiesError("too few bookies left for the ack quorum", ledger=self.ledger_id,
                                                  entry=add.entry_id))
                 return
-        request = AddEntry(self.ledger_id, add.entry_id, self.key, add.data, self.recovery)
         add.sent_at = time.monotonic()
-        pool = self.core.pool
-        for bookie in self._write_sets[add.entry_id % self.meta.ensemble_size]:
-            if bookie in self.failed or bookie in add.sent:
-                continue
-            add.sent.add(bookie)
-            pool.request_cb(bookie, request, self._on_ack, (add, bookie))
+        if failed or sent:  # a resend (ensemble change) or a failed member: only those it has not gone to
+            write_set = tuple(b for b in write_set if b not in failed and b not in sent)
+            if not write_set:
+                return
+        sent.update(write_set)  # before sending: no callback runs inside request_each_cb
+        request = AddEntry(self.ledger_id, add.entry_id, self.key, add.data, self.recovery)
+        self.core.pool.request_each_cb(write_set, request, self._on_ack, add)
 
     def _on_ack(self, response: Response | None, error: WalkitError | None, ctx: Any) -> None:
         add, bookie = ctx
@@ -228,25 +237,41 @@ class LedgerWriter:
 
     def _complete_ready(self) -> None:
         pending = self.pending
+        ready: list[_Add] = []
+        freed = 0
         while pending and pending[0].quorum:
             add = pending.popleft()
+            add.done = True
+            freed += add.slot
+            ready.append(add)
+        if freed:
+            self.slots.release(freed)  # one lock acquisition for the batch
+        for add in ready:
             self.lac = add.entry_id
             self.lac_length = add.length
-            self._settle(add, None)
+            self._finish(add, None)
         if not pending:
             self._wake_drained()
 
     def _settle(self, add: _Add, error: WalkitError | None) -> None:
-        add.done = True
-        add.payload = add.data = b""
         if add.slot:
             self.slots.release()
-        if add.future.done():  # the caller cancelled it: the add goes on, nobody listens
+        self._finish(add, error)
+
+    def _finish(self, add: _Add, error: WalkitError | None) -> None:
+        """Mark ``add`` done and complete its future (its slot is the caller's business)."""
+        add.done = True
+        add.payload = add.data = b""
+        fut = add.future
+        if fut.done():  # the caller cancelled it: the add goes on, nobody listens
             return
-        if error is None:
-            add.future.set_result(add.entry_id)
-        else:
-            add.future.set_exception(error)
+        try:
+            if error is None:
+                fut.set_result(add.entry_id)
+            else:
+                fut.set_exception(error)
+        except InvalidStateError:  # cancelled between the test and now
+            pass
 
     def _fail(self, error: WalkitError) -> None:
         """The writer is done: every pending and queued add fails with ``error``."""

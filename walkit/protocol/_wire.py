@@ -1035,6 +1035,24 @@ class ClientConnection:
         self._pending[rid] = op
         return rid, frame
 
+    def send_add(self, req: AddEntry) -> tuple[int, bytes]:
+        """(request id, head) for an AddEntry: the frame :meth:`send` would give is
+        ``head + req.master_key + req.data`` (head: the 33 bytes from the length prefix to
+        the key length). For a writer sending one entry to several bookies: the key and
+        the entry go out as they are, not copied into a frame per connection.
+        FrameTooLargeError (and nothing pending) past the maximum frame size."""
+        key = req.master_key
+        size = 33 + len(key) + len(req.data)
+        if size > self._max:
+            raise FrameTooLargeError("frame over the maximum frame size", type="AddEntry", request_id=self._next_id,
+                                     frame_size=size, max_frame_size=self._max)
+        rid = self._next_id
+        self._next_id = rid + 1
+        self._pending[rid] = Op.ADD_ENTRY
+        head = _ADD_REQ.pack(size - 4, _V, 1, _RECOVERY_ADD if req.recovery else 0, rid, req.ledger_id, req.entry_id,
+                             len(key))
+        return rid, head
+
     def receive(self, data: Buffer) -> list[Response]:
         """Responses completed by ``data``, in stream order.
 
