@@ -5,11 +5,13 @@
 ``walkit bench bookie``    one connection, 1 KiB adds with 1,000 in flight against a bookie process
 ``walkit bench ledger``    the ledger client (E=3 Qw=3 Qa=2, bookie processes): sequential latency, pipelined rate
 ``walkit bench wal``       the WriteAheadLog (100 B / 1 KiB records) against a fdatasync'd file and SQLite
+``walkit bench spark``     records/s read by Spark local[2] vs. the WAL's own replay() (walkit[spark])
 ``walkit bookie start``    run a bookie (as ``python -m bookie --conf FILE``)
 ``walkit bookie list``     the available and read-only bookies of a cluster
 ``walkit journal repair``  keep a ``.broken`` copy of a damaged journal and truncate it
 ``walkit demo``            a key-value store's primary is SIGKILLed; a standby fails over; the old one is fenced
 ``walkit sandbox``         a local cluster in the foreground for other processes, until SIGINT/SIGTERM
+``walkit export``          archive a log to Parquet by segment with Spark; a second run continues (walkit[spark])
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -79,6 +82,38 @@ def _bench_wal(args: argparse.Namespace) -> int:
 
     report = run_wal_bench(args.dir, seconds=args.seconds, in_flight=args.in_flight)
     print(json.dumps(report, indent=2) if args.json else format_markdown(report))
+    return 0
+
+
+def _bench_spark(args: argparse.Namespace) -> int:
+    from walkit.spark import format_markdown, run_spark_bench
+
+    report = run_spark_bench(args.dir, records=args.records, size=args.size, master=args.master)
+    print(json.dumps(report, indent=2) if args.json else format_markdown(report))
+    return 0 if report["checksums_match"] else 1
+
+
+def _export(args: argparse.Namespace) -> int:
+    from walkit.spark import export_log, spark_session
+    from walkit.wal import LSN
+
+    if not args.metadata:
+        print("walkit export: give --metadata URI (or set WALKIT_METADATA)", file=sys.stderr)
+        return 2
+    after = LSN.parse(args.after) if args.after else None
+    spark = spark_session(args.master, "walkit-export")
+    try:
+        result = export_log(spark, args.metadata, args.log, args.to, namespace=args.namespace,
+                            password=args.password.encode(), after=after, progress=not args.no_progress)
+    finally:
+        spark.stop()
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(f"exported {result.records:,} records of {result.namespace}/{result.log} "
+              f"after {result.after or 'the start'} up to {result.last or '-'} into {result.directory} "
+              f"({result.files} files, {result.bytes:,} bytes, {result.seconds:.1f} s); "
+              f"{result.total_records:,} in all")
     return 0
 
 
@@ -150,6 +185,13 @@ def _parser() -> argparse.ArgumentParser:
     bw.add_argument("--dir", default=None, help="where the cluster and the baselines keep their data "
                     "(default: a temporary one here)")
     bw.set_defaults(func=_bench_wal)
+    bsp = bench.add_parser("spark", help="records/s read by Spark vs. the WAL's own replay() (walkit[spark])")
+    bsp.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bsp.add_argument("--records", type=int, default=1_000_000, help="records in the log (default 1,000,000)")
+    bsp.add_argument("--size", type=int, default=16, help="record bytes (default 16)")
+    bsp.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    bsp.add_argument("--dir", default=None, help="where the cluster keeps its data (default: a temporary one)")
+    bsp.set_defaults(func=_bench_spark)
 
     init = sub.add_parser("init", help="create the cluster layout in the metadata store (idempotent)")
     init.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
@@ -181,6 +223,20 @@ def _parser() -> argparse.ArgumentParser:
     sandbox.add_argument("--bookies", type=int, default=3, help="bookies (default 3)")
     sandbox.add_argument("--processes", action="store_true", help="bookies as child processes (default: in-process)")
     sandbox.set_defaults(func=_sandbox)
+
+    export = sub.add_parser("export", help="archive a log to Parquet by segment with Spark, resumably (walkit[spark])")
+    export.add_argument("--log", required=True, help="the log's name")
+    export.add_argument("--to", required=True, help="the export directory (Parquet files and _walkit_export.json)")
+    export.add_argument("--after", default=None, help="export the records after this LSN (segment/entry/slot) "
+                        "instead of after the last one exported")
+    export.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    export.add_argument("--metadata", default=os.environ.get("WALKIT_METADATA"),
+                        help="metadata service URI (default: $WALKIT_METADATA)")
+    export.add_argument("--namespace", default="default", help="the log's namespace (default: default)")
+    export.add_argument("--password", default="", help="the log's ledger password")
+    export.add_argument("--json", action="store_true", help="print the result as JSON")
+    export.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    export.set_defaults(func=_export)
     return p
 
 

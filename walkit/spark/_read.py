@@ -1,0 +1,199 @@
+"""The I/O of the Spark data source, without Spark: what the driver asks the cluster
+to plan a read, and what a task does to read its range straight from the bookies into
+Arrow record batches.
+
+Every read opens ledgers with ``recovery=False``: it never fences, so a log's writer
+goes on while Spark reads it, and an open segment is read up to its LAC (what is
+durable on a quorum), like ``LogReader.replay``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from walkit.client._bookkeeper import BookKeeper
+from walkit.client._handles import ReadHandle
+from walkit.errors import NoSuchEntryError, NoSuchLedgerError
+from walkit.wal._format import Segment, unpack_records
+from walkit.wal._log import WriteAheadLog
+from walkit.wal._lsn import LSN
+from walkit.spark._plan import END_SLOT, LSN_KEY_WIDTHS, LedgerRange, LogRange, ReadOptions, SegmentExtent
+
+__all__ = ["LEDGER_ARROW_SCHEMA", "LOG_ARROW_SCHEMA", "last_position", "last_record", "ledger_batches",
+           "ledger_extent", "log_batches", "log_extents"]
+
+LOG_ARROW_SCHEMA = pa.schema([
+    ("namespace", pa.string()), ("log", pa.string()), ("lsn", pa.string()), ("lsn_key", pa.string()),
+    ("segment", pa.int64()), ("entry_id", pa.int64()), ("slot", pa.int32()), ("record", pa.binary()),
+])
+LEDGER_ARROW_SCHEMA = pa.schema([("ledger_id", pa.int64()), ("entry_id", pa.int64()), ("payload", pa.binary())])
+BATCH_ROWS = 1 << 16  # rows per Arrow batch handed to Spark
+LAC_WAIT = 10.0  # seconds a task waits for its bookies to show the LAC the driver planned with
+
+
+# -- the driver: what is there to read -----------------------------------------------------
+def segment_extent(bk: BookKeeper, seq: int, ledger_id: int, password: bytes) -> SegmentExtent | None:
+    """A segment's readable entries (None if retention deleted its ledger)."""
+    try:
+        handle = bk.open_ledger(ledger_id, password, recovery=False)
+    except NoSuchLedgerError:
+        return None
+    return SegmentExtent(seq, ledger_id, handle.last_add_confirmed, handle.length if handle.is_closed else None)
+
+
+def log_extents(bk: BookKeeper, opts: ReadOptions, after: LSN | None, until: LSN | None) -> list[SegmentExtent]:
+    """The segments of the log that hold records after ``after`` up to ``until``."""
+    extents = []
+    for segment in _segments(bk, opts):
+        if after is not None and segment.seq < after.segment:
+            continue
+        if until is not None and segment.seq > until.segment:
+            break
+        extent = segment_extent(bk, segment.seq, segment.ledger_id, opts.password)
+        if extent is not None:
+            extents.append(extent)
+    return extents
+
+
+def _segments(bk: BookKeeper, opts: ReadOptions) -> list[Segment]:
+    assert opts.log is not None
+    reader = WriteAheadLog.reader(bk, opts.log, namespace=opts.namespace, password=opts.password)
+    try:
+        return list(reader.metadata().segments)
+    finally:
+        reader.close()  # the client is the caller's
+
+
+def _last_extent(bk: BookKeeper, opts: ReadOptions) -> SegmentExtent | None:
+    for segment in reversed(_segments(bk, opts)):  # usually the last one, or the one before a fresh roll
+        extent = segment_extent(bk, segment.seq, segment.ledger_id, opts.password)
+        if extent is not None and extent.last >= 0:
+            return extent
+    return None
+
+
+def last_position(bk: BookKeeper, opts: ReadOptions) -> LSN | None:
+    """A position after every record durable now: (segment, LAC, END_SLOT) of the last
+    segment with entries; None for a log without records."""
+    extent = _last_extent(bk, opts)
+    return None if extent is None else LSN(extent.seq, extent.last, END_SLOT)
+
+
+def last_record(bk: BookKeeper, opts: ReadOptions) -> LSN | None:
+    """The LSN of the last record durable now (reads that one entry)."""
+    extent = _last_extent(bk, opts)
+    if extent is None:
+        return None
+    handle = bk.open_ledger(extent.ledger_id, opts.password, recovery=False)
+    (entry,) = handle.read(extent.last, extent.last)
+    return LSN(extent.seq, extent.last, len(unpack_records(entry.data)) - 1)
+
+
+def ledger_extent(bk: BookKeeper, ledger_id: int, password: bytes) -> tuple[int, int | None]:
+    """(last readable entry, length when closed) of a raw ledger."""
+    handle = bk.open_ledger(ledger_id, password, recovery=False)
+    return handle.last_add_confirmed, handle.length if handle.is_closed else None
+
+
+# -- a task: read a range into Arrow batches -------------------------------------------------
+def _open_for(bk: BookKeeper, ledger_id: int, password: bytes, last: int) -> ReadHandle:
+    """A reader of the ledger whose LAC covers ``last`` (what the driver planned with)."""
+    handle = bk.open_ledger(ledger_id, password, recovery=False)
+    if handle.last_add_confirmed < last:
+        handle.wait_for_lac(last - 1, LAC_WAIT)
+    if handle.last_add_confirmed < last:
+        raise NoSuchEntryError("entries planned for this task are not readable", ledger=ledger_id, last=last,
+                               last_add_confirmed=handle.last_add_confirmed)
+    return handle
+
+
+def _entries(handle: ReadHandle, first: int, last: int, chunk: int) -> Iterator[tuple[int, bytes]]:
+    for start in range(first, last + 1, chunk):
+        for entry in handle.read(start, min(last, start + chunk - 1)):
+            yield entry.entry_id, entry.data
+
+
+class _LogColumns:
+    """Column builders for log rows, flushed as Arrow batches of about BATCH_ROWS. Per
+    record only list extends happen here; the LSN texts are built a batch at a time by
+    Arrow's kernels (casts, padding, joins)."""
+
+    def __init__(self, namespace: str, log: str, seq: int) -> None:
+        self.namespace, self.log, self.seq = namespace, log, seq
+        self.clear()
+
+    def clear(self) -> None:
+        self.entry: list[int] = []
+        self.slot: list[int] = []
+        self.record: list[bytes] = []
+
+    def add_entry(self, entry_id: int, records: list[bytes], task: LogRange) -> None:
+        edge = (task.after is not None and task.after.segment == self.seq and task.after.entry == entry_id) or (
+            task.until is not None and task.until.segment == self.seq and task.until.entry == entry_id)
+        if edge:  # the first or last entry of a bounded read: keep the wanted slots only
+            slots = [i for i in range(len(records)) if task.wants(LSN(self.seq, entry_id, i))]
+            records = [records[i] for i in slots]
+        else:
+            slots = list(range(len(records)))
+        self.entry.extend([entry_id] * len(records))
+        self.slot.extend(slots)
+        self.record.extend(records)
+
+    def __len__(self) -> int:
+        return len(self.record)
+
+    def batch(self) -> Any:
+        n = len(self.record)
+        seq = pa.array([self.seq] * n, pa.int64())
+        entry = pa.array(self.entry, pa.int64())
+        slot = pa.array(self.slot, pa.int32())
+        texts = [pc.cast(column, pa.string()) for column in (seq, entry, slot)]
+        lsn = pc.binary_join_element_wise(*texts, "/")
+        key = pc.binary_join_element_wise(*(pc.utf8_lpad(text, width=width, padding="0")
+                                            for text, width in zip(texts, LSN_KEY_WIDTHS)), "/")
+        batch = pa.RecordBatch.from_arrays([
+            pa.array([self.namespace] * n, pa.string()), pa.array([self.log] * n, pa.string()), lsn, key, seq,
+            entry, slot, pa.array(self.record, pa.binary()),
+        ], schema=LOG_ARROW_SCHEMA)
+        self.clear()
+        return batch
+
+
+def log_batches(metadata_uri: str, password: bytes, namespace: str, log: str, task: LogRange) -> Iterator[Any]:
+    """The records of ``task`` as Arrow batches of :data:`LOG_ARROW_SCHEMA`, read with a
+    client of this process's own (tasks run in executors: nothing live is shipped)."""
+    with BookKeeper(metadata_uri) as bk:
+        handle = _open_for(bk, task.ledger_id, password, task.last)
+        columns = _LogColumns(namespace, log, task.seq)
+        for entry_id, data in _entries(handle, task.first, task.last, task.chunk):
+            columns.add_entry(entry_id, unpack_records(data), task)
+            if len(columns) >= BATCH_ROWS:
+                yield columns.batch()
+        if len(columns):
+            yield columns.batch()
+
+
+def ledger_batches(metadata_uri: str, password: bytes, task: LedgerRange) -> Iterator[Any]:
+    """The entries of ``task`` as Arrow batches of :data:`LEDGER_ARROW_SCHEMA`."""
+    with BookKeeper(metadata_uri) as bk:
+        handle = _open_for(bk, task.ledger_id, password, task.last)
+        ids: list[int] = []
+        payloads: list[bytes] = []
+        for entry_id, data in _entries(handle, task.first, task.last, task.chunk):
+            ids.append(entry_id)
+            payloads.append(data)
+            if len(ids) >= BATCH_ROWS // 16:
+                yield _ledger_batch(task.ledger_id, ids, payloads)
+                ids, payloads = [], []
+        if ids:
+            yield _ledger_batch(task.ledger_id, ids, payloads)
+
+
+def _ledger_batch(ledger_id: int, ids: list[int], payloads: list[bytes]) -> Any:
+    return pa.RecordBatch.from_arrays([pa.array([ledger_id] * len(ids), pa.int64()), pa.array(ids, pa.int64()),
+                                       pa.array(payloads, pa.binary())], schema=LEDGER_ARROW_SCHEMA)
+
