@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import walkit
-from client_support import FAST, client, index_of, local_cluster
+from client_support import client, index_of, local_cluster
 from metadata_support import Driver, driver  # noqa: F401  (fixture)
 from walkit import LSN, WriteAheadLog
 from walkit.errors import (

@@ -39,11 +39,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from walkit._local_cluster import LocalCluster
 from walkit.client import BookKeeper, LedgerHandle
 from walkit.errors import InvalidArgumentError
+
+T = TypeVar("T")
 
 __all__ = ["run_ledger_bench", "format_markdown", "TARGETS"]
 
@@ -120,12 +122,14 @@ def _sequential(handle: LedgerHandle, payload: bytes, meter: _Meter, warmup: flo
     return meter.stop(len(latencies)) | _latencies(latencies)
 
 
-def _pipelined(handle: LedgerHandle, payload: bytes, meter: _Meter, warmup: float, seconds: float,
-               in_flight: int) -> dict[str, Any]:
-    """``in_flight`` adds outstanding; the window carries over from the warm-up into the
-    counted interval (steady state), and what is in flight at its end is drained uncounted."""
-    clock, submit = time.perf_counter_ns, handle.add_entry_async
-    window: collections.deque[tuple[Future[int], int]] = collections.deque()
+def window_loop(submit: Callable[[], Future[T]], meter: _Meter, warmup: float, seconds: float, in_flight: int,
+                on_result: Callable[[T], None] | None = None) -> tuple[dict[str, Any], list[int]]:
+    """Keep ``in_flight`` operations outstanding (``submit()`` starts one); the window
+    carries over from the warm-up into the counted interval (steady state), and what is
+    in flight at its end is drained uncounted. The meter's report and the latencies (ns)
+    of the counted operations; ``on_result`` sees each counted result."""
+    clock = time.perf_counter_ns
+    window: collections.deque[tuple[Future[T], int]] = collections.deque()
     latencies: list[int] = []
     counting_at = clock() + int(warmup * 1e9)
     until, counting = counting_at + int(seconds * 1e9), False
@@ -135,17 +139,25 @@ def _pipelined(handle: LedgerHandle, payload: bytes, meter: _Meter, warmup: floa
             meter.start()
         while len(window) < in_flight:
             sent = clock()
-            window.append((submit(payload), sent))
+            window.append((submit(), sent))
         window[0][0].result()
         done = clock()
         while window and window[0][0].done():
             fut, sent = window.popleft()
-            fut.result()  # the writer's error, if any
+            result = fut.result()  # the writer's error, if any
             if counting:
                 latencies.append(done - sent)
+                if on_result is not None:
+                    on_result(result)
     report = meter.stop(len(latencies))
     for fut, _ in window:
         fut.result()
+    return report, latencies
+
+
+def _pipelined(handle: LedgerHandle, payload: bytes, meter: _Meter, warmup: float, seconds: float,
+               in_flight: int) -> dict[str, Any]:
+    report, latencies = window_loop(lambda: handle.add_entry_async(payload), meter, warmup, seconds, in_flight)
     return report | _latencies(latencies) | {"in_flight": in_flight}
 
 

@@ -34,7 +34,6 @@ an error or Ctrl-C.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime
 import os
@@ -44,12 +43,11 @@ import struct
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from walkit._local_cluster import LocalCluster
-from walkit.bench_ledger import _latencies, _Meter, _o_direct
+from walkit.bench_ledger import _latencies, _Meter, _o_direct, window_loop
 from walkit.client import BookKeeper
 from walkit.errors import InvalidArgumentError
 from walkit.wal import LSN, WriteAheadLog
@@ -132,30 +130,10 @@ def _wal_sequential(wal: WriteAheadLog, payload: bytes, meter: _Meter, warmup: f
 
 def _wal_window(wal: WriteAheadLog, payload: bytes, meter: _Meter, warmup: float, seconds: float,
                 in_flight: int) -> dict[str, Any]:
-    """``in_flight`` appends outstanding; the window carries over from the warm-up into the
-    counted interval (steady state), and what is in flight at its end is drained uncounted."""
-    clock, submit, entries = time.perf_counter_ns, wal.append_async, _Entries()
-    window: collections.deque[tuple[Future[LSN], int]] = collections.deque()
-    latencies: list[int] = []
-    counting_at = clock() + int(warmup * 1e9)
-    until, counting = counting_at + int(seconds * 1e9), False
-    while (now := clock()) < until:
-        if not counting and now >= counting_at:
-            counting = True
-            meter.start()
-        while len(window) < in_flight:
-            window.append((submit(payload), clock()))
-        window[0][0].result()
-        done = clock()
-        while window and window[0][0].done():
-            fut, sent = window.popleft()
-            lsn = fut.result()  # the writer's error, if any
-            if counting:
-                entries.see(lsn)
-                latencies.append(done - sent)
-    report = meter.stop(len(latencies))
-    for fut, _ in window:
-        fut.result()
+    """``in_flight`` appends outstanding (see :func:`window_loop`)."""
+    entries = _Entries()
+    report, latencies = window_loop(lambda: wal.append_async(payload), meter, warmup, seconds, in_flight,
+                                    entries.see)
     return _wal_report(report, latencies, entries, len(payload), in_flight)
 
 

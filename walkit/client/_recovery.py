@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any
 
 from walkit.client._core import ClientCore
 from walkit.client._read import LedgerReader, covers_every_write_set, is_absent, pick_error, request_with_timeout
