@@ -184,16 +184,14 @@ class AsyncReadHandle:
         closed and read to its end."""
         if not isinstance(start, int) or start < 0:
             raise InvalidArgumentError("follow starts at an entry id >= 0", start=start)
-        next_id = start
+        next_id, limit = start, self._bk.sync.config.read_parallelism * 4
         while True:
-            if next_id <= self._state.lac:
-                async for entry in self.read(next_id, self._state.lac):
-                    next_id = entry.entry_id + 1
-                    yield entry
-            elif self._state.closed:
+            batch = await self._bk._on_core(self._state.follow_step(next_id, poll_timeout, limit))
+            if batch is None:
                 return
-            else:
-                await self.wait_for_lac(self._state.lac, poll_timeout)
+            for entry in batch:
+                next_id = entry.entry_id + 1
+                yield entry
 
 
 # -- the write-ahead log -----------------------------------------------------------------------

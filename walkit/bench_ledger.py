@@ -36,7 +36,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -195,6 +195,25 @@ def _measure(cluster: LocalCluster, bookies: int, seconds: float, in_flight: int
     return {"sequential": sequential, "pipelined": pipelined}
 
 
+@contextlib.contextmanager
+def bench_cluster(directory: str | None, name: str, bookies: int) -> Iterator[tuple[LocalCluster, Path]]:
+    """``bookies`` bookie processes in a fresh ``walkit-bench-<name>-*`` directory under
+    ``directory`` (created if missing; default: here), and that directory; both go away
+    at the end, also on an error or Ctrl-C."""
+    if directory is not None:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix=f"walkit-bench-{name}-", dir=directory or "."))
+    try:
+        cluster = LocalCluster(base / "cluster", bookies, processes=True)
+        try:
+            yield cluster, base
+        finally:
+            with contextlib.suppress(Exception):  # a bookie hit by the same Ctrl-C exits on its own
+                cluster.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def run_ledger_bench(directory: str | None = None, seconds: float = 5.0, in_flight: int = 1000, size: int = 1024,
                      bookies: int = 3, warmup: float = 1.0) -> dict[str, Any]:
     """Both phases on a fresh cluster of ``bookies`` bookie processes; the report (a dict)."""
@@ -202,17 +221,9 @@ def run_ledger_bench(directory: str | None = None, seconds: float = 5.0, in_flig
         raise InvalidArgumentError(f"need bookies >= {ENSEMBLE}, in_flight >= 1, size >= 0, seconds > 0",
                                    bookies=bookies, in_flight=in_flight, size=size, seconds=seconds)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    base = tempfile.mkdtemp(prefix="walkit-bench-ledger-", dir=directory or ".")
-    try:
-        cluster = LocalCluster(Path(base) / "cluster", bookies, processes=True)
-        try:
-            result = _measure(cluster, bookies, seconds, in_flight, size, warmup)
-            o_direct = _o_direct(cluster, bookies)
-        finally:
-            with contextlib.suppress(Exception):  # a bookie hit by the same Ctrl-C exits on its own
-                cluster.stop()
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with bench_cluster(directory, "ledger", bookies) as (cluster, _):
+        result = _measure(cluster, bookies, seconds, in_flight, size, warmup)
+        o_direct = _o_direct(cluster, bookies)
     return {
         "started": started, "cpus": os.cpu_count(), "bookies": bookies, "ensemble": ENSEMBLE,
         "write_quorum": WRITE_QUORUM, "ack_quorum": ACK_QUORUM, "entry_size": size, "journal_o_direct": o_direct,

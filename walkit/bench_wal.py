@@ -34,20 +34,17 @@ an error or Ctrl-C.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
-import shutil
 import sqlite3
 import struct
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from walkit._local_cluster import LocalCluster
-from walkit.bench_ledger import _latencies, _Meter, _o_direct, window_loop
+from walkit.bench_ledger import _latencies, _Meter, _o_direct, bench_cluster, window_loop
 from walkit.client import BookKeeper
 from walkit.errors import InvalidArgumentError
 from walkit.wal import LSN, WriteAheadLog
@@ -250,19 +247,9 @@ def run_wal_bench(directory: str | None = None, seconds: float = 5.0, in_flight:
         raise InvalidArgumentError("need in_flight >= 1, seconds > 0, warmup >= 0", in_flight=in_flight,
                                    seconds=seconds, warmup=warmup)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    if directory is not None:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-    base = Path(tempfile.mkdtemp(prefix="walkit-bench-wal-", dir=directory or "."))
-    try:
-        cluster = LocalCluster(base / "cluster", BOOKIES, processes=True)
-        try:
-            results = _measure(cluster, base, seconds, in_flight, warmup)
-            o_direct = _o_direct(cluster, BOOKIES)
-        finally:
-            with contextlib.suppress(Exception):  # a bookie hit by the same Ctrl-C exits on its own
-                cluster.stop()
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with bench_cluster(directory, "wal", BOOKIES) as (cluster, base):
+        results = _measure(cluster, base, seconds, in_flight, warmup)
+        o_direct = _o_direct(cluster, BOOKIES)
     return {
         "started": started, "cpus": os.cpu_count(), "bookies": BOOKIES, "ensemble": ENSEMBLE,
         "write_quorum": WRITE_QUORUM, "ack_quorum": ACK_QUORUM, "journal_o_direct": o_direct,

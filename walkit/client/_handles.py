@@ -93,6 +93,18 @@ class ReadState:
         if lac > self.lac and not self.closed:
             self.lac = lac
 
+    async def follow_step(self, next_id: int, poll_timeout: float, limit: int) -> list[Entry] | None:
+        """One step of following the ledger from ``next_id``: the entries up to the LAC
+        (at most ``limit``); ``[]`` after a long poll that brought nothing yet; None once
+        the ledger is closed and read to its end. (Shared by the sync, asyncio and WAL
+        followers.)"""
+        if next_id <= self.lac:
+            return await self.read(next_id, min(self.lac, next_id + limit - 1))
+        if self.closed:
+            return None
+        await self.wait_lac(self.lac, poll_timeout)
+        return []
+
     async def read_lac(self) -> int:
         if not self.closed:
             await self.refresh()
@@ -252,16 +264,15 @@ class ReadHandle(_Handle):
         after the last entry once the ledger is closed."""
         if not isinstance(start, int) or start < 0:
             raise InvalidArgumentError("follow starts at an entry id >= 0", start=start)
-        next_id = start
+        next_id, limit = start, self._bk.config.read_parallelism * 4
         while True:
-            if next_id <= self._state.lac:
-                for entry in self.read(next_id, self._state.lac):
-                    next_id = entry.entry_id + 1
-                    yield entry
-            elif self._state.closed:
+            self._check_open()
+            batch = self._loop.run(self._state.follow_step(next_id, poll_timeout, limit))
+            if batch is None:
                 return
-            else:
-                self.wait_for_lac(self._state.lac, poll_timeout)
+            for entry in batch:
+                next_id = entry.entry_id + 1
+                yield entry
 
     def close(self) -> None:
         """End this handle's use (a reader holds nothing on the bookies)."""

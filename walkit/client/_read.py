@@ -151,16 +151,13 @@ class _EntryRead:
         self.outstanding -= 1
         if self.future.done():
             return
-        if error is None:
+        checked = self.reader.verified(response, error, self.entry_id)
+        if not isinstance(checked, WalkitError):
             assert isinstance(response, ReadEntryResponse)
-            try:
-                header, payload = self.reader.check(self.entry_id, response.data)
-            except DigestMismatchError as exc:
-                error = exc
-            else:
-                self._finish()
-                self.future.set_result((header, payload, response.lac))
-                return
+            self._finish()
+            self.future.set_result((*checked, response.lac))
+            return
+        error = checked
         if isinstance(error, BookieUnavailableError):
             self.reader.core.bookie_failed(bookie)
         self.errors.append(error)
@@ -191,6 +188,19 @@ class LedgerReader:
             raise DigestMismatchError("bookie returned another entry than the one asked for", ledger=self.ledger_id,
                                       entry=entry_id, got_ledger=header.ledger_id, got_entry=header.entry_id)
         return header, payload
+
+    def verified(self, response: Response | None, error: WalkitError | None,
+                 entry_id: int | None = None) -> tuple[EntryHeader, bytes] | WalkitError:
+        """A READ_ENTRY answer as (header, payload) once its digest and ids check
+        (``entry_id`` None: the entry the bookie says it returned), or the error to count
+        against that replica (the bookie's, or DigestMismatchError)."""
+        if error is not None:
+            return error
+        assert isinstance(response, ReadEntryResponse)
+        try:
+            return self.check(response.entry_id if entry_id is None else entry_id, response.data)
+        except DigestMismatchError as exc:
+            return exc
 
     def read_entry(self, entry_id: int, *, fence: bool = False,
                    replicas: list[str] | None = None) -> asyncio.Future[tuple[EntryHeader, bytes, int]]:

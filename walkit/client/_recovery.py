@@ -31,7 +31,6 @@ from walkit.client._core import ClientCore
 from walkit.client._read import LedgerReader, covers_every_write_set, is_absent, pick_error, request_with_timeout
 from walkit.client._writer import LedgerWriter
 from walkit.errors import (
-    DigestMismatchError,
     NotEnoughBookiesError,
     UnauthorizedError,
     WalkitError,
@@ -121,23 +120,19 @@ async def _fence(core: ClientCore, reader: LedgerReader) -> int:
 
     def answer(response: Response | None, error: WalkitError | None, index: int) -> None:
         outstanding[0] -= 1
-        if error is None:
+        checked = reader.verified(response, error)
+        if not isinstance(checked, WalkitError):
             assert isinstance(response, ReadEntryResponse)
-            try:
-                header, _ = reader.check(response.entry_id, response.data)
-            except DigestMismatchError as exc:
-                errors.append(exc)
-            else:
-                lacs.append(max(header.lac, response.lac))
-                answered.add(index)
-        elif is_absent(error):
+            lacs.append(max(checked[0].lac, response.lac))
             answered.add(index)
-        elif isinstance(error, UnauthorizedError):
+        elif is_absent(checked):
+            answered.add(index)
+        elif isinstance(checked, UnauthorizedError):
             if not done.done():
-                done.set_exception(error)
+                done.set_exception(checked)
             return
         else:
-            errors.append(error)
+            errors.append(checked)
         decide()
 
     request = ReadEntry(meta.ledger_id, -1, True, reader.key)
@@ -171,15 +166,12 @@ class _RecoveryRead:
         self.outstanding -= 1
         if self.future.done():
             return
-        if error is None:
+        checked = self.reader.verified(response, error, self.entry_id)
+        if not isinstance(checked, WalkitError):
             assert isinstance(response, ReadEntryResponse)
-            try:
-                header, _ = self.reader.check(self.entry_id, response.data)
-            except DigestMismatchError as exc:
-                error = exc
-            else:
-                self.future.set_result((header, response.data))
-                return
+            self.future.set_result((checked[0], response.data))
+            return
+        error = checked
         if is_absent(error):
             self.absent += 1
             if self.absent >= self.need_absent:

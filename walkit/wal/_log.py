@@ -45,6 +45,7 @@ from typing import IO, Any
 
 from walkit.client._bookkeeper import BookKeeper
 from walkit.client._handles import ReadState
+from walkit.client._read import Entry
 from walkit.client._writer import LedgerWriter
 from walkit.errors import (
     InvalidArgumentError,
@@ -212,16 +213,20 @@ class _LogView:
         while start <= last:
             end = min(last, start + _READ_CHUNK - 1)
             for entry in self._bk._loop.run(state.read(start, end)):
-                try:
-                    records = unpack_records(entry.data)
-                except FormatError as exc:
-                    raise FormatError("a log entry is not a record batch", log=self.name, segment=segment.seq,
-                                      entry=entry.entry_id, reason=str(exc)) from exc
-                for slot, record in enumerate(records):
-                    lsn = LSN._trusted(segment.seq, entry.entry_id, slot)
-                    if after is None or lsn > after:
-                        yield lsn, record
+                yield from self._unpack(segment, entry, after)
             start = end + 1
+
+    def _unpack(self, segment: Segment, entry: Entry, after: LSN | None) -> Iterator[tuple[LSN, bytes]]:
+        """The records of one entry of ``segment`` that come after ``after``."""
+        try:
+            records = unpack_records(entry.data)
+        except FormatError as exc:
+            raise FormatError("a log entry is not a record batch", log=self.name, segment=segment.seq,
+                              entry=entry.entry_id, reason=str(exc)) from exc
+        for slot, record in enumerate(records):
+            lsn = LSN._trusted(segment.seq, entry.entry_id, slot)
+            if after is None or lsn > after:
+                yield lsn, record
 
     def _own_lac(self, segment: Segment) -> int | None:
         """The writer's LAC for its own open segment (None for readers)."""
@@ -299,17 +304,14 @@ class LogReader(_LogView):
     def _follow(self, segment: Segment, state: ReadState, first: int, after: LSN | None,
                 poll_timeout: float) -> Iterator[tuple[LSN, bytes]]:
         next_id = first
-        loop = self._bk._loop
         while True:
-            if next_id <= state.lac:
-                last = state.lac
-                yield from self._records(segment, state, next_id, last, after)
-                next_id = last + 1
-            elif state.closed:
+            self._check_open()  # close() ends a tail at its next poll
+            batch = self._bk._loop.run(state.follow_step(next_id, poll_timeout, _READ_CHUNK))
+            if batch is None:
                 return
-            else:
-                self._check_open()
-                loop.run(state.wait_lac(state.lac, poll_timeout))
+            for entry in batch:
+                next_id = entry.entry_id + 1
+                yield from self._unpack(segment, entry, after)
 
     def __enter__(self) -> LogReader:
         return self
