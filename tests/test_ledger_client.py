@@ -457,7 +457,7 @@ def test_tls_bookies(tmp_path: Path, driver: Driver) -> None:
                 lh.add_entry(b"unverified bookie")
 
 
-def test_a_cancelled_add_future_does_not_wedge_the_writer(tmp_path: Path, driver: Driver) -> None:
+def test_an_add_future_cannot_be_cancelled_and_the_writer_goes_on(tmp_path: Path, driver: Driver) -> None:
     if driver.spec.driver != "local":
         pytest.skip("writer logic: one driver is enough")
     with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
@@ -479,9 +479,10 @@ def test_a_cancelled_add_future_does_not_wedge_the_writer(tmp_path: Path, driver
             bookie.add_batch_cb = held  # type: ignore[method-assign]
         futures = [lh.add_entry_async(b"e%d" % i) for i in range(1, 4)]
         time.sleep(0.3)
-        assert futures[1].cancel() or futures[1].done()
+        assert not futures[1].cancel() and futures[1].running()  # the add is under way: it is written anyway
         release.set()
-        assert futures[0].result(timeout=10) == 1 and futures[2].result(timeout=10) == 3
+        assert [f.result(timeout=10) for f in futures] == [1, 2, 3]
+        assert not futures[1].cancelled()
         assert lh.add_entry(b"later") == 4
         lh.close()
 
@@ -543,38 +544,67 @@ def test_a_follower_of_a_dead_ensemble_waits_instead_of_spinning(tmp_path: Path,
         assert reads <= 3  # one metadata look per poll that brought nothing, not hundreds
 
 
-def test_add_future_is_a_concurrent_future_with_lock_free_reads() -> None:
+def test_quick_future_is_a_concurrent_future_with_lock_free_reads() -> None:
     import asyncio
 
-    from walkit.client._submit import AddFuture
+    from walkit.client._submit import QuickFuture
 
-    done, failed, cancelled, waiting = AddFuture(), AddFuture(), AddFuture(), AddFuture()
-    assert isinstance(done, concurrent.futures.Future) and not done.done()
+    done, failed, waiting, untouched = (QuickFuture[int]() for _ in range(4))
+    assert isinstance(done, concurrent.futures.Future) and not done.done() and done._cv is None
+    assert done.running() and not done.cancel() and not done.cancelled()  # under way from the start
     with pytest.raises(concurrent.futures.TimeoutError):
         waiting.result(timeout=0.01)
     seen: list[int] = []
     done.add_done_callback(lambda f: seen.append(f.result()))
     timer = threading.Timer(0.05, done.set_result, (0,))  # entry 0: a falsy result
     timer.start()
-    assert done.result(timeout=10) == 0 and done.done()
+    assert done.result(timeout=10) == 0 and done.done()  # a waiter made the condition, and was woken
     timer.join(10)
     assert seen == [0]
+    done.add_done_callback(lambda f: seen.append(f.result() + 1))  # on a finished future: at once
+    assert seen == [0, 1]
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        done.set_result(9)
+    assert done.result() == 0
     failed.set_exception(LedgerFencedError("fenced"))
     assert failed.done() and isinstance(failed.exception(), LedgerFencedError)
     with pytest.raises(LedgerFencedError):
         failed.result()
-    assert cancelled.cancel() and cancelled.done() and cancelled.cancelled()
-    with pytest.raises(concurrent.futures.CancelledError):
-        cancelled.result()
-    finished, _ = concurrent.futures.wait([done, failed, cancelled, waiting], timeout=0.01)
-    assert finished == {done, failed}  # wait() skips a cancelled future no executor was told of: stdlib behaviour
+    untouched.set_result(7)  # nobody waited: no condition was ever made
+    assert untouched._cv is None and untouched.result() == 7 and "returned int" in repr(untouched)
+    finished, pending = concurrent.futures.wait([done, failed, waiting], timeout=0.01)
+    assert finished == {done, failed} and pending == {waiting}
+    threading.Timer(0.05, waiting.set_exception, (LedgerFencedError("later"),)).start()
+    finished, pending = concurrent.futures.wait([waiting], timeout=10)  # wait()'s own waiter is told
+    assert finished == {waiting} and not pending
+    assert [f.result() for f in concurrent.futures.as_completed([done, untouched])] in ([0, 7], [7, 0])
 
     async def awaited() -> int:
-        later = AddFuture()
+        later = QuickFuture[int]()
         asyncio.get_running_loop().call_later(0.01, later.set_result, 5)
         return await asyncio.wrap_future(later)
 
     assert asyncio.run(awaited()) == 5
+
+
+def test_quick_future_wakes_every_kind_of_waiter_under_races() -> None:
+    """Completions racing the first waiter (which makes the condition): nobody is left asleep."""
+    from walkit.client._submit import QuickFuture
+
+    for round_ in range(300):
+        fut = QuickFuture[int]()
+        got: list[object] = []
+        waiters = [threading.Thread(target=lambda: got.append(fut.result(timeout=10))),
+                   threading.Thread(target=lambda: got.append(fut.exception(timeout=10))),
+                   threading.Thread(target=lambda: fut.add_done_callback(lambda f: got.append(f.result()))),
+                   threading.Thread(target=lambda: got.append(
+                       len(concurrent.futures.wait([fut], timeout=10).done)))]
+        for w in waiters[: round_ % 4 + 1]:
+            w.start()
+        fut.set_result(round_)
+        for w in waiters[: round_ % 4 + 1]:
+            w.join(10)
+        assert sorted(map(repr, got)) == sorted(map(repr, [round_, None, round_, 1][: round_ % 4 + 1])), round_
 
 
 def test_slots_count_under_the_lock_and_wake_waiters() -> None:

@@ -115,6 +115,7 @@ def test_rolling_by_size_and_age_keeps_order(bk: walkit.BookKeeper) -> None:
     with WriteAheadLog.open(bk, "rolling", roll_bytes=20_000, roll_seconds=3600, max_entry_bytes=4096) as wal:
         lsns = [f.result(timeout=60) for f in [wal.append_async(b"x" * 500 + b"%d" % i) for i in range(300)]]
         assert len({lsn.segment for lsn in lsns}) >= 3
+        assert max(lsn.slot for lsn in lsns) < 4096 // (503 + 4)  # queued records split to fit an entry
         assert lsns == sorted(lsns)
         assert len(wal.metadata().segments) >= 3
         assert [r for _, r in wal.replay()] == [b"x" * 500 + b"%d" % i for i in range(300)]

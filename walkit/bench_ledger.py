@@ -30,6 +30,7 @@ The cluster and its directory are removed at the end, also after an error or Ctr
 from __future__ import annotations
 
 import collections
+import functools
 import contextlib
 import datetime
 import os
@@ -129,7 +130,8 @@ def window_loop(submit: Callable[[], Future[T]], meter: _Meter, warmup: float, s
     in flight at its end is drained uncounted. The meter's report and the latencies (ns)
     of the counted operations; ``on_result`` sees each counted result."""
     clock = time.perf_counter_ns
-    window: collections.deque[tuple[Future[T], int]] = collections.deque()
+    window: collections.deque[Future[T]] = collections.deque()
+    sent_at: collections.deque[int] = collections.deque()  # beside the window: no tuple per operation
     latencies: list[int] = []
     counting_at = clock() + int(warmup * 1e9)
     until, counting = counting_at + int(seconds * 1e9), False
@@ -138,26 +140,27 @@ def window_loop(submit: Callable[[], Future[T]], meter: _Meter, warmup: float, s
             counting = True
             meter.start()
         while len(window) < in_flight:
-            sent = clock()
-            window.append((submit(), sent))
-        window[0][0].result()
+            sent_at.append(clock())
+            window.append(submit())
+        window[0].result()
         done = clock()
-        while window and window[0][0].done():
-            fut, sent = window.popleft()
-            result = fut.result()  # the writer's error, if any
+        while window and window[0].done():
+            result = window.popleft().result()  # the writer's error, if any
+            sent = sent_at.popleft()
             if counting:
                 latencies.append(done - sent)
                 if on_result is not None:
                     on_result(result)
     report = meter.stop(len(latencies))
-    for fut, _ in window:
+    for fut in window:
         fut.result()
     return report, latencies
 
 
 def _pipelined(handle: LedgerHandle, payload: bytes, meter: _Meter, warmup: float, seconds: float,
                in_flight: int) -> dict[str, Any]:
-    report, latencies = window_loop(lambda: handle.add_entry_async(payload), meter, warmup, seconds, in_flight)
+    report, latencies = window_loop(functools.partial(handle.add_entry_async, payload), meter, warmup, seconds,
+                                    in_flight)
     return report | _latencies(latencies) | {"in_flight": in_flight}
 
 

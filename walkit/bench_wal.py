@@ -35,6 +35,7 @@ an error or Ctrl-C.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import sqlite3
 import struct
@@ -128,9 +129,11 @@ def _wal_sequential(wal: WriteAheadLog, payload: bytes, meter: _Meter, warmup: f
 def _wal_window(wal: WriteAheadLog, payload: bytes, meter: _Meter, warmup: float, seconds: float,
                 in_flight: int) -> dict[str, Any]:
     """``in_flight`` appends outstanding (see :func:`window_loop`)."""
-    entries = _Entries()
-    report, latencies = window_loop(lambda: wal.append_async(payload), meter, warmup, seconds, in_flight,
-                                    entries.see)
+    entries, lsns = _Entries(), list[LSN]()
+    report, latencies = window_loop(functools.partial(wal.append_async, payload), meter, warmup, seconds, in_flight,
+                                    lsns.append)  # counted after the run, not in the producer's loop
+    for lsn in lsns:
+        entries.see(lsn)
     return _wal_report(report, latencies, entries, len(payload), in_flight)
 
 

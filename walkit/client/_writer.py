@@ -31,11 +31,11 @@ import dataclasses
 import logging
 import threading
 import time
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any
 
 from walkit.client._core import ClientCore
-from walkit.client._submit import AddFuture, Slots
+from walkit.client._submit import QuickFuture, Slots
 from walkit.errors import (
     BookieTimeoutError,
     LedgerClosedError,
@@ -124,7 +124,7 @@ class LedgerWriter:
         """Queue an add; its future gives the entry id once it completes. Unless
         ``reserved`` (the caller took a slot already) this waits for a free slot when
         ``max_pending_adds`` adds are in flight."""
-        fut = AddFuture()
+        fut: QuickFuture[int] = QuickFuture()
         with self._lock:
             if not reserved:
                 slots = self.slots
@@ -165,7 +165,7 @@ class LedgerWriter:
     def submit_recovered(self, entry_id: int, data: bytes, length: int) -> Future[int]:
         """(Loop, recovery writer) re-add an entry exactly as it was read (recovery's
         own read window bounds these: they take no slot)."""
-        fut: Future[int] = Future()
+        fut: QuickFuture[int] = QuickFuture()
         add = _Add(entry_id, b"", length, fut, data, slot=False)
         self.pending.append(add)
         if self.error is not None:
@@ -262,16 +262,10 @@ class LedgerWriter:
         """Mark ``add`` done and complete its future (its slot is the caller's business)."""
         add.done = True
         add.payload = add.data = b""
-        fut = add.future
-        if fut.done():  # the caller cancelled it: the add goes on, nobody listens
-            return
-        try:
-            if error is None:
-                fut.set_result(add.entry_id)
-            else:
-                fut.set_exception(error)
-        except InvalidStateError:  # cancelled between the test and now
-            pass
+        if error is None:
+            add.future.set_result(add.entry_id)
+        else:
+            add.future.set_exception(error)
 
     def _fail(self, error: WalkitError) -> None:
         """The writer is done: every pending and queued add fails with ``error``."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from itertools import repeat
 from typing import NamedTuple
 
 from walkit.errors import InvalidArgumentError
@@ -39,6 +41,11 @@ class LSN(_Parts):
     def _trusted(cls, segment: int, entry: int, slot: int) -> LSN:
         """Without the checks: for parts the writer itself numbered."""
         return tuple.__new__(cls, (segment, entry, slot))
+
+    @classmethod
+    def _slots(cls, segment: int, entry: int, count: int) -> Iterator[LSN]:
+        """The LSNs of slots 0 .. count - 1 of one entry, made in C (the completer's path)."""
+        return map(tuple.__new__, repeat(cls), zip(repeat(segment), repeat(entry), range(count)))
 
     def __str__(self) -> str:
         return f"{self.segment}/{self.entry}/{self.slot}"
