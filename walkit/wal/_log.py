@@ -505,22 +505,28 @@ class WriteAheadLog(_LogView):
                 self._rolling = True
                 asyncio.get_running_loop().create_task(self._roll())
                 return
-            with self._lock:
-                queue = self._queue
-                if not queue:
+            with self._lock:  # held for a swap only: appends wait on this lock
+                records, futures = self._queue, self._futures
+                if not records:
                     break
-                if sum(map(len, queue)) + 4 * len(queue) <= self._max_entry_bytes:  # all of it: the usual case
-                    records, futures = queue, self._futures
-                    self._queue, self._futures = [], []
-                else:
-                    take, size = 0, 0
-                    for record in queue:
-                        if take and size + len(record) + 4 > self._max_entry_bytes:
-                            break
-                        take += 1
-                        size += len(record) + 4
-                    records, self._queue = queue[:take], queue[take:]
-                    futures, self._futures = self._futures[:take], self._futures[take:]
+                self._queue, self._futures = [], []
+            if sum(map(len, records)) + 4 * len(records) > self._max_entry_bytes:  # more than an entry holds
+                take, size = 0, 0
+                for record in records:
+                    if take and size + len(record) + 4 > self._max_entry_bytes:
+                        break
+                    take += 1
+                    size += len(record) + 4
+                rest: list[QuickFuture[LSN]] = []
+                with self._lock:  # the rest goes back ahead of whatever came meanwhile
+                    if self._error is None:
+                        self._queue[:0] = records[take:]
+                        self._futures[:0] = futures[take:]
+                    else:  # _fail took the queue while these were out of it
+                        rest = futures[take:]
+                for fut in rest:
+                    fut.set_exception(self._error)
+                records, futures = records[:take], futures[:take]
             packed = pack_records(records)
             try:  # on the loop: never blocks (max_inflight_entries <= max_pending_adds, checked at open)
                 done = self._writer.submit(packed)
