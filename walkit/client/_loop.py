@@ -74,10 +74,15 @@ class LoopThread:
             raise UsageError("client closed while the call ran") from None
 
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop soon (from the loop itself: without writing to
+        the loop's wake-up pipe, which only another thread needs)."""
         if self._stopped:
             raise UsageError("client is closed")
         try:
-            self.loop.call_soon_threadsafe(fn, *args)
+            if threading.get_ident() == self._thread.ident:
+                self.loop.call_soon(fn, *args)
+            else:
+                self.loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:
             raise UsageError("client is closed") from None
 
