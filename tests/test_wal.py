@@ -4,6 +4,7 @@ writer failover, retention and namespaces, on an in-process LocalCluster."""
 from __future__ import annotations
 
 import io
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -52,6 +53,17 @@ def test_lsn_order_and_bad_text() -> None:
 @given(st.lists(st.binary(max_size=300), max_size=50))
 def test_record_batches_round_trip(records: list[bytes]) -> None:
     assert unpack_records(pack_records(records)) == records
+
+
+@given(st.lists(st.binary(max_size=300), max_size=50))
+def test_version_1_record_batches_are_still_read(records: list[bytes]) -> None:
+    v1 = b"WKRB\x01" + struct.pack(">I", len(records)) + b"".join(struct.pack(">I", len(r)) + r for r in records)
+    assert unpack_records(v1) == records
+    assert unpack_records(memoryview(pack_records(records))) == records
+    with pytest.raises(FormatError):
+        unpack_records(v1 + b"x")
+    with pytest.raises(FormatError):
+        unpack_records(b"WKRB\x03" + v1[5:])  # a version from the future
 
 
 @given(st.lists(st.binary(min_size=1, max_size=50), min_size=1, max_size=10), st.data())
