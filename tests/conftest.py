@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -61,8 +62,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--torture-seeds", type=int, default=None, metavar="COUNT",
                     help="how many seeds (default: $WALKIT_TORTURE_SEEDS or 20)")
     group.addoption("--torture-seconds", type=float, default=None, metavar="S",
-                    help="seconds of faults per seed (default: $WALKIT_TORTURE_SECONDS or 4; the issue's long "
-                         "form is 30)")
+                    help="seconds of faults per seed (default: $WALKIT_TORTURE_SECONDS or 30)")
+    group.addoption("--torture-jobs", type=int, default=None, metavar="N",
+                    help="seeds run at once, each in a process of its own (default: $WALKIT_TORTURE_JOBS or 2)")
 
 
 def torture_seeds(config: pytest.Config) -> list[int]:
@@ -75,4 +77,42 @@ def torture_seeds(config: pytest.Config) -> list[int]:
 
 def torture_seconds(config: pytest.Config) -> float:
     seconds: float | None = config.getoption("--torture-seconds")
-    return _env_number("WALKIT_TORTURE_SECONDS", 4.0) if seconds is None else seconds
+    return _env_number("WALKIT_TORTURE_SECONDS", 30.0) if seconds is None else seconds
+
+
+def torture_jobs(config: pytest.Config) -> int:
+    jobs: int | None = config.getoption("--torture-jobs")
+    return int(_env_number("WALKIT_TORTURE_JOBS", 2)) if jobs is None else jobs
+
+
+@pytest.fixture(scope="session")
+def torture_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The session's torture seeds, run ``--torture-jobs`` at a time in processes of their
+    own (tests/torture_run.py); each ``test_torture[seed]`` waits for its seed's report."""
+    from torture_run import TortureRuns
+
+    config = request.config
+    runs = TortureRuns(torture_seeds(config), torture_seconds(config), torture_jobs(config),
+                       tmp_path_factory.mktemp("torture"))
+    config.stash[_TORTURE_RUNS] = runs
+    try:
+        yield runs
+    finally:
+        runs.stop()
+
+
+_TORTURE_RUNS = pytest.StashKey[Any]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """One line per torture seed run: faults injected, records acknowledged, anomalies."""
+    runs = config.stash.get(_TORTURE_RUNS, None)
+    if runs is None or not runs.reports:
+        return
+    terminalreporter.section("torture runs")
+    for seed, report in sorted(runs.reports.items()):
+        plan = report.plan
+        terminalreporter.write_line(
+            f"seed {seed:3d} ({plan.mode}, {plan.metadata}, {plan.seconds:g} s, {runs.walls.get(seed, 0):.0f} s wall): "
+            f"{len(plan.faults)} faults, {report.counts.get('acked', 0)} records acknowledged, "
+            f"{len(report.anomalies)} anomalies")

@@ -1,19 +1,22 @@
-"""Torture runs (issue 7): seeded faults against a WAL workload, judged by the history
-checker; and the checker itself, fed histories with each anomaly.
+"""Torture runs (issue 7): seeded faults against a WAL workload and a raw-ledger workload,
+judged by the history checker; and the checker itself, fed histories with each anomaly.
 
-``pytest -m torture`` runs only the seeded runs; ``--torture-seed N --torture-seconds S``
-reproduces one (docs/reliability.md)."""
+``pytest -m torture`` runs only the seeded runs (20 seeds of 30 s, two at a time, each in a
+process of its own: tests/torture_run.py); ``--torture-seed N`` reproduces one
+(docs/reliability.md)."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 
-from conftest import torture_seconds, torture_seeds
-from torture_history import Anomaly, History, Read, check
-from torture_support import BOOKIES, QA, QW, Fault, make_plan, payload, torture
+from conftest import torture_seeds
+from torture_history import Anomaly, History, Read, check, late_acknowledgments
+from torture_ledgers import ledger_payload
+from torture_support import BOOKIES, QA, QW, ZK_DOWN, ZK_FAULT, ZK_VICTIMS, Fault, Report, make_plan, payload
+from torture_run import TortureRuns
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -84,6 +87,22 @@ def test_an_acknowledgment_after_a_newer_writer_opened_is_reported() -> None:
     assert check(h, _log(*CLEAN_LOG)) == []
 
 
+def test_a_fenced_ledger_may_see_late_acks_inside_its_recovered_end_only() -> None:
+    h = _history(CLEAN)  # writer 1's acks come at 1.5, 2.5, 3.5 (the shape matters, not ledger-like LSNs)
+    h.fenced(1, 3.0, (1, 1, 0))  # recovered up to record 3 at 3.0: its ack at 3.5 was only late
+    assert check(h, _log(*CLEAN_LOG)) == []
+    assert [(a.writer, a.seq) for a in late_acknowledgments(h)] == [(1, 3)]
+    h = _history(CLEAN)
+    h.fenced(1, 3.0, (1, 0, 1))  # recovered up to record 2: record 3's ack got past the fence
+    found = check(h, _log(*CLEAN_LOG[:2]))
+    assert _kinds(found) == ["ack-after-failover", "lost"] and "writer 1 record 3" in found[0].detail
+    assert late_acknowledgments(h) == []
+    h = _history(CLEAN)
+    h.fenced(1, 1.0, (1, 0, 0))  # the earliest recovery open counts: a later one ended the same
+    h.fenced(1, 9.0, (1, 0, 0))
+    assert _kinds(check(h, _log(*CLEAN_LOG))) == ["ack-after-failover", "ack-after-failover"]
+
+
 def test_reads_must_be_prefixes_of_the_log_and_complete_reads_hold_everything() -> None:
     h = _history(CLEAN)
     flip = h.read("tail", "tail", 1.0)  # returned an unacknowledged record that later went away
@@ -117,27 +136,39 @@ def test_plans_are_reproducible_and_within_the_limits(seed: int) -> None:
         at = fault.start
         assert _overlapping(plan.faults, at, {"kill", "damage-journal"}) <= QW - QA, plan
         assert _overlapping(plan.faults, at, {"kill", "damage-journal", "partition", "read-only"}) <= 2, plan
-        assert fault.kind in {"failover", "expire-writer"} or 0 <= fault.bookie < BOOKIES
+        assert fault.kind in {"failover", "expire-writer", ZK_FAULT} or 0 <= fault.bookie < BOOKIES
     assert len({f.bookie for f in plan.faults if f.kind == "damage-journal"}) <= QA - 1
+    zk = [f for f in plan.faults if f.kind == ZK_FAULT]
+    assert (plan.metadata == "zk3") == bool(zk), plan
+    for fault in zk:  # one node down at a time, each for 1 to 4 s, inside the run
+        assert _overlapping(plan.faults, fault.start, {ZK_FAULT}) == 1 and fault.how in ZK_VICTIMS, plan
+        assert ZK_DOWN[0] <= fault.end - fault.start <= ZK_DOWN[1] and fault.end <= plan.seconds, plan
+    assert [f.start for f in plan.faults] == sorted(f.start for f in plan.faults)
     assert payload(seed, 1, 1) == payload(seed, 1, 1) != payload(seed, 1, 2)
+    assert ledger_payload(seed, 1, 1) == ledger_payload(seed, 1, 1) != ledger_payload(seed, 1, 2)
+
+
+def test_a_report_is_plain_data() -> None:
+    report = Report(make_plan(0, 5.0), counts={"acked": 1}, anomalies=[Anomaly("lost", "ledger: x")])
+    assert pickle.loads(pickle.dumps(report)) == report
 
 
 def test_plans_cover_every_fault_kind() -> None:
     kinds = {f.kind for seed in range(20) for f in make_plan(seed, 5.0).faults}
     assert kinds == {"kill", "damage-journal", "failover", "partition", "slow-disk", "read-only", "expire-bookie",
-                     "expire-writer"}
+                     "expire-writer", ZK_FAULT}
     assert {(p.mode, p.metadata) for p in map(lambda s: make_plan(s, 5.0), range(20))} == {
-        ("processes", "local"), ("processes", "zk"), ("hooks", "local"), ("hooks", "zk")}
+        (mode, metadata) for mode in ("processes", "hooks") for metadata in ("local", "zk", "zk3")}
+    assert {f.how for seed in range(20) for f in make_plan(seed, 5.0).faults if f.kind == ZK_FAULT} == set(ZK_VICTIMS)
 
 
 # -- the runs --------------------------------------------------------------------------------------
 
 @pytest.mark.torture
-@pytest.mark.timeout(300)
-def test_torture(torture_seed: int, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    plan = make_plan(torture_seed, torture_seconds(request.config))
-    zookeeper = request.getfixturevalue("zk_server").hosts if plan.metadata == "zk" else None
-    report = torture(plan, tmp_path, zookeeper)
+@pytest.mark.timeout(600)
+def test_torture(torture_seed: int, torture_runs: TortureRuns, request: pytest.FixtureRequest) -> None:
+    """Seed ``torture_seed``'s run (started with the seeds around it: tests/torture_run.py)."""
+    report = torture_runs.report(torture_seed, lambda: request.getfixturevalue("zk_server").hosts)
     print(report)
     assert report.counts["acked"] > 0, f"nothing was acknowledged\n{report}"
     assert not report.anomalies, f"anomalies found\n{report}"

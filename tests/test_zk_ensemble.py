@@ -247,6 +247,45 @@ def test_session_survives_loss_of_its_server(zk_ensemble: ZooKeeperEnsemble,
     assert SessionState.LOST not in log.states
 
 
+def test_a_session_between_nodes_is_expired_once_it_is_back(zk_ensemble: ZooKeeperEnsemble,
+                                                             stores: Callable[[], ZooKeeperStore], base: str) -> None:
+    """The expiry test hook, called just after the client's node died (the session is
+    suspended, its id not at hand), waits for the client to be back and then expires it."""
+    store = stores()
+    log = StateLog()
+    store.add_session_listener(log)
+    session = store.session_id
+    holder: list[int | None] = [None]
+
+    def found() -> bool:
+        holder[0] = zk_ensemble.node_of_session(session)
+        return holder[0] is not None
+
+    wait_until(found, f"a node listing session 0x{session:x} in 'cons'")
+    assert holder[0] is not None
+    zk_ensemble.kill(holder[0])  # and a second node: no quorum, so the client stays between nodes
+    zk_ensemble.kill(next(i for i in range(ZooKeeperEnsemble.SIZE) if i != holder[0]))
+    wait_until(lambda: store._client.client_id is None, "the client to notice its node is gone")
+    errors: list[BaseException] = []
+
+    def expire() -> None:
+        try:
+            store.expire_session()
+        except BaseException as exc:  # noqa: BLE001 - the test reports it below
+            errors.append(exc)
+
+    expiring = threading.Thread(target=expire)
+    expiring.start()
+    time.sleep(1.0)
+    assert expiring.is_alive() and not errors  # waiting for a session, not failing on its absence
+    zk_ensemble.restore()
+    expiring.join(60)
+    assert not expiring.is_alive() and not errors, errors
+    wait_until(lambda: store.session_id not in (0, session), "a new session after the expiry")
+    assert SessionState.LOST in log.states
+    store.create(f"{base}/after-expiry", b"x")  # and the store works on the new one
+
+
 def test_second_client_sees_ephemeral_throughout(zk_ensemble: ZooKeeperEnsemble,
                                                  stores: Callable[[], ZooKeeperStore], base: str) -> None:
     """While the leader is killed, another client polling and watching the owner's

@@ -13,7 +13,8 @@ What the checker reports (:class:`Anomaly` kinds; docs/reliability.md explains e
 ``altered``             the reference holds other bytes at an acknowledged record's LSN
 ``lsn-reused``          two acknowledged records were given the same LSN
 ``ack-order``           a writer's acknowledgments are not in its send order (LSNs)
-``ack-after-failover``  a writer got an acknowledgment after a newer writer's open completed
+``ack-after-failover``  a writer got an acknowledgment after a newer writer's open completed,
+                        or (ledgers) for an entry past the end its ledger was recovered at
 ``phantom``             a read returned bytes no writer ever sent
 ``duplicate``           a read returned one record twice
 ``read-order``          a read's LSNs do not strictly increase
@@ -21,6 +22,12 @@ What the checker reports (:class:`Anomaly` kinds; docs/reliability.md explains e
 ``divergence``          a read is not a prefix of the reference (a returned record went away,
                         changed, or moved: the log flip-flopped)
 ``missed``              a read that should have seen everything lacks an acknowledged record
+
+Ledgers are recorded in the same shape (docs/reliability.md): ledger k is writer k and
+its entry e the record at (k, e, 0). A recovery open that fenced a ledger is recorded
+with :meth:`History.fenced`: the fenced writer may still see acknowledgments arrive for
+entries the recovery found and kept (their bookies had them before the fence; the
+answers were in flight), but never for an entry past the recovered end.
 
 A failed append is an unknown outcome (as BookKeeper's LedgerFenced or a timeout): the
 record may or may not be in the log, and either is fine, but once read it must stay.
@@ -34,7 +41,7 @@ from collections.abc import Iterable, Sequence
 
 Lsn = tuple[int, int, int]  # (segment, entry, slot), ordered as walkit.LSN
 
-__all__ = ["Lsn", "Append", "Read", "Anomaly", "History", "check"]
+__all__ = ["Lsn", "Append", "Read", "Anomaly", "History", "check", "late_acknowledgments"]
 
 
 @dataclasses.dataclass
@@ -79,11 +86,18 @@ class History:
         self._lock = threading.Lock()
         self.appends: dict[tuple[int, int], Append] = {}
         self.opened_at: dict[int, float] = {}
+        self.fences: list[tuple[int, float, Lsn]] = []  # (writer, when, last record kept)
         self.reads: list[Read] = []
 
     def opened(self, writer: int, at: float) -> None:
         with self._lock:
             self.opened_at[writer] = at
+
+    def fenced(self, writer: int, at: float, last: Lsn) -> None:
+        """A recovery open of ``writer``'s ledger returned at ``at``, the ledger closed
+        with ``last`` as its last record (entry id -1 when empty)."""
+        with self._lock:
+            self.fences.append((writer, at, last))
 
     def sent(self, writer: int, seq: int, payload: bytes, at: float) -> None:
         with self._lock:
@@ -158,6 +172,30 @@ def _check_failover(history: History) -> Iterable[Anomaly]:
                 yield Anomaly("ack-after-failover", f"{_name(a)} acknowledged at {_lsn(a.lsn)} "
                                                     f"{a.acked_at - opened:.3f} s after writer {newer} opened")
                 break
+    for a, late, last in _after_fences(history):
+        if a.lsn is not None and a.lsn > last:
+            yield Anomaly("ack-after-failover", f"{_name(a)} acknowledged at {_lsn(a.lsn)} {late:.3f} s "
+                                                f"after a recovery closed its ledger at {_lsn(last)}")
+
+
+def late_acknowledgments(history: History) -> list[Append]:
+    """Acknowledgments that came after a recovery open of their ledger returned, for
+    records inside the recovered ledger: allowed (the entry was on Qa bookies before the
+    fence, only the answers were late), and counted in the report."""
+    return [a for a, _, last in _after_fences(history) if a.lsn is not None and a.lsn <= last]
+
+
+def _after_fences(history: History) -> Iterable[tuple[Append, float, Lsn]]:
+    """Each acknowledgment that came after the first recovery open of its writer's
+    ledger returned, with how long after (seconds) and the recovered last record."""
+    first: dict[int, tuple[float, Lsn]] = {}
+    for writer, at, last in history.fences:
+        if writer not in first or at < first[writer][0]:
+            first[writer] = (at, last)
+    for a in history.appends.values():
+        fence = first.get(a.writer)
+        if fence is not None and a.acked_at is not None and a.acked_at > fence[0]:
+            yield a, a.acked_at - fence[0], fence[1]
 
 
 def _check_read(read: Read, acked: Sequence[Append], payloads: set[bytes], reference: Read) -> Iterable[Anomaly]:

@@ -1,5 +1,6 @@
-"""Seeded torture runs: a WAL workload on a real cluster under random faults, recorded
-as a :class:`~torture_history.History` and judged by :func:`torture_history.check`.
+"""Seeded torture runs: a WAL workload and a raw-ledger workload on a real cluster
+under random faults, each recorded as a :class:`~torture_history.History` and judged by
+:func:`torture_history.check`.
 
 Theory of operation
 -------------------
@@ -22,21 +23,31 @@ Two cluster kinds, because each fault needs one or the other:
                writer's client, writer failover (the next writer opens while the old one
                keeps appending; then the old client is closed under it).
 
-Either runs on the embedded ``local://`` store or a real ZooKeeper (the suite's).
+Either runs on the embedded ``local://`` store, a real standalone ZooKeeper (``zk``: the
+suite's, passed in by the caller) or a 3-node ZooKeeper ensemble the run starts for
+itself (``zk3``), whose plans add the fault ``zk-node-down``: SIGKILL of one node (the
+leader, or the node holding the ledger writer's session) for 1 to 4 s, then a restart,
+never two nodes down at once. ``zk3`` plans are ``zk`` plans with the ZooKeeper faults
+drawn from a second stream, ``random.Random(f"{seed}/zk")``: the bookie faults of
+every seed stay what they were before ``zk3`` existed.
+
 The plan keeps the cluster usable: 5 bookies, ensembles of 3 with Qw = 3 and Qa = 2,
 at most Qw - Qa = 1 bookie down at a time, at most 2 bookies impaired (down,
 partitioned or read-only) at a time, and journal damage on at most Qa - 1 = 1 bookie
 per run (damaging a second one could destroy the two copies of an acknowledged entry,
 which no replication scheme survives).
 
-The workload: one writer at a time appends records with a window of futures; a reader
-thread tails the log from the start (restarting after its last record on errors); a
+The WAL workload: one writer at a time appends records with a window of futures; a
+reader thread tails the log from the start (restarting after its last record on errors); a
 second reader replays the whole log every ``REPLAY_EVERY`` seconds. A writer that fails
 (fenced, too few bookies) is replaced by a new one, as an application would.
 After the faults end, every fault is lifted, the last writer closes, a fresh writer
 opens and closes (recovering whatever the previous ones left open), a fresh reader
 replays the log (the reference), the tail must catch up with it, and a second fresh
-reader must read the same.
+reader must read the same. The ledger workload (tests/torture_ledgers.py) runs beside
+it on clients of its own: ledgers written one after another, fenced by recovery opens
+(periodic, and at each ``failover`` fault), followed by a reader; after the faults every
+ledger is recovered and read whole (its reference) and read again by a fresh client.
 """
 
 from __future__ import annotations
@@ -54,13 +65,17 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import walkit
 from torture_history import Anomaly, History, Lsn, Read, check
+from torture_ledgers import LedgerWorkload
 from walkit import LSN, WriteAheadLog
 from walkit.errors import UsageError, WalkitError
 from walkit.testing import FaultyCluster
+
+if TYPE_CHECKING:
+    from zk_support import ZooKeeperEnsemble
 
 BOOKIES, ENSEMBLE, QW, QA = 5, 3, 3, 2
 LOG = "torture"
@@ -75,6 +90,9 @@ PROCESS_FAULTS = ("kill", "kill", "damage-journal", "failover")
 _DOWN = {"kill", "damage-journal"}
 _IMPAIRING = _DOWN | {"partition", "read-only"}
 _INSTANT = {"expire-bookie", "expire-writer", "failover"}
+ZK_FAULT = "zk-node-down"
+ZK_DOWN = (1.0, 4.0)  # seconds a ZooKeeper node stays down
+ZK_VICTIMS = ("leader", "session")  # the leader, or the node of the ledger writer's session
 _WRITER_SCRIPT = Path(__file__).with_name("torture_writer.py")
 
 
@@ -107,12 +125,13 @@ class Plan:
     seed: int
     seconds: float
     mode: str  # "processes" or "hooks"
-    metadata: str  # "local" or "zk"
+    metadata: str  # "local", "zk" (standalone, the caller's) or "zk3" (an ensemble of the run's own)
     faults: tuple[Fault, ...]
 
 
 def make_plan(seed: int, seconds: float) -> Plan:
-    """The run ``seed`` names: cluster kind, metadata store, fault schedule."""
+    """The run ``seed`` names: cluster kind, metadata store, fault schedule. Half the
+    ``zk`` plans are ``zk3`` plans, with ``zk-node-down`` faults from a second stream."""
     rng = random.Random(seed)
     mode = rng.choice(["processes", "hooks"])
     metadata = rng.choice(["local", "zk"])
@@ -126,7 +145,23 @@ def make_plan(seed: int, seconds: float) -> Plan:
         if fault is not None:
             faults.append(fault)
         t += rng.uniform(0.2, 1.0)
-    return Plan(seed, seconds, mode, metadata, tuple(faults))
+    zk_rng = random.Random(f"{seed}/zk")
+    if metadata == "zk" and zk_rng.random() < 0.5:
+        metadata = "zk3"
+        faults += _zk_faults(zk_rng, seconds)
+    return Plan(seed, seconds, mode, metadata, tuple(sorted(faults, key=lambda f: f.start)))
+
+
+def _zk_faults(rng: random.Random, seconds: float) -> list[Fault]:
+    """``zk-node-down`` faults one after another (one node down at a time), each 1 to 4 s
+    (less when the run ends first, never under 1 s), 0.5 to 2 s apart."""
+    faults: list[Fault] = []
+    t = rng.uniform(0.5, 1.5)
+    while t <= seconds - ZK_DOWN[0]:
+        end = min(seconds, t + rng.uniform(*ZK_DOWN))
+        faults.append(Fault(t, end, ZK_FAULT, how=rng.choice(ZK_VICTIMS)))
+        t = end + rng.uniform(0.5, 2.0)
+    return faults
 
 
 def _place(rng: random.Random, fault: Fault, placed: list[Fault], mode: str) -> Fault | None:
@@ -189,13 +224,14 @@ class HookCluster:
             c.slow_disk(b, float(fault.how.split()[0]))
         elif fault.kind == "read-only":
             c.set_read_only(b, True)
-        elif fault.kind == "expire-bookie":
-            c.expire_session(b)
-        elif fault.kind == "expire-writer":
-            bk = workload.current_client()
-            if bk is None:
+        elif fault.kind in ("expire-bookie", "expire-writer"):
+            bk = workload.current_client() if fault.kind == "expire-writer" else None
+            if fault.kind == "expire-writer" and bk is None:
                 return "no in-process writer client"
-            c.expire_session(client=bk)
+            if bk is None:  # a session between ZooKeeper nodes is expired once it is back on one
+                c.expire_session(b)
+            else:
+                c.expire_session(client=bk)
         elif fault.kind == "failover":
             return workload.failover(fault.how)
         return "done"
@@ -264,6 +300,87 @@ class ProcessCluster:
                 self._refused.add(i)
             raise
         return "restarted"
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
+class EnsembleFaults:
+    """A cluster whose metadata store is a 3-node ZooKeeper ensemble: ``zk-node-down``
+    here, every other fault passed on to the bookies' cluster. A node's restart does not
+    hold up the schedule (a JVM takes seconds to serve): a thread waits for it, and the
+    next ``zk-node-down`` waits for that thread, so one node at most is ever down."""
+
+    def __init__(self, cluster: Cluster, ensemble: ZooKeeperEnsemble) -> None:
+        self.cluster = cluster
+        self.metadata_uri = cluster.metadata_uri
+        self.ensemble = ensemble
+        self.session_client: Callable[[], walkit.BookKeeper | None] = lambda: None
+        self._down: dict[Fault, int] = {}
+        self._restarting: threading.Thread | None = None
+        self.notes: list[str] = []
+
+    def begin(self, fault: Fault, workload: Workload) -> str:
+        if fault.kind != ZK_FAULT:
+            return self.cluster.begin(fault, workload)
+        e = self.ensemble
+        self._wait_restart()
+        not_serving = [i for i in range(e.SIZE) if not e.mode(i)]
+        if not_serving:
+            return f"left alone: node {not_serving[0]} is not serving"
+        try:
+            victim, why = self._victim(fault.how)
+            e.kill(victim)
+        except RuntimeError as exc:
+            return f"failed: {str(exc).splitlines()[0][:200]}"
+        self._down[fault] = victim
+        return f"killed node {victim} ({why})"
+
+    def _victim(self, how: str) -> tuple[int, str]:
+        """The node to kill: the leader, or the node holding the session of the ledger
+        writer's client (the leader when that is not known)."""
+        client = self.session_client() if how == "session" else None
+        if client is not None:
+            session = getattr(client._cluster.store, "session_id", 0)
+            node = self.ensemble.node_of_session(session) if session else None
+            if node is not None:
+                return node, f"the ledger writer's session 0x{session:x}"
+        return self.ensemble.leader(timeout=10), "leader"
+
+    def end(self, fault: Fault) -> str:
+        if fault.kind != ZK_FAULT:
+            return self.cluster.end(fault)
+        victim = self._down.pop(fault, None)
+        if victim is None:
+            return "nothing to do"
+
+        def restart() -> None:
+            self.notes.append(f"ZooKeeper node {victim} restarted: {self._restart(victim)}")
+
+        self._restarting = threading.Thread(target=restart, name="torture-zk-restart", daemon=True)
+        self._restarting.start()
+        return f"restarting node {victim}"
+
+    def _wait_restart(self) -> None:
+        if self._restarting is not None:
+            self._restarting.join()
+            self._restarting = None
+
+    def _restart(self, i: int) -> str:
+        started = time.monotonic()
+        try:
+            if not self.ensemble.running(i):
+                self.ensemble.start(i)
+            self.ensemble.wait_serving(i)
+        except RuntimeError as exc:
+            return f"failed: {str(exc).splitlines()[0][:200]}"
+        return f"serving after {time.monotonic() - started:.1f} s"
+
+    def lift_all(self) -> list[str]:
+        self._wait_restart()
+        notes = [f"restart of ZooKeeper node {i}: {self._restart(i)}" for i in range(self.ensemble.SIZE)
+                 if not self.ensemble.mode(i)]
+        return self.notes + notes + self.cluster.lift_all()
 
     def stop(self) -> None:
         self.cluster.stop()
@@ -344,7 +461,7 @@ def pump(wal: WriteAheadLog, seed: int, writer: int, stop: threading.Event,
         except WalkitError as exc:
             on_fail(seq, f"{type(exc).__name__}: {str(exc)[:200]}")
             return
-        fut.add_done_callback(lambda f, seq=seq: done(seq, f))
+        fut.add_done_callback(functools.partial(done, seq))
 
 
 def open_log(bk: walkit.BookKeeper, attempts: int = 5) -> WriteAheadLog:
@@ -630,7 +747,23 @@ class Workload:
 # -- one run -------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
+class LedgerCounts:
+    """What the ledger workload did (``counts`` as :meth:`History.counts`)."""
+
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    ledgers: int = 0  # created
+    failovers: int = 0  # recovery opens of the writer's current ledger
+    late_acks: int = 0  # acknowledgments after the recovery open, inside the recovered ledger
+    entries: int = 0  # in the reference
+    follower_records: int = 0
+    follower_errors: int = 0
+
+
+@dataclasses.dataclass
 class Report:
+    """One run, as plain data (picklable: a run may happen in a worker process).
+    ``anomalies`` holds both workloads', their details prefixed ``wal:`` or ``ledger:``."""
+
     plan: Plan
     events: list[str] = dataclasses.field(default_factory=list)
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -639,6 +772,7 @@ class Report:
     tail_records: int = 0
     tail_errors: int = 0
     log_records: int = 0
+    ledger: LedgerCounts = dataclasses.field(default_factory=LedgerCounts)
     anomalies: list[Anomaly] = dataclasses.field(default_factory=list)
 
     def __str__(self) -> str:
@@ -649,14 +783,21 @@ class Report:
                  f"  records: {self.counts}, writers opened: {self.writers}, log: {self.log_records} records",
                  f"  reads: {self.replays} replays, tail {self.tail_records} records ({self.tail_errors} errors "
                  f"resumed)",
+                 f"  ledgers: {self.ledger.counts}, ledgers created: {self.ledger.ledgers}, failovers: "
+                 f"{self.ledger.failovers}, late acks inside the recovered ledger: {self.ledger.late_acks}, "
+                 f"entries: {self.ledger.entries}",
+                 f"  ledger reads: follower {self.ledger.follower_records} entries ({self.ledger.follower_errors} "
+                 f"errors resumed)",
                  f"  anomalies: {len(self.anomalies)}", *(f"    {a}" for a in self.anomalies[:30]),
                  f"  reproduce: pytest tests/test_torture.py -m torture --torture-seed {p.seed} "
                  f"--torture-seconds {p.seconds:g}"]
         return "\n".join(lines)
 
 
-def run_faults(plan: Plan, cluster: Cluster, workload: Workload, report: Report, t0: float) -> None:
-    """Begin and end each fault at its planned offset (late when an earlier one blocked)."""
+def run_faults(plan: Plan, cluster: Cluster, workload: Workload, report: Report, t0: float,
+               ledgers: LedgerWorkload | None = None) -> None:
+    """Begin and end each fault at its planned offset (late when an earlier one blocked);
+    a ``failover`` fails the ledger workload over too."""
     events = sorted([(f.start, 0, f) for f in plan.faults] +
                     [(f.end, 1, f) for f in plan.faults if f.kind not in _INSTANT], key=lambda e: (e[0], e[1]))
     for at, phase, fault in events:
@@ -664,6 +805,8 @@ def run_faults(plan: Plan, cluster: Cluster, workload: Workload, report: Report,
         if delay > 0:
             time.sleep(delay)
         verb = "end" if phase else "begin"
+        if fault.kind == "failover" and ledgers is not None:
+            ledgers.failover()
         action = functools.partial(cluster.end, fault) if phase else functools.partial(cluster.begin, fault, workload)
         outcome = _attempt(action)
         report.events.append(f"{time.monotonic() - t0:6.2f}s {verb} {fault.kind}"
@@ -671,21 +814,42 @@ def run_faults(plan: Plan, cluster: Cluster, workload: Workload, report: Report,
 
 
 def torture(plan: Plan, directory: Path, zookeeper: str | None) -> Report:
-    """Run ``plan`` in ``directory`` (``zookeeper``: connect string when the plan wants one)."""
-    uri = f"zk://{zookeeper}/torture-{os.getpid()}-{time.monotonic_ns()}/ledgers" if plan.metadata == "zk" else None
+    """Run ``plan`` in ``directory`` (``zookeeper``: the standalone server's connect string
+    for a ``zk`` plan; a ``zk3`` plan starts and stops an ensemble of its own)."""
+    ensemble: ZooKeeperEnsemble | None = None
+    if plan.metadata == "zk3":
+        from zk_support import ZooKeeperEnsemble
+
+        ensemble = ZooKeeperEnsemble()
+    try:
+        hosts = ensemble.hosts if ensemble is not None else zookeeper
+        uri = f"zk://{hosts}/torture-{os.getpid()}-{time.monotonic_ns()}/ledgers" if plan.metadata != "local" else None
+        return _run(plan, directory, uri, ensemble)
+    finally:
+        if ensemble is not None:
+            ensemble.stop()
+
+
+def _run(plan: Plan, directory: Path, uri: str | None, ensemble: ZooKeeperEnsemble | None) -> Report:
     report = Report(plan)
     history = History()
     kind = ProcessCluster if plan.mode == "processes" else HookCluster
-    cluster: Cluster = kind(directory / "cluster", uri)
+    bookies: Cluster = kind(directory / "cluster", uri)
+    cluster = EnsembleFaults(bookies, ensemble) if ensemble is not None else bookies
+    ledgers: LedgerWorkload | None = None
     try:
         workload = Workload(cluster.metadata_uri, plan.seed, history, in_process=plan.mode == "hooks")
+        ledgers = LedgerWorkload(cluster.metadata_uri, plan.seed, CLIENT)
+        if isinstance(cluster, EnsembleFaults):
+            cluster.session_client = ledgers.client
         t0 = time.monotonic()  # fault offsets count from a running workload
         try:
-            run_faults(plan, cluster, workload, report, t0)
+            run_faults(plan, cluster, workload, report, t0, ledgers)
             time.sleep(max(0.0, t0 + plan.seconds - time.monotonic()))
             report.events += cluster.lift_all()
         finally:
             workload.finish()
+            ledgers.finish()
             report.events += workload.notes
             workload.replayer.close()
         workload.recover()
@@ -703,16 +867,28 @@ def torture(plan: Plan, directory: Path, zookeeper: str | None) -> Report:
             replay_once(bk, second)
         second.complete = True
         history.reads.remove(reference)
-        report.anomalies = check(history, reference)
+        anomalies = check(history, reference)
         if reference.errors:
-            report.anomalies.append(Anomaly("missed", f"the reference replay failed: {reference.errors[0]}"))
+            anomalies.append(Anomaly("missed", f"the reference replay failed: {reference.errors[0]}"))
+        report.anomalies = [Anomaly(a.kind, f"wal: {a.detail}") for a in anomalies]
         report.counts = history.counts()
         report.writers = workload.writers
         report.replays = workload.replayer.count
         report.tail_records = len(workload.tail.read.records)
         report.tail_errors = len(workload.tail.read.errors)
         report.log_records = len(reference.records)
+        ledger_anomalies, ledger_reference = ledgers.judge()
+        report.anomalies += ledger_anomalies
+        report.events += [f"ledgers: {note}" for note in ledgers.notes]
+        follower = ledgers.follower
+        report.ledger = LedgerCounts(
+            ledgers.history.counts(), len(ledgers.ledgers.ids),
+            ledgers.recoverer.failovers if ledgers.recoverer is not None else 0, ledgers.late_acks(),
+            len(ledger_reference.records), len(follower.read.records) if follower is not None else 0,
+            len(follower.read.errors) if follower is not None else 0)
     finally:
+        if ledgers is not None:
+            ledgers.close()
         with contextlib.suppress(WalkitError):
             cluster.stop()
     return report

@@ -24,6 +24,7 @@ in the URI, so keep configuration files holding it private.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -160,10 +161,18 @@ class ZooKeeperStore:
             for cb in listeners:
                 cb(SessionState.CONNECTED)
 
-    def expire_session(self) -> None:
+    def expire_session(self, timeout: float = 30.0) -> None:
         """Test hook: make the server expire this session (ZooKeeper's own recipe: a
-        second client with the same session id connects and closes)."""
-        sid, passwd = self._client.client_id
+        second client with the same session id connects and closes). While the client is
+        between servers (its node died) the session is only suspended and its id is not
+        at hand: wait up to ``timeout`` for the client to be back on it."""
+        deadline = time.monotonic() + timeout
+        while (ident := self._client.client_id) is None:
+            if time.monotonic() >= deadline:
+                raise MetadataUnavailableError("no session to expire: the client is not connected",
+                                               hosts=self.hosts, timeout=timeout)
+            time.sleep(0.05)
+        sid, passwd = ident
         other = KazooClient(hosts=self.hosts, client_id=(sid, passwd))
         other.start(timeout=15)
         other.stop()
