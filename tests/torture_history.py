@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Iterable, Sequence
 
 Lsn = tuple[int, int, int]  # (segment, entry, slot), ordered as walkit.LSN
@@ -68,6 +69,13 @@ class Read:
     records: list[tuple[Lsn, bytes]] = dataclasses.field(default_factory=list)
     complete: bool = False
     errors: list[str] = dataclasses.field(default_factory=list)
+
+    def wait_for(self, count: int, timeout: float) -> bool:
+        """Whether the read (a tail's, still running) holds ``count`` records within ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while len(self.records) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return len(self.records) >= count
 
 
 @dataclasses.dataclass(frozen=True)

@@ -618,10 +618,7 @@ class Tail:
                 time.sleep(0.2)
 
     def catch_up(self, count: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while len(self.read.records) < count and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return len(self.read.records) >= count
+        return self.read.wait_for(count, timeout)
 
     def close(self) -> None:
         self._reader.close()
