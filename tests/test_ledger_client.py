@@ -7,7 +7,9 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -457,6 +459,23 @@ def test_tls_bookies(tmp_path: Path, driver: Driver) -> None:
                 lh.add_entry(b"unverified bookie")
 
 
+def hold_entry(cluster: Any, members: Sequence[str], entry_id: int, release: threading.Event) -> None:
+    """The in-process bookies ``members`` hold their answer to ``entry_id`` until ``release``
+    is set (up to 30 s); every other add goes through."""
+    for member in members:
+        bookie = cluster.server(index_of(cluster, member)).bookie
+        assert bookie is not None
+        real = bookie.add_batch_cb
+
+        def held(adds: list, cb: object, real=real) -> None:  # type: ignore[no-untyped-def,type-arg]
+            if any(a.entry_id == entry_id for a in adds):
+                threading.Thread(target=lambda: (release.wait(30), real(adds, cb))).start()
+            else:
+                real(adds, cb)
+
+        bookie.add_batch_cb = held
+
+
 def test_an_add_future_cannot_be_cancelled_and_the_writer_goes_on(tmp_path: Path, driver: Driver) -> None:
     if driver.spec.driver != "local":
         pytest.skip("writer logic: one driver is enough")
@@ -464,19 +483,7 @@ def test_an_add_future_cannot_be_cancelled_and_the_writer_goes_on(tmp_path: Path
         lh = bk.create_ledger()
         lh.add_entry(b"first")
         release = threading.Event()
-        first = cluster.server(index_of(cluster, lh.metadata.ensembles[0][1][0])).bookie
-        second = cluster.server(index_of(cluster, lh.metadata.ensembles[0][1][1])).bookie
-        assert first is not None and second is not None
-        for bookie in (first, second):  # entry 1 waits on both; later entries go through
-            real = bookie.add_batch_cb
-
-            def held(adds: list, cb: object, real=real) -> None:  # type: ignore[no-untyped-def,type-arg]
-                if any(a.entry_id == 1 for a in adds):
-                    threading.Thread(target=lambda: (release.wait(30), real(adds, cb))).start()
-                else:
-                    real(adds, cb)
-
-            bookie.add_batch_cb = held  # type: ignore[method-assign]
+        hold_entry(cluster, lh.metadata.ensembles[0][1][:2], 1, release)  # entry 1 waits on both; later go through
         futures = [lh.add_entry_async(b"e%d" % i) for i in range(1, 4)]
         time.sleep(0.3)
         assert not futures[1].cancel() and futures[1].running()  # the add is under way: it is written anyway
@@ -639,18 +646,7 @@ def test_max_pending_adds_blocks_the_producer_until_an_add_completes(tmp_path: P
         lh = bk.create_ledger()
         lh.add_entry(b"zero")
         release = threading.Event()
-        for member in lh.metadata.ensembles[0][1]:  # no bookie answers entry 1 until released
-            bookie = cluster.server(index_of(cluster, member)).bookie
-            assert bookie is not None
-            real = bookie.add_batch_cb
-
-            def held(adds: list, cb: object, real=real) -> None:  # type: ignore[no-untyped-def,type-arg]
-                if any(a.entry_id == 1 for a in adds):
-                    threading.Thread(target=lambda: (release.wait(30), real(adds, cb))).start()
-                else:
-                    real(adds, cb)
-
-            bookie.add_batch_cb = held  # type: ignore[method-assign]
+        hold_entry(cluster, lh.metadata.ensembles[0][1], 1, release)  # no bookie answers entry 1 until released
         first = [lh.add_entry_async(b"one"), lh.add_entry_async(b"two")]
         third: list[object] = []
         producer = threading.Thread(target=lambda: third.append(lh.add_entry_async(b"three")))
