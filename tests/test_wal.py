@@ -291,18 +291,33 @@ def _lose_next_reply(wal: WriteAheadLog) -> None:
     ZooKeeper retry after a dropped connection sees)."""
     from walkit.errors import MetadataVersionError
 
-    node = wal._node
-    real = node.write
-    armed = [True]
+    _fail_write(wal._node, [MetadataVersionError("simulated lost reply")], lands=True)
 
-    def write(meta: object, version: int) -> int:
-        result = real(meta, version)  # type: ignore[arg-type]
-        if armed[0]:
-            armed[0] = False
-            raise MetadataVersionError("simulated lost reply")
-        return result
 
-    node.write = write  # type: ignore[method-assign,assignment]
+def _fail_write(node: object, errors: list[Exception], *, lands: bool, skip: int = 0) -> None:
+    """The log node's writes after the next ``skip`` fail with ``errors`` (one each): after
+    landing (``lands``: the reply was lost, as when the session expires with the write in
+    flight) or before. ``node`` is a ``_LogNode`` or the class itself (for ``open``)."""
+    real = node.write  # type: ignore[attr-defined]
+    left = [skip]
+
+    def write(*args: object) -> int:
+        if left[0] > 0 or not errors:
+            left[0] -= 1
+            return real(*args)  # type: ignore[no-any-return]
+        if lands:
+            real(*args)
+        raise errors.pop(0)
+
+    node.write = write  # type: ignore[attr-defined]
+
+
+def _every_segment_readable(bk: walkit.BookKeeper, name: str) -> list[int]:
+    """The log's segments' ledgers, each asserted to exist."""
+    ledgers = [s.ledger_id for s in WriteAheadLog.reader(bk, name).metadata().segments]
+    for ledger_id in ledgers:
+        bk.ledger_metadata(ledger_id)  # NoSuchLedgerError: a segment's records are gone
+    return ledgers
 
 
 def test_metadata_changes_whose_reply_was_lost_are_not_applied_twice(bk: walkit.BookKeeper) -> None:
@@ -320,6 +335,71 @@ def test_metadata_changes_whose_reply_was_lost_are_not_applied_twice(bk: walkit.
         _lose_next_reply(wal)
         wal.snapshot(b"s2", x)
         assert wal.latest_snapshot().read() == b"s2"  # type: ignore[union-attr]
+
+
+def test_a_change_that_landed_though_it_failed_keeps_its_ledger(bk: walkit.BookKeeper,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A segment added to the log whose writer heard an error (its session expired with
+    the write in flight) is in the log: its ledger must stay (torture seed 12 lost a
+    writer's records this way), and the next writer goes on after it."""
+    from walkit.errors import SessionExpiredError
+    from walkit.wal._log import _LogNode
+
+    with monkeypatch.context() as patch:  # open: the claim lands, the segment's reply is lost
+        patch.setattr(_LogNode, "write", _LogNode.write)  # undone on leaving the context
+        _fail_write(_LogNode, [SessionExpiredError("simulated expiry")], lands=True, skip=1)
+        with pytest.raises(SessionExpiredError):
+            WriteAheadLog.open(bk, "landed", roll_bytes=300)
+    _every_segment_readable(bk, "landed")
+    with WriteAheadLog.open(bk, "landed") as wal:  # rolls at 300 bytes (the log's setting)
+        _fail_write(wal._node, [SessionExpiredError("simulated expiry")], lands=True)  # the roll's write
+        acked = [wal.append(b"a" * 400)]
+        with pytest.raises(SessionExpiredError):
+            wal.append(b"b" * 400)  # the roll's segment landed; the writer heard an error
+    ledgers = _every_segment_readable(bk, "landed")
+    assert len(ledgers) == 3
+    with WriteAheadLog.open(bk, "landed") as wal:
+        acked.append(wal.append(b"c"))
+        _fail_write(wal._node, [SessionExpiredError("simulated expiry")], lands=True)
+        with pytest.raises(SessionExpiredError):
+            wal.snapshot(b"state", acked[-1])  # its record landed: its ledger is kept
+        snapshot = wal.latest_snapshot()
+        assert snapshot is not None and snapshot.read() == b"state"
+    assert [lsn for lsn, _ in WriteAheadLog.reader(bk, "landed").replay()] == acked
+
+
+def test_a_change_that_surely_failed_deletes_its_ledger(bk: walkit.BookKeeper, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the store refused the write, or cannot tell, the answer decides: refused (and
+    settled by a write at the version read) deletes the ledger; unknown keeps it."""
+    from walkit.errors import MetadataUnavailableError
+    from walkit.wal._log import _LogNode
+
+    before = set(bk.list_ledgers())
+    with WriteAheadLog.open(bk, "refused", roll_bytes=300) as wal:
+        wal.append(b"a" * 400)
+        _fail_write(wal._node, [MetadataUnavailableError("simulated refusal")], lands=False)
+        with pytest.raises(MetadataUnavailableError):
+            wal.append(b"b" * 400)
+    segments = _every_segment_readable(bk, "refused")
+    assert set(bk.list_ledgers()) - before == set(segments)  # the roll's ledger was deleted
+    with monkeypatch.context() as patch:  # the store cannot even be read: keep the ledger
+        patch.setattr(_LogNode, "write", _LogNode.write)
+        _fail_write(_LogNode, [MetadataUnavailableError("simulated outage")], lands=False, skip=1)
+        real_read = _LogNode.read
+        calls = [0]
+
+        def read(self: _LogNode) -> object:
+            calls[0] += 1
+            if calls[0] > 2:  # the claim's and the segment add's reads work; the settling one not
+                raise MetadataUnavailableError("simulated outage")
+            return real_read(self)
+
+        patch.setattr(_LogNode, "read", read)
+        with pytest.raises(MetadataUnavailableError):
+            WriteAheadLog.open(bk, "refused")
+    kept = set(bk.list_ledgers()) - before - set(segments)
+    assert len(kept) == 1  # may be the log's: kept
+    assert _every_segment_readable(bk, "refused") == segments
 
 
 def test_an_older_snapshot_landing_late_is_refused(bk: walkit.BookKeeper) -> None:

@@ -413,19 +413,17 @@ class WriteAheadLog(_LogView):
 
         def add_segment() -> None:
             current, current_version = node.read()
+            if segment in current.segments:
+                return  # our own write, whose reply was lost
             if current.epoch != epoch:
                 raise WriterFencedError("another writer opened the log", log=node.name, epoch=epoch,
                                         current=current.epoch)
-            if segment in current.segments:
-                return  # our own write, whose reply was lost
             node.write(dataclasses.replace(current, segments=(*current.segments, segment)), current_version)
 
         try:
             await core.md(_retry_cas, add_segment)
         except BaseException:
-            await writer.close()
-            with contextlib.suppress(WalkitError):
-                await core.md(core.ledgers.delete, writer.ledger_id)
+            await _discard_segment(bk, node, writer, segment)
             raise
         writer.explicit_lac_interval = bk.config.explicit_lac_interval or EXPLICIT_LAC_INTERVAL
         wal = cls(bk, owned, node, password, epoch=epoch, settings=settings, segment=segment, writer=writer,
@@ -621,9 +619,7 @@ class WriteAheadLog(_LogView):
             try:
                 await core.md(_retry_cas, self._change, add)
             except BaseException:
-                await writer.close()
-                with contextlib.suppress(WalkitError):
-                    await core.md(core.ledgers.delete, writer.ledger_id)
+                await _discard_segment(self._bk, self._node, writer, segment)
                 raise
             writer.explicit_lac_interval = self._writer.explicit_lac_interval
             self._writer, self._segment = writer, segment
@@ -717,8 +713,12 @@ class WriteAheadLog(_LogView):
         except BaseException as exc:
             with contextlib.suppress(WalkitError):
                 handle.close()
-            with contextlib.suppress(WalkitError):
-                self._bk.delete_ledger(handle.ledger_id)
+            if _settle(self._node, lambda meta: any(s.ledger_id == handle.ledger_id for s in meta.snapshots)) is False:
+                with contextlib.suppress(WalkitError):
+                    self._bk.delete_ledger(handle.ledger_id)
+            else:
+                log.warning("log %s: snapshot ledger %d kept: it is, or may be, the log's latest snapshot",
+                            self.name, handle.ledger_id)
             if isinstance(exc, WriterFencedError):
                 self._fail(exc)
             raise
@@ -791,6 +791,46 @@ class WriteAheadLog(_LogView):
         else:
             with contextlib.suppress(WalkitError):
                 self.close()
+
+
+def _settle(node: _LogNode, present: Any) -> bool | None:
+    """After a change to the log node failed, whether it is in: True, False (and never
+    will be), or None (the metadata store cannot tell now).
+
+    A failed change may still have landed: its reply was lost, or it was retried and a
+    later attempt failed. Reading the node is not enough to say "no": a write whose
+    connection dropped can still be committed after the read. So a "no" is made final by
+    writing the node back unchanged at the version read: every write that expected an
+    older version can never apply. Only a final "no" lets the caller delete what the
+    change would have named (a segment's or a snapshot's ledger); anything else keeps it.
+    (Blocking: run it off the client loop.)"""
+    for _ in range(100):
+        try:
+            meta, version = node.read()
+            if present(meta):
+                return True
+            node.write(meta, version)
+            return False
+        except MetadataVersionError:
+            continue
+        except WalkitError as exc:
+            log.warning("log %s: cannot tell whether a failed metadata change landed: %s", node.name, exc)
+            return None
+    return None
+
+
+async def _discard_segment(bk: BookKeeper, node: _LogNode, writer: LedgerWriter, segment: Segment) -> None:
+    """A new segment could not be added to the log: close its ledger, and delete it only
+    if the segment is surely not in the log (its records would be lost with it)."""
+    with contextlib.suppress(WalkitError):
+        await writer.close()
+    core = bk._core
+    if await core.md(_settle, node, lambda meta: segment in meta.segments) is False:
+        with contextlib.suppress(WalkitError):
+            await core.md(core.ledgers.delete, writer.ledger_id)
+    else:
+        log.warning("log %s: ledger %d kept: it is, or may be, segment %d of the log", node.name,
+                    writer.ledger_id, segment.seq)
 
 
 def _retry_cas(fn: Any, *args: Any) -> None:
