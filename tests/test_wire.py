@@ -634,6 +634,42 @@ def test_pipelined_requests_answered_out_of_order() -> None:
     assert client.pending == 0
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["ok", "fenced", "lac", "unknown-id"]), min_size=1, max_size=40),
+       st.integers(0, 2000), st.booleans())
+def test_runs_of_add_answers_are_cut_like_any_other_frame(kinds: list[str], cut: int, acks: bool) -> None:
+    """The run-at-a-time path for EOK add answers (``receive``, ``receive_acks``) gives
+    what one frame at a time would: stream order, errors and other answers between the
+    runs, any split of the stream, and an answer to no pending request still fatal."""
+    client, server = ClientConnection(), ServerConnection()
+    expected: list[object] = []
+    frames: list[bytes] = []
+    for i, kind in enumerate(kinds):
+        if kind == "lac":
+            rid, _ = client.send(ReadLac(3))
+            answer: Response = ReadLacResponse(3, i, request_id=rid)
+        else:
+            rid, _ = client.send_add(AddEntry(3, i, KEY, b"x"))
+            if kind == "fenced":
+                answer = ErrorResponse(Op.ADD_ENTRY, Status.EFENCED, 3, i, "fenced", request_id=rid)
+            else:
+                answer = AddEntryResponse(3, i, request_id=rid + 10_000 if kind == "unknown-id" else rid)
+        frames.append(server.send(answer))
+        if kind == "unknown-id":
+            break
+        expected.append(rid if acks and kind == "ok" else answer)
+    stream = b"".join(frames)
+    cut = min(cut, len(stream))
+    receive = client.receive_acks if acks else client.receive
+    if kinds[len(frames) - 1] == "unknown-id":
+        with pytest.raises(ProtocolError, match="no pending request"):
+            receive(stream[:cut])
+            receive(stream[cut:])
+        return
+    assert receive(stream[:cut]) + receive(stream[cut:]) == expected
+    assert client.pending == 0
+
+
 def test_an_invalid_op_error_answers_any_pending_request() -> None:
     client = ClientConnection()
     rid, _ = client.send(AddEntry(1, 0, KEY, b""))

@@ -44,16 +44,16 @@ __all__ = ["BookieClient", "ResponseCallback", "client_ssl_context"]
 _log = logging.getLogger(__name__)
 R = TypeVar("R", bound=Response)
 ResponseCallback = Callable[[Response | None, WalkitError | None, Any], None]
-"""``(response, None, ctx)`` on success, ``(None, error, ctx)`` otherwise."""
+"""``(response, None, ctx)`` on success (``(None, None, ctx)`` for an ADD_ENTRY: durable is
+all its answer says), ``(None, error, ctx)`` otherwise."""
 
 
-def _to_future(response: Response | None, error: WalkitError | None, fut: asyncio.Future[Response]) -> None:
+def _to_future(response: Response | None, error: WalkitError | None, fut: asyncio.Future[Response | None]) -> None:
     if fut.done():
         return
     if error is not None:
         fut.set_exception(error)
     else:
-        assert response is not None
         fut.set_result(response)
 
 
@@ -142,21 +142,15 @@ class BookieClient:
         assert isinstance(response, BookieInfoResponse)
         return response
 
-    def add_entry_nowait(self, ledger_id: int, entry_id: int, master_key: bytes, data: bytes,
-                         recovery: bool = False) -> asyncio.Future[Response]:
-        """Send an add and return the future of its response (no coroutine per request:
-        what a pipelining writer wants). The future fails with the walkit error."""
-        return self._send(AddEntry(ledger_id, entry_id, master_key, data, recovery))
-
-    async def _call(self, request: Request) -> Response:
+    async def _call(self, request: Request) -> Response | None:
         return await self._send(request)
 
-    def _send(self, request: Request) -> asyncio.Future[Response]:
+    def _send(self, request: Request) -> asyncio.Future[Response | None]:
         if self._failure is not None:
             raise self._failure
         if self._transport is None or self._transport.is_closing():
             raise BookieUnavailableError("connection to bookie is closed", bookie=self.address)
-        fut: asyncio.Future[Response] = self._loop.create_future()
+        fut: asyncio.Future[Response | None] = self._loop.create_future()
         self._queue(request, _to_future, fut)
         return fut
 
@@ -212,7 +206,7 @@ class BookieClient:
     # -- responses ---------------------------------------------------------------------
     def _received(self, data: bytes) -> None:
         try:
-            responses = self._wire.receive(data)
+            responses = self._wire.receive_acks(data)
         except ProtocolError as exc:
             self._lost(exc)
             if self._transport is not None:
@@ -220,6 +214,17 @@ class BookieClient:
             return
         pending = self._pending
         for response in responses:
+            if response.__class__ is int:  # an add made durable: nothing to hand on but that
+                waiter = pending.pop(response, None)
+                if waiter is None:
+                    continue
+                cb, ctx = waiter
+                try:
+                    cb(None, None, ctx)
+                except Exception:  # one failing callback must not strand the other responses
+                    _log.exception("response callback failed")
+                continue
+            assert not isinstance(response, int)
             waiter = pending.pop(response.request_id, None)
             if waiter is None:
                 continue
