@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
-import time
 import tracemalloc
 from collections.abc import Iterator
 from typing import Any
