@@ -142,6 +142,13 @@ class BookieClient:
         assert isinstance(response, BookieInfoResponse)
         return response
 
+    def add_entry_nowait(self, ledger_id: int, entry_id: int, master_key: bytes, data: bytes,
+                         recovery: bool = False) -> asyncio.Future[Response | None]:
+        """Send an add and return the future of its answer: None once the entry is
+        durable (no coroutine per request: what a pipelining caller wants). The future
+        fails with the walkit error."""
+        return self._send(AddEntry(ledger_id, entry_id, master_key, data, recovery))
+
     async def _call(self, request: Request) -> Response | None:
         return await self._send(request)
 

@@ -1073,6 +1073,7 @@ class ClientConnection:
             raise self._error
         decoder, pending = self._decoder, self._pending
         src = decoder.join(data)
+        view = memoryview(src)  # runs of add answers are unpacked from it: no copy of the rest
         responses: list[Response | int] = []
         append = responses.append
         n, off, limit, length_of = len(src), 0, decoder.limit, _LENGTH.unpack_from
@@ -1090,7 +1091,7 @@ class ClientConnection:
                 if length == 28 and src[off + 5] == 0x81:  # ADD_ENTRY's answers: the hot path, a run at a time
                     start = off
                     for size_, version, op, status, rid, ledger, entry in _ADD_RESP.iter_unpack(
-                            src[off : off + (n - off) // size * size]):
+                            view[off : off + (n - off) // size * size]):
                         if size_ != 28 or op != 0x81 or version != 1 or status or ledger > _I63 or entry > _I63 \
                                 or pending.get(rid) is not add_op:
                             break  # not a plain EOK answer to a pending add: the general path
