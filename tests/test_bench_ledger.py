@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from walkit.bench_ledger import format_markdown, run_ledger_bench
+from walkit.bench.ledger import format_markdown, run_ledger_bench
 from walkit.cli import main
 from walkit.errors import InvalidArgumentError
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from walkit.bench_wal import CASES, RATIOS, format_markdown, run_wal_bench
+from walkit.bench.wal import CASES, RATIOS, format_markdown, run_wal_bench
 from walkit.cli import main
 from walkit.errors import InvalidArgumentError
 

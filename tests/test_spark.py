@@ -31,10 +31,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 import walkit
+from walkit.bench.spark import format_markdown, run_spark_bench, write_records
 from walkit.errors import InvalidArgumentError
-from walkit.spark import LEDGER_SCHEMA, LOG_SCHEMA, STATE_FILE, export_log, format_markdown, lsn_key, \
-    read_state, run_spark_bench, spark_session
-from walkit.spark._bench import write_records
+from walkit.spark import LEDGER_SCHEMA, LOG_SCHEMA, STATE_FILE, export_log, lsn_key, read_state, spark_session
 from walkit.spark._plan import END_SLOT, ReadOptions, SegmentExtent, lsn_of_offset, offset_of_lsn, plan_ledger, \
     plan_log
 from walkit.spark._read import LEDGER_ARROW_SCHEMA, LOG_ARROW_SCHEMA

@@ -13,7 +13,8 @@ payload``). ``spark.readStream.format("walkit")`` follows a log with LSN offsets
 ``export_log`` is ``walkit export``: Parquet by segment, resumable. Nothing here fences
 a writer: every ledger is opened without recovery and the open segment is read to its
 LAC. How it works: ``_source`` (the data source), ``_plan`` (pure planning), ``_read``
-(the I/O), ``_export``, ``_bench``; docs/architecture.md, "Spark".
+(the I/O), ``_export``; docs/architecture.md, "Spark". ``walkit bench spark`` is
+``walkit.bench.spark``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ try:
 except ImportError as exc:  # the extra is optional: say how to get it
     raise ImportError("walkit.spark needs PySpark and pyarrow: pip install 'walkit[spark]'") from exc
 
-from walkit.spark._bench import format_markdown, run_spark_bench
 from walkit.spark._export import STATE_FILE, ExportResult, export_log, read_state
 from walkit.spark._plan import END_SLOT, lsn_key
 from walkit.spark._session import register, spark_session
@@ -32,5 +32,5 @@ from walkit.spark._source import LEDGER_SCHEMA, LOG_SCHEMA, WalkitDataSource
 
 __all__ = [
     "END_SLOT", "LEDGER_SCHEMA", "LOG_SCHEMA", "STATE_FILE", "ExportResult", "WalkitDataSource", "export_log",
-    "format_markdown", "lsn_key", "read_state", "register", "run_spark_bench", "spark_session",
+    "lsn_key", "read_state", "register", "spark_session",
 ]

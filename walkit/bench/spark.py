@@ -29,12 +29,13 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from walkit.spark import spark_session  # before pyspark: without walkit[spark], it says how to get it
+
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from walkit._local_cluster import LocalCluster
 from walkit.wal import WriteAheadLog
-from walkit.spark._session import spark_session
 
 __all__ = ["format_markdown", "run_spark_bench", "write_records"]
 

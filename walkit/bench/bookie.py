@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from walkit.bench._common import cpu_seconds
 from walkit.client import BookieClient
 from walkit.errors import WalkitError
 from walkit.protocol import AddEntry, Response, encode_entry
@@ -38,11 +39,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _start_bookie(base: str, port: int) -> subprocess.Popen[bytes]:
@@ -102,11 +98,11 @@ async def _drive(port: int, pid: int, seconds: float, in_flight: int, size: int)
         send()
     await asyncio.sleep(1.0)  # warm-up
     counting = True
-    cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
+    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
     client_cpu0 = time.process_time()
     await asyncio.wait([finished], timeout=seconds)
     elapsed = time.perf_counter() - t0
-    cpu1, client_cpu1 = _cpu_seconds(pid), time.process_time()
+    cpu1, client_cpu1 = cpu_seconds(pid), time.process_time()
     counting = False
     if not finished.done():
         finished.set_result(None)

@@ -29,24 +29,17 @@ The cluster and its directory are removed at the end, also after an error or Ctr
 
 from __future__ import annotations
 
-import collections
-import functools
-import contextlib
 import datetime
+import functools
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 from walkit._local_cluster import LocalCluster
+from walkit.bench._common import Meter, bench_cluster, journals_o_direct, latency_percentiles, window_loop
 from walkit.client import BookKeeper, LedgerHandle
 from walkit.errors import InvalidArgumentError
-
-T = TypeVar("T")
 
 __all__ = ["run_ledger_bench", "format_markdown", "TARGETS"]
 
@@ -54,61 +47,7 @@ ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
 TARGETS = {"sequential_p50_ms": 1.0, "sequential_p99_ms": 3.0, "pipelined_entries_per_s": 25_000}
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _machine_seconds() -> tuple[float, float]:
-    """CPU seconds the whole machine was busy (user, nice, system, irq, softirq) and
-    stolen by the hypervisor, from ``/proc/stat``: how much else ran meanwhile."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    tick = os.sysconf("SC_CLK_TCK")
-    return (user + nice + system + irq + softirq) / tick, steal / tick
-
-
-class _Meter:
-    """Wall clock and CPU time (this process, the bookies, the machine) over one phase."""
-
-    def __init__(self, bookie_pids: list[int]) -> None:
-        self._pids = bookie_pids
-        self._t0 = self._client0 = self._bookies0 = self._busy0 = self._steal0 = 0.0
-
-    def _bookies(self) -> float:
-        return sum(_cpu_seconds(pid) for pid in self._pids)
-
-    def start(self) -> None:
-        self._busy0, self._steal0 = _machine_seconds()
-        self._t0, self._client0, self._bookies0 = time.perf_counter(), time.process_time(), self._bookies()
-
-    def stop(self, entries: int) -> dict[str, Any]:
-        elapsed = time.perf_counter() - self._t0
-        client, bookies = time.process_time() - self._client0, self._bookies() - self._bookies0
-        busy, steal = _machine_seconds()
-        busy, steal = busy - self._busy0, steal - self._steal0
-        per = max(entries, 1)
-        return {
-            "seconds": round(elapsed, 2), "entries": entries, "entries_per_s": round(entries / elapsed),
-            "client_cpu_us_per_entry": round(client / per * 1e6, 1), "client_cpu_cores": round(client / elapsed, 2),
-            "bookie_cpu_us_per_entry": round(bookies / per * 1e6, 1), "bookie_cpu_cores": round(bookies / elapsed, 2),
-            # everything else that ran on the machine meanwhile (other work, kernel threads), and steal
-            "other_cpu_cores": round(max(0.0, busy - client - bookies) / elapsed, 2),
-            "steal_cores": round(steal / elapsed, 2),
-        }
-
-
-def _latencies(samples_ns: list[int]) -> dict[str, float]:
-    samples = sorted(samples_ns)
-
-    def pct(q: float) -> float:
-        return samples[min(len(samples) - 1, int(q * len(samples)))] / 1e6 if samples else 0.0
-
-    return {"p50_ms": round(pct(0.5), 3), "p99_ms": round(pct(0.99), 3), "p999_ms": round(pct(0.999), 3)}
-
-
-def _sequential(handle: LedgerHandle, payload: bytes, meter: _Meter, warmup: float, seconds: float) -> dict[str, Any]:
+def _sequential(handle: LedgerHandle, payload: bytes, meter: Meter, warmup: float, seconds: float) -> dict[str, Any]:
     """One add at a time: ``warmup`` seconds uncounted, then ``seconds`` counted."""
     clock, add = time.perf_counter_ns, handle.add_entry
     counting_at = clock() + int(warmup * 1e9)
@@ -120,48 +59,14 @@ def _sequential(handle: LedgerHandle, payload: bytes, meter: _Meter, warmup: flo
     while (start := clock()) < until:
         add(payload)
         latencies.append(clock() - start)
-    return meter.stop(len(latencies)) | _latencies(latencies)
+    return meter.stop(len(latencies)) | latency_percentiles(latencies)
 
 
-def window_loop(submit: Callable[[], Future[T]], meter: _Meter, warmup: float, seconds: float, in_flight: int,
-                on_result: Callable[[T], None] | None = None) -> tuple[dict[str, Any], list[int]]:
-    """Keep ``in_flight`` operations outstanding (``submit()`` starts one); the window
-    carries over from the warm-up into the counted interval (steady state), and what is
-    in flight at its end is drained uncounted. The meter's report and the latencies (ns)
-    of the counted operations; ``on_result`` sees each counted result."""
-    clock = time.perf_counter_ns
-    window: collections.deque[Future[T]] = collections.deque()
-    sent_at: collections.deque[int] = collections.deque()  # beside the window: no tuple per operation
-    latencies: list[int] = []
-    counting_at = clock() + int(warmup * 1e9)
-    until, counting = counting_at + int(seconds * 1e9), False
-    while (now := clock()) < until:
-        if not counting and now >= counting_at:
-            counting = True
-            meter.start()
-        while len(window) < in_flight:
-            sent_at.append(clock())
-            window.append(submit())
-        window[0].result()
-        done = clock()
-        while window and window[0].done():
-            result = window.popleft().result()  # the writer's error, if any
-            sent = sent_at.popleft()
-            if counting:
-                latencies.append(done - sent)
-                if on_result is not None:
-                    on_result(result)
-    report = meter.stop(len(latencies))
-    for fut in window:
-        fut.result()
-    return report, latencies
-
-
-def _pipelined(handle: LedgerHandle, payload: bytes, meter: _Meter, warmup: float, seconds: float,
+def _pipelined(handle: LedgerHandle, payload: bytes, meter: Meter, warmup: float, seconds: float,
                in_flight: int) -> dict[str, Any]:
     report, latencies = window_loop(functools.partial(handle.add_entry_async, payload), meter, warmup, seconds,
                                     in_flight)
-    return report | _latencies(latencies) | {"in_flight": in_flight}
+    return report | latency_percentiles(latencies) | {"in_flight": in_flight}
 
 
 def _phase(bk: BookKeeper, run: Callable[[LedgerHandle], dict[str, Any]]) -> dict[str, Any]:
@@ -181,40 +86,15 @@ def _checks(sequential: dict[str, Any], pipelined: dict[str, Any]) -> dict[str, 
     }
 
 
-def _o_direct(cluster: LocalCluster, bookies: int) -> bool:
-    """Every bookie's journal on O_DIRECT (a bookie logs when it cannot be)."""
-    logs = (cluster.data_dir / f"bookie-{i}" / "bookie.log" for i in range(bookies))
-    return all("O_DIRECT is not available" not in path.read_text(errors="replace") for path in logs)
-
-
 def _measure(cluster: LocalCluster, bookies: int, seconds: float, in_flight: int, size: int,
              warmup: float) -> dict[str, Any]:
-    meter = _Meter([cluster.bookie_pid(i) for i in range(bookies)])
+    meter = Meter([cluster.bookie_pid(i) for i in range(bookies)])
     payload = os.urandom(size)
     bk: BookKeeper = cluster.client(max_pending_adds=max(in_flight, 1))
     with bk:
         sequential = _phase(bk, lambda h: _sequential(h, payload, meter, warmup, seconds))
         pipelined = _phase(bk, lambda h: _pipelined(h, payload, meter, warmup, seconds, in_flight))
     return {"sequential": sequential, "pipelined": pipelined}
-
-
-@contextlib.contextmanager
-def bench_cluster(directory: str | None, name: str, bookies: int) -> Iterator[tuple[LocalCluster, Path]]:
-    """``bookies`` bookie processes in a fresh ``walkit-bench-<name>-*`` directory under
-    ``directory`` (created if missing; default: here), and that directory; both go away
-    at the end, also on an error or Ctrl-C."""
-    if directory is not None:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-    base = Path(tempfile.mkdtemp(prefix=f"walkit-bench-{name}-", dir=directory or "."))
-    try:
-        cluster = LocalCluster(base / "cluster", bookies, processes=True)
-        try:
-            yield cluster, base
-        finally:
-            with contextlib.suppress(Exception):  # a bookie hit by the same Ctrl-C exits on its own
-                cluster.stop()
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def run_ledger_bench(directory: str | None = None, seconds: float = 5.0, in_flight: int = 1000, size: int = 1024,
@@ -226,7 +106,7 @@ def run_ledger_bench(directory: str | None = None, seconds: float = 5.0, in_flig
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     with bench_cluster(directory, "ledger", bookies) as (cluster, _):
         result = _measure(cluster, bookies, seconds, in_flight, size, warmup)
-        o_direct = _o_direct(cluster, bookies)
+        o_direct = journals_o_direct(cluster, bookies)
     return {
         "started": started, "cpus": os.cpu_count(), "bookies": bookies, "ensemble": ENSEMBLE,
         "write_quorum": WRITE_QUORUM, "ack_quorum": ACK_QUORUM, "entry_size": size, "journal_o_direct": o_direct,

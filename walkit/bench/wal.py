@@ -25,7 +25,7 @@ and, in the same run and the same directory, two local-only baselines (no replic
 Latency is per append (sequential) or from submission until the producer sees the
 future done (window; mostly queueing: in flight / rate). CPU: this process (producer,
 client loop and metadata threads) and the bookies, per record, with the machine's other
-load and steal, as ``walkit bench ledger`` reports them (its helpers). Targets (issue:
+load and steal, as ``walkit bench ledger`` reports them (the helpers in ``_common``). Targets (issue:
 WriteAheadLog): >= 200,000 records/s of 100 B with 1,000 in flight; sequential p99 <= 3 ms.
 
 The cluster, the baselines' files and the directory are removed at the end, also after
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from walkit._local_cluster import LocalCluster
-from walkit.bench_ledger import _latencies, _Meter, _o_direct, bench_cluster, window_loop
+from walkit.bench._common import Meter, bench_cluster, journals_o_direct, latency_percentiles, window_loop
 from walkit.client import BookKeeper
 from walkit.errors import InvalidArgumentError
 from walkit.wal import LSN, WriteAheadLog
@@ -89,13 +89,13 @@ class _Entries:
 
 
 def _per_record(meter_report: dict[str, Any], size: int) -> dict[str, Any]:
-    """``_Meter.stop``'s per-entry figures, named per record, with MB/s."""
+    """``Meter.stop``'s per-entry figures, named per record, with MB/s."""
     out = {key.replace("entries", "records").replace("entry", "record"): value for key, value in meter_report.items()}
     out["mb_per_s"] = round(out["records_per_s"] * size / 1e6, 1)
     return out
 
 
-def _timed(step: Callable[[], int], meter: _Meter, warmup: float, seconds: float,
+def _timed(step: Callable[[], int], meter: Meter, warmup: float, seconds: float,
            on_start: Callable[[], None] = lambda: None) -> tuple[dict[str, Any], list[int]]:
     """``step`` (records it wrote) over and over: ``warmup`` seconds uncounted, then
     ``seconds`` counted; the meter's report for the counted records and each step's latency."""
@@ -114,7 +114,7 @@ def _timed(step: Callable[[], int], meter: _Meter, warmup: float, seconds: float
     return meter.stop(records), latencies
 
 
-def _wal_sequential(wal: WriteAheadLog, payload: bytes, meter: _Meter, warmup: float,
+def _wal_sequential(wal: WriteAheadLog, payload: bytes, meter: Meter, warmup: float,
                     seconds: float) -> dict[str, Any]:
     entries, append = _Entries(), wal.append
 
@@ -126,7 +126,7 @@ def _wal_sequential(wal: WriteAheadLog, payload: bytes, meter: _Meter, warmup: f
     return _wal_report(report, latencies, entries, len(payload), 1)
 
 
-def _wal_window(wal: WriteAheadLog, payload: bytes, meter: _Meter, warmup: float, seconds: float,
+def _wal_window(wal: WriteAheadLog, payload: bytes, meter: Meter, warmup: float, seconds: float,
                 in_flight: int) -> dict[str, Any]:
     """``in_flight`` appends outstanding (see :func:`window_loop`)."""
     entries, lsns = _Entries(), list[LSN]()
@@ -139,13 +139,13 @@ def _wal_window(wal: WriteAheadLog, payload: bytes, meter: _Meter, warmup: float
 
 def _wal_report(report: dict[str, Any], latencies: list[int], entries: _Entries, size: int,
                 in_flight: int) -> dict[str, Any]:
-    out = _per_record(report, size) | _latencies(latencies)
+    out = _per_record(report, size) | latency_percentiles(latencies)
     out["entries_per_s"] = round(entries.count / report["seconds"]) if report["seconds"] else 0
     out["records_per_entry"] = round(report["entries"] / max(entries.count, 1), 2)
     return out | {"in_flight": in_flight}
 
 
-def _file_fdatasync(path: Path, payload: bytes, meter: _Meter, warmup: float, seconds: float) -> dict[str, Any]:
+def _file_fdatasync(path: Path, payload: bytes, meter: Meter, warmup: float, seconds: float) -> dict[str, Any]:
     """The naive local log: append a length-prefixed record, fdatasync, next."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     framed = struct.pack(">I", len(payload)) + payload
@@ -160,10 +160,10 @@ def _file_fdatasync(path: Path, payload: bytes, meter: _Meter, warmup: float, se
         report, latencies = _timed(step, meter, warmup, seconds)
     finally:
         os.close(fd)
-    return _per_record(report, len(payload)) | _latencies(latencies) | {"in_flight": 1}
+    return _per_record(report, len(payload)) | latency_percentiles(latencies) | {"in_flight": 1}
 
 
-def _sqlite(path: Path, payload: bytes, meter: _Meter, warmup: float, seconds: float, batch: int) -> dict[str, Any]:
+def _sqlite(path: Path, payload: bytes, meter: Meter, warmup: float, seconds: float, batch: int) -> dict[str, Any]:
     """SQLite in WAL mode with synchronous=FULL: ``batch`` inserts per transaction."""
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
     try:
@@ -185,10 +185,10 @@ def _sqlite(path: Path, payload: bytes, meter: _Meter, warmup: float, seconds: f
         report, latencies = _timed(one if batch == 1 else many, meter, warmup, seconds)
     finally:
         db.close()
-    return _per_record(report, len(payload)) | _latencies(latencies) | {"in_flight": batch}
+    return _per_record(report, len(payload)) | latency_percentiles(latencies) | {"in_flight": batch}
 
 
-def _baselines(base: Path, meter: _Meter, size: int, payload: bytes, warmup: float,
+def _baselines(base: Path, meter: Meter, size: int, payload: bytes, warmup: float,
                seconds: float) -> dict[str, dict[str, Any]]:
     """The local-only baselines (the idle bookies' CPU still shows: it should be ~0)."""
     out = {}
@@ -209,7 +209,7 @@ def _on_log(bk: BookKeeper, name: str, run: Callable[[WriteAheadLog], dict[str, 
 
 def _measure(cluster: LocalCluster, base: Path, seconds: float, in_flight: int,
              warmup: float) -> dict[str, dict[str, Any]]:
-    meter = _Meter([cluster.bookie_pid(i) for i in range(BOOKIES)])
+    meter = Meter([cluster.bookie_pid(i) for i in range(BOOKIES)])
     results: dict[str, dict[str, Any]] = {}
     with cluster.client() as bk:
         for size in SIZES:
@@ -252,7 +252,7 @@ def run_wal_bench(directory: str | None = None, seconds: float = 5.0, in_flight:
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     with bench_cluster(directory, "wal", BOOKIES) as (cluster, base):
         results = _measure(cluster, base, seconds, in_flight, warmup)
-        o_direct = _o_direct(cluster, BOOKIES)
+        o_direct = journals_o_direct(cluster, BOOKIES)
     return {
         "started": started, "cpus": os.cpu_count(), "bookies": BOOKIES, "ensemble": ENSEMBLE,
         "write_quorum": WRITE_QUORUM, "ack_quorum": ACK_QUORUM, "journal_o_direct": o_direct,

@@ -1,0 +1,18 @@
+"""The ``walkit bench`` benchmarks, one module each; results and the commands that
+produced them are in docs/performance.md.
+
+``journal``  ``walkit bench journal``: the group-commit journal against the disk's own
+             floor (O_DIRECT 4 KiB write + fdatasync, raw sequential 1 MiB writes)
+``bookie``   ``walkit bench bookie``: adds per second, latency and CPU per add through one
+             connection to one bookie process
+``ledger``   ``walkit bench ledger``: the ledger client (E=3 Qw=3 Qa=2, bookie processes):
+             sequential add latency, pipelined adds per second, CPU per entry
+``wal``      ``walkit bench wal``: the WriteAheadLog's appends (100 B / 1 KiB records)
+             against a fdatasync'd file and SQLite
+``spark``    ``walkit bench spark``: records/s read by Spark vs. the WAL's own replay()
+             (needs walkit[spark]; imported only when that benchmark runs)
+
+``_common`` holds what they share (a cluster of bookie processes, CPU meters from /proc,
+the in-flight window loop, latency percentiles). Nothing is imported here: each command
+imports its own module.
+"""

@@ -1,0 +1,92 @@
+"""``walkit bench journal|bookie|ledger|wal|spark``: the benchmarks of :mod:`walkit.bench`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any
+
+
+def _print_report(args: argparse.Namespace, report: dict[str, Any], markdown: Callable[[dict[str, Any]], str]) -> None:
+    print(json.dumps(report, indent=2) if args.json else markdown(report))
+
+
+def _journal(args: argparse.Namespace) -> int:
+    from walkit.bench.journal import format_markdown, run_journal_bench
+
+    report = run_journal_bench(args.dir, seconds=args.seconds)
+    _print_report(args, report, format_markdown)
+    return 0
+
+
+def _bookie(args: argparse.Namespace) -> int:
+    from walkit.bench.bookie import format_markdown, run_bookie_bench
+
+    report = run_bookie_bench(args.dir, seconds=args.seconds, in_flight=args.in_flight, size=args.size)
+    _print_report(args, report, format_markdown)
+    return 0
+
+
+def _ledger(args: argparse.Namespace) -> int:
+    from walkit.bench.ledger import format_markdown, run_ledger_bench
+
+    report = run_ledger_bench(args.dir, seconds=args.seconds, in_flight=args.in_flight, size=args.size,
+                              bookies=args.bookies)
+    _print_report(args, report, format_markdown)
+    return 0
+
+
+def _wal(args: argparse.Namespace) -> int:
+    from walkit.bench.wal import format_markdown, run_wal_bench
+
+    report = run_wal_bench(args.dir, seconds=args.seconds, in_flight=args.in_flight)
+    _print_report(args, report, format_markdown)
+    return 0
+
+
+def _spark(args: argparse.Namespace) -> int:
+    from walkit.bench.spark import format_markdown, run_spark_bench  # pyspark: only for this command
+
+    report = run_spark_bench(args.dir, records=args.records, size=args.size, master=args.master)
+    _print_report(args, report, format_markdown)
+    return 0 if report["checksums_match"] else 1
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``walkit bench`` and its benchmarks."""
+    bench = subparsers.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
+    bj = bench.add_parser("journal", help="the journal vs. the disk's own floor")
+    bj.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bj.add_argument("--seconds", type=float, default=3.0, help="duration of each case (default 3)")
+    bj.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temporary one here)")
+    bj.set_defaults(func=_journal)
+    bb = bench.add_parser("bookie", help="adds per second through one connection to a bookie process")
+    bb.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bb.add_argument("--seconds", type=float, default=5.0, help="duration of the measurement (default 5)")
+    bb.add_argument("--in-flight", type=int, default=1000, help="adds in flight (default 1000)")
+    bb.add_argument("--size", type=int, default=1024, help="entry payload bytes (default 1024)")
+    bb.add_argument("--dir", default=None, help="where the bookie keeps its data (default: a temporary one here)")
+    bb.set_defaults(func=_bookie)
+    bld = bench.add_parser("ledger", help="the ledger client: sequential add latency and pipelined adds per second")
+    bld.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bld.add_argument("--seconds", type=float, default=5.0, help="duration of each phase, after its warm-up (default 5)")
+    bld.add_argument("--in-flight", type=int, default=1000, help="adds in flight in the pipelined phase (default 1000)")
+    bld.add_argument("--size", type=int, default=1024, help="entry payload bytes (default 1024)")
+    bld.add_argument("--bookies", type=int, default=3, help="bookie processes (default 3; the ledger uses 3)")
+    bld.add_argument("--dir", default=None, help="where the cluster keeps its data (default: a temporary one here)")
+    bld.set_defaults(func=_ledger)
+    bw = bench.add_parser("wal", help="the WriteAheadLog: records/s and append latency vs. a local file and SQLite")
+    bw.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bw.add_argument("--seconds", type=float, default=5.0, help="duration of each case, after its warm-up (default 5)")
+    bw.add_argument("--in-flight", type=int, default=1000, help="appends in flight in the windowed case (default 1000)")
+    bw.add_argument("--dir", default=None, help="where the cluster and the baselines keep their data "
+                    "(default: a temporary one here)")
+    bw.set_defaults(func=_wal)
+    bsp = bench.add_parser("spark", help="records/s read by Spark vs. the WAL's own replay() (walkit[spark])")
+    bsp.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bsp.add_argument("--records", type=int, default=1_000_000, help="records in the log (default 1,000,000)")
+    bsp.add_argument("--size", type=int, default=16, help="record bytes (default 16)")
+    bsp.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    bsp.add_argument("--dir", default=None, help="where the cluster keeps its data (default: a temporary one)")
+    bsp.set_defaults(func=_spark)

@@ -1,0 +1,37 @@
+"""``walkit bookie start|list``: run and inspect bookies."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _start(args: argparse.Namespace) -> int:
+    from bookie._main import run
+
+    return run(args)
+
+
+def _list(args: argparse.Namespace) -> int:
+    from walkit.metadata import connect
+
+    with connect(args.metadata) as cluster:
+        bookies = cluster.bookies()
+    for bookie_id in sorted(bookies.writable):
+        print(f"{bookie_id}\tavailable")
+    for bookie_id in sorted(bookies.readonly):
+        print(f"{bookie_id}\treadonly")
+    if not bookies.writable and not bookies.readonly:
+        print("no bookies registered", file=sys.stderr)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``walkit bookie`` and its sub-commands."""
+    bookie = subparsers.add_parser("bookie", help="run and inspect bookies").add_subparsers(dest="what", required=True)
+    bs = bookie.add_parser("start", help="run a bookie until SIGTERM (as python -m bookie)")
+    bs.add_argument("--conf", required=True, help="bookie configuration (TOML, BookKeeper key names)")
+    bs.set_defaults(func=_start)
+    bl = bookie.add_parser("list", help="the available and read-only bookies")
+    bl.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
+    bl.set_defaults(func=_list)

@@ -1,0 +1,25 @@
+"""``walkit init``: the cluster layout in the metadata store."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _init(args: argparse.Namespace) -> int:
+    from walkit.metadata import init_cluster, open_metadata_store, parse_metadata_uri
+
+    uri = parse_metadata_uri(args.metadata)
+    store = open_metadata_store(uri)
+    try:
+        info = init_cluster(store, uri.root, uri.layout)
+    finally:
+        store.close()
+    print(f"cluster {info.instance_id} at {args.metadata} (ledger layout: {info.layout})")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``walkit init``."""
+    init = subparsers.add_parser("init", help="create the cluster layout in the metadata store (idempotent)")
+    init.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
+    init.set_defaults(func=_init)
