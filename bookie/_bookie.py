@@ -41,6 +41,7 @@ from typing import Any, Protocol, TypeVar
 from bookie._config import BookieConfig
 from bookie.cookie import Cookie, check_or_write_cookies
 from bookie.fs import FileSystem
+from bookie.gc import GarbageCollector, GcMetadata
 from bookie.journal import (
     KEY_RECORD,
     GroupCommitPolicy,
@@ -181,7 +182,11 @@ class _StorageReplay:
 class Bookie:
     """A storage server's core, without the network (``bookie.server`` calls this)."""
 
-    def __init__(self, config: BookieConfig, *, fs: FileSystem | None = None, instance_id: str | None = None) -> None:
+    def __init__(self, config: BookieConfig, *, fs: FileSystem | None = None, instance_id: str | None = None,
+                 metadata: GcMetadata | None = None, disk_usage: Callable[[str], float] | None = None) -> None:
+        """``metadata`` (the cluster's ledger manager) lets garbage collection remove
+        ledgers deleted from the cluster; ``disk_usage(dir)`` (default: the file
+        system's) is the fraction of a ledger disk in use, which pauses compaction."""
         if fs is None:
             from bookie.fs.real import RealFS
 
@@ -200,6 +205,11 @@ class Bookie:
         self._max_entry_size = min(config.netty_max_frame_size_bytes, MAX_ENTRY_SIZE)
         self._storage: LedgerStorage | None = None
         self._journal: Journal | None = None
+        self._metadata = metadata
+        self._disk_usage = disk_usage or fs.disk_usage
+        self._gc: GarbageCollector | None = None
+        #: Called (on the GC thread) after garbage collection gave disk space back.
+        self.on_space_freed: Callable[[], None] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -225,11 +235,17 @@ class Bookie:
         self.checkpoint()
         self._ckpt_thread = threading.Thread(target=self._checkpoint_loop, name="bookie-checkpoint", daemon=True)
         self._ckpt_thread.start()
+        self._gc = GarbageCollector(self._storage, c, c.effective_bookie_id, metadata=self._metadata,
+                                    delete_ledger=self.delete_ledger, disk_usage=self._disk_usage,
+                                    on_freed=self._space_freed)
+        self._gc.start()
 
     def shutdown(self) -> None:
         """Complete every add already accepted, checkpoint, and close the storage."""
         if not self._running:
             return
+        if self._gc is not None:
+            self._gc.stop()  # a compaction in progress flushes its copies and continues after restart
         with self._lock:
             self._running = False
         self._ckpt_wake.set()
@@ -256,6 +272,17 @@ class Bookie:
         if self._storage is None:
             raise BookieShutdownError("bookie not started", bookie=self.config.effective_bookie_id)
         return self._storage
+
+    @property
+    def gc(self) -> GarbageCollector:
+        """The garbage collector (``request()`` a pass, ``status()``)."""
+        if self._gc is None:
+            raise BookieShutdownError("bookie not started", bookie=self.config.effective_bookie_id)
+        return self._gc
+
+    def _space_freed(self) -> None:
+        if self.on_space_freed is not None:
+            self.on_space_freed()
 
     @property
     def journal(self) -> Journal:

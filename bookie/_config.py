@@ -80,6 +80,30 @@ class BookieConfig:
     disk_usage_threshold: float = _key("diskUsageThreshold", 0.95)
     disk_usage_lwm_threshold: float = _key("diskUsageLwmThreshold", 0.90)
     disk_check_interval: int = _key("diskCheckInterval", 10000)  # ms
+    # Above this, major compaction pauses (it copies the most); above diskUsageThreshold
+    # minor compaction too, unless isForceGCAllowWhenNoSpace (then GC is forced instead).
+    disk_usage_warn_threshold: float = _key("diskUsageWarnThreshold", 0.90)
+    # Garbage collection (bookie/gc): every gcWaitTime ms, ledgers deleted from metadata
+    # leave this bookie; ledgers whose metadata no longer names it, on their own interval.
+    gc_wait_time: int = _key("gcWaitTime", 600000)  # ms
+    gc_overreplicated_ledger_wait_time: int = _key("gcOverreplicatedLedgerWaitTime", 86400000)  # ms
+    gc_metadata_op_rate_limit: int = _key("gcMetadataOpRateLimit", 1000)  # metadata reads per second
+    # Compaction: entry logs whose live fraction is under the threshold are rewritten
+    # (minor: sparse logs, often; major: most logs, daily); interval (s) <= 0 or
+    # threshold <= 0 turns that kind off.
+    minor_compaction_threshold: float = _key("minorCompactionThreshold", 0.2)
+    minor_compaction_interval: int = _key("minorCompactionInterval", 3600)  # s
+    major_compaction_threshold: float = _key("majorCompactionThreshold", 0.8)
+    major_compaction_interval: int = _key("majorCompactionInterval", 86400)  # s
+    # walkit: a pass stops after this long and the next one continues (BookKeeper: -1,
+    # unbounded, one of its users' complaints); <= 0 means unbounded.
+    minor_compaction_max_time_millis: int = _key("minorCompactionMaxTimeMillis", 3600000)
+    major_compaction_max_time_millis: int = _key("majorCompactionMaxTimeMillis", 3600000)
+    # Compaction copies at most this many entries (or bytes, with isThrottleByBytes) per second.
+    compaction_rate_by_entries: int = _key("compactionRateByEntries", 1000)
+    compaction_rate_by_bytes: int = _key("compactionRateByBytes", 1000000)
+    is_throttle_by_bytes: bool = _key("isThrottleByBytes", False)
+    is_force_gc_allow_when_no_space: bool = _key("isForceGCAllowWhenNoSpace", False)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -124,6 +148,11 @@ class BookieConfig:
             "maxConnections": self.max_connections,
             "numReadWorkerThreads": self.num_read_worker_threads,
             "diskCheckInterval": self.disk_check_interval,
+            "gcWaitTime": self.gc_wait_time,
+            "gcOverreplicatedLedgerWaitTime": self.gc_overreplicated_ledger_wait_time,
+            "gcMetadataOpRateLimit": self.gc_metadata_op_rate_limit,
+            "compactionRateByEntries": self.compaction_rate_by_entries,
+            "compactionRateByBytes": self.compaction_rate_by_bytes,
         }
         for key, value in positive.items():
             if value <= 0:
@@ -148,6 +177,13 @@ class BookieConfig:
                 "need 0 < diskUsageLwmThreshold <= diskUsageThreshold <= 1",
                 lwm=self.disk_usage_lwm_threshold, threshold=self.disk_usage_threshold,
             )
+        if not 0 < self.disk_usage_warn_threshold <= self.disk_usage_threshold:
+            raise ConfigError("need 0 < diskUsageWarnThreshold <= diskUsageThreshold",
+                              warn=self.disk_usage_warn_threshold, threshold=self.disk_usage_threshold)
+        minor, major = self.minor_compaction_threshold, self.major_compaction_threshold
+        if not (minor <= 1 and major <= 1 and (minor <= 0 or major <= 0 or minor <= major)):
+            raise ConfigError("compaction thresholds must be at most 1, minor below major",
+                              minorCompactionThreshold=minor, majorCompactionThreshold=major)
 
     @classmethod
     def keys(cls) -> dict[str, str]:

@@ -22,7 +22,8 @@ responses for frames it could not accept) and dispatches each:
   and joined once (:meth:`~walkit.protocol.ServerConnection.send_added_many`, the bytes
   of an AddEntryResponse each).
 * Reads (READ_ENTRY, READ_LAC, GET_BOOKIE_INFO) may touch the disk: they run on a small
-  thread pool and answer through the loop.
+  thread pool and answer through the loop, as do ADMIN requests (``gc.status``,
+  ``gc.run``: the garbage collector, :mod:`bookie.gc`).
 * A fencing READ_ENTRY first fences (the FENCE record is journaled and synced), then
   reads: once the reader hears the answer, the fence is durable and later normal adds
   are refused with EFENCED; RECOVERY_ADD still passes. WRITE_LAC is journaled like an add.
@@ -45,7 +46,8 @@ Read-only mode: every ``diskCheckInterval`` the fullest ledger disk is compared 
 ``diskUsageThreshold``; above it the bookie re-registers under ``available/readonly``,
 answers adds with EREADONLY (recovery adds still pass: they complete a recovery that
 other bookies depend on) and keeps serving reads; it turns writable again once every
-ledger disk is below ``diskUsageLwmThreshold``.
+ledger disk is below ``diskUsageLwmThreshold`` - checked at once whenever garbage
+collection gave space back, so a bookie that GC saves from a full disk comes back.
 
 Lifecycle: :meth:`BookieServer.start` binds the socket (so the port, and with it the
 default bookie id, is known), connects to the metadata store and refuses a cluster it
@@ -86,12 +88,15 @@ from walkit.errors import (
     BookieReadOnlyError,
     BookieShutdownError,
     CookieError,
+    InvalidArgumentError,
     NoSuchEntryError,
     WalkitError,
 )
 from walkit.protocol import (
     AddEntry,
     AddEntryResponse,
+    AdminRequest,
+    AdminResponse,
     BookieInfoResponse,
     ErrorResponse,
     GetBookieInfo,
@@ -440,7 +445,9 @@ class BookieServer:
             instance_id = self._cluster.info.instance_id
         else:
             log.warning("bookie %s runs without metadata (metadataServiceUri unset): not registered", self.bookie_id)
-        self.bookie = Bookie(c, fs=self._fs, instance_id=instance_id)
+        self.bookie = Bookie(c, fs=self._fs, instance_id=instance_id, disk_usage=self._disk_usage,
+                             metadata=self._cluster.ledgers if self._cluster is not None else None)
+        self.bookie.on_space_freed = self._space_freed
         self.bookie.start()
         self.readonly = self._disks_full(self.readonly)
         if self._cluster is not None:
@@ -564,6 +571,11 @@ class BookieServer:
             await asyncio.sleep(self.config.disk_check_interval / 1000.0)
             await self.check_disks()
 
+    def _space_freed(self) -> None:
+        """GC gave space back (its thread): check the disks now, not at the next interval."""
+        if not self._stopping:
+            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self.check_disks()))
+
     async def check_disks(self) -> None:
         """Check disk usage now and switch mode if needed (also run periodically).
         Going read-only takes effect at once, before the registration follows (which
@@ -580,7 +592,7 @@ class BookieServer:
             log.exception("bookie %s: disk check failed", self.bookie_id)
 
     # -- requests ----------------------------------------------------------------------
-    def _dispatch(self, conn: _Connection, req: ReadEntry | ReadLac | WriteLac | GetBookieInfo) -> None:
+    def _dispatch(self, conn: _Connection, req: ReadEntry | ReadLac | WriteLac | GetBookieInfo | AdminRequest) -> None:
         """Every request but ADD_ENTRY (adds are admitted by :meth:`_Connection._pump`
         and go through :meth:`_submit_adds`, a chunk at a time)."""
         try:
@@ -596,6 +608,8 @@ class BookieServer:
                 assert self.bookie is not None
                 self.bookie.write_lac_cb(req.ledger_id, req.master_key, req.lac, self._on_done,
                                          (_LAC_WRITTEN, conn, req))
+            elif isinstance(req, AdminRequest):
+                self._in_pool(conn, req, self._do_admin, req)
             else:
                 self._in_pool(conn, req, self._do_bookie_info, req)
         except Exception as exc:  # answered, never lost: the connection keeps its count
@@ -708,6 +722,29 @@ class BookieServer:
             free += usage.free
             total += usage.total
         return BookieInfoResponse(free, total, self.readonly, req.request_id)
+
+    def _do_admin(self, req: AdminRequest) -> Response:
+        """``gc.status``: the collector's status; ``gc.run`` (``{"compact": null | "minor"
+        | "major"}``): ask for a forced pass, answered at once with its number (poll
+        ``gc.status`` until ``passes`` reaches it)."""
+        assert self.bookie is not None
+        try:
+            args = json.loads(req.args)
+        except ValueError as exc:
+            raise InvalidArgumentError("admin arguments are not JSON", command=req.command) from exc
+        if not isinstance(args, dict):
+            raise InvalidArgumentError("admin arguments must be a JSON object", command=req.command)
+        gc = self.bookie.gc
+        if req.command == "gc.status":
+            result: dict[str, Any] = {**gc.status(), "readonly": self.readonly}
+        elif req.command == "gc.run":
+            compact = args.get("compact")
+            if compact not in (None, "minor", "major"):
+                raise InvalidArgumentError("compact must be null, minor or major", compact=repr(compact))
+            result = {"pass": gc.request(compact)}
+        else:
+            raise InvalidArgumentError("unknown admin command", command=req.command, known="gc.status,gc.run")
+        return AdminResponse(json.dumps(result).encode(), req.request_id)
 
     def _do_read_entry(self, req: ReadEntry) -> Response:
         assert self.bookie is not None
@@ -822,7 +859,7 @@ def _poll_order(waiter: _LongPoll) -> tuple[int, int]:
 
 def _op_of(req: Request) -> Op:
     return {AddEntry: Op.ADD_ENTRY, ReadEntry: Op.READ_ENTRY, ReadLac: Op.READ_LAC, WriteLac: Op.WRITE_LAC,
-            GetBookieInfo: Op.GET_BOOKIE_INFO}[type(req)]
+            GetBookieInfo: Op.GET_BOOKIE_INFO, AdminRequest: Op.ADMIN}[type(req)]
 
 
 def _error(op: Op, ledger_id: int, entry_id: int, request_id: int, exc: BaseException) -> ErrorResponse:

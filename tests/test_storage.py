@@ -46,7 +46,7 @@ class Env:
 
     def logs(self, d: int = 0) -> list[str]:
         logs = f"{self.dirs[d]}/current/logs"
-        return [f"{logs}/{n}" for n in self.fs.listdir(logs)]
+        return [f"{logs}/{n}" for n in self.fs.listdir(logs) if n.endswith(".log")]
 
 
 def _real_fs() -> FileSystem:

@@ -31,10 +31,13 @@ from walkit.errors import (
 )
 from walkit.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
+    MAX_ADMIN_BODY,
     MIN_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
     AddEntry,
     AddEntryResponse,
+    AdminRequest,
+    AdminResponse,
     BookieInfoResponse,
     ClientConnection,
     ErrorResponse,
@@ -92,6 +95,8 @@ def requests(data: st.SearchStrategy[bytes] = datas) -> st.SearchStrategy[Reques
         st.builds(ReadLac, ids, request_ids),
         st.builds(WriteLac, ids, ids_or_last, some_keys, request_ids),
         st.builds(GetBookieInfo, request_ids),
+        st.builds(AdminRequest, st.from_regex(r"[a-z0-9._-]{1,64}", fullmatch=True), st.binary(max_size=300),
+                  request_ids),
     )
 
 
@@ -103,6 +108,7 @@ def responses(data: st.SearchStrategy[bytes] = datas) -> st.SearchStrategy[Respo
         st.builds(ReadLacResponse, ids, ids_or_last, request_ids),
         st.builds(WriteLacResponse, ids, request_ids),
         st.builds(BookieInfoResponse, u64, u64, st.booleans(), request_ids),
+        st.builds(AdminResponse, data, request_ids),
         st.builds(ErrorResponse, st.sampled_from(Op), st.sampled_from([s for s in Status if s]), ids, ids_or_last,
                   st.text(max_size=256), request_ids),  # 256 chars <= 1024 UTF-8 bytes
     )
@@ -169,6 +175,8 @@ PINNED: list[tuple[Request | Response, str]] = [
      "00000021 01 04 0000 0000000000000008  0000000000000007 000000000000000b 04 aaaaaaaa"),
     (GetBookieInfo(request_id=9),
      "0000000c 01 05 0000 0000000000000009"),
+    (AdminRequest("gc.status", b"{}", request_id=11),
+     "00000018 01 06 0000 000000000000000b  09 67632e737461747573 7b7d"),
     (AddEntryResponse(7, 12, request_id=5),
      "0000001c 01 81 0000 0000000000000005  0000000000000007 000000000000000c"),
     (ReadEntryResponse(7, 12, 11, b"entry", request_id=6),
@@ -179,6 +187,8 @@ PINNED: list[tuple[Request | Response, str]] = [
      "00000014 01 84 0000 0000000000000008  0000000000000007"),
     (BookieInfoResponse(2**30, 2**40, True, request_id=9),
      "0000001d 01 85 0000 0000000000000009  0000000040000000 0000010000000000 01"),
+    (AdminResponse(b"{}", request_id=11),
+     "0000000e 01 86 0000 000000000000000b  7b7d"),
     (ErrorResponse(Op.ADD_ENTRY, Status.EFENCED, 7, 12, "fenced", request_id=5),
      "00000022 01 81 0007 0000000000000005  0000000000000007 000000000000000c 66656e636564"),
 ]
@@ -187,7 +197,7 @@ PINNED: list[tuple[Request | Response, str]] = [
 @pytest.mark.parametrize(("msg", "hexed"), PINNED, ids=lambda v: type(v).__name__ if not isinstance(v, str) else "")
 def test_frames_are_byte_exact(msg: Request | Response, hexed: str) -> None:
     expected = bytes.fromhex(hexed.replace(" ", ""))
-    is_request = isinstance(msg, AddEntry | ReadEntry | ReadLac | WriteLac | GetBookieInfo)
+    is_request = isinstance(msg, AddEntry | ReadEntry | ReadLac | WriteLac | GetBookieInfo | AdminRequest)
     if is_request:
         assert encode_request(msg) == expected  # type: ignore[arg-type]
         assert decode_request(expected[4:]) == msg
@@ -251,7 +261,13 @@ INVALID_MESSAGES: list[Callable[[], object]] = [
     lambda: BookieInfoResponse(0, 0, 1),  # type: ignore[arg-type]
     lambda: ErrorResponse(Op.ADD_ENTRY, Status.EOK),
     lambda: ErrorResponse(Op.ADD_ENTRY, 10),  # type: ignore[arg-type]
-    lambda: ErrorResponse(6, Status.EIO),  # type: ignore[arg-type]
+    lambda: ErrorResponse(max(Op) + 1, Status.EIO),  # type: ignore[arg-type]
+    lambda: AdminRequest(""),
+    lambda: AdminRequest("GC STATUS"),
+    lambda: AdminRequest("x" * 65),
+    lambda: AdminRequest("gc.status", "{}"),  # type: ignore[arg-type]
+    lambda: AdminRequest("gc.status", b"x" * (MAX_ADMIN_BODY + 1)),
+    lambda: AdminResponse(b"{}", -1),
     lambda: ErrorResponse(Op.ADD_ENTRY, Status.EIO, entry_id=-2),
     lambda: ErrorResponse(Op.ADD_ENTRY, Status.EIO, ledger_id=-1),
     lambda: ErrorResponse(Op.ADD_ENTRY, Status.EIO, message=b"x"),  # type: ignore[arg-type]
@@ -323,7 +339,12 @@ BAD_REQUESTS: dict[str, bytes] = {
     "write lac trailing": frame(4, 0, struct.pack(">QqB", 1, 0, 4) + KEY + b"\0"),
     "bookie info with body": frame(5, 0, b"\0"),
     "op 0": frame(0, 0, b""),
-    "op 6": frame(6, 0, b""),
+    "op 7": frame(7, 0, b""),
+    "admin empty body": frame(6, 0, b""),
+    "admin with a flag": frame(6, 1, b"\x01a"),
+    "admin command longer than the body": frame(6, 0, b"\x05ab"),
+    "admin command not allowed": frame(6, 0, b"\x02A!{}"),
+    "admin command not ascii": frame(6, 0, b"\x02\xff\xfe{}"),
     "op 0x7f": frame(0x7F, 0, b""),
     "a response sent as request": frame(0x81, 0, struct.pack(">QQ", 1, 2)),
 }
@@ -344,7 +365,7 @@ def test_bad_request_frames_are_refused_and_the_connection_stays_usable(name: st
     refusal = events[0]
     assert isinstance(refusal, ErrorResponse)
     assert (refusal.status, refusal.request_id) == (Status.EBADREQ, 42)
-    assert refusal.op == (raw[1] if 1 <= raw[1] <= 5 else Op.INVALID)
+    assert refusal.op == (raw[1] if 1 <= raw[1] <= max(Op) else Op.INVALID)
     assert decode_response(server.send(refusal)[4:]) == refusal
 
 
@@ -358,8 +379,8 @@ BAD_RESPONSES: dict[str, bytes] = {
     "EOK for no op": resp_frame(0x80, 0, b""),
     "EOK on a request kind": resp_frame(0x01, 0, struct.pack(">QQ", 1, 2)),
     "error on a request kind": resp_frame(0x01, 3, struct.pack(">Qq", 1, 2)),
-    "response op 6": resp_frame(0x86, 0, b""),
-    "error op 6": resp_frame(0x86, 4, struct.pack(">Qq", 1, 2)),
+    "response op 7": resp_frame(0x87, 0, b""),
+    "error op 7": resp_frame(0x87, 4, struct.pack(">Qq", 1, 2)),
     "add response trailing": resp_frame(0x81, 0, struct.pack(">QQ", 1, 2) + b"\0"),
     "add response short": resp_frame(0x81, 0, struct.pack(">QQ", 1, 2)[:-1]),
     "add response entry 2^63": resp_frame(0x81, 0, struct.pack(">QQ", 1, 2**63)),
@@ -397,8 +418,8 @@ def _canonical(event: Request | Response, raw: bytes) -> None:
     """Decoding accepts only canonical encodings (valid UTF-8 messages aside)."""
     if isinstance(event, ErrorResponse):
         return
-    again = encode_request(event) if isinstance(event, AddEntry | ReadEntry | ReadLac | WriteLac | GetBookieInfo) \
-        else encode_response(event)
+    requests = AddEntry | ReadEntry | ReadLac | WriteLac | GetBookieInfo | AdminRequest
+    again = encode_request(event) if isinstance(event, requests) else encode_response(event)
     assert again[4:] == raw
 
 

@@ -7,6 +7,7 @@ See :mod:`bookie.storage._storage` for the theory of operation and ``docs/format
 from __future__ import annotations
 
 from bookie.storage._format import MAX_ENTRY_ID, MAX_ENTRY_SIZE, MAX_MASTER_KEY
+from bookie.storage._reclaim import EntryLogInfo
 from bookie.storage._storage import LedgerStorage
 
-__all__ = ["LedgerStorage", "MAX_ENTRY_ID", "MAX_ENTRY_SIZE", "MAX_MASTER_KEY"]
+__all__ = ["EntryLogInfo", "LedgerStorage", "MAX_ENTRY_ID", "MAX_ENTRY_SIZE", "MAX_MASTER_KEY"]

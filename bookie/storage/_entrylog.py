@@ -34,6 +34,7 @@ from bookie.storage._format import (
     encode_log_header,
     record_length,
 )
+from bookie.storage._usage import LogUsage
 
 __all__ = ["EntryLogWriter", "open_log_for_read", "read_record"]
 
@@ -58,6 +59,8 @@ class EntryLogWriter:
         self._buffer_size = buffer_size
         #: Offset the next record will get.
         self.position = len(self._buf)
+        #: Record bytes per ledger (the log's usage; :mod:`bookie.storage._usage`).
+        self.ledgers: dict[int, int] = {}
 
     def append(self, ledger_id: int, entry_id: int, data: bytes) -> int:
         """Buffer one record (writing the buffer out once it holds ``buffer_size``
@@ -69,6 +72,8 @@ class EntryLogWriter:
                                    ledger_id, entry_id)
         buf += data
         self.position = self._buf_start + len(buf)
+        ledgers = self.ledgers
+        ledgers[ledger_id] = ledgers.get(ledger_id, 0) + length + 8
         if len(buf) >= self._buffer_size:
             self.write_out()
         return offset
@@ -88,6 +93,11 @@ class EntryLogWriter:
         where = self._where(offset, ledger_id, entry_id)
         total = record_length(bytes(self._buf[rel : rel + RECORD_HEADER.size]), where)
         return check_record(bytes(self._buf[rel : rel + total]), ledger_id, entry_id, where)
+
+    def usage(self) -> LogUsage:
+        """What this log holds per ledger (final once the log stopped taking records)."""
+        ledgers = dict(self.ledgers)
+        return LogUsage(self.log_id, ledgers, self.position - LOG_HEADER_SIZE, sum(ledgers.values()))
 
     def close(self) -> None:
         self.file.close()

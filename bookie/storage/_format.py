@@ -40,6 +40,7 @@ __all__ = [
     "unpack_location",
     "log_name",
     "parse_log_name",
+    "parse_logs_dir_name",
     "index_name",
     "parse_index_name",
     "check_entry_ids",
@@ -76,6 +77,9 @@ _FLAG_HAS_KEY = 0x4
 _KNOWN_FLAGS = _FLAG_FENCED | _FLAG_HAS_LAC | _FLAG_HAS_KEY
 
 _LOG_NAME = re.compile(r"^([0-9a-f]{16})\.log$")
+#: Files of the logs directory: an entry log, its usage file (or one being written),
+#: its compaction marker.
+_LOGS_DIR_NAME = re.compile(r"^([0-9a-f]{16})\.(log|use|use\.tmp|compact)$")
 _INDEX_NAME = re.compile(r"^([0-9a-f]{16})\.idx(\.tmp)?$")
 
 
@@ -201,6 +205,13 @@ def log_name(log_id: int) -> str:
 def parse_log_name(name: str) -> int | None:
     m = _LOG_NAME.match(name)
     return int(m.group(1), 16) if m else None
+
+
+def parse_logs_dir_name(name: str) -> tuple[int, str] | None:
+    """``(log id, kind)`` of a name in the logs directory - kind ``log``, ``use``,
+    ``use.tmp`` or ``compact`` - or None for a foreign name."""
+    m = _LOGS_DIR_NAME.match(name)
+    return (int(m.group(1), 16), m.group(2)) if m else None
 
 
 def index_name(ledger_id: int) -> str:

@@ -37,7 +37,7 @@ from bookie.storage._format import (
 )
 from walkit.errors import CorruptionError
 
-__all__ = ["LedgerState", "load_index", "write_header", "write_slots", "read_slot"]
+__all__ = ["LedgerState", "load_index", "write_header", "write_slots", "read_slot", "read_slots"]
 
 _SCAN_SLOTS = 8192  # slots read per step when looking for the last entry at open
 
@@ -117,6 +117,13 @@ def write_slots(f: File, slots: dict[int, int]) -> None:
             raw = struct.pack(f"<{len(run)}Q", *(slots[e] for e in run))
             f.pwrite(raw, INDEX_HEADER_SIZE + SLOT.size * run[0])
             start = i
+
+
+def read_slots(f: File, first: int, count: int) -> list[int]:
+    """The locations of entries ``first .. first + count - 1`` (0 when absent)."""
+    raw = f.pread(SLOT.size * count, INDEX_HEADER_SIZE + SLOT.size * first)
+    slots = [s for (s,) in SLOT.iter_unpack(raw[: len(raw) - len(raw) % SLOT.size])]
+    return slots + [0] * (count - len(slots))
 
 
 def read_slot(f: File, entry_id: int) -> int:

@@ -6,6 +6,8 @@ Layout of a ledger dir (the ``COOKIE`` file next to ``current/`` belongs to
 :mod:`bookie.cookie`)::
 
     <dir>/current/logs/<log id:016x>.log          entry logs
+    <dir>/current/logs/<log id:016x>.use          a sealed log's usage (bookie.storage._usage)
+    <dir>/current/logs/<log id:016x>.compact      marker: the log is being compacted
     <dir>/current/index/<ledger & 0xff:02x>/<ledger id:016x>.idx
 
 ``current/``, ``logs/`` and ``index/`` are made (and fsynced into their parents) when the
@@ -23,26 +25,37 @@ flush performs outside that lock. Recovery: :meth:`LedgerDir.scan_logs` and
 :meth:`LedgerDir.scan_index` parse names strictly (a foreign name is a FormatError) and
 remove ``.idx.tmp`` leftovers: they belong to a flush that never completed, which
 promised nothing (the journal still holds what it was writing).
+
+Sealed logs: once a flush synced a rolled log (or the storage closed), the log never
+changes again; :meth:`LedgerDir.seal` files its usage in :attr:`LedgerDir.usage`, the
+only logs garbage collection may delete or compact. At open, :meth:`LedgerDir.load_usage`
+reads each log's usage file or rebuilds it (and removes leftovers: ``.use.tmp`` files,
+usage files and markers of logs that are gone).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from bookie.fs import FileSystem
-from bookie.storage._entrylog import EntryLogWriter
+import logging
+
+from bookie.storage._entrylog import EntryLogWriter, open_log_for_read
 from bookie.storage._format import (
     LOG_HEADER_SIZE,
     RECORD_HEADER,
     index_name,
     log_name,
     parse_index_name,
-    parse_log_name,
+    parse_logs_dir_name,
     unpack_location,
 )
-from walkit.errors import CorruptionError, FormatError, StorageError
+from bookie.storage._usage import LogUsage, read_usage_file, rebuild_usage, write_usage_file
+from walkit.errors import CorruptionError, FormatError, StorageError, WalkitError
+
+log = logging.getLogger("bookie.storage")
 
 __all__ = ["LedgerDir", "LogFlush"]
 
@@ -75,6 +88,12 @@ class LedgerDir:
     logs_dirty: bool = False
     #: Bucket directories known to exist (made at open or by a flush).
     buckets: set[str] = field(default_factory=set)
+    #: Usage of every sealed entry log (the ones GC may delete or compact), by log id.
+    usage: dict[int, LogUsage] = field(default_factory=dict)
+    #: Sealed logs with a compaction marker (a compaction to finish).
+    compacting: set[int] = field(default_factory=set)
+    #: Log ids found at open, to be sealed by :meth:`load_usage`.
+    _found: dict[int, set[str]] = field(default_factory=dict)
 
     @property
     def current_dir(self) -> str:
@@ -100,6 +119,12 @@ class LedgerDir:
     def log_path(self, log_id: int) -> str:
         return f"{self.logs_dir}/{log_name(log_id)}"
 
+    def usage_path(self, log_id: int) -> str:
+        return self.log_path(log_id)[: -len(".log")] + ".use"
+
+    def marker_path(self, log_id: int) -> str:
+        return self.log_path(log_id)[: -len(".log")] + ".compact"
+
     # --- open -----------------------------------------------------------------------
     def prepare(self) -> None:
         """Make the layout (idempotent) and the new directories durable."""
@@ -119,9 +144,76 @@ class LedgerDir:
 
     def scan_logs(self) -> None:
         """Forget any writer; the next log gets an id above every log on disk."""
-        ids = [self._parse(parse_log_name, self.logs_dir, n) for n in self.fs.listdir(self.logs_dir)]
+        found: dict[int, set[str]] = {}
+        for name in self.fs.listdir(self.logs_dir):
+            log_id, kind = self._parse(parse_logs_dir_name, self.logs_dir, name)
+            found.setdefault(log_id, set()).add(kind)
         self.writer, self.rolled, self.logs_dirty = None, [], False
-        self.next_log_id = max(ids, default=0) + 1
+        self.usage, self.compacting, self._found = {}, set(), found
+        self.next_log_id = max(found, default=0) + 1
+
+    def load_usage(self, ledgers: Mapping[int, object]) -> None:
+        """Seal every log found by :meth:`scan_logs`: read its usage file, or rebuild
+        the usage from the log and write the file; drop the ledgers not in ``ledgers``
+        (deleted before the restart). Leftovers are removed. A log whose header cannot
+        be read is left alone (never deleted or compacted) with a warning."""
+        changed = False
+        for log_id, kinds in sorted(self._found.items()):
+            for kind in kinds - {"log"}:
+                if "log" not in kinds or kind == "use.tmp":
+                    self.fs.remove(f"{self.logs_dir}/{log_id:016x}.{kind}")
+                    changed = True
+            if "log" not in kinds:
+                continue
+            usage = self._read_usage(log_id) if "use" in kinds else None
+            if usage is None:
+                usage = self._rebuild_usage(log_id)
+                if usage is None:
+                    continue
+                changed = True
+            usage.keep_only(ledgers)
+            self.usage[log_id] = usage
+            if "compact" in kinds:
+                self.compacting.add(log_id)
+        self._found = {}
+        if changed:
+            self.fs.fsync_dir(self.logs_dir)
+
+    def _read_usage(self, log_id: int) -> LogUsage | None:
+        try:
+            return read_usage_file(self.fs, self.usage_path(log_id), log_id)
+        except WalkitError as exc:
+            log.warning("entry log %d in %s: usage file unreadable, rebuilding it: %s", log_id, self.root, exc)
+            return None
+
+    def _rebuild_usage(self, log_id: int) -> LogUsage | None:
+        try:
+            f = open_log_for_read(self.fs, self.log_path(log_id), log_id)
+        except WalkitError as exc:
+            log.warning("entry log %d in %s: header unreadable, the log is left alone: %s", log_id, self.root, exc)
+            return None
+        try:
+            usage, _ = rebuild_usage(f, log_id)
+        finally:
+            f.close()
+        write_usage_file(self.fs, self.usage_path(log_id), usage)
+        return usage
+
+    def seal(self, writer: EntryLogWriter) -> None:
+        """``writer``'s log was synced and takes no more records: GC may use it now."""
+        self.usage[writer.log_id] = writer.usage()
+
+    def drop_ledger(self, ledger_id: int) -> None:
+        """A deleted ledger's bytes are dead in every log of this dir."""
+        for usage in self.usage.values():
+            usage.drop(ledger_id)
+        for w in self.rolled + ([self.writer] if self.writer is not None else []):
+            w.ledgers.pop(ledger_id, None)
+
+    def write_usage(self, writer: EntryLogWriter) -> None:
+        """Write a sealed log's usage file (no directory fsync: a file lost to a crash
+        is rebuilt at open)."""
+        write_usage_file(self.fs, self.usage_path(writer.log_id), writer.usage())
 
     def scan_index(self) -> Iterator[tuple[int, str]]:
         """``(ledger id, path)`` of every index file, checked against its bucket.

@@ -34,11 +34,12 @@ a failed fsync the kernel may have dropped the dirty pages, so a retry could lie
 from __future__ import annotations
 
 import errno
+import logging
 import threading
 from dataclasses import dataclass
 
 from bookie.fs import File, FileSystem
-from bookie.storage._entrylog import open_log_for_read, read_record
+from bookie.storage._entrylog import EntryLogWriter, open_log_for_read, read_record
 from bookie.storage._format import (
     MAX_ENTRY_ID,
     MAX_ENTRY_SIZE,
@@ -50,13 +51,20 @@ from bookie.storage._format import (
 from bookie.storage._handles import HandleCache
 from bookie.storage._index import LedgerState, load_index, read_slot, write_header, write_slots
 from bookie.storage._ledgerdir import LedgerDir, LogFlush
+from bookie.storage._reclaim import EntryLogReclaim
 from bookie.storage._state import LedgerStates
 from walkit.errors import CorruptionError, EntryTooLargeError, NoSuchEntryError, NoSuchLedgerError
 
 __all__ = ["LedgerStorage"]
 
+log = logging.getLogger("bookie.storage")
+
 _OPEN_LOG_FILES = 64  # entry logs kept open for reads (each dir holds few logs at a time)
 _WRITE_BUFFER = 256 << 10  # entry-log buffer written at this size
+
+
+class _LogGone(Exception):
+    """The entry log a location names is not there (compaction removed it, or damage)."""
 
 
 @dataclass
@@ -67,7 +75,7 @@ class _FlushPlan:
     created: set[int]
 
 
-class LedgerStorage(LedgerStates):
+class LedgerStorage(EntryLogReclaim, LedgerStates):
     """Thread-safe ledger storage over a :class:`~bookie.fs.FileSystem`."""
 
     def __init__(
@@ -105,6 +113,8 @@ class LedgerStorage(LedgerStates):
                 d.scan_logs()
                 for ledger_id, path in d.scan_index():
                     self._load_ledger(d, ledger_id, path)
+            for d in self._dirs:
+                d.load_usage(self._states)
             self._is_open = True
 
     def close(self) -> None:
@@ -114,6 +124,9 @@ class LedgerStorage(LedgerStates):
         try:
             if self._failure is None:
                 self.flush()
+                for d in self._dirs:  # the active logs are sealed now: keep their usage
+                    if d.writer is not None:
+                        self._write_usage(d, d.writer)
         finally:
             with self._flush_lock, self._lock:
                 for d in self._dirs:
@@ -187,6 +200,24 @@ class LedgerStorage(LedgerStates):
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes:
         """The entry's data, verified (CRC and ids) against the stored record."""
         d = self._dir(ledger_id)
+        tried = 0
+        for _ in range(3):  # compaction may move the entry and remove its old log meanwhile
+            location, data = self._locate(d, ledger_id, entry_id)
+            if data is not None:
+                return data
+            if location == tried:
+                break
+            tried = location
+            try:
+                return self._read_log(d, location, ledger_id, entry_id)
+            except _LogGone:
+                continue
+        log_id, offset = unpack_location(tried)
+        raise CorruptionError("index points at a missing entry log", ledger=ledger_id, entry=entry_id,
+                              log=log_id, offset=offset)
+
+    def _locate(self, d: LedgerDir, ledger_id: int, entry_id: int) -> tuple[int, bytes | None]:
+        """The entry's location, with its data when it is still in a log's buffer."""
         with self._lock:
             state = self._existing_state(ledger_id)
             if not 0 <= entry_id <= MAX_ENTRY_ID:
@@ -195,16 +226,17 @@ class LedgerStorage(LedgerStates):
             if location:
                 data = d.read_buffered(location, ledger_id, entry_id)
                 if data is not None:
-                    return data
+                    return location, data
             on_disk = state.on_disk
         if not location and on_disk:
             location = self._disk_slot(ledger_id, entry_id)
         if not location:
             raise NoSuchEntryError("entry not stored", ledger=ledger_id, entry=entry_id)
-        return self._read_log(d, location, ledger_id, entry_id)
+        return location, None
 
     def delete_ledger(self, ledger_id: int) -> None:
-        """Forget the ledger: index file and state (entry-log space is left to GC)."""
+        """Forget the ledger: index file, state and its share of every entry log's usage
+        (the space comes back when GC deletes or compacts those logs)."""
         d = self._dir(ledger_id)
         with self._flush_lock:
             with self._lock:
@@ -213,6 +245,7 @@ class LedgerStorage(LedgerStates):
                 del self._states[ledger_id]
                 self._pending.pop(ledger_id, None)
                 self._dirty.discard(ledger_id)
+                d.drop_ledger(ledger_id)
             if state.on_disk:  # remove before discarding: no reader caches a stale handle
                 with self._failing:  # a file left behind would haunt a re-created ledger
                     self._fs.remove(d.index_path(ledger_id))
@@ -255,6 +288,17 @@ class LedgerStorage(LedgerStates):
         for log_flush in plan.logs:
             if log_flush.fsync_dir is not None:
                 self._fs.fsync_dir(log_flush.fsync_dir)
+        for d, log_flush in zip(self._dirs, plan.logs):
+            for writer in log_flush.close:  # rolled and now synced: sealed
+                self._write_usage(d, writer)
+
+    def _write_usage(self, d: LedgerDir, writer: EntryLogWriter) -> None:
+        """A sealed log's usage file; one that cannot be written is rebuilt at open."""
+        try:
+            d.write_usage(writer)
+        except OSError as exc:
+            log.warning("entry log %d in %s: usage file not written (rebuilt at the next start): %s",
+                        writer.log_id, d.root, exc)
 
     def _write_index(self, plan: _FlushPlan) -> None:
         new_dirs: set[str] = set()
@@ -289,8 +333,9 @@ class LedgerStorage(LedgerStates):
                 state.seq = header.seq
                 state.on_disk = True
         self._flushing = {}
-        for log_flush in plan.logs:
+        for d, log_flush in zip(self._dirs, plan.logs):
             for writer in log_flush.close:
+                d.seal(writer)
                 writer.close()
 
     # --- helpers --------------------------------------------------------------------
@@ -330,9 +375,7 @@ class LedgerStorage(LedgerStates):
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 raise
-            raise CorruptionError(
-                "index points at a missing entry log", ledger=ledger_id, entry=entry_id, log=log_id
-            ) from exc
+            raise _LogGone() from exc
 
     def _open_index(self, ledger_id: int, create: bool) -> File:
         """The index file, or with ``create`` a new, empty ``.tmp`` file for it."""

@@ -16,6 +16,7 @@ are not the protocol (or another protocol version) fail them with the
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from walkit.errors import BookieUnavailableError, InvalidArgumentError, Protocol
 from walkit.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     AddEntry,
+    AdminRequest,
+    AdminResponse,
     BookieInfoResponse,
     ClientConnection,
     ErrorResponse,
@@ -141,6 +144,15 @@ class BookieClient:
         response = await self._call(GetBookieInfo())
         assert isinstance(response, BookieInfoResponse)
         return response
+
+    async def admin(self, command: str, args: dict[str, Any] | None = None) -> Any:
+        """An operator command (``gc.status``, ``gc.run``): its JSON result, decoded."""
+        response = await self._call(AdminRequest(command, json.dumps(args or {}).encode()))
+        assert isinstance(response, AdminResponse)
+        try:
+            return json.loads(response.body)
+        except ValueError as exc:
+            raise ProtocolError("admin answer is not JSON", bookie=self.address, command=command) from exc
 
     def add_entry_nowait(self, ledger_id: int, entry_id: int, master_key: bytes, data: bytes,
                          recovery: bool = False) -> asyncio.Future[Response | None]:

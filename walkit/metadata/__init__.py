@@ -17,7 +17,14 @@ from walkit.metadata._ledger import Fragment, LedgerMetadata, LedgerState
 from walkit.metadata._ledgers import LedgerManager
 from walkit.metadata._local import LocalMetadataStore
 from walkit.metadata._registration import BookieRegistration, BookieSet, list_bookies, read_cookie, watch_bookies, write_cookie
-from walkit.metadata._paths import Layout, iter_ledger_ids, ledger_path, ledger_path_prefixes, parse_ledger_path
+from walkit.metadata._paths import (
+    Layout,
+    iter_ledger_ids,
+    iter_ledger_ranges,
+    ledger_path,
+    ledger_path_prefixes,
+    parse_ledger_path,
+)
 from walkit.metadata._store import (
     ANY_VERSION,
     Check,
@@ -59,6 +66,7 @@ __all__ = [
     "connect",
     "init_cluster",
     "iter_ledger_ids",
+    "iter_ledger_ranges",
     "ledger_path",
     "list_bookies",
     "ledger_path_prefixes",

@@ -46,7 +46,7 @@ from walkit.errors import (
 )
 from walkit.metadata._cluster import ClusterInfo, cluster_path
 from walkit.metadata._ledger import LedgerMetadata
-from walkit.metadata._paths import MAX_LEDGER_ID, iter_ledger_ids, ledger_path
+from walkit.metadata._paths import MAX_LEDGER_ID, iter_ledger_ids, iter_ledger_ranges, ledger_path
 from walkit.metadata._store import ANY_VERSION, MetadataStore, Stat, Watch
 
 __all__ = ["LedgerManager", "LOW_LIMIT"]
@@ -204,6 +204,23 @@ class LedgerManager:
         """Every ledger id, ascending, listed lazily one directory at a time. Ledgers
         created or deleted during the walk may or may not be seen."""
         return iter_ledger_ids(self._root, self._children, self._cluster.layout)
+
+    def sync(self) -> None:
+        """Make the next reads see every ledger created or deleted before this call."""
+        self._store.sync(self._root)
+
+    def ledger_ranges(self, before_call: Callable[[], object] | None = None) -> Iterator[tuple[int, int, list[int]]]:
+        """``(first, last, ids)`` per directory of ledger nodes, ascending and disjoint
+        (:func:`iter_ledger_ranges`): garbage collection compares a bookie's ledgers
+        with the store's one range at a time. A store error (connection, session)
+        propagates; a directory deleted during the walk lists as empty.
+        ``before_call()`` runs before each listing (a rate limiter)."""
+        def children(path: str) -> list[str]:
+            if before_call is not None:
+                before_call()
+            return self._children(path)
+
+        return iter_ledger_ranges(self._root, children, self._cluster.layout)
 
     def _children(self, path: str) -> list[str]:
         try:

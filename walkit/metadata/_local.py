@@ -377,6 +377,10 @@ class LocalMetadataStore:
             tx.must(check_path(path), {})
             return tx.children(path)
 
+    def sync(self, path: str) -> None:
+        """Every read sees the SQLite file as committed: nothing to catch up."""
+        check_path(path)
+
     def transaction(self, ops: Sequence[Op]) -> list[str | Stat | None]:
         with self._db.write() as tx:
             return [tx.apply(op, self._session, {"op_index": i}) for i, op in enumerate(ops)]

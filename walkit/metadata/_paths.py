@@ -28,6 +28,7 @@ __all__ = [
     "ledger_path_prefixes",
     "parse_ledger_path",
     "iter_ledger_ids",
+    "iter_ledger_ranges",
 ]
 
 Layout = Literal["hierarchical", "flat"]
@@ -151,3 +152,33 @@ def _walk_hierarchical(root: str, children: Children) -> Iterator[int]:
         names = sorted(n for n in top if len(n) == split[0] and _DIGITS.fullmatch(n))
         for name in names:
             yield from _walk(root, children, f"{prefix}/{name}", split[1:])
+
+
+def iter_ledger_ranges(root: str, children: Children,
+                       layout: Layout = "hierarchical") -> Iterator[tuple[int, int, list[int]]]:
+    """``(first, last, ids)`` for every directory that holds ledger nodes, in ascending
+    order: the id range the directory covers and the ids it holds (sorted, within the
+    range). The ranges are disjoint; an id in no range has no node anywhere. One
+    directory is listed at a time (at most 10,000 names in the hierarchical layout);
+    ``flat`` is one range over every id, and must list its single directory whole."""
+    _check_layout(layout)
+    if layout == "flat":
+        yield 0, MAX_LEDGER_ID, list(_walk_flat(root, children))
+        return
+    top = children(root)
+    prefix = _prefix(root)
+    for split, low, high in ((_LEGACY_SPLIT, 0, LEGACY_LIMIT - 1), (_LONG_SPLIT, LEGACY_LIMIT, MAX_LEDGER_ID)):
+        for name in sorted(n for n in top if len(n) == split[0] and _DIGITS.fullmatch(n)):
+            yield from _ranges(root, children, f"{prefix}/{name}", split[1:], name, (low, high))
+
+
+def _ranges(root: str, children: Children, path: str, split: tuple[int, ...], digits: str,
+            bounds: tuple[int, int]) -> Iterator[tuple[int, int, list[int]]]:
+    if len(split) > 1:
+        for name in _sorted_dirs(children, path, split[0]):
+            yield from _ranges(root, children, f"{path}/{name}", split[1:], digits + name, bounds)
+        return
+    span = 10 ** split[0]
+    first, last = max(int(digits) * span, bounds[0]), min(int(digits) * span + span - 1, bounds[1])
+    if first <= last:
+        yield first, last, list(_walk(root, children, path, split))

@@ -131,6 +131,12 @@ class MetadataStore(Protocol):
         """Child names, sorted. Raises NoNodeError."""
         ...
 
+    def sync(self, path: str) -> None:
+        """Bring this session's view up to date with every write acknowledged anywhere
+        before the call (ZooKeeper's ``sync``: a follower catches up with the leader),
+        so that a read after it cannot miss them. A no-op where reads are never stale."""
+        ...
+
     def transaction(self, ops: Sequence[Op]) -> list[str | Stat | None]:
         """All or nothing. Results per op: the created path, the new Stat, None (delete,
         check). On failure raises the first op's error with ``op_index`` in its context."""

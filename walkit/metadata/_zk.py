@@ -234,6 +234,10 @@ class ZooKeeperStore:
         check_path(path)
         return sorted(self._call(path, self._client.get_children, path))
 
+    def sync(self, path: str) -> None:
+        check_path(path)
+        self._call(path, self._client.sync, path)
+
     def transaction(self, ops: Sequence[Op]) -> list[str | Stat | None]:
         for op in ops:
             check_path(op.path)

@@ -11,6 +11,7 @@ from walkit.protocol._entry import (
     master_key,
     parse_entry_header,
 )
+from walkit.protocol._admin import MAX_ADMIN_BODY
 from walkit.protocol._wire import (
     DEFAULT_MAX_FRAME_SIZE,
     HEADER_SIZE,
@@ -20,6 +21,8 @@ from walkit.protocol._wire import (
     PROTOCOL_VERSION,
     AddEntry,
     AddEntryResponse,
+    AdminRequest,
+    AdminResponse,
     BookieInfoResponse,
     ClientConnection,
     ErrorResponse,
@@ -62,7 +65,10 @@ __all__ = [
     "MIN_MAX_FRAME_SIZE",
     "PROTOCOL_VERSION",
     "AddEntry",
+    "MAX_ADMIN_BODY",
     "AddEntryResponse",
+    "AdminRequest",
+    "AdminResponse",
     "BookieInfoResponse",
     "ClientConnection",
     "ErrorResponse",

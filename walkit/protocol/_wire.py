@@ -50,6 +50,7 @@ from walkit.errors import (
     UnauthorizedError,
     WalkitError,
 )
+from walkit.protocol._admin import AdminRequest, AdminResponse, dec_admin, dec_admin_resp, enc_admin, enc_admin_resp
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -66,6 +67,8 @@ __all__ = [
     "ReadLac",
     "WriteLac",
     "GetBookieInfo",
+    "AdminRequest",
+    "AdminResponse",
     "Request",
     "AddEntryResponse",
     "ReadEntryResponse",
@@ -107,6 +110,7 @@ class Op(IntEnum):
     READ_LAC = 3
     WRITE_LAC = 4
     GET_BOOKIE_INFO = 5
+    ADMIN = 6  # operator commands with JSON bodies (walkit.protocol._admin)
 
 
 class Flag(IntFlag):
@@ -397,9 +401,10 @@ class ErrorResponse:
         _int("request_id", self.request_id, 0, _U64)
 
 
-Request: TypeAlias = AddEntry | ReadEntry | ReadLac | WriteLac | GetBookieInfo
+Request: TypeAlias = AddEntry | ReadEntry | ReadLac | WriteLac | GetBookieInfo | AdminRequest
 Response: TypeAlias = (
-    AddEntryResponse | ReadEntryResponse | ReadLacResponse | WriteLacResponse | BookieInfoResponse | ErrorResponse
+    AddEntryResponse | ReadEntryResponse | ReadLacResponse | WriteLacResponse | BookieInfoResponse | AdminResponse
+    | ErrorResponse
 )
 
 _REQUEST_OP: dict[type[Any], Op] = {
@@ -408,6 +413,7 @@ _REQUEST_OP: dict[type[Any], Op] = {
     ReadLac: Op.READ_LAC,
     WriteLac: Op.WRITE_LAC,
     GetBookieInfo: Op.GET_BOOKIE_INFO,
+    AdminRequest: Op.ADMIN,
 }
 _RESPONSE_OP: dict[type[Any], Op] = {
     AddEntryResponse: Op.ADD_ENTRY,
@@ -415,6 +421,7 @@ _RESPONSE_OP: dict[type[Any], Op] = {
     ReadLacResponse: Op.READ_LAC,
     WriteLacResponse: Op.WRITE_LAC,
     BookieInfoResponse: Op.GET_BOOKIE_INFO,
+    AdminResponse: Op.ADMIN,
 }
 
 
@@ -518,6 +525,7 @@ _REQUEST_ENCODERS: dict[type[Any], _Encoder] = {
     ReadLac: _enc_read_lac,
     WriteLac: _enc_write_lac,
     GetBookieInfo: _enc_info,
+    AdminRequest: lambda r, rid: enc_admin(r, rid, _V),
 }
 _RESPONSE_ENCODERS: dict[type[Any], _Encoder] = {
     AddEntryResponse: _enc_add_resp,
@@ -525,6 +533,7 @@ _RESPONSE_ENCODERS: dict[type[Any], _Encoder] = {
     ReadLacResponse: _enc_read_lac_resp,
     WriteLacResponse: _enc_write_lac_resp,
     BookieInfoResponse: _enc_info_resp,
+    AdminResponse: lambda r, rid: enc_admin_resp(r, rid, _V),
     ErrorResponse: _enc_error,
 }
 
@@ -698,6 +707,7 @@ _REQUEST_DECODERS: dict[int, _RequestDecoder] = {
     Op.READ_LAC: _dec_read_lac,
     Op.WRITE_LAC: _dec_write_lac,
     Op.GET_BOOKIE_INFO: _dec_info,
+    Op.ADMIN: dec_admin,
 }
 _ResponseDecoder: TypeAlias = Callable[[bytes, int, int], Response]
 _RESPONSE_DECODERS: dict[int, _ResponseDecoder] = {
@@ -706,6 +716,7 @@ _RESPONSE_DECODERS: dict[int, _ResponseDecoder] = {
     0x80 | Op.READ_LAC: _dec_read_lac_resp,
     0x80 | Op.WRITE_LAC: _dec_write_lac_resp,
     0x80 | Op.GET_BOOKIE_INFO: _dec_info_resp,
+    0x80 | Op.ADMIN: dec_admin_resp,
 }
 
 
