@@ -8,6 +8,7 @@
 ``walkit bench spark``     records/s read by Spark local[2] vs. the WAL's own replay() (walkit[spark])
 ``walkit bookie start``    run a bookie (as ``python -m bookie --conf FILE``)
 ``walkit bookie list``     the available and read-only bookies of a cluster
+``walkit bookie gc``       force garbage collection / compaction on bookies (--force, --compact), or --status
 ``walkit journal repair``  keep a ``.broken`` copy of a damaged journal and truncate it
 ``walkit demo``            a key-value store's primary is SIGKILLed; a standby fails over; the old one is fenced
 ``walkit sandbox``         a local cluster in the foreground for other processes, until SIGINT/SIGTERM

@@ -1,9 +1,11 @@
-"""``walkit bookie start|list``: run and inspect bookies."""
+"""``walkit bookie start|list|gc``: run and inspect bookies (``gc``: :mod:`walkit.cli._gc`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from walkit.cli import _gc
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -35,3 +37,4 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bl = bookie.add_parser("list", help="the available and read-only bookies")
     bl.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
     bl.set_defaults(func=_list)
+    _gc.add_parser(bookie)

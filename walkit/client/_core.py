@@ -14,9 +14,8 @@ from typing import Any, Protocol, TypeVar
 from walkit.client._config import ClientConfig
 from walkit.client._loop import LoopThread
 from walkit.client._pool import BookiePool, Endpoint, parse_endpoint
-from walkit.errors import NoNodeError, NotEnoughBookiesError, UsageError, WalkitError
-from walkit.metadata import Cluster
-from walkit.metadata._cluster import cluster_path
+from walkit.errors import NotEnoughBookiesError, UsageError, WalkitError
+from walkit.metadata import Cluster, read_registration
 
 __all__ = ["ClientCore"]
 
@@ -60,14 +59,7 @@ class ClientCore:
         return await self.md(self._registration_of, bookie)
 
     def _registration_of(self, bookie: str) -> Endpoint:
-        available = cluster_path(self.cluster.info.root, "available")
-        for path in (f"{available}/{bookie}", f"{available}/readonly/{bookie}"):
-            try:
-                data, _ = self.cluster.store.get(path)
-            except NoNodeError:
-                continue
-            return parse_endpoint(bookie, data)
-        return parse_endpoint(bookie, None)
+        return parse_endpoint(bookie, read_registration(self.cluster.store, self.cluster.info, bookie))
 
     # -- bookie health and placement ---------------------------------------------------
     def bookie_failed(self, bookie: str) -> None:

@@ -16,7 +16,15 @@ from walkit.metadata._connect import Cluster, connect
 from walkit.metadata._ledger import Fragment, LedgerMetadata, LedgerState
 from walkit.metadata._ledgers import LedgerManager
 from walkit.metadata._local import LocalMetadataStore
-from walkit.metadata._registration import BookieRegistration, BookieSet, list_bookies, read_cookie, watch_bookies, write_cookie
+from walkit.metadata._registration import (
+    BookieRegistration,
+    BookieSet,
+    list_bookies,
+    read_cookie,
+    read_registration,
+    watch_bookies,
+    write_cookie,
+)
 from walkit.metadata._paths import (
     Layout,
     iter_ledger_ids,
@@ -75,6 +83,7 @@ __all__ = [
     "parse_metadata_uri",
     "read_cluster",
     "read_cookie",
+    "read_registration",
     "watch_bookies",
     "write_cookie",
 ]

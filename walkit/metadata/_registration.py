@@ -89,6 +89,18 @@ class BookieSet:
     readonly: frozenset[str]
 
 
+def read_registration(store: MetadataStore, cluster: ClusterInfo, bookie_id: str) -> bytes | None:
+    """What ``bookie_id`` registered (writable or read-only), or None when it is not registered."""
+    available = cluster_path(cluster.root, "available")
+    for path in (f"{available}/{bookie_id}", f"{available}/{READONLY}/{bookie_id}"):
+        try:
+            data, _ = store.get(path)
+        except NoNodeError:
+            continue
+        return data
+    return None
+
+
 def list_bookies(store: MetadataStore, cluster: ClusterInfo) -> BookieSet:
     available = cluster_path(cluster.root, "available")
     writable = frozenset(n for n in store.children(available) if n != READONLY)

@@ -1,0 +1,151 @@
+"""``walkit bookie gc``: force garbage collection on bookies, or report it.
+
+The bookies are found through their registration (every registered one, writable or
+read-only, or the one ``--bookie`` names) and asked over the wire protocol (ADMIN
+requests ``gc.run`` and ``gc.status``, :mod:`walkit.protocol._admin`). ``--force`` asks
+each bookie for a pass now and waits until that pass has ended (``--timeout``), polling
+its status; ``--status`` (the default) prints what each last did. A bookie that cannot
+be reached is reported and makes the exit status 1; the others are still served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from typing import Any
+
+from walkit.errors import BookieUnavailableError, InvalidArgumentError, WalkitError
+
+__all__ = ["add_parser"]
+
+_POLL = 0.2  # seconds between status polls while a forced pass runs
+
+
+def add_parser(bookie: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = bookie.add_parser("gc", help="force garbage collection and compaction on bookies, or show its status")
+    p.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
+    p.add_argument("--bookie", help="only this bookie (its id); default: every registered bookie")
+    p.add_argument("--force", action="store_true", help="run a GC pass now and wait for it to end")
+    p.add_argument("--compact", choices=("minor", "major"), help="with the pass, compact entry logs (implies --force)")
+    p.add_argument("--status", action="store_true", help="show each bookie's GC status (the default)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a forced pass (default 600)")
+    p.add_argument("--tls-ca", default="", help="CA file, for bookies that serve TLS")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.timeout <= 0:
+        raise InvalidArgumentError("--timeout must be positive", timeout=args.timeout)
+    force = bool(args.force or args.compact)
+    targets = _targets(args.metadata, args.bookie)
+    results = asyncio.run(_ask_all(targets, force, args.compact, args.timeout, args.tls_ca))
+    if args.json:
+        print(json.dumps(results, indent=2, sort_keys=True))
+    else:
+        for bookie_id, result in results.items():
+            print(_human(bookie_id, result, force))
+    return 1 if any("error" in r and len(r) == 1 for r in results.values()) else 0
+
+
+def _targets(uri: str, only: str | None) -> dict[str, tuple[bytes | None, str]]:
+    """``bookie id -> (registration, "writable" | "readonly")`` of the bookies to ask."""
+    from walkit.metadata import connect, read_registration
+
+    with connect(uri) as cluster:
+        bookies = cluster.bookies()
+        states = {b: "writable" for b in bookies.writable} | {b: "readonly" for b in bookies.readonly}
+        if only is not None:
+            if only not in states:
+                raise BookieUnavailableError("bookie is not registered", bookie=only, metadata=uri)
+            states = {only: states[only]}
+        if not states:
+            raise BookieUnavailableError("no bookie is registered", metadata=uri)
+        return {b: (read_registration(cluster.store, cluster.info, b), state) for b, state in sorted(states.items())}
+
+
+async def _ask_all(targets: dict[str, tuple[bytes | None, str]], force: bool, compact: str | None,
+                   timeout: float, tls_ca: str) -> dict[str, dict[str, Any]]:
+    answers = await asyncio.gather(*(_ask(b, reg, force, compact, timeout, tls_ca) for b, (reg, _) in targets.items()),
+                                   return_exceptions=True)
+    results: dict[str, dict[str, Any]] = {}
+    for (bookie_id, (_, state)), answer in zip(targets.items(), answers):
+        if isinstance(answer, WalkitError):
+            results[bookie_id] = {"error": str(answer)}
+        elif isinstance(answer, BaseException):
+            raise answer
+        else:
+            results[bookie_id] = {**answer, "registered": state}
+    return results
+
+
+async def _ask(bookie_id: str, registration: bytes | None, force: bool, compact: str | None, timeout: float,
+               tls_ca: str) -> dict[str, Any]:
+    from walkit.client import BookieClient, client_ssl_context, parse_endpoint
+
+    endpoint = parse_endpoint(bookie_id, registration)
+    if endpoint.tls and not tls_ca:
+        raise BookieUnavailableError("bookie serves TLS: give --tls-ca", bookie=bookie_id)
+    ssl_context = client_ssl_context(tls_ca) if endpoint.tls else None
+    async with await BookieClient.connect(endpoint.host, endpoint.port, ssl_context=ssl_context,
+                                          server_hostname=endpoint.host) as client:
+        if not force:
+            status: dict[str, Any] = await client.admin("gc.status")
+            return status
+        number = (await client.admin("gc.run", {"compact": compact}))["pass"]
+        deadline = time.monotonic() + timeout
+        while True:
+            status = await client.admin("gc.status")
+            if status["passes"] >= number:
+                return status
+            if time.monotonic() >= deadline:
+                raise BookieUnavailableError("the forced GC pass did not end in time (it goes on)", bookie=bookie_id,
+                                             timeout=timeout, passes=status["passes"], waiting_for=number)
+            await asyncio.sleep(_POLL)
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def _pass_line(p: dict[str, Any]) -> str:
+    return (f"{p['ledgers_removed']} ledgers removed (+{p['overreplicated_removed']} over-replicated), "
+            f"{p['entry_logs_deleted']} entry logs deleted, {p['entry_logs_compacted']} compacted "
+            f"({p['entries_copied']} entries, {_size(p['bytes_copied'])} copied), "
+            f"{_size(p['bytes_reclaimed'])} reclaimed")
+
+
+def _human(bookie_id: str, r: dict[str, Any], forced: bool) -> str:
+    if "passes" not in r:
+        return f"bookie {bookie_id}: {r.get('error', 'no answer')}"
+    lines = [f"bookie {bookie_id} ({r['registered']}{', read-only' if r.get('readonly') else ''})"]
+    last = r["last_pass"]
+    if last is None:
+        lines.append("  last pass      none yet")
+    else:
+        how = " (forced)" if last["forced"] else ""
+        lines.append(f"  last pass      #{last['number']}{how} at {last['started']}, {last['seconds']:.2f} s: "
+                     + _pass_line(last))
+        lines += [f"  cut short      {reason}" for reason in last["cut_short"]]
+        if last["error"]:
+            lines.append(f"  failed         {last['error']}")
+    lines.append(f"  totals         {r['passes']} passes: {_pass_line(r['totals'])}")
+    lc = r["last_compaction"]
+    lines.append(f"  compaction     {r['compaction']} (last minor: {lc['minor'] or 'never'}, "
+                 f"last major: {lc['major'] or 'never'})")
+    logs = r["entry_logs"]
+    live = "-" if logs["live_fraction"] is None else f"{logs['live_fraction']:.1%} live"
+    lines.append(f"  entry logs     {logs['count']} sealed, {_size(logs['total_bytes'])}, {live}"
+                 + (f", {logs['compacting']} being compacted" if logs["compacting"] else ""))
+    if r["damaged_entry_logs"]:
+        lines.append(f"  damaged logs   {', '.join(r['damaged_entry_logs'])} (never removed; see the bookie's log)")
+    lines.append(f"  disk           {r['disk_usage']:.1%} used; next pass in {r['next_pass_in_seconds']:.0f} s"
+                 + ("" if r["metadata"] else "; no metadata: deleted ledgers are not collected"))
+    return "\n".join(lines)
