@@ -80,8 +80,8 @@ class BookieConfig:
     disk_usage_threshold: float = _key("diskUsageThreshold", 0.95)
     disk_usage_lwm_threshold: float = _key("diskUsageLwmThreshold", 0.90)
     disk_check_interval: int = _key("diskCheckInterval", 10000)  # ms
-    # Above this, major compaction pauses (it copies the most); above diskUsageThreshold
-    # minor compaction too, unless isForceGCAllowWhenNoSpace (then GC is forced instead).
+    # Above this (or diskUsageThreshold, if lower), major compaction pauses (it copies the
+    # most); above diskUsageThreshold minor compaction too, unless isForceGCAllowWhenNoSpace.
     disk_usage_warn_threshold: float = _key("diskUsageWarnThreshold", 0.90)
     # Garbage collection (bookie/gc): every gcWaitTime ms, ledgers deleted from metadata
     # leave this bookie; ledgers whose metadata no longer names it, on their own interval.
@@ -177,9 +177,8 @@ class BookieConfig:
                 "need 0 < diskUsageLwmThreshold <= diskUsageThreshold <= 1",
                 lwm=self.disk_usage_lwm_threshold, threshold=self.disk_usage_threshold,
             )
-        if not 0 < self.disk_usage_warn_threshold <= self.disk_usage_threshold:
-            raise ConfigError("need 0 < diskUsageWarnThreshold <= diskUsageThreshold",
-                              warn=self.disk_usage_warn_threshold, threshold=self.disk_usage_threshold)
+        if not 0 < self.disk_usage_warn_threshold <= 1:  # used as min(warn, diskUsageThreshold)
+            raise ConfigError("need 0 < diskUsageWarnThreshold <= 1", warn=self.disk_usage_warn_threshold)
         minor, major = self.minor_compaction_threshold, self.major_compaction_threshold
         if not (minor <= 1 and major <= 1 and (minor <= 0 or major <= 0 or minor <= major)):
             raise ConfigError("compaction thresholds must be at most 1, minor below major",

@@ -34,3 +34,26 @@ def test_readme_bookie_configuration_is_valid() -> None:
     for text in blocks:
         config = BookieConfig.from_dict(tomllib.loads(text))
         assert config.metadata_service_uri.startswith("local://")
+
+
+def test_readme_documents_every_garbage_collection_key_with_its_default() -> None:
+    from bookie import BookieConfig
+
+    text = README.read_text()
+    section = text[text.index("### Garbage collection"):]
+    section = section[:section.index("```sh")]
+    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| `")]
+    documented: dict[str, str] = {}
+    for keys, defaults in rows:
+        names = re.findall(r"`(\w+)`", keys)
+        values = [v.split(" (")[0].strip() for v in defaults.split(",")]
+        documented.update(zip(names, values if len(values) == len(names) else values * len(names)))
+    defaults = BookieConfig().to_dict()
+    gc_keys = {k for k in defaults if k.startswith(("gc", "minorCompaction", "majorCompaction", "compactionRate"))
+               or k in ("isThrottleByBytes", "isForceGCAllowWhenNoSpace", "diskUsageWarnThreshold")}
+    assert gc_keys <= set(documented), gc_keys - set(documented)
+    for key in gc_keys:
+        value = defaults[key]
+        shown = documented[key]
+        assert shown == (str(value).lower() if isinstance(value, bool) else f"{value:.2f}" if key ==
+                         "diskUsageWarnThreshold" else str(value)), (key, shown, value)

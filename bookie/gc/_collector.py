@@ -142,7 +142,7 @@ class GarbageCollector:
                           else (config.compaction_rate_by_entries, False))
         self._copy_pace, self._by_bytes = RateLimiter(rate, clock=clock, sleep=self._stop.wait), by_bytes
         if metadata is None:
-            log.warning("bookie %s: no metadata store, so ledgers deleted elsewhere are never collected here;"
+            log.info("bookie %s: no metadata store, so ledgers deleted elsewhere are never collected here;"
                         " entry logs are still deleted and compacted", bookie_id)
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -241,8 +241,8 @@ class GarbageCollector:
                     continue  # created while the listing ran past it: keep
                 if self._remove(ledger_id):
                     p.stats.ledgers_removed += 1
-        except WalkitError as exc:
-            p.cut_short.append(f"metadata unavailable, undecided ledgers kept: {exc}")
+        except WalkitError as exc:  # the store (down, session lost) or the storage failed
+            p.cut_short.append(f"deleted ledgers: step stopped, undecided ledgers kept: {exc}")
 
     def _collect_overreplicated(self, p: _Pass) -> None:
         md = self._metadata
@@ -266,7 +266,7 @@ class GarbageCollector:
                 else:
                     suspects.add(ledger_id)
         except WalkitError as exc:
-            p.cut_short.append(f"metadata unavailable during the over-replication check: {exc}")
+            p.cut_short.append(f"over-replicated ledgers: step stopped, undecided ledgers kept: {exc}")
             suspects |= self._suspects
         self._suspects = suspects
 

@@ -84,7 +84,9 @@ def suspension(kind: Kind, disk_usage: float, config: BookieConfig, forced: bool
     pass (or the collector's own pass on a full disk) run anyway."""
     if forced and config.is_force_gc_allow_when_no_space:
         return None
-    limit = config.disk_usage_warn_threshold if kind == "major" else config.disk_usage_threshold
+    limit = config.disk_usage_threshold
+    if kind == "major":
+        limit = min(config.disk_usage_warn_threshold, limit)
     if disk_usage >= limit:
         return f"disk {disk_usage:.1%} full (limit for {kind} compaction {limit:.0%})"
     return None
