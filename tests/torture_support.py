@@ -90,6 +90,20 @@ PROCESS_FAULTS = ("kill", "kill", "damage-journal", "failover")
 _DOWN = {"kill", "damage-journal"}
 _IMPAIRING = _DOWN | {"partition", "read-only"}
 _INSTANT = {"expire-bookie", "expire-writer", "failover"}
+#: Garbage collection runs all the time in torture runs, so that its "never collect what
+#: may be live" is judged under the same faults as everything else (session expiry and
+#: ZooKeeper nodes down while a pass lists and confirms; crashes mid-compaction): a pass
+#: every 0.5 s, small entry logs sealed by a checkpoint every 2 s, compaction due every
+#: few seconds and not throttled.
+GC_OPTIONS: dict[str, int] = {
+    "gc_wait_time": 500,
+    "gc_overreplicated_ledger_wait_time": 3000,
+    "entry_log_size_limit": 1 << 20,
+    "flush_interval": 2000,
+    "minor_compaction_interval": 2,
+    "major_compaction_interval": 5,
+    "compaction_rate_by_entries": 100000,
+}
 ZK_FAULT = "zk-node-down"
 ZK_DOWN = (1.0, 4.0)  # seconds a ZooKeeper node stays down
 ZK_VICTIMS = ("leader", "session")  # the leader, or the node of the ledger writer's session
@@ -105,21 +119,6 @@ def payload(seed: int, writer: int, seq: int) -> bytes:
 # -- the plan ------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-#: Garbage collection runs all the time in torture runs, so that its "never collect what
-#: may be live" is judged under the same faults as everything else (session expiry and
-#: ZooKeeper nodes down while a pass lists and confirms; crashes mid-compaction): a pass
-#: every 0.5 s, small entry logs sealed by a checkpoint every 2 s, compaction due every
-#: few seconds and not throttled.
-GC_OPTIONS: dict[str, int] = {
-    "gc_wait_time": 500,
-    "gc_overreplicated_ledger_wait_time": 3000,
-    "entry_log_size_limit": 1 << 20,
-    "flush_interval": 2000,
-    "minor_compaction_interval": 2,
-    "major_compaction_interval": 5,
-    "compaction_rate_by_entries": 100000,
-}
-
 class Fault:
     start: float
     end: float
