@@ -499,8 +499,11 @@ class Bookie:
         return self.storage.ledgers()
 
     def delete_ledger(self, ledger_id: int) -> None:
-        with self._lock:
-            self.storage.delete_ledger(ledger_id)
+        """Forget a ledger (garbage collection calls this). Not under the bookie lock:
+        the storage may wait for a checkpoint's flush here, and adds must not wait with
+        it; an add racing the deletion at most re-creates the ledger, which is deleted
+        in metadata and so collected again by the next pass."""
+        self.storage.delete_ledger(ledger_id)
 
     # --- checkpoints ------------------------------------------------------------------------
     def checkpoint(self) -> LogMark:

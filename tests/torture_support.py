@@ -69,6 +69,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import walkit
 from torture_history import Anomaly, History, Lsn, Read, check
+from torture_churn import Churn
 from torture_ledgers import LedgerWorkload
 from walkit import LSN, WriteAheadLog
 from walkit.errors import UsageError, WalkitError
@@ -94,14 +95,17 @@ _INSTANT = {"expire-bookie", "expire-writer", "failover"}
 #: may be live" is judged under the same faults as everything else (session expiry and
 #: ZooKeeper nodes down while a pass lists and confirms; crashes mid-compaction): a pass
 #: every 0.5 s, small entry logs sealed by a checkpoint every 2 s, compaction due every
-#: few seconds and not throttled.
-GC_OPTIONS: dict[str, int] = {
+#: few seconds, not throttled, and of every log with a little dead data in it (major:
+#: under 95 % live), so that the workloads' live entries are moved again and again.
+GC_OPTIONS: dict[str, float] = {
     "gc_wait_time": 500,
     "gc_overreplicated_ledger_wait_time": 3000,
     "entry_log_size_limit": 1 << 20,
     "flush_interval": 2000,
     "minor_compaction_interval": 2,
     "major_compaction_interval": 5,
+    "minor_compaction_threshold": 0.5,
+    "major_compaction_threshold": 0.95,
     "compaction_rate_by_entries": 100000,
 }
 ZK_FAULT = "zk-node-down"
@@ -849,9 +853,11 @@ def _run(plan: Plan, directory: Path, uri: str | None, ensemble: ZooKeeperEnsemb
     bookies: Cluster = kind(directory / "cluster", uri)
     cluster = EnsembleFaults(bookies, ensemble) if ensemble is not None else bookies
     ledgers: LedgerWorkload | None = None
+    churn: Churn | None = None
     try:
         workload = Workload(cluster.metadata_uri, plan.seed, history, in_process=plan.mode == "hooks")
         ledgers = LedgerWorkload(cluster.metadata_uri, plan.seed, CLIENT)
+        churn = Churn(cluster.metadata_uri, plan.seed, CLIENT)
         if isinstance(cluster, EnsembleFaults):
             cluster.session_client = ledgers.client
         t0 = time.monotonic()  # fault offsets count from a running workload
@@ -860,6 +866,8 @@ def _run(plan: Plan, directory: Path, uri: str | None, ensemble: ZooKeeperEnsemb
             time.sleep(max(0.0, t0 + plan.seconds - time.monotonic()))
             report.events += cluster.lift_all()
         finally:
+            report.events.append(churn.stop())
+            report.anomalies += churn.anomalies
             workload.finish()
             ledgers.finish()
             report.events += workload.notes
@@ -882,7 +890,7 @@ def _run(plan: Plan, directory: Path, uri: str | None, ensemble: ZooKeeperEnsemb
         anomalies = check(history, reference)
         if reference.errors:
             anomalies.append(Anomaly("missed", f"the reference replay failed: {reference.errors[0]}"))
-        report.anomalies = [Anomaly(a.kind, f"wal: {a.detail}") for a in anomalies]
+        report.anomalies += [Anomaly(a.kind, f"wal: {a.detail}") for a in anomalies]
         report.counts = history.counts()
         report.writers = workload.writers
         report.replays = workload.replayer.count
@@ -899,6 +907,8 @@ def _run(plan: Plan, directory: Path, uri: str | None, ensemble: ZooKeeperEnsemb
             len(ledger_reference.records), len(follower.read.records) if follower is not None else 0,
             len(follower.read.errors) if follower is not None else 0)
     finally:
+        if churn is not None:
+            churn.stop()
         if ledgers is not None:
             ledgers.close()
         with contextlib.suppress(WalkitError):

@@ -7,21 +7,25 @@ WARNING; nothing is cut short silently):
 
 1. *Deleted ledgers* (when the bookie has metadata): the bookie's ledgers are listed,
    then compared with the store range by range (:mod:`bookie.gc._scan`). Each candidate
-   is read once more, directly, after a ``sync``; only "no such node" deletes it from the
+   is read once more, directly, after a ``sync`` (again per candidate: a session lost
+   meanwhile may land on a lagging server); only "no such node" deletes it from the
    bookie (index, state, its share of every log's usage). A store that cannot answer
    (down, session lost) ends this step for the pass and keeps every undecided ledger.
-2. *Over-replicated ledgers*, every ``gcOverreplicatedLedgerWaitTime``: each ledger's
-   metadata is read; a closed ledger no fragment of which names this bookie is removed
-   when two checks in a row found it so (the check before decides nothing alone, so a
-   re-replication that copies entries here before it changes the metadata is never
-   undone mid-way).
+2. *Over-replicated ledgers*, every ``gcOverreplicatedLedgerWaitTime`` (and in forced
+   passes): each ledger's metadata is read; a closed ledger no fragment of which names
+   this bookie is removed once it has been found so for ``gcOverreplicatedLedgerWaitTime``
+   (first found in one check, still so in a check at least that much later, forced or
+   not), so a re-replication that copies entries here before it changes the metadata is
+   never undone mid-way.
 3. *Empty entry logs*: a sealed log none of whose ledgers exists any more is deleted.
 4. *Compaction*: first every log with a compaction marker (a pass that was cut short or
    a crash), then, when due (``majorCompactionInterval`` / ``minorCompactionInterval``)
    or forced, the logs under that kind's threshold, emptiest first, within the kind's
    maximum run time, at ``compactionRateByEntries`` (or ``ByBytes``). It pauses when the
-   disk is too full for it (:func:`bookie.gc._policy.suspension`), and skips a log whose
-   live bytes would not fit in the free space.
+   disk is too full for it (:func:`bookie.gc._policy.suspension`; a suspended major
+   compaction falls back to minor, which copies the least), and skips a log whose live
+   bytes would not fit in the free space. A log that cannot be read whole or removed is
+   reported (``damaged_entry_logs``) and left alone.
 
 Every metadata call is paced by ``gcMetadataOpRateLimit``. A pass that gave space back
 calls ``on_freed`` (the server re-checks its disks: a read-only bookie turns writable
@@ -48,7 +52,7 @@ from bookie.gc._compactor import compact_log
 from bookie.gc._policy import Kind, RateLimiter, candidates, compaction_rule, due_compaction, suspension
 from bookie.gc._scan import is_overreplicated, unlisted
 from bookie.storage import EntryLogInfo, LedgerStorage
-from walkit.errors import CorruptionError, NoSuchLedgerError, WalkitError
+from walkit.errors import CorruptionError, FormatError, NoSuchLedgerError, WalkitError
 from walkit.metadata import LedgerMetadata
 
 __all__ = ["GarbageCollector", "GcMetadata", "PassStats"]
@@ -133,7 +137,7 @@ class GarbageCollector:
         self._last_compaction: dict[Kind, float] = {"minor": now, "major": now}
         self._last_compaction_wall: dict[Kind, float | None] = {"minor": None, "major": None}
         self._last_overreplication = now
-        self._suspects: set[int] = set()
+        self._suspects: dict[int, float] = {}  # over-replicated ledger -> when first found so
         self._damaged: set[tuple[int, int]] = set()
         self._compaction = "idle"
         self._next_pass = now + config.gc_wait_time / 1000.0
@@ -203,10 +207,12 @@ class GarbageCollector:
         try:
             self._collect_ledgers(p)
             if forced or t0 - self._last_overreplication >= self._config.gc_overreplicated_ledger_wait_time / 1000:
-                self._collect_overreplicated(p)
+                self._collect_overreplicated(p, t0)
                 self._last_overreplication = t0
-            self._delete_empty_logs(p)
-            self._compact(p)
+            if not self._stop.is_set():
+                self._delete_empty_logs(p)
+            if not self._stop.is_set():
+                self._compact(p)
         except Exception as exc:  # noqa: BLE001 - a pass that fails is reported, the next one tries again
             p.error = f"{type(exc).__name__}: {exc}"
             log.exception("bookie %s: GC pass %d failed", self._bookie_id, number)
@@ -221,7 +227,10 @@ class GarbageCollector:
         for reason in p.cut_short:
             log.warning("bookie %s: GC pass %d cut short: %s", self._bookie_id, number, reason)
         if s.bytes_reclaimed and self.on_freed is not None:
-            self.on_freed()
+            try:
+                self.on_freed()
+            except Exception:  # noqa: BLE001 - the collector must outlive its listener
+                log.exception("bookie %s: on_freed failed", self._bookie_id)
         return p.stats
 
     def _collect_ledgers(self, p: _Pass) -> None:
@@ -237,6 +246,7 @@ class GarbageCollector:
                     p.cut_short.append("bookie stopping")
                     return
                 self._meta_pace.acquire()
+                md.sync()  # again: a session lost since the first sync may now be on a lagging server
                 if md.exists(ledger_id):
                     continue  # created while the listing ran past it: keep
                 if self._remove(ledger_id):
@@ -244,30 +254,36 @@ class GarbageCollector:
         except WalkitError as exc:  # the store (down, session lost) or the storage failed
             p.cut_short.append(f"deleted ledgers: step stopped, undecided ledgers kept: {exc}")
 
-    def _collect_overreplicated(self, p: _Pass) -> None:
+    def _collect_overreplicated(self, p: _Pass, now: float) -> None:
         md = self._metadata
         if md is None:
             return
-        suspects: set[int] = set()
+        wait = self._config.gc_overreplicated_ledger_wait_time / 1000.0
+        suspects: dict[int, float] = {}
+        checked: set[int] = set()
         try:
             for ledger_id in self._storage.ledgers():
                 if self._stop.is_set():
                     p.cut_short.append("bookie stopping")
-                    return
+                    break
                 self._meta_pace.acquire()
                 try:
                     meta, _ = md.read(ledger_id)
                 except NoSuchLedgerError:
+                    checked.add(ledger_id)
                     continue  # deleted: the next pass's scan removes it
+                checked.add(ledger_id)
                 if not is_overreplicated(meta, self._bookie_id):
                     continue
-                if ledger_id in self._suspects and self._remove(ledger_id):
+                first = self._suspects.get(ledger_id, now)
+                if now - first >= wait and self._remove(ledger_id):
                     p.stats.overreplicated_removed += 1
                 else:
-                    suspects.add(ledger_id)
+                    suspects[ledger_id] = first
         except WalkitError as exc:
             p.cut_short.append(f"over-replicated ledgers: step stopped, undecided ledgers kept: {exc}")
-            suspects |= self._suspects
+        # ledgers this check did not reach keep their standing
+        suspects |= {lid: t for lid, t in self._suspects.items() if lid not in checked}
         self._suspects = suspects
 
     def _remove(self, ledger_id: int) -> bool:
@@ -280,8 +296,14 @@ class GarbageCollector:
 
     def _delete_empty_logs(self, p: _Pass) -> None:
         for info in self._storage.entry_logs():
-            if info.ledgers == 0:
-                p.stats.bytes_reclaimed += self._storage.remove_log(info.dir, info.log_id)
+            if info.ledgers == 0 and (info.dir, info.log_id) not in self._damaged:
+                try:
+                    p.stats.bytes_reclaimed += self._storage.remove_log(info.dir, info.log_id)
+                except (CorruptionError, FormatError) as exc:  # its header is damaged: leave it, say so, go on
+                    self._damaged.add((info.dir, info.log_id))
+                    log.error("bookie %s: entry log %d of dir %d not removed: %s", self._bookie_id, info.log_id,
+                              info.dir, exc)
+                    continue
                 p.stats.entry_logs_deleted += 1
 
     def _compact(self, p: _Pass) -> None:
@@ -297,6 +319,11 @@ class GarbageCollector:
         usage = max(self._disk_usage(d) for d in self._config.ledger_directories)
         forced = p.forced or usage >= self._config.disk_usage_threshold
         reason = suspension(kind or "minor", usage, self._config, forced)
+        if reason is not None and kind == "major" and suspension("minor", usage, self._config, forced) is None:
+            p.cut_short.append(f"major compaction suspended ({reason}): minor compaction instead")
+            kind, reason = "minor", None  # major stays due; minor's logs copy the least
+            todo = [i for i in logs if i.compacting]
+            todo += candidates([i for i in logs if not i.compacting], compaction_rule(self._config, "minor").threshold)
         if reason is not None:
             self._compaction = f"suspended: {reason}"
             p.cut_short.append(f"compaction suspended: {reason}")
@@ -306,7 +333,7 @@ class GarbageCollector:
         self._compaction = f"running {kind or 'unfinished'}"
         try:
             if self._compact_logs(p, todo, deadline):
-                self._finished(kind, now)
+                self._finished(kind, now)  # after a fallback: minor's time only, major stays due
         finally:
             self._compaction = "idle"
 
@@ -375,6 +402,6 @@ class GarbageCollector:
             "entry_logs": {"count": len(logs), "total_bytes": total, "live_bytes": live,
                            "live_fraction": round(live / total, 4) if total else None,
                            "compacting": sum(1 for i in logs if i.compacting)},
-            "damaged_entry_logs": sorted(f"{d}:{log_id}" for d, log_id in self._damaged),
+            "damaged_entry_logs": sorted(f"{d}:{log_id}" for d, log_id in list(self._damaged)),
             "disk_usage": round(max(self._disk_usage(d) for d in self._config.ledger_directories), 4),
         }

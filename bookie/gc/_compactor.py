@@ -11,8 +11,10 @@ bytes with ``isThrottleByBytes``: dead records cost a read only). When the budge
 far are flushed and the log keeps its marker: the next pass continues it (its already
 moved records are dead by then and are skipped).
 
-A log whose intact records end before its end of file holds a damaged record: it is
-never removed (what follows the damage may be live), and the caller stops choosing it.
+A log whose intact records end before the end its usage recorded (its size when it was
+sealed; for the log being written at a crash, where its torn tail begins) holds a damaged
+record: it is never removed (what follows the damage may be live), and the caller stops
+choosing it. Bytes after the recorded end are a torn tail: never indexed, garbage.
 """
 
 from __future__ import annotations
@@ -52,8 +54,7 @@ def compact_log(storage: LedgerStorage, info: EntryLogInfo, limiter: RateLimiter
     if not info.compacting:
         storage.mark_compacting(info.dir, info.log_id)
     out = CompactionOutcome(done=False)
-    size = storage.log_size(info.dir, info.log_id)
-    end = 0
+    end = LOG_HEADER_SIZE
     batch: list[Record] = []
     batch_bytes = 0
     for record in storage.log_records(info.dir, info.log_id):
@@ -68,10 +69,10 @@ def compact_log(storage: LedgerStorage, info: EntryLogInfo, limiter: RateLimiter
                 return out
     if batch:
         _copy(storage, info, batch, limiter, by_bytes, out)
-    if (end or LOG_HEADER_SIZE) != size:
+    if end != info.end:  # a record before the recorded end could not be read
         storage.flush()
         raise CorruptionError("entry log holds a damaged record: not removed", dir=info.dir, log=info.log_id,
-                              intact_until=end, size=size)
+                              intact_until=end, end=info.end)
     storage.flush()
     out.bytes_freed = storage.remove_log(info.dir, info.log_id)
     out.done = True

@@ -97,7 +97,7 @@ class EntryLogWriter:
     def usage(self) -> LogUsage:
         """What this log holds per ledger (final once the log stopped taking records)."""
         ledgers = dict(self.ledgers)
-        return LogUsage(self.log_id, ledgers, self.position - LOG_HEADER_SIZE, sum(ledgers.values()))
+        return LogUsage(self.log_id, ledgers, self.position - LOG_HEADER_SIZE, sum(ledgers.values()), self.position)
 
     def close(self) -> None:
         self.file.close()

@@ -156,26 +156,34 @@ class LedgerDir:
         """Seal every log found by :meth:`scan_logs`: read its usage file, or rebuild
         the usage from the log and write the file; drop the ledgers not in ``ledgers``
         (deleted before the restart). Leftovers are removed. A log whose header cannot
-        be read is left alone (never deleted or compacted) with a warning."""
+        be read is left alone (never deleted or compacted) with a warning.
+
+        A rebuilt log whose intact records end before its end of file has a torn tail
+        only if it may have been written at the crash: its id is above every log with a
+        valid usage file (logs are sealed in id order, and a flush fsyncs the directory
+        after writing usage files). Below that, the same finding is damage to synced
+        bytes - records after it may be indexed - so that log is left alone too."""
         changed = False
-        for log_id, kinds in sorted(self._found.items()):
+        found, self._found = self._found, {}
+        for log_id, kinds in found.items():
             for kind in kinds - {"log"}:
                 if "log" not in kinds or kind == "use.tmp":
                     self.fs.remove(f"{self.logs_dir}/{log_id:016x}.{kind}")
                     changed = True
-            if "log" not in kinds:
-                continue
-            usage = self._read_usage(log_id) if "use" in kinds else None
+        logs = sorted(log_id for log_id, kinds in found.items() if "log" in kinds)
+        read = {log_id: self._read_usage(log_id) if "use" in found[log_id] else None for log_id in logs}
+        sealed = max((log_id for log_id, usage in read.items() if usage is not None), default=0)
+        for log_id in logs:
+            usage = read[log_id]
             if usage is None:
-                usage = self._rebuild_usage(log_id)
+                usage = self._rebuild_usage(log_id, may_be_torn=log_id > sealed)
                 if usage is None:
                     continue
                 changed = True
             usage.keep_only(ledgers)
             self.usage[log_id] = usage
-            if "compact" in kinds:
+            if "compact" in found[log_id]:
                 self.compacting.add(log_id)
-        self._found = {}
         if changed:
             self.fs.fsync_dir(self.logs_dir)
 
@@ -186,18 +194,36 @@ class LedgerDir:
             log.warning("entry log %d in %s: usage file unreadable, rebuilding it: %s", log_id, self.root, exc)
             return None
 
-    def _rebuild_usage(self, log_id: int) -> LogUsage | None:
+    def _rebuild_usage(self, log_id: int, may_be_torn: bool) -> LogUsage | None:
+        path = self.log_path(log_id)
         try:
-            f = open_log_for_read(self.fs, self.log_path(log_id), log_id)
+            f = open_log_for_read(self.fs, path, log_id)
         except WalkitError as exc:
+            if self._empty(path):  # created, never synced (a crash): nothing can point into it
+                self.fs.remove(path)
+                return None
             log.warning("entry log %d in %s: header unreadable, the log is left alone: %s", log_id, self.root, exc)
             return None
         try:
-            usage, _ = rebuild_usage(f, log_id)
+            usage, size = rebuild_usage(f, log_id), f.size()
         finally:
             f.close()
+        if usage.end < size and not may_be_torn:
+            log.warning("entry log %d in %s: a damaged record at offset %d of %d in a log sealed before others;"
+                        " the log is left alone (never deleted or compacted)", log_id, self.root, usage.end, size)
+            return None
+        if usage.end < size:
+            log.info("entry log %d in %s: torn tail after a crash at offset %d (%d bytes, never indexed)",
+                     log_id, self.root, usage.end, size - usage.end)
         write_usage_file(self.fs, self.usage_path(log_id), usage)
         return usage
+
+    def _empty(self, path: str) -> bool:
+        f = self.fs.open(path)
+        try:
+            return f.size() < LOG_HEADER_SIZE + RECORD_HEADER.size
+        finally:
+            f.close()
 
     def seal(self, writer: EntryLogWriter) -> None:
         """``writer``'s log was synced and takes no more records: GC may use it now."""
@@ -211,8 +237,7 @@ class LedgerDir:
             w.ledgers.pop(ledger_id, None)
 
     def write_usage(self, writer: EntryLogWriter) -> None:
-        """Write a sealed log's usage file (no directory fsync: a file lost to a crash
-        is rebuilt at open)."""
+        """Write a sealed log's usage file (the caller fsyncs the logs directory)."""
         write_usage_file(self.fs, self.usage_path(writer.log_id), writer.usage())
 
     def scan_index(self) -> Iterator[tuple[int, str]]:

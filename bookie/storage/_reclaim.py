@@ -72,6 +72,8 @@ class EntryLogInfo:
     live_bytes: int
     ledgers: int
     compacting: bool
+    #: Where its intact records end (its size, or less: a torn tail left by a crash).
+    end: int
 
     @property
     def live_fraction(self) -> float:
@@ -98,7 +100,7 @@ class EntryLogReclaim:
         """Every sealed entry log with its usage, by dir and log id."""
         with self._lock:
             return [
-                EntryLogInfo(d.number, log_id, u.total, u.live, len(u.ledgers), log_id in d.compacting)
+                EntryLogInfo(d.number, log_id, u.total, u.live, len(u.ledgers), log_id in d.compacting, u.end)
                 for d in self._dirs for log_id, u in sorted(d.usage.items())
             ]
 
@@ -112,7 +114,7 @@ class EntryLogReclaim:
 
     def log_records(self, dir_no: int, log_id: int) -> Iterator[Record]:
         """The intact records of a sealed log, in order (see ``scan_records``); the
-        caller compares where they end with :meth:`log_size` to know it saw them all."""
+        caller compares where they end with the log's ``end`` to know it saw them all."""
         d = self._sealed(dir_no, log_id)
         f = open_log_for_read(self._fs, d.log_path(log_id), log_id)
         try:
@@ -124,6 +126,8 @@ class EntryLogReclaim:
         """Step 1: the durable marker (the log is then compacted to the end, even
         after a crash)."""
         d = self._sealed(dir_no, log_id)
+        with self._lock:
+            self._check_writable()
         f = self._fs.open(d.marker_path(log_id), create=True)
         f.close()
         self._fs.fsync_dir(d.logs_dir)
@@ -157,6 +161,8 @@ class EntryLogReclaim:
         file and its marker; returns the bytes freed. The caller guarantees that no
         index slot points into it (see the module docstring)."""
         d = self._sealed(dir_no, log_id)
+        with self._lock:  # a failed storage may not have made a ledger's deletion durable
+            self._check_writable()
         size = self.log_size(dir_no, log_id)
         with self._lock:
             d.usage.pop(log_id, None)

@@ -126,7 +126,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 self.flush()
                 for d in self._dirs:  # the active logs are sealed now: keep their usage
                     if d.writer is not None:
-                        self._write_usage(d, d.writer)
+                        self._write_usage(d, [d.writer])
         finally:
             with self._flush_lock, self._lock:
                 for d in self._dirs:
@@ -289,16 +289,20 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             if log_flush.fsync_dir is not None:
                 self._fs.fsync_dir(log_flush.fsync_dir)
         for d, log_flush in zip(self._dirs, plan.logs):
-            for writer in log_flush.close:  # rolled and now synced: sealed
-                self._write_usage(d, writer)
+            if log_flush.close:  # rolled and now synced: sealed
+                self._write_usage(d, log_flush.close)
 
-    def _write_usage(self, d: LedgerDir, writer: EntryLogWriter) -> None:
-        """A sealed log's usage file; one that cannot be written is rebuilt at open."""
+    def _write_usage(self, d: LedgerDir, writers: list[EntryLogWriter]) -> None:
+        """Sealed logs' usage files, then the directory fsync that makes them durable
+        (so after a crash only logs above every sealed one lack one). A file that cannot
+        be written is rebuilt at open."""
         try:
-            d.write_usage(writer)
+            for writer in writers:
+                d.write_usage(writer)
+            self._fs.fsync_dir(d.logs_dir)
         except OSError as exc:
-            log.warning("entry log %d in %s: usage file not written (rebuilt at the next start): %s",
-                        writer.log_id, d.root, exc)
+            log.warning("entry logs %s in %s: usage files not written (rebuilt at the next start): %s",
+                        [w.log_id for w in writers], d.root, exc)
 
     def _write_index(self, plan: _FlushPlan) -> None:
         new_dirs: set[str] = set()

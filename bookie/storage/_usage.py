@@ -18,6 +18,13 @@ crash before its file was renamed) has its usage rebuilt by reading it from the 
 until the first record that is not intact (a torn tail) - every record an index slot can
 point at lies before that, because slots are written only after their log was synced.
 
+The usage also keeps where the log's intact records end (``end``). For a sealed log that
+is its size; for the log that was being written at a crash it may be less: the tail
+after its last sync is torn, and since index slots are written only after their log was
+synced, nothing points there - garbage, ignored by compaction. (Damage to synced bytes
+of that log, before the crash, would look the same to the scan that rebuilds it: such
+damage is detected only in logs sealed by a flush, whose ``end`` was recorded then.)
+
 Guarantees: usage is an accounting aid, never the judge of what is live. It may count
 bytes that are dead (an entry added twice, a record of the torn tail); it never misses a
 ledger that has a record in the log, so "no ledger left" really means the log holds
@@ -43,8 +50,8 @@ __all__ = [
 
 USAGE_MAGIC = b"WKLOGUSE"
 USAGE_VERSION = 1  # 1: first format
-#: magic, version, reserved, log id, ledger count, total record bytes
-_USAGE_HEAD = struct.Struct("<8sHHQQQ")
+#: magic, version, reserved, log id, ledger count, total record bytes, end of intact records
+_USAGE_HEAD = struct.Struct("<8sHHQQQQ")
 _PAIR = struct.Struct("<QQ")
 _CRC = struct.Struct("<I")
 _SCAN_CHUNK = 1 << 20  # bytes read per step when scanning a log
@@ -59,11 +66,15 @@ class LogUsage:
     #: Record bytes ever appended (live or not): the denominator of the live fraction.
     total: int = 0
     live: int = 0
+    #: Where the log's intact records end: its size, or less for the log that was being
+    #: written at a crash (its torn tail: records never synced, so never indexed).
+    end: int = LOG_HEADER_SIZE
 
     def add(self, ledger_id: int, size: int) -> None:
         self.ledgers[ledger_id] = self.ledgers.get(ledger_id, 0) + size
         self.total += size
         self.live += size
+        self.end += size
 
     def drop(self, ledger_id: int) -> None:
         """The ledger was deleted: its bytes are dead."""
@@ -82,7 +93,7 @@ class LogUsage:
 
 def encode_usage(usage: LogUsage) -> bytes:
     pairs = sorted(usage.ledgers.items())
-    head = _USAGE_HEAD.pack(USAGE_MAGIC, USAGE_VERSION, 0, usage.log_id, len(pairs), usage.total)
+    head = _USAGE_HEAD.pack(USAGE_MAGIC, USAGE_VERSION, 0, usage.log_id, len(pairs), usage.total, usage.end)
     body = head + b"".join(_PAIR.pack(lid, size) for lid, size in pairs)
     return body + _CRC.pack(crc32c(body))
 
@@ -91,7 +102,7 @@ def decode_usage(raw: bytes, log_id: int, path: str) -> LogUsage:
     """The usage in a side file; CorruptionError or FormatError when it is not valid."""
     if len(raw) < _USAGE_HEAD.size + _CRC.size:
         raise CorruptionError("entry-log usage file truncated", path=path, size=len(raw))
-    magic, version, _, found, count, total = _USAGE_HEAD.unpack_from(raw)
+    magic, version, _, found, count, total, end = _USAGE_HEAD.unpack_from(raw)
     if magic != USAGE_MAGIC:
         raise FormatError("not an entry-log usage file", path=path, magic=magic.hex())
     if version != USAGE_VERSION:
@@ -102,7 +113,9 @@ def decode_usage(raw: bytes, log_id: int, path: str) -> LogUsage:
     if found != log_id:
         raise CorruptionError("entry-log usage file names another log", path=path, found=found)
     ledgers = dict(_PAIR.iter_unpack(raw[_USAGE_HEAD.size:size]))
-    return LogUsage(log_id, ledgers, total, sum(ledgers.values()))
+    if end < LOG_HEADER_SIZE:
+        raise CorruptionError("entry-log usage file has an impossible end", path=path, end=end)
+    return LogUsage(log_id, ledgers, total, sum(ledgers.values()), end)
 
 
 def write_usage_file(fs: FileSystem, path: str, usage: LogUsage) -> None:
@@ -148,13 +161,10 @@ def scan_records(f: File, log_id: int) -> Iterator[tuple[int, int, int, bytes]]:
         offset += total
 
 
-def rebuild_usage(f: File, log_id: int) -> tuple[LogUsage, int]:
-    """The usage of a log read record by record, and the offset where the intact
+def rebuild_usage(f: File, log_id: int) -> LogUsage:
+    """The usage of a log read record by record; its ``end`` is where the intact
     records end (the file's size unless its tail is torn)."""
     usage = LogUsage(log_id)
-    end = LOG_HEADER_SIZE
-    for offset, ledger_id, _, data in scan_records(f, log_id):
-        size = RECORD_HEADER.size + len(data)
-        usage.add(ledger_id, size)
-        end = offset + size
-    return usage, end
+    for _, ledger_id, _, data in scan_records(f, log_id):
+        usage.add(ledger_id, RECORD_HEADER.size + len(data))
+    return usage
