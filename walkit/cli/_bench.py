@@ -1,4 +1,4 @@
-"""``walkit bench journal|bookie|ledger|wal|spark``: the benchmarks of :mod:`walkit.bench`."""
+"""``walkit bench journal|bookie|ledger|wal|spark|gc``: the benchmarks of :mod:`walkit.bench`."""
 
 from __future__ import annotations
 
@@ -53,6 +53,17 @@ def _spark(args: argparse.Namespace) -> int:
     return 0 if report["checksums_match"] else 1
 
 
+def _gc(args: argparse.Namespace) -> int:
+    from walkit.bench.gc import format_markdown, run_gc_bench
+
+    report = run_gc_bench(args.dir, ledgers=args.ledgers, zk=args.zk, repeats=args.repeats, seconds=args.seconds,
+                          volume_mib=args.volume_mib, unthrottled_volume_mib=args.unthrottled_volume_mib,
+                          log_mib=args.log_mib, scan=args.part in ("all", "scan"),
+                          compaction=args.part in ("all", "compaction"))
+    _print_report(args, report, format_markdown)
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``walkit bench`` and its benchmarks."""
     bench = subparsers.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
@@ -90,3 +101,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bsp.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     bsp.add_argument("--dir", default=None, help="where the cluster keeps its data (default: a temporary one)")
     bsp.set_defaults(func=_spark)
+    bgc = bench.add_parser("gc", help="GC: scan of up to 1,000,000 ledgers in metadata (time, peak memory) and "
+                           "compaction (MB/s rewritten, add latency with and without it)")
+    bgc.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    bgc.add_argument("--part", choices=("all", "scan", "compaction"), default="all", help="what to run (default all)")
+    bgc.add_argument("--ledgers", type=int, default=1_000_000, help="ledgers in metadata for the scan; a tenth and "
+                     "a hundredth are measured too (default 1,000,000)")
+    bgc.add_argument("--zk", default="auto", help="ZooKeeper for the scan: auto (start Debian's package on 127.0.0.1 "
+                     "if installed), none, or HOST:PORT of a server to use under a fresh root (default auto)")
+    bgc.add_argument("--repeats", type=int, default=3,
+                     help="timed scan passes per case, the median reported (default 3)")
+    bgc.add_argument("--seconds", type=float, default=5.0,
+                     help="writer window without compaction in each compaction case (default 5)")
+    bgc.add_argument("--volume-mib", type=int, default=32,
+                     help="MiB written per bookie per compaction case at the default rate (default 32)")
+    bgc.add_argument("--unthrottled-volume-mib", type=int, default=128,
+                     help="MiB written per bookie per unthrottled compaction case (default 128)")
+    bgc.add_argument("--log-mib", type=int, default=8, help="entry log size in MiB (default 8)")
+    bgc.add_argument("--dir", default=None, help="where the stores, storage and clusters live (default: a temporary "
+                     "directory here)")
+    bgc.set_defaults(func=_gc)
