@@ -22,8 +22,8 @@ responses for frames it could not accept) and dispatches each:
   and joined once (:meth:`~walkit.protocol.ServerConnection.send_added_many`, the bytes
   of an AddEntryResponse each).
 * Reads (READ_ENTRY, READ_LAC, GET_BOOKIE_INFO) may touch the disk: they run on a small
-  thread pool and answer through the loop, as do ADMIN requests (``gc.status``,
-  ``gc.run``: the garbage collector, :mod:`bookie.gc`).
+  thread pool and answer through the loop, as do ADMIN requests (:mod:`bookie._admin`:
+  the garbage collector's ``gc.status`` and ``gc.run``, recovery's ``ledger.replicate``).
 * A fencing READ_ENTRY first fences (the FENCE record is journaled and synced), then
   reads: once the reader hears the answer, the fence is durable and later normal adds
   are refused with EFENCED; RECOVERY_ADD still passes. WRITE_LAC is journaled like an add.
@@ -78,6 +78,7 @@ from typing import Any
 
 from sortedcontainers import SortedKeyList
 
+from bookie._admin import run_command
 from bookie._bookie import Bookie
 from bookie._config import BookieConfig
 from bookie.cookie import Cookie
@@ -88,7 +89,6 @@ from walkit.errors import (
     BookieReadOnlyError,
     BookieShutdownError,
     CookieError,
-    InvalidArgumentError,
     NoSuchEntryError,
     WalkitError,
 )
@@ -724,26 +724,9 @@ class BookieServer:
         return BookieInfoResponse(free, total, self.readonly, req.request_id)
 
     def _do_admin(self, req: AdminRequest) -> Response:
-        """``gc.status``: the collector's status; ``gc.run`` (``{"compact": null | "minor"
-        | "major"}``): ask for a forced pass, answered at once with its number (poll
-        ``gc.status`` until ``passes`` reaches it)."""
+        """An operator command (:mod:`bookie._admin`)."""
         assert self.bookie is not None
-        try:
-            args = json.loads(req.args)
-        except ValueError as exc:
-            raise InvalidArgumentError("admin arguments are not JSON", command=req.command) from exc
-        if not isinstance(args, dict):
-            raise InvalidArgumentError("admin arguments must be a JSON object", command=req.command)
-        gc = self.bookie.gc
-        if req.command == "gc.status":
-            result: dict[str, Any] = {**gc.status(), "readonly": self.readonly}
-        elif req.command == "gc.run":
-            compact = args.get("compact")
-            if compact not in (None, "minor", "major"):
-                raise InvalidArgumentError("compact must be null, minor or major", compact=repr(compact))
-            result = {"pass": gc.request(compact)}
-        else:
-            raise InvalidArgumentError("unknown admin command", command=req.command, known="gc.status,gc.run")
+        result = run_command(self.bookie, self.config, self._loop, self.readonly, req.command, req.args)
         return AdminResponse(json.dumps(result).encode(), req.request_id)
 
     def _do_read_entry(self, req: ReadEntry) -> Response:

@@ -9,6 +9,7 @@
 ``walkit bookie start``    run a bookie (as ``python -m bookie --conf FILE``)
 ``walkit bookie list``     the available and read-only bookies of a cluster
 ``walkit bookie gc``       force garbage collection / compaction on bookies (--force, --compact), or --status
+``walkit recover``         re-replicate every closed fragment a lost bookie held (--dry-run, --target, --json)
 ``walkit journal repair``  keep a ``.broken`` copy of a damaged journal and truncate it
 ``walkit demo``            a key-value store's primary is SIGKILLed; a standby fails over; the old one is fenced
 ``walkit sandbox``         a local cluster in the foreground for other processes, until SIGINT/SIGTERM
@@ -28,7 +29,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from walkit.cli import _bench, _bookie, _demo, _export, _init, _journal
+from walkit.cli import _bench, _bookie, _demo, _export, _init, _journal, _recover
 
 __all__ = ["main"]
 
@@ -37,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="walkit", description="walkit: a replicated write-ahead log")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level to stderr")
     sub = p.add_subparsers(dest="command", required=True)
-    for group in (_bench, _init, _bookie, _journal, _demo, _export):  # the order of --help
+    for group in (_bench, _init, _bookie, _recover, _journal, _demo, _export):  # the order of --help
         group.register(sub)
     return p
 

@@ -1,0 +1,14 @@
+"""Recovery of lost bookies: the copies a bookie held are put back on other bookies.
+
+- :func:`recover` (``walkit recover``): manual recovery of one lost bookie's closed
+  fragments, streaming, resumable, with a dry run (:mod:`walkit.recovery._recover`);
+- :mod:`walkit.recovery._plan`: what a bookie held and who else holds it (pure).
+
+Copies are pushed by surviving bookies (``ledger.replicate``, :mod:`bookie._replicate`),
+which verify them with the ledger's master key that only bookies hold.
+"""
+
+from walkit.recovery._plan import FragmentWork, held_entries, lost_fragments
+from walkit.recovery._recover import Progress, RecoveryReport, recover
+
+__all__ = ["FragmentWork", "Progress", "RecoveryReport", "held_entries", "lost_fragments", "recover"]
