@@ -5,7 +5,9 @@
 ``gc.run``      ``{"compact": null | "minor" | "major"}``: ask for a forced pass, answered at
                 once with its number (poll ``gc.status`` until ``passes`` reaches it);
 ``ledger.replicate``  copy entries this bookie holds to another bookie (recovery,
-                :mod:`bookie._replicate`).
+                :mod:`bookie._replicate`);
+``bookie.readonly``  ``{"readonly": true | false}``: read-only on the operator's word (whatever
+                the disks say; ``walkit decommission``), answered once registered so.
 
 Commands run on the server's read pool; an unknown command or bad arguments raise
 InvalidArgumentError (EBADREQ with the reason).
@@ -15,33 +17,43 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bookie._bookie import Bookie
-from bookie._config import BookieConfig
 from bookie._replicate import replicate
 from walkit.errors import InvalidArgumentError
 
+if TYPE_CHECKING:
+    from bookie.server import BookieServer
+
 __all__ = ["COMMANDS", "run_command"]
 
-COMMANDS = ("gc.status", "gc.run", "ledger.replicate")
+COMMANDS = ("gc.status", "gc.run", "ledger.replicate", "bookie.readonly")
+_REGISTER_TIMEOUT = 60.0
 
 
-def run_command(bookie: Bookie, config: BookieConfig, loop: asyncio.AbstractEventLoop, readonly: bool,
-                command: str, raw_args: bytes) -> dict[str, Any]:
+def run_command(server: BookieServer, command: str, raw_args: bytes) -> dict[str, Any]:
+    """Run ``command`` for ``server`` (on a read-pool thread)."""
     try:
         args = json.loads(raw_args)
     except ValueError as exc:
         raise InvalidArgumentError("admin arguments are not JSON", command=command) from exc
     if not isinstance(args, dict):
         raise InvalidArgumentError("admin arguments must be a JSON object", command=command)
+    bookie, loop = server.bookie, server.loop
+    assert bookie is not None
     if command == "gc.status":
-        return {**bookie.gc.status(), "readonly": readonly}
+        return {**bookie.gc.status(), "readonly": server.readonly}
     if command == "gc.run":
         compact = args.get("compact")
         if compact not in (None, "minor", "major"):
             raise InvalidArgumentError("compact must be null, minor or major", compact=repr(compact))
         return {"pass": bookie.gc.request(compact)}
     if command == "ledger.replicate":
-        return replicate(bookie, config, loop, args)
+        return replicate(bookie, server.config, loop, args)
+    if command == "bookie.readonly":
+        if type(args.get("readonly")) is not bool:
+            raise InvalidArgumentError("bookie.readonly needs readonly: true or false")
+        server.forced_readonly = args["readonly"]
+        asyncio.run_coroutine_threadsafe(server.check_disks(), loop).result(_REGISTER_TIMEOUT)
+        return {"readonly": server.readonly, "forced": server.forced_readonly}
     raise InvalidArgumentError("unknown admin command", command=command, known=",".join(COMMANDS))

@@ -381,6 +381,8 @@ class BookieServer:
         self.bookie_id = ""
         self.port = 0
         self.readonly = False
+        #: Read-only on the operator's word (``walkit decommission``), whatever the disks say.
+        self.forced_readonly = False
         self._cluster: Any = None  # walkit.metadata.Cluster when metadata is configured
         self._registration: Any = None
         self._connections: set[_Connection] = set()
@@ -409,6 +411,11 @@ class BookieServer:
         #: ``read_hook(ledger, entry, data)``: the bytes a READ_ENTRY is answered with
         #: instead of ``data`` (what the bookie stored) - a corrupted replica.
         self.read_hook: Callable[[int, int, bytes], bytes] | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop serving this bookie (set by :meth:`start`)."""
+        return self._loop
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -582,7 +589,7 @@ class BookieServer:
         may wait for the metadata store); going writable only once it is registered
         so. A registration that failed is retried at the next check."""
         try:
-            want = await self._loop.run_in_executor(None, self._disks_full, self.readonly)
+            want = await self._loop.run_in_executor(None, self._disks_full, self.readonly) or self.forced_readonly
             if want:
                 self.readonly = True
             if self._registration is not None and self._registration.readonly != want:
@@ -726,7 +733,7 @@ class BookieServer:
     def _do_admin(self, req: AdminRequest) -> Response:
         """An operator command (:mod:`bookie._admin`)."""
         assert self.bookie is not None
-        result = run_command(self.bookie, self.config, self._loop, self.readonly, req.command, req.args)
+        result = run_command(self, req.command, req.args)
         return AdminResponse(json.dumps(result).encode(), req.request_id)
 
     def _do_read_entry(self, req: ReadEntry) -> Response:

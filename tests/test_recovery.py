@@ -263,3 +263,33 @@ def test_choose_target() -> None:
         choose_target(work, meta, ["a", "c", "d"], wanted="c")
     assert choose_target(work, meta, [], wanted="z") == "z"
     assert LedgerState.CLOSED is meta.state
+
+
+def test_decommission_moves_everything_off_a_running_bookie(tmp_path: Path, driver: Driver) -> None:
+    rng = random.Random(10)
+    with local_cluster(tmp_path, driver, bookies=5, processes=True) as cluster, client(cluster) as bk:
+        data, passwords = _write(bk, 5, 40, rng)
+        leaving = _all_metadata(cluster.metadata_uri)[0].ensembles[0][1][0]
+        i = index_of(cluster, leaving)
+        open_one = bk.create_ledger(3, 3, 2, password=b"open")
+        open_one.add_entry(b"x")
+        named_open = leaving in open_one.metadata.ensembles[0][1]
+        first = _cli("decommission", "--metadata", cluster.metadata_uri, "--bookie", leaving)
+        with connect(cluster.metadata_uri) as md:
+            assert leaving in md.bookies().readonly  # no new ensemble picks it
+        assert all(leaving not in ens for m in _all_metadata(cluster.metadata_uri)
+                   if m.state is LedgerState.CLOSED for _, ens in m.ensembles)
+        if named_open:
+            assert first.returncode == 1 and "still needed" in first.stdout
+        open_one.close()
+        final = _cli("decommission", "--metadata", cluster.metadata_uri, "--bookie", leaving)
+        assert final.returncode == 0 and "can now be stopped and removed" in final.stdout, final.stdout + final.stderr
+        _lose(cluster, i)  # gone: nothing was lost with it
+        for ledger_id, password in passwords.items():
+            rh = bk.open_ledger(ledger_id, password=password)
+            assert [e.data for e in rh.read(0, 39)] == [data[(ledger_id, e)] for e in range(40)]
+        stopped = _cli("decommission", "--metadata", cluster.metadata_uri, "--bookie", leaving)
+        # a clear refusal either way: its registration gone ("not running") or still there for a
+        # session timeout (it cannot be reached)
+        assert stopped.returncode == 2 and "Traceback" not in stopped.stderr
+        assert "not running" in stopped.stderr or "cannot connect to bookie" in stopped.stderr

@@ -10,6 +10,7 @@
 ``walkit bookie list``     the available and read-only bookies of a cluster
 ``walkit bookie gc``       force garbage collection / compaction on bookies (--force, --compact), or --status
 ``walkit recover``         re-replicate every closed fragment a lost bookie held (--dry-run, --target, --json)
+``walkit decommission``    make a running bookie read-only and move what it holds to others; say when it can go
 ``walkit journal repair``  keep a ``.broken`` copy of a damaged journal and truncate it
 ``walkit demo``            a key-value store's primary is SIGKILLed; a standby fails over; the old one is fenced
 ``walkit sandbox``         a local cluster in the foreground for other processes, until SIGINT/SIGTERM
@@ -17,7 +18,7 @@
 
 One module per group of commands, each with ``register(subparsers)`` adding its
 sub-commands (and the function each runs, as ``func``): ``_bench``, ``_init``,
-``_bookie``, ``_journal``, ``_demo`` (demo, sandbox), ``_export``. What a command
+``_bookie``, ``_recover`` (recover, decommission), ``_journal``, ``_demo`` (demo, sandbox), ``_export``. What a command
 imports, it imports when it runs. Errors become messages and exit codes here, in
 :func:`main`.
 """

@@ -1,11 +1,15 @@
-"""``walkit recover``: put back the copies a lost bookie held (:mod:`walkit.recovery`)."""
+"""``walkit recover`` (put back the copies a lost bookie held) and ``walkit decommission``
+(move everything off a running bookie before removing it): :mod:`walkit.recovery`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from walkit.recovery import RecoveryReport
 
 __all__ = ["register"]
 
@@ -19,6 +23,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--tls-ca", default="", help="CA file, for bookies that serve TLS")
     p.set_defaults(func=_recover)
+    d = subparsers.add_parser("decommission", help="move everything a running bookie holds to others, then say "
+                                                    "whether it can be removed")
+    d.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
+    d.add_argument("--bookie", required=True, help="the bookie to retire (it must be running)")
+    d.add_argument("--json", action="store_true", help="machine-readable report")
+    d.add_argument("--tls-ca", default="", help="CA file, for bookies that serve TLS")
+    d.set_defaults(func=_decommission)
 
 
 class _Bar:
@@ -58,10 +69,30 @@ def _recover(args: argparse.Namespace) -> int:
                          progress=None if args.json else bar)
     finally:
         bar.close()
-    if args.json:
+    return _print(report, args.json)
+
+
+def _decommission(args: argparse.Namespace) -> int:
+    from walkit.recovery import decommission
+
+    bar = _Bar()
+    try:
+        report = decommission(args.metadata, args.bookie, tls_ca=args.tls_ca, progress=None if args.json else bar)
+    finally:
+        bar.close()
+    code = _print(report, args.json)
+    if not args.json:
+        print(f"bookie {report.bookie} can now be stopped and removed" if report.removable else
+              f"bookie {report.bookie} is read-only but still needed: run walkit decommission again once the "
+              "ledgers above are closed (or the failures fixed)")
+    return code if report.removable else 1
+
+
+def _print(report: RecoveryReport, as_json: bool) -> int:
+    if as_json:
         print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     else:
-        r = report
+        r: RecoveryReport = report
         verb = "would copy" if r.dry_run else "copied"
         print(f"bookie {r.bookie}: {r.ledgers_scanned} ledgers scanned, {r.ledgers_affected} closed ledgers with "
               f"{r.fragments} fragments naming it ({r.entries} entries held)")

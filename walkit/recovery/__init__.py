@@ -2,6 +2,8 @@
 
 - :func:`recover` (``walkit recover``): manual recovery of one lost bookie's closed
   fragments, streaming, resumable, with a dry run (:mod:`walkit.recovery._recover`);
+- :func:`decommission` (``walkit decommission``): the same for a running bookie, made
+  read-only first, until nothing names it;
 - :mod:`walkit.recovery._plan`: what a bookie held and who else holds it (pure).
 
 Copies are pushed by surviving bookies (``ledger.replicate``, :mod:`bookie._replicate`),
@@ -9,6 +11,8 @@ which verify them with the ledger's master key that only bookies hold.
 """
 
 from walkit.recovery._plan import FragmentWork, held_entries, lost_fragments
-from walkit.recovery._recover import Progress, RecoveryReport, recover
+from walkit.recovery._recover import Progress, RecoveryReport, decommission, recover
 
-__all__ = ["FragmentWork", "Progress", "RecoveryReport", "held_entries", "lost_fragments", "recover"]
+__all__ = [
+    "FragmentWork", "Progress", "RecoveryReport", "decommission", "held_entries", "lost_fragments", "recover",
+]

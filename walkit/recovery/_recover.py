@@ -43,7 +43,7 @@ from walkit.errors import (
     ReplicasLostError,
     WalkitError,
 )
-from walkit.metadata import Cluster, LedgerMetadata, connect, read_registration
+from walkit.metadata import BookieSet, Cluster, LedgerMetadata, connect, read_registration
 from walkit.recovery._plan import FragmentWork, choose_target, count_held, held_entries, lost_fragments, sources
 
 __all__ = ["RecoveryReport", "Progress", "recover"]
@@ -67,6 +67,8 @@ class RecoveryReport:
     failures: list[dict[str, Any]] = field(default_factory=list)
     targets: dict[str, int] = field(default_factory=dict)  # target -> fragments given to it
     seconds: float = 0.0
+    #: Decommission: nothing names the bookie any more (it can be stopped and removed).
+    removable: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -95,10 +97,20 @@ def recover(uri: str, bookie: str, *, target: str | None = None, dry_run: bool =
     return asyncio.run(_Recovery(uri, bookie, target, dry_run, tls_ca, progress or _Quiet()).run())
 
 
+def decommission(uri: str, bookie: str, *, tls_ca: str = "", progress: Progress | None = None) -> RecoveryReport:
+    """Move everything a *running* bookie holds elsewhere before it is removed: it is
+    made read-only (no new ensemble picks it), then recovered as if lost - but it may
+    serve its own copies as a last resort; ``removable`` says whether anything still
+    names it (open ledgers: run again once their writers closed them)."""
+    work = _Recovery(uri, bookie, None, False, tls_ca, progress or _Quiet(), decommission=True)
+    return asyncio.run(work.run())
+
+
 class _Recovery:
     def __init__(self, uri: str, bookie: str, target: str | None, dry_run: bool, tls_ca: str,
-                 progress: Progress) -> None:
+                 progress: Progress, decommission: bool = False) -> None:
         self.uri, self.bookie, self.target, self.tls_ca, self.progress = uri, bookie, target, tls_ca, progress
+        self.decommission = decommission
         self.report = RecoveryReport(bookie, dry_run)
         self.cluster: Cluster | None = None
         self._clients: dict[str, BookieClient] = {}
@@ -109,10 +121,16 @@ class _Recovery:
         try:
             if self.target is not None:
                 await self._check_target(self.target)
+            if self.decommission:
+                await self._set_readonly()
             await self._count()
             if not self.report.dry_run:
                 self.progress.start(self.report.fragments, self.report.entries)
                 await self._copy()
+            if self.decommission:
+                self.report.open_ledgers = []
+                await self._each(self._still_named)
+                self.report.removable = not self.report.open_ledgers and not self.report.failures
         finally:
             for client in self._clients.values():
                 await client.close()
@@ -169,6 +187,22 @@ class _Recovery:
 
         await self._each(visit)
 
+    async def _still_named(self, meta: LedgerMetadata) -> None:
+        if any(self.bookie in ensemble for _, ensemble in meta.ensembles):
+            self.report.open_ledgers.append(meta.ledger_id)
+
+    async def _set_readonly(self) -> None:
+        alive = await _off(self.cluster_bookies)
+        if self.bookie not in alive.writable | alive.readonly:
+            raise BookieUnavailableError("the bookie is not running: use walkit recover for a lost bookie",
+                                         bookie=self.bookie)
+        client = await self._client(self.bookie)
+        await asyncio.wait_for(client.admin("bookie.readonly", {"readonly": True}), _ADMIN_TIMEOUT)
+
+    def cluster_bookies(self) -> BookieSet:
+        assert self.cluster is not None
+        return self.cluster.bookies()
+
     # --- one fragment ---------------------------------------------------------------------
     async def _fragment(self, meta: LedgerMetadata, work: FragmentWork) -> None:
         writable = await self._writable()
@@ -190,7 +224,8 @@ class _Recovery:
 
     async def _chunk(self, work: FragmentWork, entries: list[int], target: Endpoint, alive: set[str]) -> None:
         """Copy ``entries`` to ``target``, each from the first survivor that has it intact."""
-        candidates = {e: [b for b in sources(work, e) if b in alive] for e in entries}
+        own = [work.lost] if self.decommission else []  # a bookie being decommissioned serves last
+        candidates = {e: [b for b in sources(work, e) if b in alive] + own for e in entries}
         while candidates:
             by_source: dict[str, list[int]] = {}
             for e, left in candidates.items():
