@@ -6,6 +6,8 @@
                 once with its number (poll ``gc.status`` until ``passes`` reaches it);
 ``ledger.replicate``  copy entries this bookie holds to another bookie (recovery,
                 :mod:`bookie._replicate`);
+``ledger.entries``  ``{"ledger": L, "first": a, "last": b}`` (at most 65,536 ids): the entry ids of
+                the range this bookie stores (the auditor's check, a repair of missing copies);
 ``bookie.readonly``  ``{"readonly": true | false}``: read-only on the operator's word (whatever
                 the disks say; ``walkit decommission``), answered once registered so.
 
@@ -27,7 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["COMMANDS", "run_command"]
 
-COMMANDS = ("gc.status", "gc.run", "ledger.replicate", "bookie.readonly")
+COMMANDS = ("gc.status", "gc.run", "ledger.replicate", "ledger.entries", "bookie.readonly")
+_MAX_RANGE = 65536
 _REGISTER_TIMEOUT = 60.0
 
 
@@ -50,6 +53,14 @@ def run_command(server: BookieServer, command: str, raw_args: bytes) -> dict[str
         return {"pass": bookie.gc.request(compact)}
     if command == "ledger.replicate":
         return replicate(bookie, server.config, loop, args)
+    if command == "ledger.entries":
+        ledger_id, first, last = args.get("ledger"), args.get("first"), args.get("last")
+        if not (type(ledger_id) is int and type(first) is int and type(last) is int
+                and 0 <= first <= last < first + _MAX_RANGE):
+            raise InvalidArgumentError("ledger.entries needs a ledger and a range of at most 65536 ids",
+                                       ledger=repr(ledger_id)[:40], first=repr(first)[:40], last=repr(last)[:40])
+        assert isinstance(ledger_id, int) and isinstance(first, int) and isinstance(last, int)
+        return {"entries": bookie.storage.stored_entries(ledger_id, first, last)}
     if command == "bookie.readonly":
         if type(args.get("readonly")) is not bool:
             raise InvalidArgumentError("bookie.readonly needs readonly: true or false")

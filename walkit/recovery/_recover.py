@@ -33,24 +33,15 @@ import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-from walkit.client import BookieClient, Endpoint, client_ssl_context, parse_endpoint
-from walkit.errors import (
-    BookieUnavailableError,
-    InvalidArgumentError,
-    NotEnoughBookiesError,
-    ReplicasLostError,
-    WalkitError,
-)
-from walkit.metadata import BookieSet, Cluster, LedgerMetadata, connect, read_registration
-from walkit.recovery._plan import FragmentWork, choose_target, count_held, held_entries, lost_fragments, sources
+from walkit.errors import BookieUnavailableError, InvalidArgumentError, NotEnoughBookiesError, WalkitError
+from walkit.metadata import Cluster, LedgerMetadata, connect
+from walkit.recovery._plan import FragmentWork, choose_target, count_held, held_entries, lost_fragments
+from walkit.recovery._replicator import Replicator, off
 
 __all__ = ["RecoveryReport", "Progress", "recover"]
 
-T = TypeVar("T")
-CHUNK = 512  # entries asked of the survivors at once (bookie._replicate.MAX_ENTRIES bounds it)
-_ADMIN_TIMEOUT = 180.0
 
 
 @dataclass
@@ -113,11 +104,12 @@ class _Recovery:
         self.decommission = decommission
         self.report = RecoveryReport(bookie, dry_run)
         self.cluster: Cluster | None = None
-        self._clients: dict[str, BookieClient] = {}
+        self.replicator: Replicator | None = None
 
     async def run(self) -> RecoveryReport:
         t0 = time.monotonic()
-        self.cluster = await _off(connect, self.uri)
+        self.cluster = await off(connect, self.uri)
+        self.replicator = Replicator(self.cluster, self.tls_ca)
         try:
             if self.target is not None:
                 await self._check_target(self.target)
@@ -132,9 +124,8 @@ class _Recovery:
                 await self._each(self._still_named)
                 self.report.removable = not self.report.open_ledgers and not self.report.failures
         finally:
-            for client in self._clients.values():
-                await client.close()
-            await _off(self.cluster.close)
+            await self.replicator.close()
+            await off(self.cluster.close)
         self.report.seconds = round(time.monotonic() - t0, 3)
         return self.report
 
@@ -144,12 +135,12 @@ class _Recovery:
         ledgers = self.cluster.ledgers
         ids = ledgers.ledger_ids()
         while True:
-            ledger_id = await _off(next, ids, None)
+            ledger_id = await off(next, ids, None)
             if ledger_id is None:
                 return
             try:
-                meta, _ = await _off(ledgers.read, ledger_id)
-            except WalkitError:  # deleted meanwhile (or unreadable: reported by the copy pass)
+                meta, _ = await off(ledgers.read, ledger_id)
+            except WalkitError:  # deleted meanwhile
                 continue
             await visit(meta)
 
@@ -192,95 +183,32 @@ class _Recovery:
             self.report.open_ledgers.append(meta.ledger_id)
 
     async def _set_readonly(self) -> None:
-        alive = await _off(self.cluster_bookies)
+        assert self.replicator is not None
+        alive = await self.replicator.bookies()
         if self.bookie not in alive.writable | alive.readonly:
             raise BookieUnavailableError("the bookie is not running: use walkit recover for a lost bookie",
                                          bookie=self.bookie)
-        client = await self._client(self.bookie)
-        await asyncio.wait_for(client.admin("bookie.readonly", {"readonly": True}), _ADMIN_TIMEOUT)
-
-    def cluster_bookies(self) -> BookieSet:
-        assert self.cluster is not None
-        return self.cluster.bookies()
+        await self.replicator.admin(self.bookie, "bookie.readonly", {"readonly": True})
 
     # --- one fragment ---------------------------------------------------------------------
     async def _fragment(self, meta: LedgerMetadata, work: FragmentWork) -> None:
-        writable = await self._writable()
-        target = choose_target(work, meta, writable, self.target)
-        endpoint = await self._endpoint(target)
-        alive = await self._alive()
-        chunk: list[int] = []
-        for entry_id in held_entries(work):
-            chunk.append(entry_id)
-            if len(chunk) == CHUNK:
-                await self._chunk(work, chunk, endpoint, alive)
-                chunk = []
-        if chunk:
-            await self._chunk(work, chunk, endpoint, alive)
-        await _off(self._replace, work, target)
+        assert self.replicator is not None
+        target = choose_target(work, meta, await self._writable(), self.target)
+
+        def copied(n: int) -> None:
+            self.report.entries_copied += n
+            self.progress.advance(0, n)
+
+        await self.replicator.copy(work, held_entries(work), target,
+                                   last_resort=work.lost if self.decommission else None, on_copied=copied)
+        await self.replicator.replace(work, target)
         self.report.fragments_replaced += 1
         self.report.targets[target] = self.report.targets.get(target, 0) + 1
         self.progress.advance(1, 0)
 
-    async def _chunk(self, work: FragmentWork, entries: list[int], target: Endpoint, alive: set[str]) -> None:
-        """Copy ``entries`` to ``target``, each from the first survivor that has it intact."""
-        own = [work.lost] if self.decommission else []  # a bookie being decommissioned serves last
-        candidates = {e: [b for b in sources(work, e) if b in alive] + own for e in entries}
-        while candidates:
-            by_source: dict[str, list[int]] = {}
-            for e, left in candidates.items():
-                if not left:
-                    raise ReplicasLostError("no surviving replica holds an intact copy", ledger=work.ledger_id,
-                                        entry=e, lost=work.lost)
-                by_source.setdefault(left[0], []).append(e)
-            answers = await asyncio.gather(*(self._ask(src, work, ids, target) for src, ids in by_source.items()),
-                                           return_exceptions=True)
-            for (src, ids), answer in zip(by_source.items(), answers):
-                if isinstance(answer, BaseException):
-                    if not isinstance(answer, WalkitError):
-                        raise answer
-                    copied: set[int] = set()
-                else:
-                    if answer.get("failed"):
-                        raise BookieUnavailableError("the target refused copies", ledger=work.ledger_id,
-                                                     target=f"{target.host}:{target.port}",
-                                                     reason=next(iter(answer["failed"].values())))
-                    copied = set(answer["copied"])
-                for e in ids:
-                    if e in copied:
-                        del candidates[e]
-                    else:
-                        candidates[e].remove(src)
-                self.report.entries_copied += len(copied)
-                self.progress.advance(0, len(copied))
-
-    async def _ask(self, source: str, work: FragmentWork, entries: list[int], target: Endpoint) -> dict[str, Any]:
-        client = await self._client(source)
-        args = {"ledger": work.ledger_id, "entries": entries, "digest": work.digest,
-                "target": f"{target.host}:{target.port}", "tls": target.tls}
-        answer: dict[str, Any] = await asyncio.wait_for(client.admin("ledger.replicate", args), _ADMIN_TIMEOUT)
-        return answer
-
-    def _replace(self, work: FragmentWork, target: str) -> None:
-        assert self.cluster is not None
-
-        def change(current: LedgerMetadata) -> LedgerMetadata | None:
-            ensemble = dict(current.ensembles).get(work.first)
-            if ensemble is None or work.lost not in ensemble:
-                return None  # replaced (or changed) by someone else meanwhile
-            return current.replace_bookie(work.first, work.lost, target)
-
-        self.cluster.ledgers.update(work.ledger_id, change)
-
-    # --- bookies --------------------------------------------------------------------------
     async def _writable(self) -> list[str]:
-        assert self.cluster is not None
-        return sorted((await _off(self.cluster.bookies)).writable - {self.bookie})
-
-    async def _alive(self) -> set[str]:
-        assert self.cluster is not None
-        bookies = await _off(self.cluster.bookies)
-        return set(bookies.writable | bookies.readonly) - {self.bookie}
+        assert self.replicator is not None
+        return sorted((await self.replicator.bookies()).writable - {self.bookie})
 
     async def _check_target(self, target: str) -> None:
         if target == self.bookie:
@@ -288,31 +216,5 @@ class _Recovery:
         if target not in await self._writable():
             raise NotEnoughBookiesError("the target is not a registered writable bookie", target=target)
 
-    async def _endpoint(self, bookie: str) -> Endpoint:
-        assert self.cluster is not None
-        cluster = self.cluster
-        registration = await _off(read_registration, cluster.store, cluster.info, bookie)
-        return parse_endpoint(bookie, registration)
-
-    async def _client(self, bookie: str) -> BookieClient:
-        client = self._clients.get(bookie)
-        if client is not None and not client.failed:
-            return client
-        endpoint = await self._endpoint(bookie)
-        ssl_context = None
-        if endpoint.tls:
-            if not self.tls_ca:
-                raise BookieUnavailableError("bookie serves TLS: give the CA file", bookie=bookie)
-            ssl_context = client_ssl_context(self.tls_ca)
-        client = await BookieClient.connect(endpoint.host, endpoint.port, ssl_context=ssl_context,
-                                            server_hostname=endpoint.host)
-        self._clients[bookie] = client
-        return client
-
     def _fail(self, work: FragmentWork, exc: WalkitError) -> None:
         self.report.failures.append({"ledger": work.ledger_id, "first_entry": work.first, "error": str(exc)})
-
-
-async def _off(fn: Callable[..., T], *args: Any) -> T:
-    """A blocking (metadata) call on a worker thread."""
-    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
