@@ -385,6 +385,7 @@ class BookieServer:
         self.forced_readonly = False
         self._cluster: Any = None  # walkit.metadata.Cluster when metadata is configured
         self._registration: Any = None
+        self._autorecovery: Any = None  # walkit.recovery.AutoRecovery with autoRecoveryDaemonEnabled
         self._connections: set[_Connection] = set()
         self._pending_adds = 0
         #: Completions (kind, connection, adds or request, error), from the sync thread.
@@ -464,6 +465,22 @@ class BookieServer:
             # waits out the session of a previous incarnation (kill -9, restart) first
             self._registration = self._cluster.register_bookie(
                 self.bookie_id, readonly=self.readonly, data=info, on_lost=self._registration_lost)
+            if c.auto_recovery_daemon_enabled:
+                self._start_autorecovery()
+
+    def _start_autorecovery(self) -> None:
+        """The auditor candidate and replication worker of this bookie (walkit/recovery)."""
+        from walkit.recovery import AutoRecovery, AutoRecoveryConfig
+
+        c = self.config
+        config = AutoRecoveryConfig(
+            lost_bookie_recovery_delay=c.lost_bookie_recovery_delay,
+            auditor_periodic_check_interval=c.auditor_periodic_check_interval,
+            auditor_periodic_bookie_check_interval=c.auditor_periodic_bookie_check_interval,
+            open_ledger_rereplication_grace_period=c.open_ledger_rereplication_grace_period / 1000.0)
+        self._autorecovery = AutoRecovery(c.metadata_service_uri, self.bookie_id, config,
+                                          session_timeout=c.zk_timeout / 1000.0, tls_ca=c.tls_trust_store)
+        self._autorecovery.start()
 
     def _lock_directories(self) -> None:
         """An exclusive lock on each directory (``<dir>/LOCK``, released when the process
@@ -549,6 +566,8 @@ class BookieServer:
                 log.warning("deregistration failed", exc_info=True)
 
     def _close_core(self) -> None:
+        if self._autorecovery is not None:
+            self._autorecovery.stop()
         try:
             if self.bookie is not None:
                 self.bookie.shutdown()

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from walkit.client import BookieClient, Endpoint, client_ssl_context, parse_endpoint
-from walkit.errors import BookieUnavailableError, ReplicasLostError, WalkitError
+from walkit.errors import BookieUnavailableError, NoSuchLedgerError, ReplicasLostError, WalkitError
 from walkit.metadata import BookieSet, Cluster, LedgerMetadata, read_registration
 from walkit.recovery._plan import FragmentWork, sources
 
@@ -138,12 +138,15 @@ class Replicator:
             "target": target_id(target), "tls": target.tls})
 
     async def present(self, bookie: str, ledger_id: int, first: int, last: int) -> set[int]:
-        """The entries of ``first..last`` that ``bookie`` holds."""
+        """The entries of ``first..last`` that ``bookie`` holds (none: it has no such ledger)."""
         held: set[int] = set()
         start = first
         while start <= last:
             end = min(last, start + 65535)
-            answer = await self.admin(bookie, "ledger.entries", {"ledger": ledger_id, "first": start, "last": end})
+            try:
+                answer = await self.admin(bookie, "ledger.entries", {"ledger": ledger_id, "first": start, "last": end})
+            except NoSuchLedgerError:
+                return set()
             held.update(answer["entries"])
             start = end + 1
         return held
