@@ -453,8 +453,13 @@ class BookieServer:
             instance_id = self._cluster.info.instance_id
         else:
             log.warning("bookie %s runs without metadata (metadataServiceUri unset): not registered", self.bookie_id)
+        marked = None
+        if self._cluster is not None:
+            from walkit.metadata import UnderReplication
+
+            marked = UnderReplication(self._cluster.store, self._cluster.info).is_marked
         self.bookie = Bookie(c, fs=self._fs, instance_id=instance_id, disk_usage=self._disk_usage,
-                             metadata=self._cluster.ledgers if self._cluster is not None else None)
+                             metadata=self._cluster.ledgers if self._cluster is not None else None, marked=marked)
         self.bookie.on_space_freed = self._space_freed
         self.bookie.start()
         self.readonly = self._disks_full(self.readonly)

@@ -42,7 +42,7 @@ def _iso(seconds: float) -> str:
 
 def _inspect(args: argparse.Namespace) -> int:
     from walkit.metadata import connect
-    from walkit.recovery import UnderReplication
+    from walkit.metadata import UnderReplication
 
     with connect(args.metadata) as cluster:
         ur = UnderReplication(cluster.store, cluster.info)

@@ -6,7 +6,7 @@
   read-only first, until nothing names it;
 - :class:`AutoRecovery` (in bookies with ``autoRecoveryDaemonEnabled``, or ``walkit
   autorecovery run``): the auditor marks under-replicated ledgers, workers repair them
-  (:mod:`walkit.recovery._autorecovery`, markers in :mod:`walkit.recovery._markers`);
+  (:mod:`walkit.recovery._autorecovery`, markers in :mod:`walkit.metadata._underreplication`);
 - :mod:`walkit.recovery._replicator`: the copy and replace mechanism all of them share;
 - :mod:`walkit.recovery._plan`: what a bookie held and who else holds it (pure).
 
@@ -14,8 +14,8 @@ Copies are pushed by surviving bookies (``ledger.replicate``, :mod:`bookie._repl
 which verify them with the ledger's master key that only bookies hold.
 """
 
+from walkit.metadata import Marker, UnderReplication  # the markers live with the metadata layout
 from walkit.recovery._autorecovery import AutoRecovery, AutoRecoveryConfig
-from walkit.recovery._markers import Marker, UnderReplication
 from walkit.recovery._plan import FragmentWork, held_entries, lost_fragments
 from walkit.recovery._recover import Progress, RecoveryReport, decommission, recover
 

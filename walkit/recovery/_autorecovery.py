@@ -6,7 +6,7 @@ Every autorecovery daemon (in a bookie with ``autoRecoveryDaemonEnabled``, or
 ``walkit autorecovery run``) is an auditor candidate and a replication worker, on one
 thread with one asyncio loop and one metadata session.
 
-*Auditor* (exactly one per cluster: the seat, :mod:`walkit.recovery._markers`). Every
+*Auditor* (exactly one per cluster: the seat, :mod:`walkit.metadata._underreplication`). Every
 second it compares the bookies named by ledgers and seen before with the available ones
 (writable or read-only). A bookie gone for ``lostBookieRecoveryDelay`` seconds - it did
 not come back meanwhile, which would have cancelled it - is audited: one streaming pass
@@ -43,8 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from walkit.errors import NoSuchLedgerError, WalkitError
-from walkit.metadata import Cluster, LedgerMetadata, LedgerState, connect
-from walkit.recovery._markers import Marker, UnderReplication
+from walkit.metadata import Cluster, LedgerMetadata, LedgerState, Marker, UnderReplication, connect
 from walkit.recovery._plan import choose_target, held_entries, lost_fragments
 from walkit.recovery._replicator import Replicator, off
 

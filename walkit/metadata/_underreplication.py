@@ -27,8 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from walkit.errors import MetadataVersionError, NodeExistsError, NoNodeError
-from walkit.metadata import Check, ClusterInfo, Delete, MetadataStore
-from walkit.metadata._cluster import cluster_path
+from walkit.metadata._cluster import ClusterInfo, cluster_path
+from walkit.metadata._store import Check, Delete, MetadataStore
 
 __all__ = ["Marker", "UnderReplication"]
 
@@ -141,6 +141,12 @@ class UnderReplication:
         except (MetadataVersionError, NoNodeError):
             self.unlock(marker.ledger_id)
             return False
+
+    def is_marked(self, ledger_id: int) -> bool:
+        """Whether the ledger waits for (or is under) re-replication: garbage collection
+        never takes a copy of it as over-replicated meanwhile (a worker copies entries to
+        a bookie before the metadata names it)."""
+        return self._store.exists(self._path(ledger_id)) is not None
 
     def drop(self, ledger_id: int) -> None:
         """Delete a marker whatever it says (its ledger is gone)."""
