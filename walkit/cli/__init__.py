@@ -6,6 +6,7 @@
 ``walkit bench ledger``    the ledger client (E=3 Qw=3 Qa=2, bookie processes): sequential latency, pipelined rate
 ``walkit bench wal``       the WriteAheadLog (100 B / 1 KiB records) against a fdatasync'd file and SQLite
 ``walkit bench spark``     records/s read by Spark local[2] vs. the WAL's own replay() (walkit[spark])
+``walkit bench recovery``  a lost bookie's share put back by walkit recover / autorecovery: MB/s, writer p99
 ``walkit bookie start``    run a bookie (as ``python -m bookie --conf FILE``)
 ``walkit bookie list``     the available and read-only bookies of a cluster
 ``walkit bookie gc``       force garbage collection / compaction on bookies (--force, --compact), or --status
