@@ -183,10 +183,12 @@ class Bookie:
     """A storage server's core, without the network (``bookie.server`` calls this)."""
 
     def __init__(self, config: BookieConfig, *, fs: FileSystem | None = None, instance_id: str | None = None,
-                 metadata: GcMetadata | None = None, disk_usage: Callable[[str], float] | None = None) -> None:
+                 metadata: GcMetadata | None = None, disk_usage: Callable[[str], float] | None = None,
+                 marked: Callable[[int], bool] | None = None) -> None:
         """``metadata`` (the cluster's ledger manager) lets garbage collection remove
         ledgers deleted from the cluster; ``disk_usage(dir)`` (default: the file
-        system's) is the fraction of a ledger disk in use, which pauses compaction."""
+        system's) is the fraction of a ledger disk in use, which pauses compaction;
+        ``marked(ledger)`` tells a ledger under re-replication (kept by GC)."""
         if fs is None:
             from bookie.fs.real import RealFS
 
@@ -206,6 +208,7 @@ class Bookie:
         self._storage: LedgerStorage | None = None
         self._journal: Journal | None = None
         self._metadata = metadata
+        self._marked = marked
         self._disk_usage = disk_usage or fs.disk_usage
         self._gc: GarbageCollector | None = None
         #: Called (on the GC thread) after garbage collection gave disk space back.
@@ -237,7 +240,7 @@ class Bookie:
         self._ckpt_thread.start()
         self._gc = GarbageCollector(self._storage, c, c.effective_bookie_id, metadata=self._metadata,
                                     delete_ledger=self.delete_ledger, disk_usage=self._disk_usage,
-                                    on_freed=self._space_freed)
+                                    on_freed=self._space_freed, marked=self._marked)
         self._gc.start()
 
     def shutdown(self) -> None:

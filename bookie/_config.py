@@ -104,6 +104,13 @@ class BookieConfig:
     compaction_rate_by_bytes: int = _key("compactionRateByBytes", 1000000)
     is_throttle_by_bytes: bool = _key("isThrottleByBytes", False)
     is_force_gc_allow_when_no_space: bool = _key("isForceGCAllowWhenNoSpace", False)
+    # Autorecovery (walkit/recovery): this bookie also runs an auditor candidate and a
+    # replication worker. A bookie gone lostBookieRecoveryDelay seconds is re-replicated.
+    auto_recovery_daemon_enabled: bool = _key("autoRecoveryDaemonEnabled", False)
+    lost_bookie_recovery_delay: int = _key("lostBookieRecoveryDelay", 0)  # s
+    auditor_periodic_check_interval: int = _key("auditorPeriodicCheckInterval", 604800)  # s; <= 0: off
+    auditor_periodic_bookie_check_interval: int = _key("auditorPeriodicBookieCheckInterval", 86400)  # s
+    open_ledger_rereplication_grace_period: int = _key("openLedgerRereplicationGracePeriod", 30000)  # ms
 
     def __post_init__(self) -> None:
         self.validate()
@@ -153,6 +160,7 @@ class BookieConfig:
             "gcMetadataOpRateLimit": self.gc_metadata_op_rate_limit,
             "compactionRateByEntries": self.compaction_rate_by_entries,
             "compactionRateByBytes": self.compaction_rate_by_bytes,
+            "auditorPeriodicBookieCheckInterval": self.auditor_periodic_bookie_check_interval,
         }
         for key, value in positive.items():
             if value <= 0:
@@ -179,6 +187,10 @@ class BookieConfig:
             )
         if not 0 < self.disk_usage_warn_threshold <= 1:  # used as min(warn, diskUsageThreshold)
             raise ConfigError("need 0 < diskUsageWarnThreshold <= 1", warn=self.disk_usage_warn_threshold)
+        if self.lost_bookie_recovery_delay < 0 or self.open_ledger_rereplication_grace_period < 0:
+            raise ConfigError("autorecovery delays must not be negative",
+                              lostBookieRecoveryDelay=self.lost_bookie_recovery_delay,
+                              openLedgerRereplicationGracePeriod=self.open_ledger_rereplication_grace_period)
         minor, major = self.minor_compaction_threshold, self.major_compaction_threshold
         if not (minor <= 1 and major <= 1 and (minor <= 0 or major <= 0 or minor <= major)):
             raise ConfigError("compaction thresholds must be at most 1, minor below major",

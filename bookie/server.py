@@ -22,8 +22,8 @@ responses for frames it could not accept) and dispatches each:
   and joined once (:meth:`~walkit.protocol.ServerConnection.send_added_many`, the bytes
   of an AddEntryResponse each).
 * Reads (READ_ENTRY, READ_LAC, GET_BOOKIE_INFO) may touch the disk: they run on a small
-  thread pool and answer through the loop, as do ADMIN requests (``gc.status``,
-  ``gc.run``: the garbage collector, :mod:`bookie.gc`).
+  thread pool and answer through the loop, as do ADMIN requests (:mod:`bookie._admin`:
+  the garbage collector's ``gc.status`` and ``gc.run``, recovery's ``ledger.replicate``).
 * A fencing READ_ENTRY first fences (the FENCE record is journaled and synced), then
   reads: once the reader hears the answer, the fence is durable and later normal adds
   are refused with EFENCED; RECOVERY_ADD still passes. WRITE_LAC is journaled like an add.
@@ -78,6 +78,7 @@ from typing import Any
 
 from sortedcontainers import SortedKeyList
 
+from bookie._admin import run_command
 from bookie._bookie import Bookie
 from bookie._config import BookieConfig
 from bookie.cookie import Cookie
@@ -88,7 +89,6 @@ from walkit.errors import (
     BookieReadOnlyError,
     BookieShutdownError,
     CookieError,
-    InvalidArgumentError,
     NoSuchEntryError,
     WalkitError,
 )
@@ -381,8 +381,11 @@ class BookieServer:
         self.bookie_id = ""
         self.port = 0
         self.readonly = False
+        #: Read-only on the operator's word (``walkit decommission``), whatever the disks say.
+        self.forced_readonly = False
         self._cluster: Any = None  # walkit.metadata.Cluster when metadata is configured
         self._registration: Any = None
+        self._autorecovery: Any = None  # walkit.recovery.AutoRecovery with autoRecoveryDaemonEnabled
         self._connections: set[_Connection] = set()
         self._pending_adds = 0
         #: Completions (kind, connection, adds or request, error), from the sync thread.
@@ -409,6 +412,11 @@ class BookieServer:
         #: ``read_hook(ledger, entry, data)``: the bytes a READ_ENTRY is answered with
         #: instead of ``data`` (what the bookie stored) - a corrupted replica.
         self.read_hook: Callable[[int, int, bytes], bytes] | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop serving this bookie (set by :meth:`start`)."""
+        return self._loop
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -445,8 +453,13 @@ class BookieServer:
             instance_id = self._cluster.info.instance_id
         else:
             log.warning("bookie %s runs without metadata (metadataServiceUri unset): not registered", self.bookie_id)
+        marked = None
+        if self._cluster is not None:
+            from walkit.metadata import UnderReplication
+
+            marked = UnderReplication(self._cluster.store, self._cluster.info).is_marked
         self.bookie = Bookie(c, fs=self._fs, instance_id=instance_id, disk_usage=self._disk_usage,
-                             metadata=self._cluster.ledgers if self._cluster is not None else None)
+                             metadata=self._cluster.ledgers if self._cluster is not None else None, marked=marked)
         self.bookie.on_space_freed = self._space_freed
         self.bookie.start()
         self.readonly = self._disks_full(self.readonly)
@@ -457,6 +470,22 @@ class BookieServer:
             # waits out the session of a previous incarnation (kill -9, restart) first
             self._registration = self._cluster.register_bookie(
                 self.bookie_id, readonly=self.readonly, data=info, on_lost=self._registration_lost)
+            if c.auto_recovery_daemon_enabled:
+                self._start_autorecovery()
+
+    def _start_autorecovery(self) -> None:
+        """The auditor candidate and replication worker of this bookie (walkit/recovery)."""
+        from walkit.recovery import AutoRecovery, AutoRecoveryConfig
+
+        c = self.config
+        config = AutoRecoveryConfig(
+            lost_bookie_recovery_delay=c.lost_bookie_recovery_delay,
+            auditor_periodic_check_interval=c.auditor_periodic_check_interval,
+            auditor_periodic_bookie_check_interval=c.auditor_periodic_bookie_check_interval,
+            open_ledger_rereplication_grace_period=c.open_ledger_rereplication_grace_period / 1000.0)
+        self._autorecovery = AutoRecovery(c.metadata_service_uri, self.bookie_id, config,
+                                          session_timeout=c.zk_timeout / 1000.0, tls_ca=c.tls_trust_store)
+        self._autorecovery.start()
 
     def _lock_directories(self) -> None:
         """An exclusive lock on each directory (``<dir>/LOCK``, released when the process
@@ -542,6 +571,8 @@ class BookieServer:
                 log.warning("deregistration failed", exc_info=True)
 
     def _close_core(self) -> None:
+        if self._autorecovery is not None:
+            self._autorecovery.stop()
         try:
             if self.bookie is not None:
                 self.bookie.shutdown()
@@ -582,7 +613,7 @@ class BookieServer:
         may wait for the metadata store); going writable only once it is registered
         so. A registration that failed is retried at the next check."""
         try:
-            want = await self._loop.run_in_executor(None, self._disks_full, self.readonly)
+            want = await self._loop.run_in_executor(None, self._disks_full, self.readonly) or self.forced_readonly
             if want:
                 self.readonly = True
             if self._registration is not None and self._registration.readonly != want:
@@ -724,26 +755,9 @@ class BookieServer:
         return BookieInfoResponse(free, total, self.readonly, req.request_id)
 
     def _do_admin(self, req: AdminRequest) -> Response:
-        """``gc.status``: the collector's status; ``gc.run`` (``{"compact": null | "minor"
-        | "major"}``): ask for a forced pass, answered at once with its number (poll
-        ``gc.status`` until ``passes`` reaches it)."""
+        """An operator command (:mod:`bookie._admin`)."""
         assert self.bookie is not None
-        try:
-            args = json.loads(req.args)
-        except ValueError as exc:
-            raise InvalidArgumentError("admin arguments are not JSON", command=req.command) from exc
-        if not isinstance(args, dict):
-            raise InvalidArgumentError("admin arguments must be a JSON object", command=req.command)
-        gc = self.bookie.gc
-        if req.command == "gc.status":
-            result: dict[str, Any] = {**gc.status(), "readonly": self.readonly}
-        elif req.command == "gc.run":
-            compact = args.get("compact")
-            if compact not in (None, "minor", "major"):
-                raise InvalidArgumentError("compact must be null, minor or major", compact=repr(compact))
-            result = {"pass": gc.request(compact)}
-        else:
-            raise InvalidArgumentError("unknown admin command", command=req.command, known="gc.status,gc.run")
+        result = run_command(self, req.command, req.args)
         return AdminResponse(json.dumps(result).encode(), req.request_id)
 
     def _do_read_entry(self, req: ReadEntry) -> Response:

@@ -57,3 +57,20 @@ def test_readme_documents_every_garbage_collection_key_with_its_default() -> Non
         shown = documented[key]
         assert shown == (str(value).lower() if isinstance(value, bool) else f"{value:.2f}" if key ==
                          "diskUsageWarnThreshold" else str(value)), (key, shown, value)
+
+
+def test_readme_documents_every_autorecovery_key_with_its_default() -> None:
+    from bookie import BookieConfig
+
+    text = README.read_text()
+    section = text[text.index("### Recovery of lost bookies"):]
+    section = section[section.index("| key |"):]
+    rows = {re.findall(r"`(\w+)`", line.split("|")[1])[0]: line.split("|")[2].split(" (")[0].strip()
+            for line in section.splitlines() if line.startswith("| `")}
+    defaults = BookieConfig().to_dict()
+    keys = {"autoRecoveryDaemonEnabled", "lostBookieRecoveryDelay", "auditorPeriodicCheckInterval",
+            "auditorPeriodicBookieCheckInterval", "openLedgerRereplicationGracePeriod"}
+    assert keys <= set(defaults) and keys <= set(rows), keys - set(rows)
+    for key in keys:
+        value = defaults[key]
+        assert rows[key] == (str(value).lower() if isinstance(value, bool) else str(value)), (key, rows[key], value)

@@ -1,5 +1,7 @@
 """Torture runs (issue 7): seeded faults against a WAL workload and a raw-ledger workload,
 judged by the history checker; and the checker itself, fed histories with each anomaly.
+Since issue 16 autorecovery runs in every bookie, half the long plans lose a bookie for
+good, and every run ends with every ledger back to its write quorum.
 
 ``pytest -m torture`` runs only the seeded runs (20 seeds of 30 s, two at a time, each in a
 process of its own: tests/torture_run.py); ``--torture-seed N`` reproduces one
@@ -7,16 +9,36 @@ process of its own: tests/torture_run.py); ``--torture-seed N`` reproduces one
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
+import torture_support
+import walkit
 from conftest import torture_seeds
 from torture_history import Anomaly, History, Read, check, late_acknowledgments
 from torture_ledgers import ledger_payload
-from torture_support import BOOKIES, QA, QW, ZK_DOWN, ZK_FAULT, ZK_VICTIMS, Fault, Report, make_plan, payload
 from torture_run import TortureRuns
+from torture_support import (
+    BOOKIES,
+    LOST,
+    LOST_MIN_SECONDS,
+    QA,
+    QW,
+    REPAIR_SECONDS,
+    ZK_DOWN,
+    ZK_FAULT,
+    ZK_VICTIMS,
+    Fault,
+    Report,
+    await_write_quorum,
+    make_plan,
+    payload,
+)
+from walkit.metadata import UnderReplication, connect
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -132,12 +154,22 @@ def _overlapping(faults: tuple[Fault, ...], at: float, kinds: set[str]) -> int:
 def test_plans_are_reproducible_and_within_the_limits(seed: int) -> None:
     plan = make_plan(seed, 30.0)
     assert plan == make_plan(seed, 30.0)
+    lost = [f for f in plan.faults if f.kind == LOST]
+    down, impairing = {"kill", "damage-journal", LOST}, {"kill", "damage-journal", LOST, "partition", "read-only"}
     for fault in plan.faults:
         at = fault.start
-        assert _overlapping(plan.faults, at, {"kill", "damage-journal"}) <= QW - QA, plan
-        assert _overlapping(plan.faults, at, {"kill", "damage-journal", "partition", "read-only"}) <= 2, plan
-        assert fault.kind in {"failover", "expire-writer", ZK_FAULT} or 0 <= fault.bookie < BOOKIES
+        assert _overlapping(plan.faults, at, down) <= QW - QA, plan
+        assert _overlapping(plan.faults, at, impairing) <= 2, plan
+        assert fault.kind in {"failover", "expire-writer", ZK_FAULT} or 0 <= fault.bookie < BOOKIES + len(lost)
     assert len({f.bookie for f in plan.faults if f.kind == "damage-journal"}) <= QA - 1
+    assert len(lost) <= 1, plan
+    for loss in lost:  # see torture_support._lose_one
+        assert loss.start <= plan.seconds / 2 and loss.end < plan.seconds, plan
+        quiet = max(loss.end, loss.start + REPAIR_SECONDS)
+        assert not [f for f in plan.faults if f.kind in down - {LOST} and f.start <= quiet and loss.start <= f.end]
+        assert all(f.bookie != loss.bookie for f in plan.faults if f.end >= loss.start and f is not loss), plan
+        assert all(f.start > loss.end for f in plan.faults if f.bookie == BOOKIES), plan  # the fresh bookie
+        assert all(f.end < loss.start and f.bookie == loss.bookie for f in plan.faults if f.kind == "damage-journal")
     zk = [f for f in plan.faults if f.kind == ZK_FAULT]
     assert (plan.metadata == "zk3") == bool(zk), plan
     for fault in zk:  # one node down at a time, each for 1 to 4 s, inside the run
@@ -146,6 +178,48 @@ def test_plans_are_reproducible_and_within_the_limits(seed: int) -> None:
     assert [f.start for f in plan.faults] == sorted(f.start for f in plan.faults)
     assert payload(seed, 1, 1) == payload(seed, 1, 1) != payload(seed, 1, 2)
     assert ledger_payload(seed, 1, 1) == ledger_payload(seed, 1, 1) != ledger_payload(seed, 1, 2)
+
+
+def test_a_loss_comes_from_a_stream_of_its_own_and_only_drops_or_moves_faults(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half the long plans of either kind lose a bookie; without the loss each plan is the
+    one it was before losses existed, and the loss only drops faults or gives the lost
+    bookie's to the fresh one."""
+    plans = {seed: make_plan(seed, 30.0) for seed in range(40)}
+    losing = {seed for seed, plan in plans.items() if any(f.kind == LOST for f in plan.faults)}
+    assert 10 <= len(losing) <= 30 and {plans[s].mode for s in losing} == {"processes", "hooks"}
+    assert {plans[s].metadata for s in losing} == {"local", "zk", "zk3"}
+    assert not any(f.kind == LOST for seed in range(40) for f in make_plan(seed, LOST_MIN_SECONDS - 1).faults)
+    monkeypatch.setattr(torture_support, "LOST_CHANCE", 0.0)
+    for seed in losing:
+        base = make_plan(seed, 30.0).faults
+        victim = next(f.bookie for f in plans[seed].faults if f.kind == LOST)
+        for fault in plans[seed].faults:
+            assert fault.kind == LOST or fault in base or (
+                fault.bookie == BOOKIES and dataclasses.replace(fault, bookie=victim) in base), fault
+    assert all(make_plan(seed, 30.0) == plans[seed] for seed in set(plans) - losing)
+
+
+def test_the_write_quorum_check_sees_ledgers_naming_a_lost_bookie_and_markers_left(tmp_path: Path) -> None:
+    """The end of a run (``await_write_quorum``), here with no autorecovery to repair:
+    a closed ledger naming the lost bookie is an anomaly, an abandoned open ledger is
+    closed first, a marker left is an anomaly, and without either the cluster passes."""
+    with walkit.LocalCluster(tmp_path, 3) as cluster, cluster.client() as bk:
+        handles = [bk.create_ledger(3, 3, 2), bk.create_ledger(3, 3, 2)]
+        for handle in handles:
+            handle.add_entry(b"x")
+        handles[0].close()  # the second stays open, abandoned
+        lost = cluster.bookie_ids[0]
+        cluster.kill_bookie(0)
+        anomalies, verdict = await_write_quorum(cluster.metadata_uri, {lost: "lost for good"}, timeout=0.5)
+        assert [a.kind for a in anomalies] == ["under-replicated"], verdict
+        assert f"gone for good ({lost}): {sorted(h.ledger_id for h in handles)}" in verdict, verdict  # both closed now
+        assert f"abandoned open ledgers closed by the check: {handles[1].ledger_id} (closed)" in verdict
+        assert await_write_quorum(cluster.metadata_uri, {}, timeout=0.5)[0] == []
+        with connect(cluster.metadata_uri) as meta:
+            UnderReplication(meta.store, meta.info).mark(handles[0].ledger_id, [lost])
+        anomalies, verdict = await_write_quorum(cluster.metadata_uri, {}, timeout=0.5)
+        assert [a.kind for a in anomalies] == ["under-replicated"] and f"marked: [{handles[0].ledger_id}]" in verdict
 
 
 def test_a_report_is_plain_data() -> None:

@@ -31,6 +31,15 @@ never two nodes down at once. ``zk3`` plans are ``zk`` plans with the ZooKeeper 
 drawn from a second stream, ``random.Random(f"{seed}/zk")``: the bookie faults of
 every seed stay what they were before ``zk3`` existed.
 
+Autorecovery runs in every bookie (``AUTORECOVERY_OPTIONS``), and half the plans of
+20 s or more (a third stream, ``random.Random(f"{seed}/lost")``) lose a bookie for good
+in their first half (``lose-bookie``, either kind): SIGKILL, its journal and ledger
+directories deleted, a fresh bookie (a new id, number 5) started 2 to 8 s later. The
+plan makes room for it (:func:`_lose_one` says why the checker stays honest), and
+after the run every ledger must be back to its write quorum: no closed ledger names a
+bookie gone for good and no under-replication marker is left
+(:func:`await_write_quorum`, the ``under-replicated`` anomaly otherwise).
+
 The plan keeps the cluster usable: 5 bookies, ensembles of 3 with Qw = 3 and Qa = 2,
 at most Qw - Qa = 1 bookie down at a time, at most 2 bookies impaired (down,
 partitioned or read-only) at a time, and journal damage on at most Qa - 1 = 1 bookie
@@ -48,6 +57,7 @@ reader must read the same. The ledger workload (tests/torture_ledgers.py) runs b
 it on clients of its own: ledgers written one after another, fenced by recovery opens
 (periodic, and at each ``failover`` fault), followed by a reader; after the faults every
 ledger is recovered and read whole (its reference) and read again by a fresh client.
+Last, every ledger must be back to its write quorum.
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ import dataclasses
 import functools
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,7 +83,9 @@ from torture_history import Anomaly, History, Lsn, Read, check
 from torture_churn import Churn
 from torture_ledgers import LedgerWorkload
 from walkit import LSN, WriteAheadLog
-from walkit.errors import UsageError, WalkitError
+from walkit.errors import NoSuchLedgerError, UnauthorizedError, UsageError, WalkitError
+from walkit.metadata import Cluster as MetadataCluster
+from walkit.metadata import LedgerMetadata, LedgerState, UnderReplication, connect
 from walkit.testing import FaultyCluster
 
 if TYPE_CHECKING:
@@ -88,7 +101,7 @@ CLIENT: dict[str, Any] = {"add_timeout": 2.0, "read_timeout": 2.0, "speculative_
                           "connect_timeout": 2.0, "session_timeout": 5.0}
 HOOK_FAULTS = ("kill", "partition", "slow-disk", "read-only", "expire-bookie", "expire-writer", "failover")
 PROCESS_FAULTS = ("kill", "kill", "damage-journal", "failover")
-_DOWN = {"kill", "damage-journal"}
+_DOWN = {"kill", "damage-journal", "lose-bookie"}
 _IMPAIRING = _DOWN | {"partition", "read-only"}
 _INSTANT = {"expire-bookie", "expire-writer", "failover"}
 #: Garbage collection runs all the time in torture runs, so that its "never collect what
@@ -108,6 +121,30 @@ GC_OPTIONS: dict[str, float] = {
     "major_compaction_threshold": 0.95,
     "compaction_rate_by_entries": 100000,
 }
+#: Autorecovery runs in every bookie of a torture run (walkit/recovery/_autorecovery.py):
+#: the ledgers of a bookie gone ``LOST_DELAY`` seconds are re-replicated. That is longer
+#: than a ``kill`` keeps a bookie unregistered (its session expires 2 s after the SIGKILL,
+#: the restart comes at most 2 s after the kill, plus the start), so temporarily killed
+#: bookies are not re-replicated as a rule; a restart held up by an earlier event may be,
+#: which is allowed (the bookie's copies are then over-replicated, and garbage collection
+#: takes them). An open ledger's marker is looked at again every second (BookKeeper
+#: waits 30 s for its writer: a torture run is shorter).
+LOST_DELAY = 5  # lostBookieRecoveryDelay, s
+AUTORECOVERY_OPTIONS: dict[str, object] = {
+    "auto_recovery_daemon_enabled": True,
+    "lost_bookie_recovery_delay": LOST_DELAY,
+    "open_ledger_rereplication_grace_period": 1000,
+}
+BOOKIE_OPTIONS: dict[str, object] = {**GC_OPTIONS, **AUTORECOVERY_OPTIONS}
+LOST = "lose-bookie"
+LOST_CHANCE = 0.5  # of a run of at least LOST_MIN_SECONDS losing a bookie for good
+LOST_MIN_SECONDS = 20.0  # shorter runs have no room for the loss, the delay and the repair
+JOIN_AFTER = (2.0, 8.0)  # seconds from the loss to the fresh bookie's start
+#: After a loss no other bookie goes down until the repair is expected done: the lost
+#: bookie's session expires, the auditor waits out the delay, the workers copy.
+REPAIR_SECONDS = SESSION_TIMEOUT + LOST_DELAY + 5.0
+PASSWORDS = (b"", b"churn")  # the ledgers' passwords: WAL and ledger workloads, churn
+REPAIR_WAIT = 60.0  # seconds the end of a run waits for every ledger to be back to its write quorum
 ZK_FAULT = "zk-node-down"
 ZK_DOWN = (1.0, 4.0)  # seconds a ZooKeeper node stays down
 ZK_VICTIMS = ("leader", "session")  # the leader, or the node of the ledger writer's session
@@ -149,7 +186,9 @@ class Plan:
 
 def make_plan(seed: int, seconds: float) -> Plan:
     """The run ``seed`` names: cluster kind, metadata store, fault schedule. Half the
-    ``zk`` plans are ``zk3`` plans, with ``zk-node-down`` faults from a second stream."""
+    ``zk`` plans are ``zk3`` plans, with ``zk-node-down`` faults from a second stream;
+    half the plans of ``LOST_MIN_SECONDS`` or more lose a bookie for good, as a third
+    stream says (:func:`_lose_one`)."""
     rng = random.Random(seed)
     mode = rng.choice(["processes", "hooks"])
     metadata = rng.choice(["local", "zk"])
@@ -163,6 +202,9 @@ def make_plan(seed: int, seconds: float) -> Plan:
         if fault is not None:
             faults.append(fault)
         t += rng.uniform(0.2, 1.0)
+    lost_rng = random.Random(f"{seed}/lost")
+    if seconds >= LOST_MIN_SECONDS and lost_rng.random() < LOST_CHANCE:
+        faults = _lose_one(lost_rng, faults, seconds)
     zk_rng = random.Random(f"{seed}/zk")
     if metadata == "zk" and zk_rng.random() < 0.5:
         metadata = "zk3"
@@ -180,6 +222,52 @@ def _zk_faults(rng: random.Random, seconds: float) -> list[Fault]:
         faults.append(Fault(t, end, ZK_FAULT, how=rng.choice(ZK_VICTIMS)))
         t = end + rng.uniform(0.5, 2.0)
     return faults
+
+
+def _lose_one(rng: random.Random, faults: list[Fault], seconds: float) -> list[Fault]:
+    """``faults`` with a ``lose-bookie`` fault in the first half of the run: bookie L is
+    SIGKILLed and its journal and ledger directories deleted; a fresh bookie, number
+    ``BOOKIES`` (a new id: L's id would be refused by its cookie, by design), joins at the
+    fault's end, 2 to 8 s later; autorecovery puts back what L held.
+
+    Why the checker stays honest: every acknowledged entry has Qa = 2 copies, so one
+    outside L, and nothing else in the run may destroy that one. A kill loses nothing
+    synced; journal damage - the one fault that destroys acknowledged data - is never
+    placed after the loss, and when one came before it, L is that damaged bookie (the
+    plan damages at most Qa - 1 = 1 bookie), so the copies the damage cost were L's own.
+
+    Why the cluster stays usable (the limit of Qw - Qa = 1 bookie down at a time): L
+    counts as down from the loss until the fresh bookie joined and the repair is
+    expected done (``REPAIR_SECONDS`` after the loss): no ``kill`` or ``damage-journal``
+    overlaps that window, so no write set loses two bookies and every copy autorecovery
+    needs has its source up. A repair that takes longer is only slower: a kill after the
+    window makes a copy whose one source it took fail, the worker retries after a
+    back-off, and the entry is readable again at the restart. L counts as impaired
+    until the fresh bookie joined (at most 2 impaired at a time, as for other faults).
+    Faults placed on L that overlap the loss are dropped; those starting after the
+    fresh bookie joined go to it (it took L's place, so the placement's limits hold)."""
+    start = rng.uniform(1.0, seconds / 2)
+    join = start + rng.uniform(*JOIN_AFTER)
+    quiet = max(join, start + REPAIR_SECONDS)
+    damaged = [f.bookie for f in faults if f.kind == "damage-journal" and f.end < start]
+    idle = [b for b in range(BOOKIES) if not any(f.bookie == b and f.start <= start <= f.end for f in faults)]
+    victim = damaged[0] if damaged else rng.choice(idle or list(range(BOOKIES)))
+    lost = Fault(start, join, LOST, bookie=victim, how=f"fresh bookie {BOOKIES} joins at the end")
+    kept: list[Fault] = []
+    for fault in faults:
+        if fault.kind == "damage-journal" and fault.end >= start:
+            continue
+        if fault.kind in _DOWN and fault.start <= quiet and start <= fault.end:
+            continue
+        if fault.bookie == victim and fault.end >= start:
+            if fault.start <= join:
+                continue
+            fault = dataclasses.replace(fault, bookie=BOOKIES)
+        if fault.kind in _IMPAIRING and fault.start <= join and start <= fault.end and sum(
+                f.kind in _IMPAIRING and f.start <= fault.end and fault.start <= f.end for f in kept) >= 1:
+            continue
+        kept.append(fault)
+    return [*kept, lost]
 
 
 def _place(rng: random.Random, fault: Fault, placed: list[Fault], mode: str) -> Fault | None:
@@ -212,6 +300,7 @@ def _place(rng: random.Random, fault: Fault, placed: list[Fault], mode: str) -> 
 
 class Cluster(Protocol):
     metadata_uri: str
+    losses: Losses
 
     def begin(self, fault: Fault, workload: Workload) -> str: ...
 
@@ -219,7 +308,61 @@ class Cluster(Protocol):
 
     def lift_all(self) -> list[str]: ...
 
+    def gone(self) -> dict[str, str]: ...
+
     def stop(self) -> None: ...
+
+
+class Bookies(Protocol):
+    """What :class:`Losses` needs of a LocalCluster or a FaultyCluster."""
+
+    @property
+    def bookie_ids(self) -> list[str]: ...
+
+    @property
+    def data_dir(self) -> Path: ...
+
+    def is_running(self, i: int) -> bool: ...
+
+    def kill_bookie(self, i: int) -> None: ...
+
+    def add_bookie(self) -> int: ...
+
+
+class Losses:
+    """A cluster's bookies lost for good, the fresh ones that joined, and the watch on the
+    repair (:class:`RepairWatch`) from the first loss on."""
+
+    def __init__(self, uri: str, bookies: Bookies) -> None:
+        self.uri, self._bookies = uri, bookies
+        self.lost: dict[int, tuple[str, float]] = {}  # bookie number -> (id, time of the loss)
+        self.joined: dict[int, tuple[str, float]] = {}  # bookie number -> (id, time it joined)
+        self.watch: RepairWatch | None = None
+
+    def lose(self, i: int) -> str:
+        """SIGKILL bookie ``i`` (unless it is down already) and delete its journal and
+        ledger directories (its log and configuration stay, for whoever reads them)."""
+        c = self._bookies
+        bookie_id = c.bookie_ids[i]
+        if c.is_running(i):
+            c.kill_bookie(i)
+        self.lost[i] = (bookie_id, time.monotonic())
+        for part in ("journal", "ledgers"):
+            shutil.rmtree(c.data_dir / f"bookie-{i}" / part, ignore_errors=True)
+        if self.watch is None:
+            self.watch = RepairWatch(self.uri, bookie_id)
+        return f"killed, its journal and ledgers deleted: {bookie_id} is lost for good"
+
+    def join(self, planned: int) -> str:
+        """Start the fresh bookie, which should get the number ``planned`` the plan gave it."""
+        i = self._bookies.add_bookie()
+        bookie_id = self._bookies.bookie_ids[i]
+        self.joined[i] = (bookie_id, time.monotonic())
+        return f"fresh bookie {i} ({bookie_id}) joined" + ("" if i == planned else f", not {planned} as planned")
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
 
 
 class HookCluster:
@@ -227,8 +370,9 @@ class HookCluster:
 
     def __init__(self, directory: Path, metadata_uri: str | None) -> None:
         self.cluster = FaultyCluster(directory, BOOKIES, metadata_uri=metadata_uri, session_timeout=SESSION_TIMEOUT,
-                                     bookie_options=GC_OPTIONS)
+                                     bookie_options=BOOKIE_OPTIONS)
         self.metadata_uri = self.cluster.metadata_uri
+        self.losses = Losses(self.metadata_uri, self.cluster)
         self._ended: set[Fault] = set()
         self._begun: list[Fault] = []
 
@@ -237,6 +381,8 @@ class HookCluster:
         self._begun.append(fault)
         if fault.kind == "kill":
             c.kill_bookie(b)
+        elif fault.kind == LOST:
+            return self.losses.lose(b)
         elif fault.kind == "partition":
             c.partition(b)
         elif fault.kind == "slow-disk":
@@ -260,6 +406,8 @@ class HookCluster:
         self._ended.add(fault)
         if fault.kind == "kill":
             c.restart_bookie(b)
+        elif fault.kind == LOST:
+            return self.losses.join(BOOKIES)
         elif fault.kind == "partition":
             c.heal(b)
         elif fault.kind == "slow-disk":
@@ -275,7 +423,12 @@ class HookCluster:
                 notes.append(f"lifted {fault}: {_attempt(functools.partial(self.end, fault))}")
         return notes
 
+    def gone(self) -> dict[str, str]:
+        """The bookies gone for good (id: why)."""
+        return {bookie_id: "lost for good" for bookie_id, _ in self.losses.lost.values()}
+
     def stop(self) -> None:
+        self.losses.stop()
         self.cluster.stop()
 
 
@@ -284,14 +437,17 @@ class ProcessCluster:
 
     def __init__(self, directory: Path, metadata_uri: str | None) -> None:
         self.cluster = walkit.LocalCluster(directory, BOOKIES, processes=True, metadata_uri=metadata_uri,
-                                           session_timeout=SESSION_TIMEOUT, bookie_options=GC_OPTIONS)
+                                           session_timeout=SESSION_TIMEOUT, bookie_options=BOOKIE_OPTIONS)
         self.metadata_uri = self.cluster.metadata_uri
+        self.losses = Losses(self.metadata_uri, self.cluster)
         self._directory = directory
         self._refused: set[int] = set()  # bookies that refused to start on a damaged journal
 
     def begin(self, fault: Fault, workload: Workload) -> str:
         if fault.kind == "failover":
             return workload.failover(fault.how)
+        if fault.kind == LOST:  # a bookie that refused its damaged journal may be the one lost
+            return self.losses.lose(fault.bookie)
         if fault.bookie in self._refused:
             return "left alone: it refused to start on its damaged journal"
         self.cluster.kill_bookie(fault.bookie)
@@ -301,13 +457,25 @@ class ProcessCluster:
         return "killed"
 
     def end(self, fault: Fault) -> str:
+        if fault.kind == LOST:
+            return self.losses.join(BOOKIES)
         if fault.kind in _DOWN and fault.bookie not in self._refused and not self.cluster.is_running(fault.bookie):
             return self._restart(fault.bookie)
         return "nothing to do"
 
     def lift_all(self) -> list[str]:
+        """Restart every bookie down (but those refused or lost); a loss whose fresh
+        bookie has not joined yet was an end the run did not reach, which cannot happen
+        (the plan puts it in the first half)."""
         return [f"restart of bookie {i}: {_attempt(functools.partial(self._restart, i))}"
-                for i in range(BOOKIES) if i not in self._refused and not self.cluster.is_running(i)]
+                for i in range(len(self.cluster.bookie_ids))
+                if i not in self._refused and i not in self.losses.lost and not self.cluster.is_running(i)]
+
+    def gone(self) -> dict[str, str]:
+        """The bookies gone for good (id: why)."""
+        ids = self.cluster.bookie_ids
+        return {**{ids[i]: "refused its damaged journal" for i in self._refused},
+                **{bookie_id: "lost for good" for bookie_id, _ in self.losses.lost.values()}}
 
     def _restart(self, i: int) -> str:
         """Restart bookie ``i``; one that refuses its damaged journal stays down for good
@@ -321,6 +489,7 @@ class ProcessCluster:
         return "restarted"
 
     def stop(self) -> None:
+        self.losses.stop()
         self.cluster.stop()
 
 
@@ -333,6 +502,7 @@ class EnsembleFaults:
     def __init__(self, cluster: Cluster, ensemble: ZooKeeperEnsemble) -> None:
         self.cluster = cluster
         self.metadata_uri = cluster.metadata_uri
+        self.losses = cluster.losses
         self.ensemble = ensemble
         self.session_client: Callable[[], walkit.BookKeeper | None] = lambda: None
         self._down: dict[Fault, int] = {}
@@ -401,6 +571,9 @@ class EnsembleFaults:
                  if not self.ensemble.mode(i)]
         return self.notes + notes + self.cluster.lift_all()
 
+    def gone(self) -> dict[str, str]:
+        return self.cluster.gone()
+
     def stop(self) -> None:
         self.cluster.stop()
 
@@ -434,6 +607,164 @@ def damage_journal(directory: Path, how: str, rng: random.Random) -> str:
     return "no journal with frames"
 
 
+# -- the repair ------------------------------------------------------------------------------------
+
+def _names(meta: LedgerMetadata) -> set[str]:
+    return {b for _, ensemble in meta.ensembles for b in ensemble}
+
+
+class RepairWatch:
+    """From a loss on, which ledgers name the lost bookie, once a second, and when none
+    does any more: what autorecovery repaired and how long it took. (Judged by
+    :func:`await_write_quorum` at the end; this is the report's account.)"""
+
+    def __init__(self, uri: str, bookie: str) -> None:
+        self._uri, self.bookie = uri, bookie
+        self.lost_at = time.monotonic()
+        self.named: set[int] = set()  # every ledger seen naming the bookie
+        self.naming: set[int] = set()  # those naming it at the latest look
+        self.existing: set[int] = set()
+        self.repaired_at: float | None = None  # since when no ledger names it
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="torture-repair-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            cluster = connect(self._uri, session_timeout=CLIENT["session_timeout"])
+        except WalkitError:
+            self.errors += 1
+            return
+        with cluster:
+            opened: set[int] = set()  # ledgers open at the latest look: an ensemble change may add the bookie
+            while not self._stop.wait(1.0):
+                try:
+                    opened = self._look(cluster, opened)
+                except WalkitError:
+                    self.errors += 1
+
+    def _look(self, cluster: MetadataCluster, opened: set[int]) -> set[int]:
+        ids = set(cluster.ledgers.ledger_ids())
+        still_open: set[int] = set()
+        for ledger_id in sorted((ids - self.existing) | (self.naming & ids) | (opened & ids)):
+            try:
+                meta, _ = cluster.ledgers.read(ledger_id)
+            except NoSuchLedgerError:
+                continue
+            if meta.state is not LedgerState.CLOSED:
+                still_open.add(ledger_id)
+            if self.bookie in _names(meta):
+                self.naming.add(ledger_id)
+                self.named.add(ledger_id)
+            else:
+                self.naming.discard(ledger_id)
+        self.existing, self.naming = ids, self.naming & ids
+        if self.naming:
+            self.repaired_at = None
+        elif self.repaired_at is None:
+            self.repaired_at = time.monotonic()
+        return still_open
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def account(self) -> str:
+        """Ledgers repaired (seen naming the bookie, existing, naming it no more) and how long it took."""
+        if not self.named and self.repaired_at is not None:
+            return ("autorecovery: no ledger named the lost bookie (it held nothing, or it had been down long "
+                    "enough to be repaired before)")
+        repaired = len((self.named & self.existing) - self.naming)
+        deleted = len(self.named - self.existing)
+        took = f"in {self.repaired_at - self.lost_at:.1f} s" if self.repaired_at is not None else "not finished"
+        return (f"autorecovery: {repaired} ledgers repaired {took} from the loss ({deleted} more deleted meanwhile, "
+                f"{len(self.naming)} still naming it{f', {self.errors} looks failed' if self.errors else ''})")
+
+
+def await_write_quorum(uri: str, gone: dict[str, str], timeout: float = REPAIR_WAIT) -> tuple[list[Anomaly], str]:
+    """After the run, every fault lifted and every ledger recovered: wait until no closed
+    ledger names a bookie ``gone`` for good (lost, or refused its damaged journal) and no
+    under-replication marker is left; an ``under-replicated`` anomaly if that takes over
+    ``timeout`` seconds.
+
+    A ledger still open then has no writer left (the end-of-run recoveries closed every
+    ledger the workloads know; what stays open was abandoned: e.g. a segment a WAL writer
+    created just before its SIGKILL, never named by the log). If it is marked or names a
+    gone bookie, the check closes it first (a recovery open), as BookKeeper's
+    replication worker would after ``openLedgerRereplicationGracePeriod`` - walkit's
+    waits for the writer - and says so."""
+    started, closed = time.monotonic(), None
+    verdict: tuple[list[int], list[int], list[int]] | None = None
+    while True:
+        error = ""
+        try:
+            with connect(uri, session_timeout=CLIENT["session_timeout"]) as cluster:
+                markers = UnderReplication(cluster.store, cluster.info)
+                if closed is None:
+                    closed = _close_abandoned(uri, cluster, markers, set(gone))
+                verdict = _under_replicated(cluster, markers, set(gone))
+        except WalkitError as exc:
+            error = f", {_summary(exc)}"
+        waited = time.monotonic() - started
+        if verdict is not None and not error and not verdict[0] and not verdict[1]:
+            still_open = f"; open ledgers left alone: {verdict[2]}" if verdict[2] else ""
+            return [], f"every ledger at its write quorum after {waited:.1f} s{closed or ''}{still_open}"
+        if waited > timeout:
+            break
+        time.sleep(0.5)
+    naming, marked, opened = verdict or ([], [], [])
+    detail = (f"after {timeout:g} s, closed ledgers naming a bookie gone for good ({', '.join(sorted(gone)) or '-'}): "
+              f"{naming[:10]}, marked: {marked[:10]}, open: {opened[:10]}{closed or ''}{error}")
+    return [Anomaly("under-replicated", f"cluster: {detail}")], f"not every ledger at its write quorum: {detail}"
+
+
+def _under_replicated(cluster: MetadataCluster, markers: UnderReplication,
+                      gone: set[str]) -> tuple[list[int], list[int], list[int]]:
+    """Closed ledgers naming a bookie of ``gone``, ledgers marked under-replicated, open ledgers."""
+    naming, opened = [], []
+    for ledger_id in cluster.ledgers.ledger_ids():
+        try:
+            meta, _ = cluster.ledgers.read(ledger_id)
+        except NoSuchLedgerError:
+            continue
+        if meta.state is not LedgerState.CLOSED:
+            opened.append(ledger_id)
+        elif _names(meta) & gone:
+            naming.append(ledger_id)
+    return naming, markers.ledgers(), opened
+
+
+def _close_abandoned(uri: str, cluster: MetadataCluster, markers: UnderReplication, gone: set[str]) -> str:
+    """Close (recovery open) every open ledger that is marked or names a bookie of
+    ``gone``; a note naming them ("" if none)."""
+    marked = set(markers.ledgers())
+    abandoned = []
+    for ledger_id in cluster.ledgers.ledger_ids():
+        try:
+            meta, _ = cluster.ledgers.read(ledger_id)
+        except NoSuchLedgerError:
+            continue
+        if meta.state is not LedgerState.CLOSED and (ledger_id in marked or _names(meta) & gone):
+            abandoned.append(ledger_id)
+    if not abandoned:
+        return ""
+    with walkit.BookKeeper(uri, **CLIENT) as bk:
+        outcomes = [f"{ledger_id} ({_close_one(bk, ledger_id)})" for ledger_id in abandoned]
+    return f"; abandoned open ledgers closed by the check: {', '.join(outcomes)}"
+
+
+def _close_one(bk: walkit.BookKeeper, ledger_id: int) -> str:
+    """Recover and close one ledger, with the password of whichever workload made it."""
+    for password in PASSWORDS:
+        try:
+            bk.open_ledger(ledger_id, password, recovery=True).close()
+            return "closed"
+        except UnauthorizedError:
+            continue
+        except WalkitError as exc:
+            return f"failed: {_summary(exc)}"
+    return "failed: no workload's password"
 def _attempt(action: Callable[[], str]) -> str:
     try:
         return action()
@@ -789,6 +1120,7 @@ class Report:
     tail_errors: int = 0
     log_records: int = 0
     ledger: LedgerCounts = dataclasses.field(default_factory=LedgerCounts)
+    repair: list[str] = dataclasses.field(default_factory=list)  # bookies lost, fresh ones, autorecovery
     anomalies: list[Anomaly] = dataclasses.field(default_factory=list)
 
     def __str__(self) -> str:
@@ -804,6 +1136,7 @@ class Report:
                  f"entries: {self.ledger.entries}",
                  f"  ledger reads: follower {self.ledger.follower_records} entries ({self.ledger.follower_errors} "
                  f"errors resumed)",
+                 *(f"  {line}" for line in self.repair),
                  f"  anomalies: {len(self.anomalies)}", *(f"    {a}" for a in self.anomalies[:30]),
                  f"  reproduce: pytest tests/test_torture.py -m torture --torture-seed {p.seed} "
                  f"--torture-seconds {p.seconds:g}"]
@@ -827,6 +1160,15 @@ def run_faults(plan: Plan, cluster: Cluster, workload: Workload, report: Report,
         outcome = _attempt(action)
         report.events.append(f"{time.monotonic() - t0:6.2f}s {verb} {fault.kind}"
                              f"{' bookie %d' % fault.bookie if fault.bookie >= 0 else ''}: {outcome}")
+
+
+def _repair_account(losses: Losses, t0: float, verdict: str) -> list[str]:
+    """The report's lines on bookies lost for good, fresh ones and autorecovery."""
+    lines = [f"bookie {i} lost for good at t={at - t0:.1f}s ({name})" for i, (name, at) in losses.lost.items()]
+    lines += [f"fresh bookie {i} joined at t={at - t0:.1f}s ({name})" for i, (name, at) in losses.joined.items()]
+    if losses.watch is not None:
+        lines.append(losses.watch.account())
+    return [*lines, f"write quorum: {verdict}"]
 
 
 def torture(plan: Plan, directory: Path, zookeeper: str | None) -> Report:
@@ -906,6 +1248,10 @@ def _run(plan: Plan, directory: Path, uri: str | None, ensemble: ZooKeeperEnsemb
             ledgers.recoverer.failovers if ledgers.recoverer is not None else 0, ledgers.late_acks(),
             len(ledger_reference.records), len(follower.read.records) if follower is not None else 0,
             len(follower.read.errors) if follower is not None else 0)
+        repair_anomalies, verdict = await_write_quorum(cluster.metadata_uri, cluster.gone())
+        report.anomalies += repair_anomalies
+        cluster.losses.stop()
+        report.repair = _repair_account(cluster.losses, t0, verdict)
     finally:
         if churn is not None:
             churn.stop()

@@ -19,6 +19,7 @@ from the number.
     ├── NoSuchLedgerError            (ENOLEDGER)
     ├── NoSuchEntryError             (ENOENTRY)
     ├── DigestMismatchError          an entry's digest does not match its bytes
+    ├── ReplicasLostError            no surviving bookie holds an intact copy of an entry
     ├── BookieError                  "the world failed" on a bookie
     │   ├── BookieUnavailableError
     │   │   └── BookieTimeoutError   a bookie did not answer in time
@@ -67,6 +68,7 @@ __all__ = [
     "NoSuchLedgerError",
     "NoSuchEntryError",
     "DigestMismatchError",
+    "ReplicasLostError",
     "BookieError",
     "BookieUnavailableError",
     "BookieReadOnlyError",
@@ -177,6 +179,12 @@ class NoSuchEntryError(WalkitError):
 
 class DigestMismatchError(WalkitError):
     code = 203
+
+
+class ReplicasLostError(WalkitError):
+    """Recovery found an entry that no surviving bookie of its write set holds intact."""
+
+    code = 206
 
 
 class BookieError(WalkitError):

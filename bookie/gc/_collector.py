@@ -15,8 +15,8 @@ WARNING; nothing is cut short silently):
    passes): each ledger's metadata is read; a closed ledger no fragment of which names
    this bookie is removed once it has been found so for ``gcOverreplicatedLedgerWaitTime``
    (first found in one check, still so in a check at least that much later, forced or
-   not), so a re-replication that copies entries here before it changes the metadata is
-   never undone mid-way.
+   not), and never while the ledger is marked under-replicated: a re-replication copies
+   entries here before it changes the metadata, and is never undone mid-way.
 3. *Empty entry logs*: a sealed log none of whose ledgers exists any more is deleted.
 4. *Compaction*: first every log with a compaction marker (a pass that was cut short or
    a crash), then, when due (``majorCompactionInterval`` / ``minorCompactionInterval``)
@@ -114,16 +114,19 @@ def free_bytes(path: str) -> int | None:
 
 class GarbageCollector:
     """See the module docstring. ``delete_ledger(id)`` removes a ledger from the
-    bookie; ``disk_usage(dir)`` is the fraction of a ledger dir's disk in use."""
+    bookie; ``disk_usage(dir)`` is the fraction of a ledger dir's disk in use;
+    ``marked(id)``: the ledger is marked under-replicated (never over-replicated then)."""
 
     def __init__(self, storage: LedgerStorage, config: BookieConfig, bookie_id: str, *,
                  metadata: GcMetadata | None, delete_ledger: Callable[[int], None],
                  disk_usage: Callable[[str], float], on_freed: Callable[[], None] | None = None,
                  free_space: Callable[[str], int | None] = free_bytes,
+                 marked: Callable[[int], bool] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._storage, self._config, self._bookie_id = storage, config, bookie_id
         self._metadata, self._delete_ledger = metadata, delete_ledger
         self._disk_usage, self._free_space, self.on_freed = disk_usage, free_space, on_freed
+        self._marked = marked
         self._clock = clock
         self._stop = threading.Event()
         self._cond = threading.Condition()
@@ -275,6 +278,8 @@ class GarbageCollector:
                 checked.add(ledger_id)
                 if not is_overreplicated(meta, self._bookie_id):
                     continue
+                if self._marked is not None and self._marked(ledger_id):
+                    continue  # being re-replicated: copies may land here before the metadata names us
                 first = self._suspects.get(ledger_id, now)
                 if now - first >= wait and self._remove(ledger_id):
                     p.stats.overreplicated_removed += 1

@@ -49,11 +49,11 @@ from bookie.storage._format import (
     unpack_location,
 )
 from bookie.storage._handles import HandleCache
-from bookie.storage._index import LedgerState, load_index, read_slot, write_header, write_slots
+from bookie.storage._index import LedgerState, load_index, read_slot, read_slots, write_header, write_slots
 from bookie.storage._ledgerdir import LedgerDir, LogFlush
 from bookie.storage._reclaim import EntryLogReclaim
 from bookie.storage._state import LedgerStates
-from walkit.errors import CorruptionError, EntryTooLargeError, NoSuchEntryError, NoSuchLedgerError
+from walkit.errors import CorruptionError, EntryTooLargeError, InvalidArgumentError, NoSuchEntryError, NoSuchLedgerError
 
 __all__ = ["LedgerStorage"]
 
@@ -233,6 +233,26 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         if not location:
             raise NoSuchEntryError("entry not stored", ledger=ledger_id, entry=entry_id)
         return location, None
+
+    def stored_entries(self, ledger_id: int, first: int, last: int) -> list[int]:
+        """The ids in ``first..last`` whose entry is stored (index slots, no data read)."""
+        if not 0 <= first <= last <= MAX_ENTRY_ID:
+            raise InvalidArgumentError("entry range out of bounds", ledger=ledger_id, first=first, last=last)
+        with self._lock:
+            state = self._existing_state(ledger_id)
+            found = {e for table in (self._pending, self._flushing) for e in table.get(ledger_id, {})
+                     if first <= e <= last}
+            on_disk = state.on_disk
+        if on_disk:
+            try:
+                with self._index_files.use(ledger_id) as f:
+                    slots = read_slots(f, first, last - first + 1)
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+                raise NoSuchLedgerError("ledger deleted", ledger=ledger_id) from exc
+            found.update(first + i for i, slot in enumerate(slots) if slot)
+        return sorted(found)
 
     def delete_ledger(self, ledger_id: int) -> None:
         """Forget the ledger: index file, state and its share of every entry log's usage

@@ -9,6 +9,10 @@ produced them are in docs/performance.md.
              sequential add latency, pipelined adds per second, CPU per entry
 ``wal``      ``walkit bench wal``: the WriteAheadLog's appends (100 B / 1 KiB records)
              against a fdatasync'd file and SQLite
+``gc``       ``walkit bench gc``: a GC pass over up to 1,000,000 ledgers in metadata (time,
+             peak memory) and compaction (MB/s rewritten, a writer's add latency meanwhile)
+``recovery`` ``walkit bench recovery``: a lost bookie's share re-replicated by ``walkit recover``
+             and by autorecovery (MB/s), a concurrent writer's latency meanwhile
 ``spark``    ``walkit bench spark``: records/s read by Spark vs. the WAL's own replay()
              (needs walkit[spark]; imported only when that benchmark runs)
 

@@ -1,4 +1,4 @@
-"""``walkit bench journal|bookie|ledger|wal|spark|gc``: the benchmarks of :mod:`walkit.bench`."""
+"""``walkit bench journal|bookie|ledger|wal|spark|gc|recovery``: the benchmarks of :mod:`walkit.bench`."""
 
 from __future__ import annotations
 
@@ -64,6 +64,15 @@ def _gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recovery(args: argparse.Namespace) -> int:
+    from walkit.bench.recovery import format_markdown, run_recovery_bench
+
+    report = run_recovery_bench(args.dir, seconds=args.seconds, gib=args.gib, ledgers=args.ledgers,
+                                entry_size=args.entry_size, session_timeout=args.session_timeout)
+    _print_report(args, report, format_markdown)
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``walkit bench`` and its benchmarks."""
     bench = subparsers.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
@@ -121,3 +130,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bgc.add_argument("--dir", default=None, help="where the stores, storage and clusters live (default: a temporary "
                      "directory here)")
     bgc.set_defaults(func=_gc)
+    brc = bench.add_parser("recovery", help="a lost bookie's share put back by walkit recover and by autorecovery: "
+                           "MB/s, and a writer's latency meanwhile")
+    brc.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    brc.add_argument("--seconds", type=float, default=10.0, help="duration of each idle window (default 10)")
+    brc.add_argument("--gib", type=float, default=1.0, help="GiB of data in the closed ledgers (default 1)")
+    brc.add_argument("--ledgers", type=int, default=1000, help="closed ledgers holding it (default 1000)")
+    brc.add_argument("--entry-size", type=int, default=64 * 1024, help="their entries' bytes (default 65536)")
+    brc.add_argument("--session-timeout", type=float, default=10.0,
+                     help="the bookies' metadata session timeout: how soon a lost bookie is seen gone (default 10)")
+    brc.add_argument("--dir", default=None, help="where the cluster keeps its data (default: a temporary one here)")
+    brc.set_defaults(func=_recovery)

@@ -7,7 +7,8 @@
   one machine, ``_local``);
 - :class:`LedgerMetadata` (``_ledger``) and the ledger path layouts (``_paths``);
 - the cluster layout (``_cluster``), the ledger manager (``_ledgers``), bookie
-  registration (``_registration``), and :func:`connect` (``_connect``), which checks a
+  registration (``_registration``), under-replication markers and the auditor's seat
+  (``_underreplication``), and :func:`connect` (``_connect``), which checks a
   cluster before anything uses it.
 """
 
@@ -46,6 +47,7 @@ from walkit.metadata._store import (
     Watch,
     check_path,
 )
+from walkit.metadata._underreplication import Marker, UnderReplication
 from walkit.metadata._uri import MetadataURI, open_metadata_store, parse_metadata_uri
 
 __all__ = [
@@ -63,12 +65,14 @@ __all__ = [
     "LedgerMetadata",
     "LedgerState",
     "LocalMetadataStore",
+    "Marker",
     "MetadataStore",
     "MetadataURI",
     "Op",
     "SessionState",
     "SetData",
     "Stat",
+    "UnderReplication",
     "Watch",
     "check_path",
     "connect",

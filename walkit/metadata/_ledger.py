@@ -253,6 +253,26 @@ class LedgerMetadata:
             fragments = fragments[:-1]
         return dataclasses.replace(self, ensembles=(*fragments, (first_entry_id, tuple(bookies))))
 
+    def replace_bookie(self, first_entry_id: int, old: str, new: str) -> LedgerMetadata:
+        """The fragment starting at ``first_entry_id`` with ``new`` in ``old``'s place
+        (re-replication: ``new`` now holds what ``old`` held). Any state; the checks of
+        a fragment apply (``new`` must not be in it already)."""
+        fragments = list(self.ensembles)
+        at = next((i for i, (first, _) in enumerate(fragments) if first == first_entry_id), None)
+        if at is None or old not in fragments[at][1]:
+            raise _bad("no such bookie in that fragment", self.ledger_id, first_entry=first_entry_id, bookie=old)
+        first, bookies = fragments[at]
+        fragments[at] = (first, tuple(new if b == old else b for b in bookies))
+        return dataclasses.replace(self, ensembles=tuple(fragments))
+
+    def fragment_end(self, index: int) -> int | None:
+        """The last entry of fragment ``index``: the entry before the next fragment's
+        first, the ledger's last entry for the last fragment of a closed ledger, None for
+        the last fragment of a ledger still open (its writer decides)."""
+        if index + 1 < len(self.ensembles):
+            return self.ensembles[index + 1][0] - 1
+        return self.last_entry_id if self.state is LedgerState.CLOSED else None
+
     def ensemble_for(self, entry_id: int) -> tuple[str, ...]:
         """The bookies of the fragment that holds ``entry_id``."""
         if entry_id < 0:

@@ -174,9 +174,14 @@ class ZooKeeperStore:
             time.sleep(0.05)
         sid, passwd = ident
         other = KazooClient(hosts=self.hosts, client_id=(sid, passwd))
-        other.start(timeout=15)
-        other.stop()
-        other.close()
+        try:
+            other.start(timeout=15)
+            other.stop()
+        except KazooTimeoutError as exc:  # no server answered (e.g. nodes restarting): nothing expired
+            raise MetadataUnavailableError("could not reach ZooKeeper to expire the session", hosts=self.hosts,
+                                           session=hex(sid)) from exc
+        finally:
+            other.close()
 
     def close(self) -> None:
         self._client.stop()

@@ -1,0 +1,192 @@
+"""Under-replication markers, the auditor's seat and the off switch, in the metadata store.
+
+Layout under the cluster root (made on first use)::
+
+    underreplication/ledgers/L<ledger id:019d>         a marker: JSON {"bookies": [...], "since": ms}
+    underreplication/ledgers/L<ledger id:019d>/lock    ephemeral: the worker re-replicating it
+    underreplication/auditor                           ephemeral: the auditor's id
+    underreplication/disable                           exists: auditor and workers idle
+
+Theory of operation
+-------------------
+The auditor *marks* a ledger with the bookies that lack copies of it (merged into an
+existing marker by CAS). A worker *locks* a marker by creating its ephemeral ``lock``
+child: one worker per marker at a time, and a worker that dies releases it with its
+session. A worker that repaired a ledger *completes* the marker: one transaction checks
+the marker's version (a bookie the auditor added meanwhile keeps it for another round)
+and deletes lock and marker. A marker whose ledger is gone is *dropped*. The auditor's
+seat is an ephemeral node too: whoever creates it audits until its session ends, and the
+other candidates take it over then.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from walkit.errors import MetadataVersionError, NodeExistsError, NoNodeError
+from walkit.metadata._cluster import ClusterInfo, cluster_path
+from walkit.metadata._store import Check, Delete, MetadataStore
+
+__all__ = ["Marker", "UnderReplication"]
+
+_PREFIX = "L"
+
+
+@dataclass(frozen=True)
+class Marker:
+    ledger_id: int
+    bookies: frozenset[str]
+    since: float  # seconds since the epoch when first marked
+    version: int
+    locked_by: str | None
+
+
+class UnderReplication:
+    """The markers of one cluster (thread-safe, as its store)."""
+
+    def __init__(self, store: MetadataStore, info: ClusterInfo) -> None:
+        self._store = store
+        self._base = cluster_path(info.root, "underreplication")
+        self._ledgers = f"{self._base}/ledgers"
+        self._auditor = f"{self._base}/auditor"
+        self._disable = f"{self._base}/disable"
+
+    def _path(self, ledger_id: int) -> str:
+        return f"{self._ledgers}/{_PREFIX}{ledger_id:019d}"
+
+    def _ensure(self) -> None:
+        if self._store.exists(self._ledgers) is None:
+            try:
+                self._store.create(self._ledgers, make_parents=True)
+            except NodeExistsError:
+                pass
+
+    # --- markers ------------------------------------------------------------------------
+    def mark(self, ledger_id: int, bookies: Iterable[str]) -> None:
+        """``ledger_id`` lacks the copies ``bookies`` should hold (merged with a marker there)."""
+        wanted = set(bookies)
+        self._ensure()
+        path = self._path(ledger_id)
+        while True:
+            current = self.read(ledger_id)
+            if current is None:
+                data = json.dumps({"bookies": sorted(wanted), "since": int(time.time() * 1000)}).encode()
+                try:
+                    self._store.create(path, data)
+                    return
+                except NodeExistsError:
+                    continue
+            if wanted <= current.bookies:
+                return
+            data = json.dumps({"bookies": sorted(current.bookies | wanted), "since": int(current.since * 1000)}).encode()
+            try:
+                self._store.set(path, data, current.version)
+                return
+            except (MetadataVersionError, NoNodeError):
+                continue
+
+    def ledgers(self) -> list[int]:
+        """The ledgers marked, ascending."""
+        try:
+            names = self._store.children(self._ledgers)
+        except NoNodeError:
+            return []
+        return sorted(int(n[len(_PREFIX):]) for n in names if n.startswith(_PREFIX) and n[len(_PREFIX):].isdigit())
+
+    def read(self, ledger_id: int) -> Marker | None:
+        path = self._path(ledger_id)
+        try:
+            data, stat = self._store.get(path)
+        except NoNodeError:
+            return None
+        try:
+            body = json.loads(data)
+            bookies, since = frozenset(str(b) for b in body["bookies"]), float(body["since"]) / 1000.0
+        except (ValueError, KeyError, TypeError):
+            bookies, since = frozenset(), 0.0  # unreadable: a worker repairs what the metadata says is missing
+        locked_by: str | None
+        try:
+            locked_by = self._store.get(f"{path}/lock")[0].decode("utf-8", "replace")
+        except NoNodeError:
+            locked_by = None
+        return Marker(ledger_id, bookies, since, stat.version, locked_by)
+
+    def lock(self, ledger_id: int, owner: str) -> bool:
+        """Take the marker (False: another worker has it, or the marker is gone)."""
+        try:
+            self._store.create(f"{self._path(ledger_id)}/lock", owner.encode(), ephemeral=True)
+            return True
+        except NodeExistsError:
+            stat = self._store.exists(f"{self._path(ledger_id)}/lock")
+            return stat is not None and stat.ephemeral_owner == self._store.session_id
+        except NoNodeError:
+            return False
+
+    def unlock(self, ledger_id: int) -> None:
+        try:
+            self._store.delete(f"{self._path(ledger_id)}/lock")
+        except NoNodeError:
+            pass
+
+    def complete(self, marker: Marker) -> bool:
+        """Delete a repaired marker (and its lock) unless it changed since it was read;
+        False: it changed (kept, unlocked, for another round)."""
+        path = self._path(marker.ledger_id)
+        try:
+            self._store.transaction([Check(path, marker.version), Delete(f"{path}/lock"), Delete(path)])
+            return True
+        except (MetadataVersionError, NoNodeError):
+            self.unlock(marker.ledger_id)
+            return False
+
+    def is_marked(self, ledger_id: int) -> bool:
+        """Whether the ledger waits for (or is under) re-replication: garbage collection
+        never takes a copy of it as over-replicated meanwhile (a worker copies entries to
+        a bookie before the metadata names it)."""
+        return self._store.exists(self._path(ledger_id)) is not None
+
+    def drop(self, ledger_id: int) -> None:
+        """Delete a marker whatever it says (its ledger is gone)."""
+        try:
+            self._store.delete(self._path(ledger_id), recursive=True)
+        except NoNodeError:
+            pass
+
+    # --- switch and seat -------------------------------------------------------------------
+    def disabled(self) -> bool:
+        return self._store.exists(self._disable) is not None
+
+    def set_disabled(self, disabled: bool) -> None:
+        try:
+            if disabled:
+                self._store.create(self._disable, make_parents=True)
+            else:
+                self._store.delete(self._disable)
+        except (NodeExistsError, NoNodeError):
+            pass
+
+    def auditor(self) -> str | None:
+        try:
+            return self._store.get(self._auditor)[0].decode("utf-8", "replace")
+        except NoNodeError:
+            return None
+
+    def take_seat(self, owner: str) -> bool:
+        """Whether ``owner`` (this store's session) is the auditor, taking the seat if free."""
+        try:
+            self._store.create(self._auditor, owner.encode(), ephemeral=True, make_parents=True)
+            return True
+        except NodeExistsError:
+            stat = self._store.exists(self._auditor)
+            return stat is not None and stat.ephemeral_owner == self._store.session_id
+
+    def leave_seat(self) -> None:
+        stat = self._store.exists(self._auditor)
+        if stat is not None and stat.ephemeral_owner == self._store.session_id:
+            try:
+                self._store.delete(self._auditor)
+            except NoNodeError:
+                pass

@@ -1,0 +1,25 @@
+"""Recovery of lost bookies: the copies a bookie held are put back on other bookies.
+
+- :func:`recover` (``walkit recover``): manual recovery of one lost bookie's closed
+  fragments, streaming, resumable, with a dry run (:mod:`walkit.recovery._recover`);
+- :func:`decommission` (``walkit decommission``): the same for a running bookie, made
+  read-only first, until nothing names it;
+- :class:`AutoRecovery` (in bookies with ``autoRecoveryDaemonEnabled``, or ``walkit
+  autorecovery run``): the auditor marks under-replicated ledgers, workers repair them
+  (:mod:`walkit.recovery._autorecovery`, markers in :mod:`walkit.metadata._underreplication`);
+- :mod:`walkit.recovery._replicator`: the copy and replace mechanism all of them share;
+- :mod:`walkit.recovery._plan`: what a bookie held and who else holds it (pure).
+
+Copies are pushed by surviving bookies (``ledger.replicate``, :mod:`bookie._replicate`),
+which verify them with the ledger's master key that only bookies hold.
+"""
+
+from walkit.metadata import Marker, UnderReplication  # the markers live with the metadata layout
+from walkit.recovery._autorecovery import AutoRecovery, AutoRecoveryConfig
+from walkit.recovery._plan import FragmentWork, held_entries, lost_fragments
+from walkit.recovery._recover import Progress, RecoveryReport, decommission, recover
+
+__all__ = [
+    "AutoRecovery", "AutoRecoveryConfig", "FragmentWork", "Marker", "Progress", "RecoveryReport", "UnderReplication",
+    "decommission", "held_entries", "lost_fragments", "recover",
+]

@@ -1,0 +1,100 @@
+"""What a lost bookie held, and who else holds it: pure functions over ledger metadata.
+
+A fragment (first entry, ensemble) of a ledger with ensemble size E and write quorum Qw
+stores entry ``e`` on ``ensemble[(e + i) % E]`` for ``i < Qw``; so the bookie at position
+``p`` holds the entries ``e`` of the fragment with ``(p - e) % E < Qw``, and every other
+member of an entry's write set holds a copy of it. Only *closed* ledgers are planned:
+the last fragment of an open ledger belongs to its writer (which replaces a failed
+bookie by itself, with an ensemble change), and its writer checks that nobody else
+changed its ensembles, so recovery leaves the whole ledger alone until it is closed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from walkit.errors import NotEnoughBookiesError
+from walkit.metadata import LedgerMetadata, LedgerState
+
+__all__ = ["FragmentWork", "lost_fragments", "held_entries", "sources", "choose_target", "count_held"]
+
+
+@dataclass(frozen=True)
+class FragmentWork:
+    """The share of one fragment that the lost bookie held."""
+
+    ledger_id: int
+    first: int  # the fragment's first entry (its key in the ensembles)
+    last: int  # its last entry (first - 1: an empty fragment)
+    position: int  # the lost bookie's position in the ensemble
+    ensemble: tuple[str, ...]
+    write_quorum: int
+    digest: str
+
+    @property
+    def lost(self) -> str:
+        return self.ensemble[self.position]
+
+
+def lost_fragments(meta: LedgerMetadata, bookie: str) -> list[FragmentWork]:
+    """The fragments of a closed ledger whose ensemble names ``bookie`` ([] otherwise)."""
+    if meta.state is not LedgerState.CLOSED:
+        return []
+    out: list[FragmentWork] = []
+    for index, (first, ensemble) in enumerate(meta.ensembles):
+        if bookie in ensemble:
+            last = meta.fragment_end(index)
+            assert last is not None  # closed: every fragment has an end
+            out.append(FragmentWork(meta.ledger_id, first, last, ensemble.index(bookie), ensemble,
+                                    meta.write_quorum, meta.digest))
+    return out
+
+
+def held_entries(work: FragmentWork, start: int | None = None) -> Iterator[int]:
+    """The entries of the fragment the lost bookie held, ascending, from ``start`` on."""
+    size = len(work.ensemble)
+    e = work.first if start is None else max(start, work.first)
+    while e <= work.last:
+        if (work.position - e) % size < work.write_quorum:
+            yield e
+        e += 1
+
+
+def count_held(work: FragmentWork) -> int:
+    """How many entries :func:`held_entries` yields (without walking them)."""
+    size, n = len(work.ensemble), work.last - work.first + 1
+    if n <= 0:
+        return 0
+    full, rest = divmod(n, size)
+    count = full * work.write_quorum
+    return count + sum(1 for e in range(work.first + full * size, work.last + 1)
+                       if (work.position - e) % size < work.write_quorum)
+
+
+def sources(work: FragmentWork, entry_id: int) -> list[str]:
+    """The other bookies of the entry's write set, in write-set order."""
+    size = len(work.ensemble)
+    write_set = [work.ensemble[(entry_id + i) % size] for i in range(work.write_quorum)]
+    return [b for b in write_set if b != work.lost]
+
+
+def choose_target(work: FragmentWork, meta: LedgerMetadata, writable: Sequence[str], wanted: str | None = None,
+                  rng: random.Random | None = None) -> str:
+    """A bookie to hold the fragment's lost copies: ``wanted`` if given (it must not be
+    in the fragment's ensemble already), else a writable bookie outside the ensemble,
+    at random as an ensemble change picks one - preferring bookies in no fragment of
+    the ledger, so its copies spread."""
+    if wanted is not None:
+        if wanted in work.ensemble:
+            raise NotEnoughBookiesError("the target is in the fragment's ensemble already", ledger=work.ledger_id,
+                                        first_entry=work.first, target=wanted)
+        return wanted
+    candidates = sorted(b for b in writable if b not in work.ensemble)
+    if not candidates:
+        raise NotEnoughBookiesError("no writable bookie outside the fragment's ensemble", ledger=work.ledger_id,
+                                    first_entry=work.first, writable=len(writable))
+    used = {b for _, ensemble in meta.ensembles for b in ensemble}
+    fresh = [b for b in candidates if b not in used]
+    return (rng or random).choice(fresh or candidates)

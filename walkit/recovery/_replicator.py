@@ -1,0 +1,168 @@
+"""The mechanism every kind of re-replication shares: copy entries of a fragment to a
+bookie through the survivors, and change the fragment's ensemble.
+
+Theory of operation
+-------------------
+:meth:`Replicator.copy` asks, for each entry, the first registered survivor of its write
+set (ADMIN ``ledger.replicate``, :mod:`bookie._replicate`) to verify its copy with the
+ledger's master key and push it to the target; entries a survivor lacks or cannot verify
+go to the next one; an entry no survivor holds intact raises
+:class:`~walkit.errors.ReplicasLostError`, a target that refuses copies
+:class:`~walkit.errors.BookieUnavailableError`. Copies are durable on the target when
+``copy`` returns. :meth:`Replicator.replace` then changes the fragment's ensemble by CAS
+(a fragment someone already changed is left alone). :meth:`Replicator.present` asks a
+bookie which entries of a range it holds (ADMIN ``ledger.entries``), for copies that went
+missing on a bookie that is still there. One asyncio loop drives it; metadata calls run
+on worker threads; one pipelined connection per bookie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from walkit.client import BookieClient, Endpoint, client_ssl_context, parse_endpoint
+from walkit.errors import BookieUnavailableError, NoSuchLedgerError, ReplicasLostError, WalkitError
+from walkit.metadata import BookieSet, Cluster, LedgerMetadata, read_registration
+from walkit.recovery._plan import FragmentWork, sources
+
+__all__ = ["Replicator", "CHUNK", "off"]
+
+T = TypeVar("T")
+CHUNK = 512  # entries asked of the survivors at once (bookie._replicate.MAX_ENTRIES bounds it)
+_ADMIN_TIMEOUT = 180.0
+
+
+async def off(fn: Callable[..., T], *args: Any) -> T:
+    """A blocking (metadata) call on a worker thread."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+class Replicator:
+    def __init__(self, cluster: Cluster, tls_ca: str = "") -> None:
+        self.cluster = cluster
+        self.tls_ca = tls_ca
+        self._clients: dict[str, BookieClient] = {}
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
+
+    # --- bookies ----------------------------------------------------------------------------
+    async def bookies(self) -> BookieSet:
+        return await off(self.cluster.bookies)
+
+    async def endpoint(self, bookie: str) -> Endpoint:
+        cluster = self.cluster
+        return parse_endpoint(bookie, await off(read_registration, cluster.store, cluster.info, bookie))
+
+    async def client(self, bookie: str) -> BookieClient:
+        client = self._clients.get(bookie)
+        if client is not None and not client.failed:
+            return client
+        endpoint = await self.endpoint(bookie)
+        ssl_context = None
+        if endpoint.tls:
+            if not self.tls_ca:
+                raise BookieUnavailableError("bookie serves TLS: give the CA file", bookie=bookie)
+            ssl_context = client_ssl_context(self.tls_ca)
+        client = await BookieClient.connect(endpoint.host, endpoint.port, ssl_context=ssl_context,
+                                            server_hostname=endpoint.host)
+        self._clients[bookie] = client
+        return client
+
+    async def admin(self, bookie: str, command: str, args: dict[str, Any]) -> dict[str, Any]:
+        client = await self.client(bookie)
+        answer: dict[str, Any] = await asyncio.wait_for(client.admin(command, args), _ADMIN_TIMEOUT)
+        return answer
+
+    # --- copies -----------------------------------------------------------------------------
+    async def copy(self, work: FragmentWork, entries: Iterable[int], target: str, *, last_resort: str | None = None,
+                   on_copied: Callable[[int], None] = lambda n: None) -> int:
+        """Copy ``entries`` of ``work``'s fragment to ``target`` (see the module
+        docstring); ``last_resort`` is asked after every survivor (a bookie being
+        decommissioned). Returns how many were copied."""
+        endpoint = await self.endpoint(target)
+        live = await self.bookies()
+        alive = set(live.writable | live.readonly) - {work.lost}
+        copied = 0
+        chunk: list[int] = []
+        for entry_id in entries:
+            chunk.append(entry_id)
+            if len(chunk) == CHUNK:
+                copied += await self._chunk(work, chunk, target, endpoint, alive, last_resort, on_copied)
+                chunk = []
+        if chunk:
+            copied += await self._chunk(work, chunk, target, endpoint, alive, last_resort, on_copied)
+        return copied
+
+    async def _chunk(self, work: FragmentWork, entries: list[int], target_bookie: str, target: Endpoint,
+                     alive: set[str], last_resort: str | None, on_copied: Callable[[int], None]) -> int:
+        extra = [last_resort] if last_resort else []
+        candidates = {e: [b for b in sources(work, e) if b in alive and b != target_bookie] + extra for e in entries}
+        copied_total = 0
+        while candidates:
+            by_source: dict[str, list[int]] = {}
+            for e, left in candidates.items():
+                if not left:
+                    raise ReplicasLostError("no surviving replica holds an intact copy", ledger=work.ledger_id,
+                                            entry=e, lost=work.lost)
+                by_source.setdefault(left[0], []).append(e)
+            answers = await asyncio.gather(*(self._ask(src, work, ids, target) for src, ids in by_source.items()),
+                                           return_exceptions=True)
+            for (src, ids), answer in zip(by_source.items(), answers):
+                copied: set[int] = set()
+                if isinstance(answer, BaseException):
+                    if not isinstance(answer, WalkitError):
+                        raise answer
+                else:
+                    if answer.get("failed"):
+                        raise BookieUnavailableError("the target refused copies", ledger=work.ledger_id,
+                                                     target=target_id(target),
+                                                     reason=next(iter(answer["failed"].values())))
+                    copied = set(answer["copied"])
+                for e in ids:
+                    if e in copied:
+                        del candidates[e]
+                    else:
+                        candidates[e].remove(src)
+                copied_total += len(copied)
+                on_copied(len(copied))
+        return copied_total
+
+    async def _ask(self, source: str, work: FragmentWork, entries: list[int], target: Endpoint) -> dict[str, Any]:
+        return await self.admin(source, "ledger.replicate", {
+            "ledger": work.ledger_id, "entries": entries, "digest": work.digest,
+            "target": target_id(target), "tls": target.tls})
+
+    async def present(self, bookie: str, ledger_id: int, first: int, last: int) -> set[int]:
+        """The entries of ``first..last`` that ``bookie`` holds (none: it has no such ledger)."""
+        held: set[int] = set()
+        start = first
+        while start <= last:
+            end = min(last, start + 65535)
+            try:
+                answer = await self.admin(bookie, "ledger.entries", {"ledger": ledger_id, "first": start, "last": end})
+            except NoSuchLedgerError:
+                return set()
+            held.update(answer["entries"])
+            start = end + 1
+        return held
+
+    # --- metadata ---------------------------------------------------------------------------
+    async def replace(self, work: FragmentWork, target: str) -> None:
+        """The fragment names ``target`` instead of the lost bookie (CAS)."""
+
+        def change(current: LedgerMetadata) -> LedgerMetadata | None:
+            ensemble = dict(current.ensembles).get(work.first)
+            if ensemble is None or work.lost not in ensemble:
+                return None  # replaced (or changed) by someone else meanwhile
+            return current.replace_bookie(work.first, work.lost, target)
+
+        await off(self.cluster.ledgers.update, work.ledger_id, change)
+
+
+def target_id(endpoint: Endpoint) -> str:
+    return f"{endpoint.host}:{endpoint.port}"
