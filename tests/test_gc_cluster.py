@@ -19,6 +19,10 @@ What each test proves:
 
 ``WALKIT_SLOW=1`` (or ``-m slow``) runs the long forms: 10,000 ledgers, a soak of
 several minutes, a ZooKeeper outage longer than the metadata retry deadline.
+
+Two bugs found here have strict-xfail reproducers, marked BUG: ZooKeeperStore calls
+never give up while ZooKeeper is down (ZK_CALLS_HANG), and ``walkit bookie gc`` waits
+for ever on a hung bookie (GC_CLI_HANGS, slow form).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -462,6 +467,28 @@ def test_gc_cli(tmp_path: Path) -> None:
         answers = json.loads(down_json.stdout)
         assert set(answers[ids[2]]) == {"error"} and "passes" in answers[ids[0]], answers
 
+
+GC_CLI_HANGS = ("BUG (walkit/cli/_gc.py): walkit bookie gc waits for ever on a bookie that accepts the "
+                "connection but never answers (a SIGSTOPped or hung process): the ADMIN request has no timeout "
+                "(--timeout bounds only the wait for a forced pass), so one hung bookie hangs the whole command")
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=GC_CLI_HANGS)
+def test_bug_gc_cli_reports_a_hung_bookie(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Reproducer of GC_CLI_HANGS (slow form only: it waits 30 s): a SIGSTOPped bookie
+    should be reported like an unreachable one, exit status 1."""
+    long_form(0, 1, request.config)
+    with cluster(tmp_path, bookies=1, session=120.0) as c:
+        pid = c.bookie_pid(0)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            done = gc_cli("--metadata", c.metadata_uri, "--status", timeout=30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("walkit bookie gc --status still waiting on a hung bookie after 30 s") from None
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert done.returncode == 1 and c.bookie_ids[0] in done.stdout, done
 
 # -- 6. a metadata store that cannot answer keeps every ledger ----------------------------------------
 
