@@ -16,11 +16,12 @@ import json
 import time
 from typing import Any
 
-from walkit.errors import BookieUnavailableError, InvalidArgumentError, WalkitError
+from walkit.errors import BookieTimeoutError, BookieUnavailableError, InvalidArgumentError, WalkitError
 
 __all__ = ["add_parser"]
 
 _POLL = 0.2  # seconds between status polls while a forced pass runs
+_CALL_TIMEOUT = 20.0  # seconds one request may take: a hung bookie (SIGSTOP, swapping) is reported
 
 
 def add_parser(bookie: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -90,20 +91,28 @@ async def _ask(bookie_id: str, registration: bytes | None, force: bool, compact:
         raise BookieUnavailableError("bookie serves TLS: give --tls-ca", bookie=bookie_id)
     ssl_context = client_ssl_context(tls_ca) if endpoint.tls else None
     async with await BookieClient.connect(endpoint.host, endpoint.port, ssl_context=ssl_context,
-                                          server_hostname=endpoint.host) as client:
+                                          server_hostname=endpoint.host, timeout=_CALL_TIMEOUT) as client:
         if not force:
-            status: dict[str, Any] = await client.admin("gc.status")
+            status: dict[str, Any] = await _call(client, bookie_id, "gc.status")
             return status
-        number = (await client.admin("gc.run", {"compact": compact}))["pass"]
+        number = (await _call(client, bookie_id, "gc.run", {"compact": compact}))["pass"]
         deadline = time.monotonic() + timeout
         while True:
-            status = await client.admin("gc.status")
+            status = await _call(client, bookie_id, "gc.status")
             if status["passes"] >= number:
                 return status
             if time.monotonic() >= deadline:
                 raise BookieUnavailableError("the forced GC pass did not end in time (it goes on)", bookie=bookie_id,
                                              timeout=timeout, passes=status["passes"], waiting_for=number)
             await asyncio.sleep(_POLL)
+
+
+async def _call(client: Any, bookie_id: str, command: str, args: dict[str, Any] | None = None) -> Any:
+    try:
+        return await asyncio.wait_for(client.admin(command, args), _CALL_TIMEOUT)
+    except asyncio.TimeoutError as exc:
+        raise BookieTimeoutError("the bookie did not answer", bookie=bookie_id, command=command,
+                                 timeout=_CALL_TIMEOUT) from exc
 
 
 def _size(n: int) -> str:
