@@ -5,7 +5,8 @@ member lost too - every acknowledged entry still reads back); the auditor's seat
 when its bookie dies; two workers racing for markers repair each ledger once; a worker
 killed mid-ledger leaves its marker to another once its session is gone; a bookie back
 before ``lostBookieRecoveryDelay`` is not re-replicated; a ledger deleted while marked is
-dropped; an open ledger waits for its writer; the off switch; the periodic copy check.
+dropped; an open ledger's live fragment waits for its writer (the ones behind it are
+repaired); the off switch; the periodic copy check.
 
 Every scenario is parametrized over both drivers. Four of them, whose use of the driver
 (a SIGKILLed daemon's ephemerals, a session's lock) the others already make on both, run
@@ -32,7 +33,7 @@ import pytest
 import walkit
 from client_support import client, index_of, local_cluster, raw_add
 from metadata_support import Driver, driver  # noqa: F401  (fixture)
-from test_recovery import _all_metadata, _cli, _copies, _lose, _write
+from test_recovery import _all_metadata, _cli, _copies, _lose, _readonly, _write
 from walkit.cli import main as cli_main
 from walkit.client import BookieClient
 from walkit.errors import NoSuchLedgerError
@@ -43,6 +44,7 @@ pytestmark = pytest.mark.timeout(240)
 
 SESSION = 2.0  # the bookies' (and in-process daemons') metadata session timeout, as local_cluster sets it
 DAEMONS = {"auto_recovery_daemon_enabled": True, "lost_bookie_recovery_delay": 1}
+DOOMED_SESSION = 4.0  # the session of a daemon the test SIGKILLs (``--session-timeout``)
 NEVER = 600.0  # a lostBookieRecoveryDelay no test waits for: that daemon's auditor marks nothing by itself
 
 
@@ -292,7 +294,8 @@ def test_two_workers_racing_repair_each_ledger_once(tmp_path: Path, driver: Driv
 
 
 def _run_daemon(cluster: walkit.LocalCluster, owner: str, *args: str) -> subprocess.Popen[bytes]:
-    """``walkit autorecovery run`` as an operator starts it (its metadata session: the CLI's 10 s)."""
+    """``walkit autorecovery run`` as an operator starts it (its metadata session: 10 s unless
+    ``--session-timeout`` says otherwise)."""
     return subprocess.Popen([sys.executable, "-m", "walkit.cli", "autorecovery", "run", "--metadata",
                              cluster.metadata_uri, "--id", owner, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
@@ -300,7 +303,7 @@ def _run_daemon(cluster: walkit.LocalCluster, owner: str, *args: str) -> subproc
 
 def test_a_worker_killed_mid_ledger_leaves_it_to_another_once_its_session_is_gone(tmp_path: Path,
                                                                                  driver: Driver) -> None:
-    _one_driver_unless_slow(driver, "zk")  # the session waits (10 s) are the CLI's on either driver
+    _one_driver_unless_slow(driver, "zk")  # the session waits are the daemon's on either driver
     entries = 40000
     value = b"." * 100
     with local_cluster(tmp_path, driver, bookies=4, processes=True) as cluster, \
@@ -313,7 +316,8 @@ def test_a_worker_killed_mid_ledger_leaves_it_to_another_once_its_session_is_gon
         lost = ensemble[0]
         target = next(b for b in cluster.bookie_ids if b not in ensemble)  # the only one outside the ensemble
         _lose(cluster, index_of(cluster, lost))
-        doomed = _run_daemon(cluster, "doomed", "--lost-bookie-recovery-delay", "0")
+        doomed = _run_daemon(cluster, "doomed", "--lost-bookie-recovery-delay", "0", "--session-timeout",
+                             str(DOOMED_SESSION))
         try:
             def copying() -> bool:
                 marker = ur.read(lh.ledger_id)
@@ -339,7 +343,7 @@ def test_a_worker_killed_mid_ledger_leaves_it_to_another_once_its_session_is_gon
             heir.send_signal(signal.SIGTERM)
             said = heir.communicate(timeout=60)[0].decode(errors="replace")
         assert heir.returncode == 0 and "heir stopped: 1 ledgers repaired" in said, said
-        assert took > 5.0  # not before the dead worker's session (10 s) ended
+        assert took > DOOMED_SESSION / 2  # not before the dead worker's session ended
         rh = bk.open_ledger(lh.ledger_id, password=b"big")
         assert [e.data for e in rh.read(0, entries - 1)] == [b"%07d" % e + value for e in range(entries)]
 
@@ -401,8 +405,9 @@ def test_a_ledger_deleted_while_marked_has_its_marker_dropped(tmp_path: Path, dr
         assert text.returncode == 0 and "no ledger is under-replicated" in text.stdout
 
 
-def test_an_open_ledger_waits_for_its_writer_then_is_repaired_once_closed(tmp_path: Path, driver: Driver) -> None:
-    with local_cluster(tmp_path, driver, bookies=4, processes=True) as cluster, client(cluster) as bk, \
+def test_an_open_ledgers_live_fragment_waits_for_its_writer_and_the_ones_behind_it_are_repaired(
+        tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=5, processes=True) as cluster, client(cluster) as bk, \
             _metadata(cluster) as (md, ur):
         lh = bk.create_ledger(3, 3, 2, password=b"open")
         for i in range(10):
@@ -412,25 +417,40 @@ def test_an_open_ledger_waits_for_its_writer_then_is_repaired_once_closed(tmp_pa
         config = AutoRecoveryConfig(lost_bookie_recovery_delay=0, open_ledger_rereplication_grace_period=0.5)
         with _daemon(cluster, "patient", config) as daemon:
             _until(lambda: ur.ledgers() == [lh.ledger_id], SESSION + 10, "the open ledger marked")
-            time.sleep(2.5)  # several looks: the marker waits, the ledger is its writer's
+            time.sleep(2.5)  # several looks: the marker waits, the only fragment is the writer's
             marker = ur.read(lh.ledger_id)
             assert marker is not None and marker.bookies == {lost} and daemon.repaired == 0
             meta, _ = md.ledgers.read(lh.ledger_id)
             assert meta.state is LedgerState.OPEN and meta.ensembles == lh.metadata.ensembles
-            for i in range(10, 20):  # the writer's adds change its ensemble
+            for i in range(10, 20):  # the writer's adds change its ensemble: the lost bookie is behind it
                 lh.add_entry(b"e%d" % i)
-            lh.close()
             assert lost in lh.metadata.ensembles[0][1] and lost not in lh.metadata.ensembles[-1][1]
-            _until(_healed(md, ur, lost), 20, "the closed ledger repaired")
-        assert daemon.repaired == 1
+            _until(_healed(md, ur, lost), 20, "the fragment behind the writer repaired")
+            assert daemon.repaired == 1 and md.ledgers.read(lh.ledger_id)[0].state is LedgerState.OPEN
+        repaired = md.ledgers.read(lh.ledger_id)[0]
+        _readonly(cluster, repaired.ensembles[1][1][0])  # the writer changes its ensemble again, then closes
+        for i in range(20, 30):
+            lh.add_entry(b"e%d" % i)
+        lh.close()
+        final = md.ledgers.read(lh.ledger_id)[0]
+        assert final.state is LedgerState.CLOSED and len(final.ensembles) == 3
+        assert final.ensembles[0] == repaired.ensembles[0]  # the repaired fragment, kept by the writer
         rh = bk.open_ledger(lh.ledger_id, password=b"open")
-        assert [e.data for e in rh.read(0, 19)] == [b"e%d" % i for i in range(20)]
-        # the fragment repaired here; the writer's new one may lack an entry acknowledged while the
-        # writer changed its ensemble (walkit/client/_writer.py): the periodic check's business
-        _assert_three_copies(cluster, _all_metadata(cluster.metadata_uri), upto=lh.metadata.ensembles[1][0])
+        assert [e.data for e in rh.read(0, 29)] == [b"e%d" % i for i in range(30)]
+        _assert_three_copies(cluster, [final])
 
 
 # --- the operator's view and switch ---------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "inf"])
+def test_run_refuses_a_bad_number_of_seconds(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    for flag in ("--session-timeout", "--open-ledger-grace-period", "--bookie-check-interval"):
+        with pytest.raises(SystemExit) as exit_:
+            cli_main(["autorecovery", "run", "--metadata", "local:///nowhere", flag, value])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert flag in err and "seconds" in err and repr(value) in err
+
+
 def test_cli_status_listing_auditor_and_the_off_switch(tmp_path: Path, driver: Driver,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     _one_driver_unless_slow(driver, "zk")

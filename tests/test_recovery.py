@@ -1,8 +1,8 @@
 """Manual recovery of a lost bookie (``walkit recover``, walkit/recovery, bookie/_replicate.py)
 on real bookie processes, both metadata drivers: a bookie SIGKILLed and its disks wiped,
 then recovered, then a second original member lost too - every acknowledged entry still
-reads back; dry run, target, resume, a damaged replica skipped, open ledgers left to
-their writers, and the pure planning functions."""
+reads back; dry run, target, resume, a damaged replica skipped, an open ledger's live
+fragment left to its writer (the ones behind it recovered), and the pure planning functions."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from walkit.client import BookieClient
 from walkit.errors import WalkitError
 from walkit.metadata import LedgerMetadata, LedgerState, connect
 from walkit.protocol import encode_entry, master_key
-from walkit.recovery import FragmentWork, held_entries, lost_fragments, recover
+from walkit.recovery import FragmentWork, held_by_writer, held_entries, lost_fragments, recover
 from walkit.recovery._plan import choose_target, count_held, sources
 
 pytestmark = pytest.mark.timeout(240)
@@ -177,24 +177,49 @@ def test_a_damaged_replica_is_skipped_for_another(tmp_path: Path, driver: Driver
         assert asyncio.run(read_target()) == good  # the intact copy, bytes unchanged
 
 
-def test_open_ledgers_are_left_to_their_writers_then_recovered_once_closed(tmp_path: Path, driver: Driver) -> None:
-    with local_cluster(tmp_path, driver, bookies=4, processes=True) as cluster, client(cluster) as bk:
+def _readonly(cluster: walkit.LocalCluster, bookie: str) -> None:
+    """Make a running bookie read-only (ADMIN ``bookie.readonly``): its adds fail, its data stays."""
+
+    async def go() -> None:
+        c = await BookieClient.connect(*cluster.bookie_address(index_of(cluster, bookie)))
+        try:
+            await c.admin("bookie.readonly", {"readonly": True})
+        finally:
+            await c.close()
+
+    asyncio.run(go())
+
+
+def test_an_open_ledgers_live_fragment_is_left_to_its_writer_and_the_ones_behind_it_recovered(
+        tmp_path: Path, driver: Driver) -> None:
+    with local_cluster(tmp_path, driver, bookies=5, processes=True) as cluster, client(cluster) as bk:
         lh = bk.create_ledger(3, 3, 2, password=b"w")
         for i in range(10):
             lh.add_entry(b"e%d" % i)
         lost = lh.metadata.ensembles[0][1][2]
         _lose(cluster, index_of(cluster, lost))
-        report = recover(cluster.metadata_uri, lost)
+        report = recover(cluster.metadata_uri, lost)  # its only fragment is the writer's
         assert report.open_ledgers == [lh.ledger_id] and report.fragments == 0
+        assert _all_metadata(cluster.metadata_uri)[0].ensembles == lh.metadata.ensembles
         for i in range(10, 20):  # the writer goes on: its ensemble change replaces the lost bookie
             lh.add_entry(b"e%d" % i)
-        lh.close()
-        meta = lh.metadata
-        assert lost in meta.ensembles[0][1] and lost not in meta.ensembles[-1][1]
-        report = recover(cluster.metadata_uri, lost)
+        assert lost in lh.metadata.ensembles[0][1] and lost not in lh.metadata.ensembles[-1][1]
+        report = recover(cluster.metadata_uri, lost)  # the fragment behind the writer: replaced, ledger open
         assert report.open_ledgers == [] and report.fragments_replaced == 1 and report.failures == []
+        (meta,) = _all_metadata(cluster.metadata_uri)
+        assert meta.state is LedgerState.OPEN and not any(lost in ens for _, ens in meta.ensembles)
+        _readonly(cluster, meta.ensembles[1][1][0])  # the writer changes its ensemble again, then closes
+        for i in range(20, 30):
+            lh.add_entry(b"e%d" % i)
+        lh.close()
+        (final,) = _all_metadata(cluster.metadata_uri)
+        assert final.state is LedgerState.CLOSED and final.last_entry_id == 29 and len(final.ensembles) == 3
+        assert final.ensembles[0] == meta.ensembles[0]  # the recovered fragment, kept by the writer
         rh = bk.open_ledger(lh.ledger_id, password=b"w")
-        assert [e.data for e in rh.read(0, 19)] == [b"e%d" % i for i in range(20)]
+        assert [e.data for e in rh.read(0, 29)] == [b"e%d" % i for i in range(30)]
+        held = _copies(cluster, final)
+        for e in range(final.ensembles[1][0]):  # the recovered fragment has all its copies
+            assert all(e in held[b] for b in final.write_set(e)), e
 
 
 def test_a_recovery_stopped_halfway_finishes_without_redoing_replaced_fragments(tmp_path: Path,
@@ -247,6 +272,11 @@ def test_held_entries_follow_striping() -> None:
     for w in (a1, a2):
         assert count_held(w) == len(list(held_entries(w)))
     assert lost_fragments(_meta(((0, ("a", "b", "c")),), -2), "a") == []  # open: left to its writer
+    assert held_by_writer(_meta(((0, ("a", "b", "c")),), -2), "a")
+    two = _meta(((0, ("a", "b", "c")), (6, ("a", "d", "c"))), -2)  # open, a fragment behind the writer's
+    assert [(w.first, w.last) for w in lost_fragments(two, "b")] == [(0, 5)] and not held_by_writer(two, "b")
+    assert [(w.first, w.last) for w in lost_fragments(two, "a")] == [(0, 5)] and held_by_writer(two, "a")
+    assert not held_by_writer(meta, "a")  # closed
     empty = lost_fragments(_meta(((0, ("a", "b", "c")),), -1), "a")
     assert [list(held_entries(w)) for w in empty] == [[]]
 

@@ -11,7 +11,7 @@
 ``walkit bookie start``    run a bookie (as ``python -m bookie --conf FILE``)
 ``walkit bookie list``     the available and read-only bookies of a cluster
 ``walkit bookie gc``       force garbage collection / compaction on bookies (--force, --compact), or --status
-``walkit recover``         re-replicate every closed fragment a lost bookie held (--dry-run, --target, --json)
+``walkit recover``         re-replicate every fragment a lost bookie held (--dry-run, --target, --json)
 ``walkit decommission``    make a running bookie read-only and move what it holds to others; say when it can go
 ``walkit autorecovery``    status | list-underreplicated | who-is-auditor | disable | enable | run (the daemon)
 ``walkit journal repair``  keep a ``.broken`` copy of a damaged journal and truncate it

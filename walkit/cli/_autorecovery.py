@@ -32,8 +32,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="seconds a bookie must stay away before it is re-replicated (lostBookieRecoveryDelay)")
     run.add_argument("--periodic-check-interval", type=float, default=604800.0,
                      help="seconds between checks of every copy (auditorPeriodicCheckInterval; 0: off)")
+    run.add_argument("--bookie-check-interval", type=_seconds, default=86400.0,
+                     help="seconds between audits of every ledger's bookies (auditorPeriodicBookieCheckInterval)")
+    run.add_argument("--open-ledger-grace-period", type=_seconds, default=30.0,
+                     help="seconds between looks at an open ledger whose writer holds a lost bookie "
+                          "(openLedgerRereplicationGracePeriod)")
+    run.add_argument("--session-timeout", type=_seconds, default=10.0,
+                     help="the daemon's metadata session timeout: how soon another takes over its seat and "
+                          "locks once it dies (zkTimeout)")
     run.add_argument("--tls-ca", default="", help="CA file, for bookies that serve TLS")
     run.set_defaults(func=_run)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
 
 
 def _iso(seconds: float) -> str:
@@ -84,8 +102,11 @@ def _run(args: argparse.Namespace) -> int:
     from walkit.recovery import AutoRecovery, AutoRecoveryConfig
 
     config = AutoRecoveryConfig(lost_bookie_recovery_delay=args.lost_bookie_recovery_delay,
-                                auditor_periodic_check_interval=args.periodic_check_interval)
-    daemon = AutoRecovery(args.metadata, args.id or f"autorecovery-{os.getpid()}", config, tls_ca=args.tls_ca)
+                                auditor_periodic_check_interval=args.periodic_check_interval,
+                                auditor_periodic_bookie_check_interval=args.bookie_check_interval,
+                                open_ledger_rereplication_grace_period=args.open_ledger_grace_period)
+    daemon = AutoRecovery(args.metadata, args.id or f"autorecovery-{os.getpid()}", config,
+                          session_timeout=args.session_timeout, tls_ca=args.tls_ca)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -15,7 +15,7 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser("recover", help="re-replicate every closed fragment a lost bookie held")
+    p = subparsers.add_parser("recover", help="re-replicate every fragment a lost bookie held")
     p.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
     p.add_argument("--bookie", required=True, help="the lost bookie's id")
     p.add_argument("--target", help="put every copy on this bookie (default: chosen per fragment)")
@@ -102,8 +102,8 @@ def _print(report: RecoveryReport, as_json: bool) -> int:
         for target, n in sorted(r.targets.items()):
             print(f"  {'planned' if r.dry_run else 'moved'} to {target}: {n} fragments")
         if r.open_ledgers:
-            print(f"  {len(r.open_ledgers)} open ledgers name it (left to their writers; run again once closed): "
-                  + " ".join(map(str, r.open_ledgers[:20])) + (" ..." if len(r.open_ledgers) > 20 else ""))
+            print(f"  {len(r.open_ledgers)} open ledgers' live fragments name it (left to their writers; "
+                  "run again once changed or closed): " + " ".join(map(str, r.open_ledgers[:20])) + (" ..." if len(r.open_ledgers) > 20 else ""))
         for failure in r.failures:
             print(f"  FAILED ledger {failure['ledger']} fragment @{failure['first_entry']}: {failure['error']}")
     return 1 if report.failures else 0

@@ -13,8 +13,15 @@ Theory of operation (all state lives on the client loop except the submission qu
   metadata says hold it) and an ensemble change starts: replacements from the writable
   bookies, a new fragment from LAC + 1 written with compare-and-set (a recovery writer
   keeps it in memory until its close), then every pending add is sent to the new members
-  of its write set. The application sees nothing of this while bookies are left; when
-  none are, every pending add fails with NotEnoughBookiesError.
+  of its write set. No add completes while a change is under way (as in BookKeeper): the
+  LAC stays where the new fragment starts, so every entry of that fragment is resent to
+  its replacements before it can complete. The application sees nothing of this while
+  bookies are left; when none are, every pending add fails with NotEnoughBookiesError.
+* The writer owns its ledger's *last* fragment only. Re-replication
+  (:mod:`walkit.recovery`) may put another bookie into an earlier fragment while the
+  ledger is open: the writer's compare-and-sets (ensemble change, close) accept any
+  metadata whose fragments start where its own do and whose last fragment is its own,
+  and keep those replacements.
 * A recovery writer (re-adding what recovery found) waits for its whole write set, not
   Qa, so a recovered entry ends up on every bookie metadata names; if a failed bookie
   cannot be replaced it settles for Qa acks from the others, as BookKeeper does.
@@ -236,6 +243,8 @@ class LedgerWriter:
                 self._complete_ready()
 
     def _complete_ready(self) -> None:
+        if self._changing:
+            return  # held until the new fragment's entries went to its replacements
         pending = self.pending
         ready: list[_Add] = []
         freed = 0
@@ -340,6 +349,8 @@ class LedgerWriter:
             self._fail(WalkitError("ensemble change failed", ledger=self.ledger_id, reason=repr(exc)))
         finally:
             self._changing = False
+            if self.error is None and self.pending and self.pending[0].quorum:
+                self._complete_ready()  # what the change held back
 
     def _degrade(self, error: NotEnoughBookiesError) -> None:
         """(Recovery) no replacement: keep the ensemble and settle for Qa acks."""
@@ -369,8 +380,7 @@ class LedgerWriter:
             check_writable(current, self.ledger_id)
             if current.ensembles[-1] == (start, new):
                 return None  # our own write, whose reply was lost
-            if current.ensembles != ours.ensembles:
-                raise MetadataVersionError("ledger ensembles changed under their writer", ledger=self.ledger_id)
+            check_own_fragment(current, ours)
             return current.with_ensemble(start, new)
 
         return self.core.ledgers.update(self.ledger_id, change)
@@ -455,15 +465,16 @@ class LedgerWriter:
             if current.state is LedgerState.CLOSED and current.last_entry_id == lac and current.length == length:
                 return None
             check_writable(current, self.ledger_id)
-            if current.ensembles != ours.ensembles:
-                raise MetadataVersionError("ledger ensembles changed under their writer", ledger=self.ledger_id)
+            check_own_fragment(current, ours)
             return current.closed(lac, length)
 
         return self.core.ledgers.update(self.ledger_id, change)
 
     def _write_recovered(self, ours: LedgerMetadata, lac: int, length: int) -> tuple[LedgerMetadata, int]:
-        """(Metadata thread) IN_RECOVERY -> CLOSED with the ensembles recovery used. A
-        ledger another recoverer closed first stays as it is: the store decided."""
+        """(Metadata thread) IN_RECOVERY -> CLOSED with the ensembles recovery used from
+        the fragment it started in on; earlier fragments as the store has them now
+        (re-replication may have changed them meanwhile). A ledger another recoverer
+        closed first stays as it is: the store decided."""
 
         def change(current: LedgerMetadata) -> LedgerMetadata | None:
             if current.state is LedgerState.CLOSED:
@@ -471,7 +482,11 @@ class LedgerWriter:
             if current.state is not LedgerState.IN_RECOVERY:
                 raise MetadataVersionError("ledger left recovery under its recoverer", ledger=self.ledger_id,
                                            state=current.state.name)
-            return dataclasses.replace(current.closed(lac, length), ensembles=ours.ensembles)
+            keep = len(current.ensembles) - 1  # every fragment before the one recovery started in
+            if [f for f, _ in current.ensembles] != [f for f, _ in ours.ensembles[:keep + 1]]:
+                raise MetadataVersionError("ledger fragments changed under their recoverer", ledger=self.ledger_id)
+            ensembles = (*current.ensembles[:keep], *ours.ensembles[keep:])
+            return dataclasses.replace(current.closed(lac, length), ensembles=ensembles)
 
         return self.core.ledgers.update(self.ledger_id, change)
 
@@ -481,6 +496,14 @@ def check_writable(current: LedgerMetadata, ledger_id: int) -> None:
         raise LedgerFencedError("ledger is being recovered by another client", ledger=ledger_id)
     if current.state is LedgerState.CLOSED:
         raise LedgerClosedError("ledger was closed", ledger=ledger_id, last_entry=current.last_entry_id)
+
+
+def check_own_fragment(current: LedgerMetadata, ours: LedgerMetadata) -> None:
+    """The store's fragments start where the writer's do and its last fragment is the
+    writer's (earlier ones may name other bookies: re-replication replaced one)."""
+    if current.ensembles[-1] != ours.ensembles[-1] or \
+            [f for f, _ in current.ensembles] != [f for f, _ in ours.ensembles]:
+        raise MetadataVersionError("ledger ensembles changed under their writer", ledger=current.ledger_id)
 
 
 def _ignore(response: Response | None, error: WalkitError | None, ctx: Any) -> None:

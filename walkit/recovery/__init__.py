@@ -1,7 +1,7 @@
 """Recovery of lost bookies: the copies a bookie held are put back on other bookies.
 
-- :func:`recover` (``walkit recover``): manual recovery of one lost bookie's closed
-  fragments, streaming, resumable, with a dry run (:mod:`walkit.recovery._recover`);
+- :func:`recover` (``walkit recover``): manual recovery of one lost bookie's fragments
+  (but the live one of an open ledger: its writer's), streaming, resumable, with a dry run (:mod:`walkit.recovery._recover`);
 - :func:`decommission` (``walkit decommission``): the same for a running bookie, made
   read-only first, until nothing names it;
 - :class:`AutoRecovery` (in bookies with ``autoRecoveryDaemonEnabled``, or ``walkit
@@ -16,10 +16,11 @@ which verify them with the ledger's master key that only bookies hold.
 
 from walkit.metadata import Marker, UnderReplication  # the markers live with the metadata layout
 from walkit.recovery._autorecovery import AutoRecovery, AutoRecoveryConfig
-from walkit.recovery._plan import FragmentWork, held_entries, lost_fragments
+from walkit.recovery._plan import FragmentWork, held_by_writer, held_entries, lost_fragments
 from walkit.recovery._recover import Progress, RecoveryReport, decommission, recover
 
 __all__ = [
     "AutoRecovery", "AutoRecoveryConfig", "FragmentWork", "Marker", "Progress", "RecoveryReport", "UnderReplication",
+    "held_by_writer",
     "decommission", "held_entries", "lost_fragments", "recover",
 ]

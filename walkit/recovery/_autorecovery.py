@@ -20,14 +20,17 @@ ensemble change) is marked too.
 
 *Worker*. It takes markers one at a time under their lock (a dead worker's lock goes
 with its session), in random order, skipping those in back-off. For a marked ledger:
-gone from metadata - the marker is dropped (never retried forever); not closed - left to
-its writer (the marker waits ``openLedgerRereplicationGracePeriod`` between looks); else,
-per marked bookie and fragment naming it: if the bookie is available again, only the
-entries it lacks are copied back to it (a bookie that came back is not re-replicated
-wholesale); if not, everything it held is copied to a new bookie and the fragment's
-ensemble changed (:class:`~walkit.recovery._replicator.Replicator`). Then the marker is
-completed (kept if the auditor added a bookie meanwhile). A failure unlocks it with an
-exponential back-off (1 s doubling to 5 min).
+gone from metadata - the marker is dropped (never retried forever); else, per marked
+bookie and fragment naming it (every fragment but the last, live one of an open ledger,
+:mod:`walkit.recovery._plan`): if the bookie is available again, only the entries it
+lacks are copied back to it (a bookie that came back is not re-replicated wholesale);
+if not, everything it held is copied to a new bookie and the fragment's ensemble changed
+(:class:`~walkit.recovery._replicator.Replicator`). Then the marker is completed (kept
+if the auditor added a bookie meanwhile) - unless a lost bookie is still in the last
+fragment of an open ledger: that share is its writer's (an ensemble change replaces the
+bookie), so the marker stays and the ledger is looked at again after
+``openLedgerRereplicationGracePeriod``. A failure unlocks it with an exponential
+back-off (1 s doubling to 5 min).
 
 ``underreplication/disable`` idles both (``walkit autorecovery disable``).
 """
@@ -43,8 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from walkit.errors import NoSuchLedgerError, WalkitError
-from walkit.metadata import Cluster, LedgerMetadata, LedgerState, Marker, UnderReplication, connect
-from walkit.recovery._plan import choose_target, held_entries, lost_fragments
+from walkit.metadata import Cluster, LedgerMetadata, Marker, UnderReplication, connect
+from walkit.recovery._plan import choose_target, held_by_writer, held_entries, lost_fragments
 from walkit.recovery._replicator import Replicator, off
 
 __all__ = ["AutoRecovery", "AutoRecoveryConfig"]
@@ -200,7 +203,8 @@ class _Auditor:
             log.info("auditor: %d ledgers marked under-replicated (lost bookies: %s)", marked, ", ".join(sorted(due)))
 
     async def _check_copies(self, available: set[str]) -> None:
-        """The deeper check: each available bookie of each closed fragment holds its share."""
+        """The deeper check: each available bookie of each fragment (but an open ledger's
+        last) holds its share."""
         ids = self.cluster.ledgers.ledger_ids()
         while True:
             ledger_id = await off(next, ids, None)
@@ -282,9 +286,6 @@ class _Worker:
             self.d.dropped += 1
             log.info("replication worker %s: ledger %d is gone, its marker dropped", self.d.owner, ledger_id)
             return True
-        if meta.state is not LedgerState.CLOSED:
-            self.not_before[ledger_id] = self.d._clock() + self.d.config.open_ledger_rereplication_grace_period
-            return False  # its writer's: looked at again after the grace period
         bookies = await self.replicator.bookies()
         available = set(bookies.writable | bookies.readonly)
         for bookie in sorted(marker.bookies):
@@ -299,6 +300,9 @@ class _Worker:
                     target = choose_target(work, meta, sorted(bookies.writable), None)
                     await self.replicator.copy(work, held_entries(work), target)
                     await self.replicator.replace(work, target)
+        if any(held_by_writer(meta, b) for b in marker.bookies - available):
+            self.not_before[ledger_id] = self.d._clock() + self.d.config.open_ledger_rereplication_grace_period
+            return False  # the writer's share: looked at again after the grace period
         if await off(self.markers.complete, marker):
             self.d.repaired += 1
             log.info("replication worker %s: ledger %d repaired (%s)", self.d.owner, ledger_id,

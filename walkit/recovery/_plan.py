@@ -3,10 +3,12 @@
 A fragment (first entry, ensemble) of a ledger with ensemble size E and write quorum Qw
 stores entry ``e`` on ``ensemble[(e + i) % E]`` for ``i < Qw``; so the bookie at position
 ``p`` holds the entries ``e`` of the fragment with ``(p - e) % E < Qw``, and every other
-member of an entry's write set holds a copy of it. Only *closed* ledgers are planned:
-the last fragment of an open ledger belongs to its writer (which replaces a failed
-bookie by itself, with an ensemble change), and its writer checks that nobody else
-changed its ensembles, so recovery leaves the whole ledger alone until it is closed.
+member of an entry's write set holds a copy of it. Every fragment of a closed ledger is
+planned, and every fragment but the last of a ledger still open (or in recovery): its
+entries are fixed (the next fragment starts after them) and the writer accepts another
+bookie in them (its compare-and-sets check only its own, last fragment). The last fragment of an open
+ledger belongs to its writer, which replaces a failed bookie by itself with an ensemble
+change (:func:`held_by_writer` tells when a lost bookie is still in it).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from dataclasses import dataclass
 from walkit.errors import NotEnoughBookiesError
 from walkit.metadata import LedgerMetadata, LedgerState
 
-__all__ = ["FragmentWork", "lost_fragments", "held_entries", "sources", "choose_target", "count_held"]
+__all__ = ["FragmentWork", "lost_fragments", "held_by_writer", "held_entries", "sources", "choose_target",
+           "count_held"]
 
 
 @dataclass(frozen=True)
@@ -39,17 +42,21 @@ class FragmentWork:
 
 
 def lost_fragments(meta: LedgerMetadata, bookie: str) -> list[FragmentWork]:
-    """The fragments of a closed ledger whose ensemble names ``bookie`` ([] otherwise)."""
-    if meta.state is not LedgerState.CLOSED:
-        return []
+    """The fragments whose ensemble names ``bookie``, but the last one of a ledger not
+    closed (its writer's)."""
     out: list[FragmentWork] = []
     for index, (first, ensemble) in enumerate(meta.ensembles):
-        if bookie in ensemble:
-            last = meta.fragment_end(index)
-            assert last is not None  # closed: every fragment has an end
+        last = meta.fragment_end(index)
+        if bookie in ensemble and last is not None:
             out.append(FragmentWork(meta.ledger_id, first, last, ensemble.index(bookie), ensemble,
                                     meta.write_quorum, meta.digest))
     return out
+
+
+def held_by_writer(meta: LedgerMetadata, bookie: str) -> bool:
+    """Whether ``bookie`` is in the last fragment of a ledger not closed: that share is
+    its writer's to replace (or the ledger's recoverer's), not re-replication's."""
+    return meta.state is not LedgerState.CLOSED and bookie in meta.ensembles[-1][1]
 
 
 def held_entries(work: FragmentWork, start: int | None = None) -> Iterator[int]:

@@ -1,16 +1,18 @@
-"""Manual recovery of a lost bookie: every closed fragment it held is copied to another
-bookie and the ledger's metadata names that bookie instead (``walkit recover``).
+"""Manual recovery of a lost bookie: every fragment it held (but the last, live one of
+an open ledger) is copied to another bookie and the ledger's metadata names that bookie
+instead (``walkit recover``).
 
 Theory of operation
 -------------------
 Two passes over the ledgers, each streaming (one ledger's metadata at a time, listed
 one directory at a time: memory does not grow with the number of ledgers):
 
-1. *count*: the closed ledgers with a fragment naming the bookie, those fragments and
-   the entries the bookie held in them (:mod:`walkit.recovery._plan`) - what
-   ``--dry-run`` reports, and the totals of the progress bar; open ledgers naming the
-   bookie are listed apart: their writer replaces a failed bookie itself, and recovery
-   waits until they are closed (a later run takes them);
+1. *count*: the ledgers with a fragment naming the bookie, those fragments and the
+   entries the bookie held in them (:mod:`walkit.recovery._plan`) - what ``--dry-run``
+   reports, and the totals of the progress bar. The last fragment of an open ledger is
+   its writer's (it replaces a failed bookie itself, with an ensemble change); ledgers
+   whose last fragment still names the bookie are listed apart (``open_ledgers``) and
+   a later run, once they are closed or changed, takes that fragment;
 2. *copy*: per fragment, a target bookie outside its ensemble (``--target`` or chosen
    as an ensemble change chooses); the held entries in chunks; for each entry the first
    registered survivor of its write set is asked (ADMIN ``ledger.replicate``,
@@ -37,7 +39,14 @@ from typing import Any, Protocol
 
 from walkit.errors import BookieUnavailableError, InvalidArgumentError, NotEnoughBookiesError, WalkitError
 from walkit.metadata import Cluster, LedgerMetadata, connect
-from walkit.recovery._plan import FragmentWork, choose_target, count_held, held_entries, lost_fragments
+from walkit.recovery._plan import (
+    FragmentWork,
+    choose_target,
+    count_held,
+    held_by_writer,
+    held_entries,
+    lost_fragments,
+)
 from walkit.recovery._replicator import Replicator, off
 
 __all__ = ["RecoveryReport", "Progress", "recover"]
@@ -50,11 +59,11 @@ class RecoveryReport:
     dry_run: bool
     ledgers_scanned: int = 0
     ledgers_affected: int = 0
-    fragments: int = 0  # closed fragments naming the bookie
+    fragments: int = 0  # fragments naming the bookie (but open ledgers' last ones)
     entries: int = 0  # entries the bookie held in them
     fragments_replaced: int = 0
     entries_copied: int = 0
-    open_ledgers: list[int] = field(default_factory=list)  # naming the bookie, left to their writers
+    open_ledgers: list[int] = field(default_factory=list)  # the last fragment names it: left to its writer
     failures: list[dict[str, Any]] = field(default_factory=list)
     targets: dict[str, int] = field(default_factory=dict)  # target -> fragments given to it
     seconds: float = 0.0
@@ -149,10 +158,10 @@ class _Recovery:
 
         async def visit(meta: LedgerMetadata) -> None:
             r.ledgers_scanned += 1
+            if held_by_writer(meta, self.bookie):
+                r.open_ledgers.append(meta.ledger_id)
             works = lost_fragments(meta, self.bookie)
             if not works:
-                if any(self.bookie in ensemble for _, ensemble in meta.ensembles):
-                    r.open_ledgers.append(meta.ledger_id)
                 return
             r.ledgers_affected += 1
             r.fragments += len(works)
