@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ from walkit.errors import (
     UnauthorizedError,
     WalkitError,
 )
+from walkit.metrics import LATENCY_BUCKETS, Histogram
 from walkit.protocol import ENTRY_HEADER, parse_entry_header
 
 __all__ = ["Bookie", "LAST_ENTRY", "AddItem", "AddRequest", "BatchCallback"]
@@ -94,6 +96,7 @@ def _journal_config(c: BookieConfig) -> JournalConfig:
         recycle_files=c.journal_recycle_files,
         sync_data=c.journal_sync_data,
         direct_io=c.journal_direct_io,
+        sync_warn=c.journal_sync_warn_millis / 1000.0,
     )
 
 
@@ -200,6 +203,8 @@ class Bookie:
         self.replay_report: ReplayReport | None = None
         self._lock = threading.Lock()
         self._ckpt_lock = threading.Lock()
+        self.checkpoints = 0  # checkpoints done, and how long each took (bookie/_metrics.py)
+        self.checkpoint_seconds = Histogram(LATENCY_BUCKETS)
         self._ckpt_wake = threading.Event()
         self._ckpt_thread: threading.Thread | None = None
         self._pending = 0
@@ -517,11 +522,14 @@ class Bookie:
 
     def _checkpoint_now(self) -> LogMark:
         with self._ckpt_lock:
+            started = time.monotonic()
             mark = self.journal.last_mark()
             self._pending = 0
             self.storage.flush()
             write_mark(self.fs, list(self.config.ledger_directories), mark)
             self.journal.gc(mark)
+            self.checkpoints += 1  # under the checkpoint lock: one writer (walkit.metrics)
+            self.checkpoint_seconds.observe(time.monotonic() - started)
             return mark
 
     def _count_pending(self, n: int) -> None:

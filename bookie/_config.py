@@ -68,6 +68,7 @@ class BookieConfig:
     journal_alignment_size: int = _key("journalAlignmentSize", 4096)
     journal_sync_data: bool = _key("journalSyncData", True)  # false: ack before fdatasync
     journal_direct_io: bool = _key("journalDirectIO", True)  # walkit: O_DIRECT when allowed
+    journal_sync_warn_millis: int = _key("journalSyncWarnMillis", 1000)  # walkit: log a slower write+sync
     # Ledger storage and checkpoints.
     entry_log_size_limit: int = _key("entryLogSizeLimit", 1 << 30)
     open_file_limit: int = _key("openFileLimit", 1024)  # index files kept open (BK: 20000)
@@ -111,6 +112,10 @@ class BookieConfig:
     auditor_periodic_check_interval: int = _key("auditorPeriodicCheckInterval", 604800)  # s; <= 0: off
     auditor_periodic_bookie_check_interval: int = _key("auditorPeriodicBookieCheckInterval", 86400)  # s
     open_ledger_rereplication_grace_period: int = _key("openLedgerRereplicationGracePeriod", 30000)  # ms
+    # The admin endpoint (bookie/_http.py): /heartbeat, /metrics, /api/v1/bookie/... on HTTP.
+    http_server_enabled: bool = _key("httpServerEnabled", False)
+    http_server_port: int = _key("httpServerPort", 8000)  # 0: any free port
+    http_server_address: str = _key("httpServerAddress", "127.0.0.1")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -175,6 +180,10 @@ class BookieConfig:
             raise ConfigError("nettyMaxFrameSizeBytes must be at least 4096", value=self.netty_max_frame_size_bytes)
         if not 0 <= self.bookie_port <= 65535:
             raise ConfigError("bookiePort must be 0..65535", value=self.bookie_port)
+        if not 0 <= self.http_server_port <= 65535:
+            raise ConfigError("httpServerPort must be 0..65535", value=self.http_server_port)
+        if self.journal_sync_warn_millis <= 0:
+            raise ConfigError("must be positive", key="journalSyncWarnMillis", value=self.journal_sync_warn_millis)
         if bool(self.tls_certificate_path) != bool(self.tls_key_store):
             raise ConfigError("TLS needs both tlsCertificatePath and tlsKeyStore",
                               certificate=self.tls_certificate_path, key=self.tls_key_store)

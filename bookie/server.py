@@ -79,6 +79,7 @@ from typing import Any
 from sortedcontainers import SortedKeyList
 
 from bookie._admin import run_command
+from bookie._metrics import ServerStats
 from bookie._bookie import Bookie
 from bookie._config import BookieConfig
 from bookie.cookie import Cookie
@@ -193,6 +194,7 @@ class _Connection(asyncio.Protocol):
         self.server._forget_waiters(self)
 
     def data_received(self, data: bytes) -> None:
+        self.server.stats.bytes_in += len(data)
         for item in self.wire.receive(data):
             if isinstance(item, ErrorResponse):
                 self.bad_frames += 1
@@ -293,6 +295,7 @@ class _Connection(asyncio.Protocol):
         self.in_flight -= 1
         if not _answers_write(response):
             self.reads_in_flight -= 1
+        self.server.stats.answered(response)
         if self.closed:
             return
         self._queue_frame(self.wire.send(response))
@@ -302,6 +305,7 @@ class _Connection(asyncio.Protocol):
         """``respond(AddEntryResponse(...))`` for each of several durable adds, without
         building the response objects: their frames (the same bytes) joined once."""
         self.in_flight -= len(reqs)
+        self.server.stats.adds_ok += len(reqs)
         if self.closed:
             return
         self._queue_frame(self.wire.send_added_many(reqs))
@@ -334,7 +338,9 @@ class _Connection(asyncio.Protocol):
         self.flush_scheduled = False
         out, self.out, self.out_bytes = self.out, [], 0
         if out and self.transport is not None and not self.closed:
-            self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+            data = b"".join(out) if len(out) > 1 else out[0]
+            self.server.stats.bytes_out += len(data)
+            self.transport.write(data)
         if self.backlog:
             self._pump()
 
@@ -387,6 +393,8 @@ class BookieServer:
         self._registration: Any = None
         self._autorecovery: Any = None  # walkit.recovery.AutoRecovery with autoRecoveryDaemonEnabled
         self._connections: set[_Connection] = set()
+        self.stats = ServerStats()  # what /metrics reports (bookie/_metrics.py)
+        self._http: Any = None  # bookie._http.AdminEndpoint with httpServerEnabled
         self._pending_adds = 0
         #: Completions (kind, connection, adds or request, error), from the sync thread.
         self._done: collections.deque[tuple[int, _Connection, Any, BaseException | None]] = collections.deque()
@@ -418,6 +426,24 @@ class BookieServer:
         """The event loop serving this bookie (set by :meth:`start`)."""
         return self._loop
 
+    @property
+    def tls(self) -> bool:
+        return self._ssl is not None
+
+    @property
+    def autorecovery(self) -> Any:
+        """This bookie's autorecovery daemon (``walkit.recovery.AutoRecovery``), or None."""
+        return self._autorecovery
+
+    @property
+    def http_port(self) -> int:
+        """The admin endpoint's port (0: not enabled)."""
+        return self._http.port if self._http is not None else 0
+
+    def disk_usage_of(self, directory: str) -> float:
+        """The fraction of ``directory``'s file system in use (as read-only mode sees it)."""
+        return self._disk_usage(directory)
+
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -436,6 +462,18 @@ class BookieServer:
             await self._loop.run_in_executor(None, self._close_core)
             raise
         self._monitor = self._loop.create_task(self._watch_disks())
+        if c.http_server_enabled:
+            from bookie._http import AdminEndpoint
+
+            self._http = AdminEndpoint(self)
+            try:
+                await self._http.start()
+            except OSError as exc:
+                self._server.close()
+                self._monitor.cancel()
+                await self._loop.run_in_executor(None, self._close_core)
+                raise BookieError("cannot listen for the admin endpoint", address=c.http_server_address,
+                                  port=c.http_server_port, reason=str(exc)) from exc
         await self._server.start_serving()
         log.info("bookie %s serving on %s:%d (tls: %s, readonly: %s)", self.bookie_id, c.bind_address, self.port,
                  self._ssl is not None, self.readonly)
@@ -539,6 +577,8 @@ class BookieServer:
                 self._server.close()
             if self._monitor is not None:
                 self._monitor.cancel()
+            if self._http is not None:
+                await self._http.stop()
             for conn in list(self._connections):
                 conn.stop_reading()
             await self._loop.run_in_executor(None, self._deregister)
@@ -653,11 +693,14 @@ class BookieServer:
         c = self.config
         if self._stopping:
             exc: WalkitError = BookieShutdownError("bookie is stopping", bookie=self.bookie_id)
+            self.stats.refused["stopping"] += 1
         elif self.readonly and not req.recovery:
             exc = BookieReadOnlyError("bookie is read-only", bookie=self.bookie_id)
+            self.stats.refused["readonly"] += 1
         else:
             exc = BookieBusyError("too many adds in flight", limit=c.max_pending_add_requests,
                                   bytes_limit=c.max_pending_add_bytes)
+            self.stats.refused["busy"] += 1
         return _error(Op.ADD_ENTRY, req.ledger_id, req.entry_id, req.request_id, exc)
 
     def _submit_adds(self, conn: _Connection, adds: list[AddEntry]) -> None:

@@ -68,6 +68,7 @@ from bookie.journal._framing import ENTRY, FrameBuffer, Segment
 from bookie.journal._mark import LogMark
 from bookie.journal._policy import FlushReason, GroupCommitPolicy, flush_reason, wait_timeout
 from walkit.errors import BookieShutdownError, InvalidArgumentError
+from walkit.metrics import COUNT_BUCKETS, LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
 
 __all__ = ["Journal", "JournalConfig", "JournalStats", "Callback", "Record", "ENTRY", "KEY_RECORD", "FENCE_RECORD",
            "LAC_RECORD"]
@@ -94,15 +95,23 @@ class JournalConfig:
     sync_data: bool = True  # journalSyncData=true: fdatasync before acknowledging
     direct_io: bool = True  # O_DIRECT when the file system allows it
     buffer_size: int = 1 << 20  # one segment; a larger batch is several (written with one pwritev)
+    sync_warn: float = 1.0  # journalSyncWarnMillis (s here): a write+sync slower than this is logged
 
 
 @dataclass
 class JournalStats:
+    """Counts the sync thread keeps (one writer: :mod:`walkit.metrics`)."""
+
     flushes: int = 0
     records: int = 0
     bytes_written: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
     rolls: int = 0
+    slow_syncs: int = 0  # write+syncs slower than ``sync_warn``
+    sync_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))  # one write+sync
+    queue_wait_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))  # oldest record's
+    records_per_flush: Histogram = field(default_factory=lambda: Histogram(COUNT_BUCKETS))
+    bytes_per_flush: Histogram = field(default_factory=lambda: Histogram(SIZE_BUCKETS))
 
 
 _U64_MAX = (1 << 64) - 1
@@ -143,11 +152,12 @@ def _call_back(records: list[tuple[Callback, Any]], error: BaseException | None)
 class _Batch:
     """A batch handed from the journal thread to the sync thread."""
 
-    __slots__ = ("segments", "length", "offset", "journal_id", "records", "count", "reason", "terminator")
+    __slots__ = ("segments", "length", "offset", "journal_id", "records", "count", "reason", "terminator", "oldest")
 
     def __init__(self, segments: list[Segment], offset: int, journal_id: int,
-                 records: list[tuple[Callback, Any]], count: int, reason: FlushReason) -> None:
+                 records: list[tuple[Callback, Any]], count: int, reason: FlushReason, oldest: float | None) -> None:
         self.segments, self.offset, self.journal_id = segments, offset, journal_id
+        self.oldest = oldest  # when its oldest record was queued (the journal's clock)
         self.length = sum(n for _, n in segments)
         self.records, self.reason = records, reason  # records: the callbacks only
         self.count = count  # every framed record, with a callback or not
@@ -394,9 +404,9 @@ class Journal:
 
     def _close_batch(self, reason: FlushReason) -> _Batch:
         """Close the batch being built (lock held; by whichever thread may flush now)."""
-        segments, records, count = self._frames.take(), self._records, self._entries
+        segments, records, count, oldest = self._frames.take(), self._records, self._entries, self._oldest
         self._records, self._entries, self._oldest = [], 0, None
-        batch = _Batch(segments, self._file_pos, self._journal_id, records, count, reason)
+        batch = _Batch(segments, self._file_pos, self._journal_id, records, count, reason, oldest)
         batch.terminator = self._terminator
         self._file_pos += batch.length
         if self._file_pos >= self._cfg.max_size:  # the next batch goes to the next file
@@ -509,6 +519,8 @@ class Journal:
         f = self._current.file
         if self.sync_delay > 0:
             time.sleep(self.sync_delay)
+        started = time.monotonic()
+        queued_for = self._clock() - b.oldest if b.oldest is not None else 0.0
         try:
             views = [buf.view[:n] for buf, n in b.segments]
             if b.terminator is not None:
@@ -522,12 +534,21 @@ class Journal:
             self._fail(exc)
             _call_back(b.records, exc)
             return True
+        took = time.monotonic() - started
         self._durable = LogMark(b.journal_id, b.offset + b.length)
         st = self.stats
         st.flushes += 1
         st.records += b.count
         st.bytes_written += b.length
         st.reasons[b.reason.value] = st.reasons.get(b.reason.value, 0) + 1
+        st.sync_seconds.observe(took)
+        st.queue_wait_seconds.observe(max(0.0, queued_for))
+        st.records_per_flush.observe(b.count)
+        st.bytes_per_flush.observe(b.length)
+        if took > self._cfg.sync_warn:
+            st.slow_syncs += 1
+            log.warning("journal %d: write+sync of %d records (%d bytes) took %.0f ms (journalSyncWarnMillis: %.0f)",
+                        b.journal_id, b.count, b.length, took * 1000, self._cfg.sync_warn * 1000)
         with self._lock:
             for buf, _ in b.segments:
                 self._put_buffer(buf)
