@@ -15,7 +15,9 @@ the shim touches Python objects, which is what makes that safe.
 
 How it is built: ``setup.py`` names this file in ``cffi_modules``, so
 ``pip install .`` builds the extension into the wheel and ``pip install -e .`` builds
-it in place (``bookie/_native.abi3.so`` next to ``bookie/native.py``). setuptools runs
+it in place (``bookie/_native.abi3.so`` next to ``bookie/native.py``); without a working
+compiler ``setup.py`` leaves it out with one warning (the pure-Python backend then serves,
+see ``bookie.native``), and ``MANIFEST.in`` puts this directory in the sdist. setuptools runs
 this script with the project root as the working directory and ``__file__`` relative
 to it, and wants relative source paths; both hold for the paths below.
 """

@@ -7,16 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 
-
-def _demo(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "walkit.cli", "demo", "--seconds", "3", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=180)
+def _demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The demo run away from the checkout (its example is part of the package)."""
+    return subprocess.run([sys.executable, "-m", "walkit.cli", "demo", "--seconds", "3", "--data",
+                           str(tmp_path / "data"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=180)
 
 
 def test_demo_passes(tmp_path: Path) -> None:
-    proc = _demo("--data", str(tmp_path))
+    proc = _demo(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[-1].startswith("PASS"), proc.stdout
@@ -27,7 +26,7 @@ def test_demo_passes(tmp_path: Path) -> None:
 
 
 def test_demo_json_report(tmp_path: Path) -> None:
-    proc = _demo("--json", "--no-progress", "--data", str(tmp_path))
+    proc = _demo(tmp_path, "--json", "--no-progress")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["pass"] and all(check["pass"] for check in report["checks"])

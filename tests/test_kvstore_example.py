@@ -1,35 +1,19 @@
-"""examples/kvstore: failover by snapshot + replay keeps every acknowledged change,
-snapshots with truncation keep the replay short, and the old primary is fenced."""
+"""walkit.examples.kvstore (the store ``walkit demo`` runs): failover by snapshot + replay
+keeps every acknowledged change, snapshots with truncation keep the replay short, and the
+old primary is fenced."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from collections.abc import Iterator
 from concurrent.futures import Future
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 import walkit
 from walkit.errors import WriterFencedError
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "kvstore" / "kvstore.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kvstore_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-kv = _load()
+from walkit.examples import kvstore as kv
 
 
 @pytest.fixture(scope="module")

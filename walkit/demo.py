@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 A :class:`~walkit.LocalCluster` (bookie processes) holds one log, written through the
-key-value store of ``examples/kvstore`` (every change logged before it is applied,
-snapshots every few thousand changes, failover by snapshot + replay). Two acts:
+key-value store of :mod:`walkit.examples.kvstore` (every change logged before it is
+applied, snapshots every few thousand changes, failover by snapshot + replay), which is
+installed with walkit, so the demo runs from any install. Two acts:
 
 1. **Crash.** A primary in a child process runs random sets and deletes over a key
    space, a few in flight at a time. Before it submits a change it writes the change to
@@ -35,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import logging
 import multiprocessing
@@ -49,7 +49,6 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
-from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
@@ -65,21 +64,14 @@ FENCE_SECONDS = 1.5  # how long the second primary writes before it is frozen
 DELETE_RATIO = 0.2
 _STARTUP_TIMEOUT = 60.0  # a child's import and open
 _RESUME_TIMEOUT = 30.0  # a resumed primary reports its fencing within this
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "kvstore" / "kvstore.py"
 
 
 def load_kvstore() -> ModuleType:
-    """``examples/kvstore/kvstore.py`` (the demo runs the example itself, from a checkout)."""
-    name = "walkit_example_kvstore"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-    if not EXAMPLE.is_file() or spec is None or spec.loader is None:
-        raise UsageError("walkit demo runs examples/kvstore from a source checkout", path=EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    """:mod:`walkit.examples.kvstore`, the example the demo runs (an ordinary module of the
+    package: it is there in every install, and the demo's child processes import it by name)."""
+    from walkit.examples import kvstore
+
+    return kvstore
 
 
 def digest(state: dict[str, str]) -> str:

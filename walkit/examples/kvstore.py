@@ -1,4 +1,4 @@
-"""A replicated key-value store on a walkit ``WriteAheadLog``: the example of the README.
+"""A replicated key-value store on a walkit ``WriteAheadLog``: the example ``walkit demo`` runs.
 
 Theory of operation
 -------------------
