@@ -14,17 +14,33 @@ all Prometheus asks.
 
 Names follow Prometheus conventions (``walkit_<component>_<what>_<unit>``, ``_total`` for
 counters, ``_seconds`` and ``_bytes`` for units); docs/metrics.md lists every one.
+
+A bookie has a registry of its own (several may run in one process). The application
+side - every ledger client (:class:`walkit.BookKeeper`) and WriteAheadLog of the process
+- shares :data:`REGISTRY`: each client or log keeps its own :class:`Stats` (written on its
+client's loop thread), registered in a :class:`StatsGroup` that sums the live ones and
+those closed before (so counters never go back) when scraped. :func:`serve` exposes
+:data:`REGISTRY` over HTTP in one call; an application with an exporter of its own
+collects :data:`REGISTRY` (or registers its collectors in another registry).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+import dataclasses
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-__all__ = ["Histogram", "LATENCY_BUCKETS", "SIZE_BUCKETS", "COUNT_BUCKETS", "registry_of"]
+__all__ = ["Histogram", "LATENCY_BUCKETS", "SIZE_BUCKETS", "COUNT_BUCKETS", "REGISTRY", "Stats", "StatsGroup",
+           "registry_of", "serve"]
+
+S = TypeVar("S", bound="Stats")
 
 #: Seconds, from 50 µs (a journal sync on a fast device) to 10 s.
 LATENCY_BUCKETS: tuple[float, ...] = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -75,3 +91,71 @@ def registry_of(*collectors: Collector | Iterable[Collector]) -> CollectorRegist
         for collector in (item if isinstance(item, Iterable) else (item,)):
             registry.register(collector)
     return registry
+
+
+#: The registry of every ledger client and WriteAheadLog in this process.
+REGISTRY = CollectorRegistry(auto_describe=False)
+
+
+class Stats:
+    """Counts of one owner (a client, a log), as a dataclass of ``int`` and
+    :class:`Histogram` fields; subclasses are dataclasses. One thread writes them."""
+
+    def merge(self, other: Stats) -> None:
+        """Add ``other``'s counts to these (both of the same class)."""
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, Histogram):
+                mine.counts = [a + b for a, b in zip(mine.counts, theirs.counts)]
+                mine.sum += theirs.sum
+            else:
+                setattr(self, f.name, mine + theirs)
+
+
+class StatsGroup(Generic[S]):
+    """The :class:`Stats` of every live owner of one kind, plus the sum of the closed
+    ones; a collector of their total (``describe`` maps a total to metric families)."""
+
+    def __init__(self, factory: Callable[[], S], describe: Callable[[S], Iterator[Metric]]) -> None:
+        self._factory, self._describe = factory, describe
+        self._live: weakref.WeakSet[Any] = weakref.WeakSet()  # owners with a ``stats``
+        self._retired = factory()
+        self._lock = threading.Lock()
+
+    def new(self, owner: Any) -> S:
+        """A fresh ``Stats`` for ``owner`` (which keeps it as ``owner.stats``)."""
+        with self._lock:
+            self._live.add(owner)
+        return self._factory()
+
+    def retire(self, owner: Any) -> None:
+        """``owner`` closed: its counts join the retired total (once)."""
+        with self._lock:
+            if owner in self._live:
+                self._live.discard(owner)
+                self._retired.merge(owner.stats)
+
+    def total(self) -> S:
+        with self._lock:
+            owners = list(self._live)
+            total = self._factory()
+            total.merge(self._retired)
+        for owner in owners:
+            total.merge(owner.stats)
+        return total
+
+    def collect(self) -> Iterator[Metric]:
+        return self._describe(self.total())
+
+
+def counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    """A counter family of one sample (``name`` without ``_total``)."""
+    return CounterMetricFamily(name, documentation, value=value)
+
+
+def serve(port: int, address: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY) -> int:
+    """Serve ``registry`` (default: this process's clients and logs) as Prometheus text
+    on ``http://address:port/metrics``, from a daemon thread; returns the port (``port``
+    0 takes a free one)."""
+    server, _ = start_http_server(port, addr=address, registry=registry)
+    return int(server.server_address[1])

@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 from walkit.client._config import ClientConfig
 from walkit.client._loop import LoopThread
 from walkit.client._pool import BookiePool, Endpoint, parse_endpoint
+from walkit.client._stats import CLIENTS
 from walkit.errors import NotEnoughBookiesError, UsageError, WalkitError
 from walkit.metadata import Cluster, read_registration
 
@@ -40,6 +41,7 @@ class ClientCore:
         self.closing = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self.writers: weakref.WeakSet[_Failable] = weakref.WeakSet()
+        self.stats = CLIENTS.new(self)  # written on the loop thread only (walkit/client/_stats.py)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` as a task the core keeps (asyncio keeps only weak references) and
@@ -98,3 +100,4 @@ class ClientCore:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.pool.close()
         self._metadata.shutdown(wait=False)
+        CLIENTS.retire(self)

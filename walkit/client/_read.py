@@ -14,6 +14,7 @@ asked for, so a bookie returning corrupted or misplaced bytes is just a replica 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -112,6 +113,7 @@ class _EntryRead:
         self.timers: list[asyncio.TimerHandle] = []
         self.loop = asyncio.get_running_loop()
         self.future: asyncio.Future[tuple[EntryHeader, bytes, int]] = self.loop.create_future()
+        self.started = time.monotonic()
 
     def start(self) -> asyncio.Future[tuple[EntryHeader, bytes, int]]:
         self.future.add_done_callback(lambda _: self._finish())  # also when the caller cancels it
@@ -134,7 +136,8 @@ class _EntryRead:
             self.timers.append(self.loop.call_later(config.speculative_read_timeout, self._speculate, state))
 
     def _speculate(self, state: dict[str, bool]) -> None:
-        if not self.future.done() and not state["answered"]:
+        if not self.future.done() and not state["answered"] and self.next < len(self.replicas):
+            self.reader.core.stats.speculative_reads += 1
             self._try_next()
 
     def _timed_out(self, bookie: str, state: dict[str, bool]) -> None:
@@ -155,6 +158,9 @@ class _EntryRead:
         if not isinstance(checked, WalkitError):
             assert isinstance(response, ReadEntryResponse)
             self._finish()
+            stats = self.reader.core.stats
+            stats.reads += 1
+            stats.read_seconds.observe(time.monotonic() - self.started)
             self.future.set_result((*checked, response.lac))
             return
         error = checked
@@ -165,6 +171,7 @@ class _EntryRead:
             self._try_next()
         elif self.outstanding == 0:
             self._finish()
+            self.reader.core.stats.read_failures += 1
             self.future.set_exception(pick_error(self.errors, ledger=self.reader.ledger_id, entry=self.entry_id))
 
     def _finish(self) -> None:

@@ -93,6 +93,7 @@ async def recover(core: ClientCore, ledger_id: int, key: bytes) -> tuple[LedgerM
         header, _, _ = await reader.read_entry(start)  # nothing past the start: its length is the ledger's
         writer.lac_length = header.length
     meta = await writer.close()
+    core.stats.recoveries += 1
     return meta, writer.version
 
 

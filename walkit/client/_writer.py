@@ -62,10 +62,10 @@ log = logging.getLogger(__name__)
 
 class _Add:
     __slots__ = ("entry_id", "payload", "length", "future", "data", "sent", "acked", "sent_at", "quorum", "done",
-                 "slot")
+                 "slot", "started")
 
     def __init__(self, entry_id: int, payload: bytes, length: int, future: Future[int], data: bytes = b"",
-                 slot: bool = True) -> None:
+                 slot: bool = True, started: float = 0.0) -> None:
         self.entry_id = entry_id
         self.payload = payload
         self.length = length  # the ledger's length including this entry
@@ -77,6 +77,7 @@ class _Add:
         self.quorum = False
         self.done = False
         self.slot = slot  # holds one of the writer's max_pending_adds slots
+        self.started = started  # when submitted (0: a recovery add, not timed)
 
 
 class LedgerWriter:
@@ -149,7 +150,7 @@ class LedgerWriter:
                 entry_id = self._next_entry_id
                 self._next_entry_id += 1
                 self._length += len(payload)
-                add = _Add(entry_id, payload, self._length, fut)
+                add = _Add(entry_id, payload, self._length, fut, started=time.monotonic())
                 self._incoming.append(add)
                 schedule = not self._scheduled
                 self._scheduled = True
@@ -255,16 +256,24 @@ class LedgerWriter:
             ready.append(add)
         if freed:
             self.slots.release(freed)  # one lock acquisition for the batch
+        stats, now = self.core.stats, time.monotonic()
+        observe = stats.add_seconds.observe
         for add in ready:
             self.lac = add.entry_id
             self.lac_length = add.length
+            if add.started:
+                observe(now - add.started)
             self._finish(add, None)
+        if not self.recovery:  # a recoverer's re-adds are not the application's
+            stats.adds += len(ready)
         if not pending:
             self._wake_drained()
 
     def _settle(self, add: _Add, error: WalkitError | None) -> None:
         if add.slot:
             self.slots.release()
+        if error is not None and add.started:
+            self.core.stats.add_failures += 1
         self._finish(add, error)
 
     def _finish(self, add: _Add, error: WalkitError | None) -> None:
@@ -331,6 +340,7 @@ class LedgerWriter:
                     self.meta, self.version = await self.core.md(self._write_ensemble, self.meta, start, new)
                 self._set_ensemble()
                 self.ensemble_changes += 1
+                self.core.stats.ensemble_changes += 1
                 log.info("ledger %d: new ensemble from entry %d: %s", self.ledger_id, start, ",".join(new))
                 for add in list(self.pending):
                     self._send(add)

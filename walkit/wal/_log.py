@@ -65,6 +65,7 @@ from walkit.metadata._cluster import cluster_path
 from walkit.metadata._registration import check_bookie_id
 from walkit.wal._format import LogMetadata, LogSettings, Segment, SnapshotRef, pack_records, unpack_records
 from walkit.wal._lsn import LSN
+from walkit.wal._stats import LOGS
 
 __all__ = ["WriteAheadLog", "LogReader", "Snapshot", "list_logs", "delete_log", "set_namespace_defaults"]
 
@@ -182,6 +183,7 @@ class _LogView:
         self._node = node
         self._password = password
         self._closed = False
+        self.stats = LOGS.new(self)  # walkit/wal/_stats.py
 
     @property
     def name(self) -> str:
@@ -213,7 +215,10 @@ class _LogView:
         start = first
         while start <= last:
             end = min(last, start + _READ_CHUNK - 1)
-            for entry in self._bk._loop.run(state.read(start, end)):
+            began = time.monotonic()
+            entries = self._bk._loop.run(state.read(start, end))
+            self.stats.replay_read_seconds += time.monotonic() - began
+            for entry in entries:
                 yield from self._unpack(segment, entry, after)
             start = end + 1
 
@@ -224,6 +229,9 @@ class _LogView:
         except FormatError as exc:
             raise FormatError("a log entry is not a record batch", log=self.name, segment=segment.seq,
                               entry=entry.entry_id, reason=str(exc)) from exc
+        stats = self.stats
+        stats.replayed_entries += 1
+        stats.replayed_records += len(records)
         for slot, record in enumerate(records):
             lsn = LSN._trusted(segment.seq, entry.entry_id, slot)
             if after is None or lsn > after:
@@ -268,6 +276,7 @@ class _LogView:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            LOGS.retire(self)
             if self._owned:
                 self._bk.close()
 
@@ -336,6 +345,7 @@ class WriteAheadLog(_LogView):
         self._max_inflight = max_inflight_entries
         self._lock = threading.Lock()
         self._queue: list[bytes] = []
+        self._queued_at = 0.0  # when the oldest queued record was appended
         self._futures: list[QuickFuture[LSN]] = []
         self._max_record = max_entry_bytes - 16
         self._scheduled = False
@@ -466,6 +476,8 @@ class WriteAheadLog(_LogView):
             if self._error is not None:
                 fut.set_exception(self._error)
                 return fut
+            if not self._queue:
+                self._queued_at = time.monotonic()
             self._queue.append(record)
             self._futures.append(fut)
             if self._scheduled:
@@ -508,6 +520,7 @@ class WriteAheadLog(_LogView):
                 if not records:
                     break
                 self._queue, self._futures = [], []
+                queued_at = self._queued_at
             if sum(map(len, records)) + 4 * len(records) > self._max_entry_bytes:  # more than an entry holds
                 take, size = 0, 0
                 for record in records:
@@ -518,6 +531,8 @@ class WriteAheadLog(_LogView):
                 rest: list[QuickFuture[LSN]] = []
                 with self._lock:  # the rest goes back ahead of whatever came meanwhile
                     if self._error is None:
+                        if not self._queue:
+                            self._queued_at = queued_at
                         self._queue[:0] = records[take:]
                         self._futures[:0] = futures[take:]
                     else:  # _fail took the queue while these were out of it
@@ -533,16 +548,22 @@ class WriteAheadLog(_LogView):
                 break
             self._in_flight += 1
             self._segment_bytes += len(packed)
-            done.add_done_callback(functools.partial(self._entry_done, futures=futures, seq=self._segment.seq))
+            done.add_done_callback(functools.partial(self._entry_done, futures=futures, seq=self._segment.seq,
+                                                     queued_at=queued_at))
         if self._in_flight == 0 and not self._rolling:
             self._wake_idle()
 
-    def _entry_done(self, done: Future[int], futures: list[QuickFuture[LSN]], seq: int) -> None:
+    def _entry_done(self, done: Future[int], futures: list[QuickFuture[LSN]], seq: int, queued_at: float) -> None:
         self._in_flight -= 1
         error = done.exception()
+        stats = self.stats
         if error is not None:
             self._fail(self._as_wal_error(error), futures)
         else:
+            stats.records += len(futures)
+            stats.entries += 1
+            stats.records_per_entry.observe(len(futures))
+            stats.append_seconds.observe(time.monotonic() - queued_at)
             entry = done.result()
             self.last_lsn = LSN._trusted(seq, entry, len(futures) - 1)  # before any caller hears of these records
             QuickFuture.set_results(futures, LSN._slots(seq, entry, len(futures)))
@@ -570,6 +591,7 @@ class WriteAheadLog(_LogView):
             queued, self._futures, self._queue = self._futures, [], []
         for fut in [*futures, *queued]:
             if not fut.done():
+                self.stats.append_failures += 1
                 fut.set_exception(self._error)
         if self._bk._loop.in_loop():
             self._wake_idle()
@@ -624,6 +646,7 @@ class WriteAheadLog(_LogView):
             writer.explicit_lac_interval = self._writer.explicit_lac_interval
             self._writer, self._segment = writer, segment
             self._segment_bytes, self._segment_started = 0, time.monotonic()
+            self.stats.rolls += 1
             log.info("log %s: rolled to segment %d (ledger %d)", self.name, segment.seq, writer.ledger_id)
         except WalkitError as exc:
             self._fail(self._as_wal_error(exc))
@@ -710,6 +733,8 @@ class WriteAheadLog(_LogView):
                 return dataclasses.replace(meta, snapshots=(ref,))
 
             _retry_cas(self._change, record)
+            self.stats.snapshots += 1
+            self.stats.snapshot_bytes += size
         except BaseException as exc:
             with contextlib.suppress(WalkitError):
                 handle.close()
