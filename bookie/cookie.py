@@ -33,7 +33,7 @@ from crc32c import crc32c
 from bookie.fs import FileSystem, parent_dir, write_atomic
 from walkit.errors import CookieError, CorruptionError, FormatError
 
-__all__ = ["Cookie", "COOKIE_FILE", "check_or_write_cookies"]
+__all__ = ["Cookie", "COOKIE_FILE", "check_or_write_cookies", "read_cookie"]
 
 COOKIE_FILE = "COOKIE"
 _MAGIC = b"WKCOOKIE"
@@ -140,6 +140,12 @@ def _read_cookie(fs: FileSystem, d: str) -> Cookie | None:
         return Cookie.decode(f.pread(size, 0), path=path)
     finally:
         f.close()
+
+
+def read_cookie(fs: FileSystem, directory: str) -> Cookie | None:
+    """The cookie in ``directory`` (None: it has none); CorruptionError / FormatError
+    when it is damaged (for tools: ``walkit bookie cookie get``)."""
+    return _read_cookie(fs, directory)
 
 
 def _require_empty(fs: FileSystem, d: str) -> None:

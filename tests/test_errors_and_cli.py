@@ -76,3 +76,13 @@ def test_cli_reports_walkit_errors_cleanly(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("walkit: ") and "Traceback" not in proc.stderr
+    assert "no such journal file" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["notajournal", "0000000000000001.log", "zz.txn"])
+def test_journal_repair_refuses_a_file_that_is_no_journal(tmp_path: Path, name: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / name).write_bytes(b"x" * 100)
+    assert main(["journal", "repair", str(tmp_path / name)]) == 2
+    assert "not a journal file name" in capsys.readouterr().err
+    assert (tmp_path / name).read_bytes() == b"x" * 100 and not (tmp_path / f"{name}.broken").exists()

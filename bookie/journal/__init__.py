@@ -1,10 +1,12 @@
 """The bookie journal: group-committed, checksummed frames on aligned, synced writes.
 
 See :mod:`bookie.journal._writer` (writing), :mod:`bookie.journal._replay` (reading back),
+:mod:`bookie.journal._inspect` (one file, read-only, for tools),
 :mod:`bookie.journal._policy` (when to flush) and docs/format.md for the bytes.
 """
 
 from bookie.journal._format import FrameType, JournalHeader, journal_name, parse_journal_name
+from bookie.journal._inspect import JournalFile, JournalRecord, JournalStop
 from bookie.journal._mark import LogMark, highest_mark, read_marks, write_mark
 from bookie.journal._policy import FlushReason, GroupCommitPolicy, flush_reason, wait_timeout
 from bookie.journal._replay import (
@@ -41,7 +43,10 @@ __all__ = [
     "GroupCommitPolicy",
     "Journal",
     "JournalConfig",
+    "JournalFile",
     "JournalHeader",
+    "JournalRecord",
+    "JournalStop",
     "JournalStats",
     "LogMark",
     "RepairResult",

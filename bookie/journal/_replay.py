@@ -39,10 +39,11 @@ from bookie.journal._format import (
     frame_seed,
     journal_name,
     parse_frame,
+    parse_journal_name,
 )
 from bookie.journal._mark import LogMark
 from bookie.journal._files import list_journals
-from walkit.errors import CorruptionError, FormatError
+from walkit.errors import CorruptionError, FormatError, InvalidArgumentError
 
 __all__ = ["ReplayTarget", "ReplayReport", "TornTail", "replay", "repair_journal", "RepairResult", "scan_journal"]
 
@@ -285,7 +286,11 @@ class RepairResult:
 def repair_journal(fs: FileSystem, path: str) -> RepairResult:
     """Keep ``path + '.broken'`` and truncate ``path`` at its first invalid frame."""
     directory, _, name = path.rpartition("/")
-    jid = int(name.split(".")[0], 16)
+    jid = parse_journal_name(name)
+    if jid is None:
+        raise InvalidArgumentError("not a journal file name (<id: 16 hex digits>.txn)", path=path)
+    if not fs.exists(path):
+        raise InvalidArgumentError("no such journal file", path=path)
     _copy(fs, path, path + ".broken")
     _, stop, _ = scan_journal(fs, directory, jid)
     f = fs.open(path)

@@ -7,7 +7,9 @@ See :mod:`bookie.storage._storage` for the theory of operation and ``docs/format
 from __future__ import annotations
 
 from bookie.storage._format import MAX_ENTRY_ID, MAX_ENTRY_SIZE, MAX_MASTER_KEY
+from bookie.storage._inspect import EntryLogFile, EntryLogRecord, LedgerDirSummary, ledger_dir_summary
 from bookie.storage._reclaim import EntryLogInfo
 from bookie.storage._storage import LedgerStorage
 
-__all__ = ["EntryLogInfo", "LedgerStorage", "MAX_ENTRY_ID", "MAX_ENTRY_SIZE", "MAX_MASTER_KEY"]
+__all__ = ["EntryLogFile", "EntryLogInfo", "EntryLogRecord", "LedgerDirSummary", "LedgerStorage",
+           "ledger_dir_summary", "MAX_ENTRY_ID", "MAX_ENTRY_SIZE", "MAX_MASTER_KEY"]

@@ -11,6 +11,10 @@
 ``walkit bookie start``    run a bookie (as ``python -m bookie --conf FILE``)
 ``walkit bookie list``     the available and read-only bookies of a cluster
 ``walkit bookie gc``       force garbage collection / compaction on bookies (--force, --compact), or --status
+``walkit bookie info|lastmark|readjournal|readlog|cookie get``  offline: a stopped bookie's disks and files
+``walkit cluster info``    instance id, layout, bookies by state, how many ledgers and logs
+``walkit ledger``          list | show | read | delete: ledgers and their metadata, entries read without fencing
+``walkit log``             list | show | read | tail: write-ahead logs, their segments and records (never fencing)
 ``walkit recover``         re-replicate every fragment a lost bookie held (--dry-run, --target, --json)
 ``walkit decommission``    make a running bookie read-only and move what it holds to others; say when it can go
 ``walkit autorecovery``    status | list-underreplicated | who-is-auditor | disable | enable | run (the daemon)
@@ -21,9 +25,13 @@
 
 One module per group of commands, each with ``register(subparsers)`` adding its
 sub-commands (and the function each runs, as ``func``): ``_bench``, ``_init``,
-``_bookie``, ``_recover`` (recover, decommission), ``_autorecovery``, ``_journal``, ``_demo`` (demo, sandbox), ``_export``. What a command
-imports, it imports when it runs. Errors become messages and exit codes here, in
-:func:`main`.
+``_bookie`` (with ``_gc`` and ``_disks``), ``_cluster``, ``_ledger``, ``_log``, ``_recover`` (recover,
+decommission), ``_autorecovery``, ``_journal``, ``_demo`` (demo, sandbox), ``_export``;
+``_output`` holds what the inspection commands print alike. What a command imports, it
+imports when it runs. ``-v`` / ``--log-level`` / ``--log-format text|json`` are accepted
+before the command and after it, on every command (:mod:`walkit.logs`). Errors become messages and exit codes here, in :func:`main`:
+a WalkitError (bad input, nothing there, the world failed) is one line on stderr and
+exit status 2, like argparse's usage errors; Ctrl-C is exit status 130.
 """
 
 from __future__ import annotations
@@ -33,23 +41,69 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from walkit.cli import _autorecovery, _bench, _bookie, _demo, _export, _init, _journal, _recover
+from walkit.cli import (
+    _autorecovery, _bench, _bookie, _cluster, _demo, _export, _init, _journal, _ledger, _log, _recover,
+)
 
 __all__ = ["main"]
 
 
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _level(text: str) -> int:
+    name = text.upper()
+    if name not in _LEVELS:
+        raise argparse.ArgumentTypeError(f"not a log level: {text!r} (one of {', '.join(_LEVELS)})")
+    return int(getattr(logging, name))
+
+
+def _add_logging_options(p: argparse.ArgumentParser, top: bool) -> None:
+    """-v, --log-level and --log-format; below the top parser their defaults are
+    SUPPRESS, so a command's parser sets them only when they are given there."""
+    p.add_argument("-v", "--verbose", action="count", default=0 if top else argparse.SUPPRESS,
+                   help="log at INFO level to stderr (-vv: DEBUG)")
+    p.add_argument("--log-level", type=_level, default=None if top else argparse.SUPPRESS, metavar="LEVEL",
+                   help=f"log at this level to stderr ({', '.join(_LEVELS)}; default WARNING)")
+    p.add_argument("--log-format", choices=("text", "json"), default="text" if top else argparse.SUPPRESS,
+                   help="log lines as text (context appended as [ledger=... bookie=...]) or one JSON object "
+                        "per line (walkit.logs)")
+
+
+def _every_parser(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers of every sub-command below ``p``, at any depth (each once)."""
+    found: dict[int, argparse.ArgumentParser] = {}
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                for q in [sub, *_every_parser(sub)]:
+                    found.setdefault(id(q), q)
+    return list(found.values())
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="walkit", description="walkit: a replicated write-ahead log")
-    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level to stderr")
     sub = p.add_subparsers(dest="command", required=True)
-    for group in (_bench, _init, _bookie, _recover, _autorecovery, _journal, _demo, _export):  # the order of --help
+    for group in (_bench, _init, _bookie, _cluster, _ledger, _log, _recover, _autorecovery, _journal, _demo,
+                  _export):  # the order of --help
         group.register(sub)
+    _add_logging_options(p, top=True)
+    for q in _every_parser(p):
+        _add_logging_options(q, top=False)
     return p
+
+
+def _log_level(args: argparse.Namespace) -> int:
+    if args.log_level is not None:
+        return int(args.log_level)
+    return logging.DEBUG if args.verbose >= 2 else logging.INFO if args.verbose else logging.WARNING
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
+    from walkit.logs import configure
+
+    configure(_log_level(args), args.log_format)
     from walkit.errors import WalkitError
 
     try:
@@ -57,3 +111,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WalkitError as exc:
         print(f"walkit: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("walkit: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (| head): what it wanted is printed
+        _quiet_stdout()
+        return 0
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush of what is left for a
+    closed pipe raises nothing more."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

@@ -1,11 +1,13 @@
-"""``walkit bookie start|list|gc``: run and inspect bookies (``gc``: :mod:`walkit.cli._gc`)."""
+"""``walkit bookie start|list|gc|info|lastmark|readjournal|readlog|cookie``: run and inspect
+bookies (``gc``: :mod:`walkit.cli._gc`; the offline disk tools: :mod:`walkit.cli._disks`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
-from walkit.cli import _gc
+from walkit.cli import _disks, _gc
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -19,6 +21,9 @@ def _list(args: argparse.Namespace) -> int:
 
     with connect(args.metadata) as cluster:
         bookies = cluster.bookies()
+    if args.json:
+        print(json.dumps({"writable": sorted(bookies.writable), "readonly": sorted(bookies.readonly)}, indent=2))
+        return 0
     for bookie_id in sorted(bookies.writable):
         print(f"{bookie_id}\tavailable")
     for bookie_id in sorted(bookies.readonly):
@@ -36,5 +41,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bs.set_defaults(func=_start)
     bl = bookie.add_parser("list", help="the available and read-only bookies")
     bl.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
+    bl.add_argument("--json", action="store_true", help="machine-readable output")
     bl.set_defaults(func=_list)
     _gc.add_parser(bookie)
+    _disks.add_parsers(bookie)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def _repair(args: argparse.Namespace) -> int:
     from bookie.fs.real import RealFS
     from bookie.journal import repair_journal
 
-    result = repair_journal(RealFS(), args.path)
+    result = repair_journal(RealFS(), os.path.abspath(args.path))
     print(
         f"kept {result.broken_copy}; truncated {result.path} at offset {result.truncated_at} "
         f"({result.dropped_bytes} bytes dropped; entries in them are lost on this bookie "

@@ -1,0 +1,215 @@
+"""``walkit log list|show|read|tail``: the write-ahead logs of a cluster (:mod:`walkit.wal._inspect`).
+
+Nothing here writes: no epoch is bumped and no segment is fenced or recovered, so the
+log's writer goes on undisturbed. ``read`` and ``tail`` read closed segments to their end
+and the open one up to its LAC (what is durable); a truncated log is read from its first
+kept record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from typing import TYPE_CHECKING, Any
+
+from walkit.cli._output import add_format, limited, record_line, size
+
+if TYPE_CHECKING:
+    from walkit.client import BookKeeper
+    from walkit.metadata import Cluster
+    from walkit.wal import LSN, LogMetadata, LogReader, Segment
+
+__all__ = ["register"]
+
+
+def _lsn(text: str) -> LSN:
+    from walkit.errors import InvalidArgumentError
+    from walkit.wal import LSN
+
+    try:
+        return LSN.parse(text)
+    except InvalidArgumentError:
+        raise argparse.ArgumentTypeError(f"not an LSN (segment/entry/slot): {text!r}") from None
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``walkit log`` and its sub-commands."""
+    log = subparsers.add_parser("log", help="list, show, read and tail write-ahead logs (never fencing the writer)")
+    verbs = log.add_subparsers(dest="verb", required=True)
+    ls = verbs.add_parser("list", help="the logs (of one namespace, or of all): epoch, segments, snapshot, truncation")
+    show = verbs.add_parser("show", help="one log: epoch, settings, snapshots, truncation, segments with their "
+                                         "ledgers and LSN ranges (segment/entry/slot; * is any slot)")
+    read = verbs.add_parser("read", help="a log's durable records (LSN and record)")
+    read.add_argument("--after", type=_lsn, default=None, help="only the records after this LSN (default: all)")
+    read.add_argument("--limit", type=int, default=None, help="at most this many records")
+    tail = verbs.add_parser("tail", help="print records as they become durable, until Ctrl-C")
+    start = tail.add_mutually_exclusive_group()
+    start.add_argument("--after", type=_lsn, default=None, help="start after this LSN (default: at the log's end)")
+    start.add_argument("--from-start", action="store_true", help="start with the log's first record")
+    for p, func in ((ls, _list), (show, _show), (read, _read), (tail, _tail)):
+        if p is not ls:
+            p.add_argument("name", help="the log's name")
+            p.add_argument("--password", default="", help="the log's password (default: empty)")
+        p.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
+        p.add_argument("--namespace", default=None if p is ls else "default",
+                       help="only this namespace (default: every one)" if p is ls else "the log's namespace "
+                                                                                       "(default: default)")
+        if p in (read, tail):
+            add_format(p)
+        else:
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=func)
+
+
+def _summary(namespace: str, name: str, meta: LogMetadata) -> dict[str, Any]:
+    return {"namespace": namespace, "log": name, "epoch": meta.epoch, "segments": len(meta.segments),
+            "first_segment": meta.segments[0].seq if meta.segments else None,
+            "last_segment": meta.segments[-1].seq if meta.segments else None,
+            "latest_snapshot": str(meta.snapshots[-1].lsn) if meta.snapshots else None,
+            "truncated": None if meta.truncated is None else str(meta.truncated)}
+
+
+def _list(args: argparse.Namespace) -> int:
+    from walkit.metadata import connect
+    from walkit.wal import iter_logs
+
+    with connect(args.metadata) as cluster:
+        logs = [_summary(ns, name, meta) for ns, name, meta in iter_logs(cluster, args.namespace)]
+    if args.json:
+        print(json.dumps(logs, indent=2, sort_keys=True))
+        return 0
+    if not logs:
+        print("no logs" + (f" in namespace {args.namespace}" if args.namespace else ""), file=sys.stderr)
+        return 0
+    width = max(len(f"{d['namespace']}/{d['log']}") for d in logs)
+    print(f"{'LOG':<{width}}  {'EPOCH':>5}  {'SEGMENTS':<12}  {'SNAPSHOT':<12}  TRUNCATED")
+    for d in logs:
+        segments = f"{d['segments']} ({d['first_segment']}..{d['last_segment']})" if d["segments"] else "0"
+        print(f"{d['namespace'] + '/' + d['log']:<{width}}  {d['epoch']:>5}  {segments:<12}  "
+              f"{d['latest_snapshot'] or '-':<12}  {d['truncated'] or '-'}")
+    return 0
+
+
+def _segment(cluster: Cluster, bk: BookKeeper, segment: Segment, password: bytes) -> dict[str, Any]:
+    """One segment as ``show`` prints it: its ledger's state, entries and bytes; for an
+    open ledger, what the bookies say is readable (its LAC)."""
+    from walkit.errors import NoSuchLedgerError, WalkitError
+
+    info: dict[str, Any] = {"seq": segment.seq, "ledger": segment.ledger_id}
+    try:
+        meta = cluster.ledgers.read(segment.ledger_id)[0]
+    except NoSuchLedgerError:
+        return {**info, "state": "MISSING", "last_entry": None, "length": None}
+    info.update(state=meta.state.name, last_entry=meta.last_entry_id, length=meta.length)
+    if meta.state.name != "CLOSED":
+        try:
+            with bk.open_ledger(segment.ledger_id, password, recovery=False) as handle:
+                info.update(last_entry=handle.last_add_confirmed, length=None)
+        except WalkitError as exc:
+            info.update(last_entry=None, length=None, error=str(exc))
+    return info
+
+
+def _show(args: argparse.Namespace) -> int:
+    from walkit.client import BookKeeper
+    from walkit.errors import WalkitError
+    from walkit.metadata import connect
+    from walkit.wal import last_lsn, read_log_metadata
+
+    password = args.password.encode()
+    with connect(args.metadata) as cluster, BookKeeper(args.metadata) as bk:
+        meta, version = read_log_metadata(cluster, args.name, args.namespace)
+        segments = [_segment(cluster, bk, s, password) for s in meta.segments]
+        try:
+            last: str | None = str(last_lsn(bk, meta, password) or "") or None
+        except WalkitError as exc:
+            last = f"unknown ({exc})"
+    shown = {**_summary(args.namespace, args.name, meta), "metadata_version": version, "last_lsn": last,
+             "settings": meta.settings.to_json(), "segments": segments,
+             "snapshots": [{"lsn": str(s.lsn), "ledger": s.ledger_id, "size": s.size} for s in meta.snapshots]}
+    if args.json:
+        print(json.dumps(shown, indent=2, sort_keys=True))
+        return 0
+    s = meta.settings
+    print(f"log {args.namespace}/{args.name}")
+    for label, value in (
+            ("epoch", f"{meta.epoch} (writers so far; metadata version {version})"),
+            ("settings", f"E={s.ensemble_size} Qw={s.write_quorum} Qa={s.ack_quorum}, a segment rolls at "
+                         f"{size(s.roll_bytes)} or {s.roll_seconds:g} s"),
+            ("truncated", f"before {meta.truncated} (retention: earlier records are gone)" if meta.truncated else "-"),
+            ("last LSN", last or "- (no record yet)"),
+            ("snapshots", "; ".join(f"LSN {d['lsn']} in ledger {d['ledger']} ({size(d['size'])})"
+                                    for d in shown["snapshots"]) or "-"),
+            ("segments", len(segments))):
+        print(f"  {label:<10} {value}")
+    for d in segments:
+        print("    " + _segment_line(d))
+    return 0
+
+
+def _segment_line(d: dict[str, Any]) -> str:
+    head = f"{d['seq']:>4}  ledger {d['ledger']:<8} {d['state']:<11}"
+    if d.get("error"):
+        return f"{head} LAC unknown: {d['error']}"
+    if d["state"] == "MISSING":
+        return f"{head} its ledger is gone (deleted outside the log)"
+    last = d["last_entry"]
+    if last is None or last < 0:
+        return f"{head} no entries" + ("" if d["state"] == "CLOSED" else " readable yet")
+    length = f", {size(d['length'])}" if d["length"] is not None else " readable"
+    return f"{head} LSN {d['seq']}/0/0 .. {d['seq']}/{last}/*  ({last + 1} entries{length})"
+
+
+def _reader_and_meta(bk: BookKeeper, args: argparse.Namespace) -> tuple[LogReader, LogMetadata]:
+    from walkit.wal import inspect_reader
+
+    reader = inspect_reader(bk, args.name, args.namespace, args.password.encode())
+    meta = reader.metadata()
+    if meta.truncated is not None and getattr(args, "after", None) is None:
+        print(f"log {args.namespace}/{args.name} is truncated: records before {meta.truncated} are gone",
+              file=sys.stderr)
+    return reader, meta
+
+
+def _read(args: argparse.Namespace) -> int:
+    from walkit.client import BookKeeper
+    from walkit.errors import InvalidArgumentError
+
+    if args.limit is not None and args.limit < 0:
+        raise InvalidArgumentError("--limit must be >= 0", limit=args.limit)
+    fmt = "json" if args.json else args.format
+    with BookKeeper(args.metadata) as bk:
+        reader, _ = _reader_and_meta(bk, args)
+        with reader:
+            for lsn, record in limited(reader.replay(args.after), args.limit):
+                record_line(fmt, "lsn", str(lsn), record)
+    return 0
+
+
+def _tail(args: argparse.Namespace) -> int:
+    from walkit.client import BookKeeper
+
+    bk = BookKeeper(args.metadata)
+    try:
+        _follow(bk, args)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+    finally:
+        bk.close()
+    return 0
+
+
+def _follow(bk: BookKeeper, args: argparse.Namespace) -> None:
+    from walkit.wal import last_lsn
+
+    fmt = "json" if args.json else args.format
+    reader, meta = _reader_and_meta(bk, args)
+    with reader:
+        after = args.after if args.after is not None or args.from_start else last_lsn(bk, meta, args.password.encode())
+        where = f"after {after}" if after is not None else "from its first record"
+        print(f"tailing log {args.namespace}/{args.name} {where} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        for lsn, record in reader.tail(after):
+            record_line(fmt, "lsn", str(lsn), record)
+            sys.stdout.flush()
