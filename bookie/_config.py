@@ -7,115 +7,155 @@ Attributes are snake_case; the TOML keys are BookKeeper's (``journalMaxGroupWait
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
 from walkit.errors import ConfigError
 
-__all__ = ["BookieConfig"]
+__all__ = ["BookieConfig", "reference"]
 
 
-def _key(key: str, default: Any) -> Any:
+def _key(key: str, default: Any, doc: str) -> Any:
+    """A field read from TOML key ``key``; ``doc`` is its line in the reference
+    (docs/operations.md). Docs of keys BookKeeper does not have start with "walkit:"."""
+    meta = {"key": key, "doc": doc}
     if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"key": key})
-    return field(default=default, metadata={"key": key})
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
 class BookieConfig:
     # Identity and network. The id names the cookie and the registration.
-    bookie_id: str = _key("bookieId", "")  # default: "<bindAddress>:<bookiePort>"
-    bookie_port: int = _key("bookiePort", 3181)
-    bind_address: str = _key("bindAddress", "127.0.0.1")  # walkit: loopback unless told otherwise
-    # The host clients reach (the id's host and the registered endpoint); needed when
-    # bindAddress is a wildcard such as 0.0.0.0.
-    advertised_address: str = _key("advertisedAddress", "")
-    # Metadata: "" runs without (no registration, no cookie in metadata: tests, benchmarks).
-    metadata_service_uri: str = _key("metadataServiceUri", "")
-    zk_timeout: int = _key("zkTimeout", 10000)  # ms: the metadata session timeout
+    bookie_id: str = _key("bookieId", "", "the bookie's id, in its cookie and registration; empty: "
+                          "`<advertisedAddress or bindAddress>:<port bound>`")
+    bookie_port: int = _key("bookiePort", 3181, "port of the bookie protocol (0: any free one)")
+    bind_address: str = _key("bindAddress", "127.0.0.1", "address the bookie listens on; walkit's default is "
+                             "loopback: set it (or a wildcard such as 0.0.0.0) to serve other machines")
+    advertised_address: str = _key("advertisedAddress", "", "the host clients reach: the default id's host and the "
+                                   "registered endpoint (empty: bindAddress); needed with a wildcard bindAddress")
+    metadata_service_uri: str = _key("metadataServiceUri", "", "`zk://host:2181[,host:2181...]/ledgers` or "
+                                     "`local:///dir`; empty: none (no registration, no cookie in metadata: tests)")
+    zk_timeout: int = _key("zkTimeout", 10000, "ms: the metadata session timeout")
     # Server limits: reading pauses on a connection past this many requests in flight
     # (walkit), and adds past the bookie-wide bound are answered ETOOMANYREQUESTS.
-    max_pending_requests_per_connection: int = _key("maxPendingRequestsPerConnection", 10000)
-    max_pending_add_requests: int = _key("maxPendingAddRequests", 100000)
-    max_pending_add_bytes: int = _key("maxPendingAddBytes", 256 << 20)  # walkit: entry bytes in flight
-    max_long_polls: int = _key("maxLongPolls", 100000)  # walkit: parked long-poll reads, bookie-wide
-    max_connections: int = _key("maxConnections", 1024)  # walkit
-    num_read_worker_threads: int = _key("numReadWorkerThreads", 4)
+    max_pending_requests_per_connection: int = _key(
+        "maxPendingRequestsPerConnection", 10000,
+        "walkit: requests in flight on one connection past which the bookie stops reading it")
+    max_pending_add_requests: int = _key("maxPendingAddRequests", 100000,
+                                         "adds in flight, bookie-wide; more are answered ETOOMANYREQUESTS")
+    max_pending_add_bytes: int = _key("maxPendingAddBytes", 256 << 20, "walkit: bytes of entries in flight, "
+                                      "bookie-wide (256 MiB); more are answered ETOOMANYREQUESTS")
+    max_long_polls: int = _key("maxLongPolls", 100000, "walkit: parked long-poll reads, bookie-wide; more are "
+                               "answered ETOOMANYREQUESTS")
+    max_connections: int = _key("maxConnections", 1024, "walkit: client connections; more are refused")
+    num_read_worker_threads: int = _key("numReadWorkerThreads", 4, "threads serving reads and admin requests")
     # TLS (PEM files; off when tlsCertificatePath is empty).
-    tls_certificate_path: str = _key("tlsCertificatePath", "")
-    tls_key_store: str = _key("tlsKeyStore", "")  # the private key, PEM
-    tls_trust_store: str = _key("tlsTrustStore", "")  # CA certificates to verify clients by
-    tls_client_authentication: bool = _key("tlsClientAuthentication", False)
+    tls_certificate_path: str = _key("tlsCertificatePath", "", "the bookie's certificate, PEM (empty: no TLS)")
+    tls_key_store: str = _key("tlsKeyStore", "", "the certificate's private key, PEM")
+    tls_trust_store: str = _key("tlsTrustStore", "", "CA certificates, PEM, to verify clients by (and the bookies "
+                                "this one pushes re-replicated copies to)")
+    tls_client_authentication: bool = _key("tlsClientAuthentication", False,
+                                           "require a client certificate signed by tlsTrustStore")
     # Directories.
-    journal_directory: str = _key("journalDirectory", "/tmp/bk-txn")
-    ledger_directories: list[str] = _key("ledgerDirectories", ["/tmp/bk-data"])
+    journal_directory: str = _key("journalDirectory", "/tmp/bk-txn", "the journal (every add waits for its "
+                                  "fdatasync: a disk of its own)")
+    ledger_directories: list[str] = _key("ledgerDirectories", ["/tmp/bk-data"], "entry logs and index files; "
+                                         "ledger L lives in the (L mod count)-th, so the order is part of the cookie")
     # Journal group commit: wait at most 2 ms or 512 KiB to batch many entries per fsync.
-    journal_max_group_wait_msec: float = _key("journalMaxGroupWaitMSec", 2.0)
-    journal_buffered_writes_threshold: int = _key("journalBufferedWritesThreshold", 512 * 1024)
-    journal_buffered_entries_threshold: int = _key("journalBufferedEntriesThreshold", 0)
-    # walkit: true (BookKeeper: false); our sync thread groups while it is busy, so
-    # waiting on an idle disk only adds latency (bookie/journal/_policy.py).
-    journal_flush_when_queue_empty: bool = _key("journalFlushWhenQueueEmpty", True)
+    journal_max_group_wait_msec: float = _key("journalMaxGroupWaitMSec", 2.0, "ms: a batch whose oldest record "
+                                              "waited this long is written and synced")
+    journal_buffered_writes_threshold: int = _key("journalBufferedWritesThreshold", 512 * 1024,
+                                                  "bytes: a batch this large (512 KiB) is written and synced")
+    journal_buffered_entries_threshold: int = _key("journalBufferedEntriesThreshold", 0,
+                                                   "records: a batch this large is written and synced (0: off)")
+    journal_flush_when_queue_empty: bool = _key(
+        "journalFlushWhenQueueEmpty", True, "write a batch as soon as the journal thread looks (BookKeeper: false; "
+        "walkit's sync thread groups while busy, so waiting on an idle disk only adds latency)")
     # Journal files: 2 GiB files, zero-filled 16 MiB ahead, 5 kept behind the mark.
-    journal_max_size_mb: int = _key("journalMaxSizeMB", 2048)
-    journal_pre_alloc_size_mb: int = _key("journalPreAllocSizeMB", 16)
-    journal_max_backups: int = _key("journalMaxBackups", 5)
-    # walkit: retired journals kept for reuse, so appends overwrite written blocks
-    # instead of converting fresh (fallocated) extents at every fdatasync.
-    journal_recycle_files: int = _key("journalRecycleFiles", 2)
-    # walkit: 4 KiB, the O_DIRECT alignment of today's disks (BookKeeper's default is 512).
-    journal_alignment_size: int = _key("journalAlignmentSize", 4096)
-    journal_sync_data: bool = _key("journalSyncData", True)  # false: ack before fdatasync
-    journal_direct_io: bool = _key("journalDirectIO", True)  # walkit: O_DIRECT when allowed
-    journal_sync_warn_millis: int = _key("journalSyncWarnMillis", 1000)  # walkit: log a slower write+sync
+    journal_max_size_mb: int = _key("journalMaxSizeMB", 2048, "MiB: a journal file rolls at this size")
+    journal_pre_alloc_size_mb: int = _key("journalPreAllocSizeMB", 16, "MiB: new journal space is reserved "
+                                          "(fallocate) this far ahead of the tail")
+    journal_max_backups: int = _key("journalMaxBackups", 5, "journal files kept behind the checkpoint mark")
+    journal_recycle_files: int = _key("journalRecycleFiles", 2, "walkit: retired journals kept for reuse, so "
+                                      "appends overwrite written blocks instead of converting fresh extents")
+    journal_alignment_size: int = _key("journalAlignmentSize", 4096, "bytes, a power of two >= 512: journal "
+                                       "write alignment, O_DIRECT's on today's disks (BookKeeper: 512)")
+    journal_sync_data: bool = _key("journalSyncData", True, "fdatasync before acknowledging (false: acknowledge "
+                                   "after the write, lost on a power cut)")
+    journal_direct_io: bool = _key("journalDirectIO", True, "walkit: write journals with O_DIRECT where the file "
+                                   "system allows (else buffered + fdatasync, logged once per directory)")
+    journal_sync_warn_millis: int = _key("journalSyncWarnMillis", 1000, "walkit: ms; a slower journal write+sync "
+                                         "is logged as a warning and counted")
     # Ledger storage and checkpoints.
-    entry_log_size_limit: int = _key("entryLogSizeLimit", 1 << 30)
-    open_file_limit: int = _key("openFileLimit", 1024)  # index files kept open (BK: 20000)
-    flush_interval: int = _key("flushInterval", 60000)  # ms between checkpoints
-    # walkit: checkpoint early once this many entries wait in memory, bounding RAM.
-    flush_entries_threshold: int = _key("flushEntriesThreshold", 200_000)
+    entry_log_size_limit: int = _key("entryLogSizeLimit", 1 << 30, "bytes: an entry log rolls at this size "
+                                     "(1 GiB); the unit that garbage collection deletes or compacts")
+    open_file_limit: int = _key("openFileLimit", 1024, "index files kept open (BookKeeper: 20000)")
+    flush_interval: int = _key("flushInterval", 60000, "ms between checkpoints (storage synced, lastMark written)")
+    flush_entries_threshold: int = _key("flushEntriesThreshold", 200_000, "walkit: checkpoint early once this "
+                                        "many entries wait in memory, bounding RAM")
     # Limits and disk usage: read-only once a ledger disk is fuller than the threshold,
     # writable again once every one is below the low-water mark; checked every interval.
-    netty_max_frame_size_bytes: int = _key("nettyMaxFrameSizeBytes", 5 * 1024 * 1024)
-    disk_usage_threshold: float = _key("diskUsageThreshold", 0.95)
-    disk_usage_lwm_threshold: float = _key("diskUsageLwmThreshold", 0.90)
-    disk_check_interval: int = _key("diskCheckInterval", 10000)  # ms
+    netty_max_frame_size_bytes: int = _key("nettyMaxFrameSizeBytes", 5 * 1024 * 1024, "bytes: largest wire "
+                                           "frame (5 MiB, at least 4096); bounds an entry's size")
+    disk_usage_threshold: float = _key("diskUsageThreshold", 0.95, "a ledger disk this full (or fuller) makes "
+                                       "the bookie read-only")
+    disk_usage_lwm_threshold: float = _key("diskUsageLwmThreshold", 0.90, "a read-only bookie is writable again "
+                                           "once every ledger disk is below this")
+    disk_check_interval: int = _key("diskCheckInterval", 10000, "ms between disk usage checks")
     # Above this (or diskUsageThreshold, if lower), major compaction pauses (it copies the
     # most); above diskUsageThreshold minor compaction too, unless isForceGCAllowWhenNoSpace.
-    disk_usage_warn_threshold: float = _key("diskUsageWarnThreshold", 0.90)
+    disk_usage_warn_threshold: float = _key("diskUsageWarnThreshold", 0.90, "major compaction pauses above it "
+                                            "(minor above diskUsageThreshold)")
     # Garbage collection (bookie/gc): every gcWaitTime ms, ledgers deleted from metadata
     # leave this bookie; ledgers whose metadata no longer names it, on their own interval.
-    gc_wait_time: int = _key("gcWaitTime", 600000)  # ms
-    gc_overreplicated_ledger_wait_time: int = _key("gcOverreplicatedLedgerWaitTime", 86400000)  # ms
-    gc_metadata_op_rate_limit: int = _key("gcMetadataOpRateLimit", 1000)  # metadata reads per second
+    gc_wait_time: int = _key("gcWaitTime", 600000, "ms between garbage collection passes")
+    gc_overreplicated_ledger_wait_time: int = _key("gcOverreplicatedLedgerWaitTime", 86400000, "ms between checks "
+                                                   "for ledgers whose metadata no longer names this bookie")
+    gc_metadata_op_rate_limit: int = _key("gcMetadataOpRateLimit", 1000, "metadata reads per second by the "
+                                          "garbage collector")
     # Compaction: entry logs whose live fraction is under the threshold are rewritten
     # (minor: sparse logs, often; major: most logs, daily); interval (s) <= 0 or
     # threshold <= 0 turns that kind off.
-    minor_compaction_threshold: float = _key("minorCompactionThreshold", 0.2)
-    minor_compaction_interval: int = _key("minorCompactionInterval", 3600)  # s
-    major_compaction_threshold: float = _key("majorCompactionThreshold", 0.8)
-    major_compaction_interval: int = _key("majorCompactionInterval", 86400)  # s
+    minor_compaction_threshold: float = _key("minorCompactionThreshold", 0.2, "minor compaction rewrites entry "
+                                             "logs less live than this (<= 0: off)")
+    minor_compaction_interval: int = _key("minorCompactionInterval", 3600, "s between minor compactions (<= 0: off)")
+    major_compaction_threshold: float = _key("majorCompactionThreshold", 0.8, "major compaction rewrites entry "
+                                             "logs less live than this (<= 0: off)")
+    major_compaction_interval: int = _key("majorCompactionInterval", 86400, "s between major compactions "
+                                          "(<= 0: off)")
     # walkit: a pass stops after this long and the next one continues (BookKeeper: -1,
     # unbounded, one of its users' complaints); <= 0 means unbounded.
-    minor_compaction_max_time_millis: int = _key("minorCompactionMaxTimeMillis", 3600000)
-    major_compaction_max_time_millis: int = _key("majorCompactionMaxTimeMillis", 3600000)
+    minor_compaction_max_time_millis: int = _key("minorCompactionMaxTimeMillis", 3600000, "ms: a minor pass stops "
+                                                 "there, the next continues (BookKeeper: -1; <= 0: unbounded)")
+    major_compaction_max_time_millis: int = _key("majorCompactionMaxTimeMillis", 3600000, "ms: a major pass stops "
+                                                 "there, the next continues (BookKeeper: -1; <= 0: unbounded)")
     # Compaction copies at most this many entries (or bytes, with isThrottleByBytes) per second.
-    compaction_rate_by_entries: int = _key("compactionRateByEntries", 1000)
-    compaction_rate_by_bytes: int = _key("compactionRateByBytes", 1000000)
-    is_throttle_by_bytes: bool = _key("isThrottleByBytes", False)
-    is_force_gc_allow_when_no_space: bool = _key("isForceGCAllowWhenNoSpace", False)
+    compaction_rate_by_entries: int = _key("compactionRateByEntries", 1000, "entries compaction copies per second")
+    compaction_rate_by_bytes: int = _key("compactionRateByBytes", 1000000, "bytes compaction copies per second, "
+                                         "with isThrottleByBytes")
+    is_throttle_by_bytes: bool = _key("isThrottleByBytes", False, "pace compaction by bytes, not entries")
+    is_force_gc_allow_when_no_space: bool = _key("isForceGCAllowWhenNoSpace", False, "let a forced pass (and any "
+                                                 "pass on a full disk) compact anyway")
     # Autorecovery (walkit/recovery): this bookie also runs an auditor candidate and a
     # replication worker. A bookie gone lostBookieRecoveryDelay seconds is re-replicated.
-    auto_recovery_daemon_enabled: bool = _key("autoRecoveryDaemonEnabled", False)
-    lost_bookie_recovery_delay: int = _key("lostBookieRecoveryDelay", 0)  # s
-    auditor_periodic_check_interval: int = _key("auditorPeriodicCheckInterval", 604800)  # s; <= 0: off
-    auditor_periodic_bookie_check_interval: int = _key("auditorPeriodicBookieCheckInterval", 86400)  # s
-    open_ledger_rereplication_grace_period: int = _key("openLedgerRereplicationGracePeriod", 30000)  # ms
+    auto_recovery_daemon_enabled: bool = _key("autoRecoveryDaemonEnabled", False, "also run an auditor candidate "
+                                              "and a replication worker (autorecovery)")
+    lost_bookie_recovery_delay: int = _key("lostBookieRecoveryDelay", 0, "s a bookie must stay away before its "
+                                           "ledgers are re-replicated")
+    auditor_periodic_check_interval: int = _key("auditorPeriodicCheckInterval", 604800, "s between audits of "
+                                                "every fragment's entries on its bookies (<= 0: off)")
+    auditor_periodic_bookie_check_interval: int = _key("auditorPeriodicBookieCheckInterval", 86400, "s between "
+                                                       "looks for ledgers naming unavailable bookies")
+    open_ledger_rereplication_grace_period: int = _key("openLedgerRereplicationGracePeriod", 30000, "ms an open "
+                                                       "ledger's live fragment is left to its writer")
     # The admin endpoint (bookie/_http.py): /heartbeat, /metrics, /api/v1/bookie/... on HTTP.
-    http_server_enabled: bool = _key("httpServerEnabled", False)
-    http_server_port: int = _key("httpServerPort", 8000)  # 0: any free port
-    http_server_address: str = _key("httpServerAddress", "127.0.0.1")
+    http_server_enabled: bool = _key("httpServerEnabled", False, "serve the admin endpoint (/heartbeat, /metrics, "
+                                     "/api/v1/...)")
+    http_server_port: int = _key("httpServerPort", 8000, "the admin endpoint's port (0: any free one)")
+    http_server_address: str = _key("httpServerAddress", "127.0.0.1", "the admin endpoint's address")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -229,3 +269,24 @@ class BookieConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.metadata["key"]: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def reference() -> str:
+    """Every key as a Markdown table - key, default (as TOML writes it), meaning - the
+    configuration reference of docs/operations.md (``python -m bookie --config-reference``)."""
+    defaults = BookieConfig().to_dict()
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(BookieConfig):
+        key = f.metadata["key"]
+        rows.append(f"| `{key}` | `{_toml(defaults[key])}` | {f.metadata['doc']} |")
+    return "\n".join(rows) + "\n"
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string is a JSON string for these values
+    return repr(value)
