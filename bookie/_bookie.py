@@ -66,6 +66,7 @@ from walkit.errors import (
     UnauthorizedError,
     WalkitError,
 )
+from walkit.logs import context
 from walkit.metrics import LATENCY_BUCKETS, Histogram
 from walkit.protocol import ENTRY_HEADER, parse_entry_header
 
@@ -236,6 +237,7 @@ class Bookie:
         log.info(
             "bookie %s replayed %d records (%d entries) from %s, torn tails: %d",
             c.effective_bookie_id, self.replay_report.records, self.replay_report.entries, mark, len(self.replay_report.torn),
+            extra=context(bookie=c.effective_bookie_id),
         )
         self._journal = Journal(fs, _journal_config(c))
         self._journal.start()

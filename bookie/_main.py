@@ -4,8 +4,10 @@ Runs one :class:`~bookie.server.BookieServer` until SIGTERM or SIGINT (also one 
 arrives during the start), then stops it gracefully (in-flight adds answered,
 deregistered, checkpointed) and exits 0; 1 when it stopped because its registration
 was lost for good, or when stopping failed. Logs go to
-stderr. A start that fails (bad configuration, foreign cookie, unusable cluster, bookie
-id in use) logs the reason and exits 2.
+stderr (``--log-level``, ``--log-format text|json``: :mod:`walkit.logs`; the bookie's
+records carry its id as context). A start that fails (bad configuration, foreign cookie, unusable cluster, bookie
+id in use) logs the reason and exits 2. ``python -m bookie --config-reference`` prints
+the configuration reference (the table in docs/operations.md) and exits 0.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from bookie._config import BookieConfig
+from bookie._config import BookieConfig, reference
 from walkit.errors import WalkitError
+from walkit.logs import configure
 
 if TYPE_CHECKING:
     from bookie.server import BookieServer
@@ -56,12 +59,24 @@ async def _stop_when(asked: asyncio.Event, server: BookieServer) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--conf", required=True, help="bookie configuration (TOML, BookKeeper key names)")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--conf", help="bookie configuration (TOML, BookKeeper key names)")
+    what.add_argument("--config-reference", action="store_true",
+                      help="print every configuration key, its default and meaning (Markdown) and exit")
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="log at this level to stderr (default INFO)")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="log lines as text (context appended as [bookie=... ledger=...]) or one JSON object "
+                             "per line (walkit.logs)")
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True)
+    if getattr(args, "config_reference", False):  # walkit bookie start has no such option
+        print(reference(), end="")
+        return 0
+    level = getattr(args, "log_level", None)  # walkit bookie start: None unless -v / --log-level
+    configure(logging.INFO if level is None else level if isinstance(level, int) else getattr(logging, level),
+              getattr(args, "log_format", "text"), force=True)
     try:
         config = BookieConfig.from_toml(args.conf)
         return asyncio.run(serve(config))

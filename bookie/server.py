@@ -93,6 +93,7 @@ from walkit.errors import (
     NoSuchEntryError,
     WalkitError,
 )
+from walkit.logs import context
 from walkit.protocol import (
     AddEntry,
     AddEntryResponse,
@@ -182,7 +183,8 @@ class _Connection(asyncio.Protocol):
         server = self.server
         if server._stopping or len(server._connections) >= server.config.max_connections:
             log.warning("refusing connection from %s (%s)", self.peer,
-                        "stopping" if server._stopping else "too many connections")
+                        "stopping" if server._stopping else "too many connections",
+                        extra=context(bookie=server.bookie_id))
             transport.abort()
             return
         server._connections.add(self)
@@ -476,7 +478,7 @@ class BookieServer:
                                   port=c.http_server_port, reason=str(exc)) from exc
         await self._server.start_serving()
         log.info("bookie %s serving on %s:%d (tls: %s, readonly: %s)", self.bookie_id, c.bind_address, self.port,
-                 self._ssl is not None, self.readonly)
+                 self._ssl is not None, self.readonly, extra=context(bookie=self.bookie_id))
 
     def _start_core(self) -> None:
         """Blocking part of start: metadata, core, cookie, registration."""
@@ -490,7 +492,8 @@ class BookieServer:
             self._cluster = connect(c.metadata_service_uri, session_timeout=c.zk_timeout / 1000.0)
             instance_id = self._cluster.info.instance_id
         else:
-            log.warning("bookie %s runs without metadata (metadataServiceUri unset): not registered", self.bookie_id)
+            log.warning("bookie %s runs without metadata (metadataServiceUri unset): not registered", self.bookie_id,
+                        extra=context(bookie=self.bookie_id))
         marked = None
         if self._cluster is not None:
             from walkit.metadata import UnderReplication
@@ -558,7 +561,8 @@ class BookieServer:
 
     def _registration_lost(self, exc: BaseException) -> None:
         self.lost_registration = True
-        log.error("bookie %s lost its registration for good, stopping: %s", self.bookie_id, exc)
+        log.error("bookie %s lost its registration for good, stopping: %s", self.bookie_id, exc,
+                  extra=context(bookie=self.bookie_id))
         self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self.stop()))
 
     async def wait_stopped(self) -> None:
@@ -586,7 +590,8 @@ class BookieServer:
             while self._pending_adds and self._loop.time() < deadline:
                 await asyncio.sleep(0.01)
             if self._pending_adds:
-                log.warning("bookie %s stopping with %d adds unanswered", self.bookie_id, self._pending_adds)
+                log.warning("bookie %s stopping with %d adds unanswered", self.bookie_id, self._pending_adds,
+                            extra=context(bookie=self.bookie_id))
             for waiters in list(self._waiters.values()):
                 for waiter in list(waiters):
                     self._unpark(waiter)
@@ -596,10 +601,10 @@ class BookieServer:
             for conn in list(self._connections):
                 conn._close_after_flush()
             await self._loop.run_in_executor(None, self._close_core)
-            log.info("bookie %s stopped", self.bookie_id)
+            log.info("bookie %s stopped", self.bookie_id, extra=context(bookie=self.bookie_id))
         except BaseException as exc:
             self.stop_error = exc
-            log.exception("bookie %s: stopping failed", self.bookie_id)
+            log.exception("bookie %s: stopping failed", self.bookie_id, extra=context(bookie=self.bookie_id))
         finally:
             self._stopped.set()
 
@@ -608,7 +613,7 @@ class BookieServer:
             try:
                 self._registration.close()
             except WalkitError:
-                log.warning("deregistration failed", exc_info=True)
+                log.warning("deregistration failed", exc_info=True, extra=context(bookie=self.bookie_id))
 
     def _close_core(self) -> None:
         if self._autorecovery is not None:
@@ -630,10 +635,11 @@ class BookieServer:
         usage = max(self._disk_usage(d) for d in c.ledger_directories)
         if not readonly and usage >= c.disk_usage_threshold:
             log.warning("bookie %s: a ledger disk is %.1f%% full (threshold %.1f%%): read-only", self.bookie_id,
-                        usage * 100, c.disk_usage_threshold * 100)
+                        usage * 100, c.disk_usage_threshold * 100, extra=context(bookie=self.bookie_id))
             return True
         if readonly and usage < c.disk_usage_lwm_threshold:
-            log.info("bookie %s: ledger disks at most %.1f%% full: writable again", self.bookie_id, usage * 100)
+            log.info("bookie %s: ledger disks at most %.1f%% full: writable again", self.bookie_id, usage * 100,
+                     extra=context(bookie=self.bookie_id))
             return False
         return readonly
 
@@ -660,7 +666,7 @@ class BookieServer:
                 await self._loop.run_in_executor(None, self._registration.set_readonly, want)
             self.readonly = want
         except Exception:
-            log.exception("bookie %s: disk check failed", self.bookie_id)
+            log.exception("bookie %s: disk check failed", self.bookie_id, extra=context(bookie=self.bookie_id))
 
     # -- requests ----------------------------------------------------------------------
     def _dispatch(self, conn: _Connection, req: ReadEntry | ReadLac | WriteLac | GetBookieInfo | AdminRequest) -> None:

@@ -53,6 +53,7 @@ from bookie.gc._policy import Kind, RateLimiter, candidates, compaction_rule, du
 from bookie.gc._scan import is_overreplicated, unlisted
 from bookie.storage import EntryLogInfo, LedgerStorage
 from walkit.errors import CorruptionError, FormatError, NoSuchLedgerError, WalkitError
+from walkit.logs import context
 from walkit.metadata import LedgerMetadata
 
 __all__ = ["GarbageCollector", "GcMetadata", "PassStats"]
@@ -218,7 +219,8 @@ class GarbageCollector:
                 self._compact(p)
         except Exception as exc:  # noqa: BLE001 - a pass that fails is reported, the next one tries again
             p.error = f"{type(exc).__name__}: {exc}"
-            log.exception("bookie %s: GC pass %d failed", self._bookie_id, number)
+            log.exception("bookie %s: GC pass %d failed", self._bookie_id, number,
+                          extra=context(bookie=self._bookie_id))
         p.seconds = self._clock() - t0
         self._last = p
         self._totals.add(p.stats)
@@ -228,12 +230,13 @@ class GarbageCollector:
                  " (forced)" if forced else "", p.seconds, s.ledgers_removed, s.overreplicated_removed,
                  s.entry_logs_deleted, s.entry_logs_compacted, s.entries_copied, s.bytes_copied, s.bytes_reclaimed)
         for reason in p.cut_short:
-            log.warning("bookie %s: GC pass %d cut short: %s", self._bookie_id, number, reason)
+            log.warning("bookie %s: GC pass %d cut short: %s", self._bookie_id, number, reason,
+                        extra=context(bookie=self._bookie_id))
         if s.bytes_reclaimed and self.on_freed is not None:
             try:
                 self.on_freed()
             except Exception:  # noqa: BLE001 - the collector must outlive its listener
-                log.exception("bookie %s: on_freed failed", self._bookie_id)
+                log.exception("bookie %s: on_freed failed", self._bookie_id, extra=context(bookie=self._bookie_id))
         return p.stats
 
     def _collect_ledgers(self, p: _Pass) -> None:
@@ -307,7 +310,7 @@ class GarbageCollector:
                 except (CorruptionError, FormatError) as exc:  # its header is damaged: leave it, say so, go on
                     self._damaged.add((info.dir, info.log_id))
                     log.error("bookie %s: entry log %d of dir %d not removed: %s", self._bookie_id, info.log_id,
-                              info.dir, exc)
+                              info.dir, exc, extra=context(bookie=self._bookie_id))
                     continue
                 p.stats.entry_logs_deleted += 1
 
@@ -354,7 +357,7 @@ class GarbageCollector:
                                   self._stop.is_set, self._clock)
             except CorruptionError as exc:
                 self._damaged.add((info.dir, info.log_id))
-                log.error("bookie %s: %s", self._bookie_id, exc)
+                log.error("bookie %s: %s", self._bookie_id, exc, extra=context(bookie=self._bookie_id))
                 continue
             p.stats.entries_copied += out.entries
             p.stats.bytes_copied += out.bytes_copied

@@ -68,6 +68,7 @@ from bookie.journal._framing import ENTRY, FrameBuffer, Segment
 from bookie.journal._mark import LogMark
 from bookie.journal._policy import FlushReason, GroupCommitPolicy, flush_reason, wait_timeout
 from walkit.errors import BookieShutdownError, InvalidArgumentError
+from walkit.logs import context
 from walkit.metrics import COUNT_BUCKETS, LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
 
 __all__ = ["Journal", "JournalConfig", "JournalStats", "Callback", "Record", "ENTRY", "KEY_RECORD", "FENCE_RECORD",
@@ -451,7 +452,7 @@ class Journal:
         """Fail the batch being built and refuse everything later (exactly once each)."""
         with self._lock:
             if self._error is None:
-                log.error("journal %d failed: %s", self._journal_id, exc)
+                log.error("journal %d failed: %s", self._journal_id, exc, extra=context(journal=self._journal_id))
                 self._error = exc
             records, self._records = self._records, []
             self._entries, self._oldest = 0, None
@@ -502,7 +503,7 @@ class Journal:
             self._reserve(batch)
         except BaseException as exc:  # noqa: BLE001 - any failure kills the journal
             log.error("journal %d: reserving space for %d records failed: %s", batch.journal_id,
-                      len(batch.records), exc)
+                      len(batch.records), exc, extra=context(journal=batch.journal_id))
             self._fail(exc)
             return None, True
         return batch, False
@@ -530,7 +531,8 @@ class Journal:
             else:
                 f.pwritev(views, b.offset)
         except BaseException as exc:  # noqa: BLE001 - any failure kills the journal
-            log.error("journal %d: write of %d records failed: %s", b.journal_id, len(b.records), exc)
+            log.error("journal %d: write of %d records failed: %s", b.journal_id, len(b.records), exc,
+                      extra=context(journal=b.journal_id))
             self._fail(exc)
             _call_back(b.records, exc)
             return True
@@ -548,7 +550,8 @@ class Journal:
         if took > self._cfg.sync_warn:
             st.slow_syncs += 1
             log.warning("journal %d: write+sync of %d records (%d bytes) took %.0f ms (journalSyncWarnMillis: %.0f)",
-                        b.journal_id, b.count, b.length, took * 1000, self._cfg.sync_warn * 1000)
+                        b.journal_id, b.count, b.length, took * 1000, self._cfg.sync_warn * 1000,
+                        extra=context(journal=b.journal_id, directory=self._cfg.directory))
         with self._lock:
             for buf, _ in b.segments:
                 self._put_buffer(buf)

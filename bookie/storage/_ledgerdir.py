@@ -54,6 +54,7 @@ from bookie.storage._format import (
 )
 from bookie.storage._usage import LogUsage, read_usage_file, rebuild_usage, write_usage_file
 from walkit.errors import CorruptionError, FormatError, StorageError, WalkitError
+from walkit.logs import context
 
 log = logging.getLogger("bookie.storage")
 
@@ -191,7 +192,8 @@ class LedgerDir:
         try:
             return read_usage_file(self.fs, self.usage_path(log_id), log_id)
         except WalkitError as exc:
-            log.warning("entry log %d in %s: usage file unreadable, rebuilding it: %s", log_id, self.root, exc)
+            log.warning("entry log %d in %s: usage file unreadable, rebuilding it: %s", log_id, self.root, exc,
+                        extra=context(directory=self.root))
             return None
 
     def _rebuild_usage(self, log_id: int, may_be_torn: bool) -> LogUsage | None:
@@ -202,7 +204,8 @@ class LedgerDir:
             if self._empty(path):  # created, never synced (a crash): nothing can point into it
                 self.fs.remove(path)
                 return None
-            log.warning("entry log %d in %s: header unreadable, the log is left alone: %s", log_id, self.root, exc)
+            log.warning("entry log %d in %s: header unreadable, the log is left alone: %s", log_id, self.root, exc,
+                        extra=context(directory=self.root))
             return None
         try:
             usage, size = rebuild_usage(f, log_id), f.size()
@@ -210,11 +213,12 @@ class LedgerDir:
             f.close()
         if usage.end < size and not may_be_torn:
             log.warning("entry log %d in %s: a damaged record at offset %d of %d in a log sealed before others;"
-                        " the log is left alone (never deleted or compacted)", log_id, self.root, usage.end, size)
+                        " the log is left alone (never deleted or compacted)", log_id, self.root, usage.end, size,
+                        extra=context(directory=self.root))
             return None
         if usage.end < size:
             log.info("entry log %d in %s: torn tail after a crash at offset %d (%d bytes, never indexed)",
-                     log_id, self.root, usage.end, size - usage.end)
+                     log_id, self.root, usage.end, size - usage.end, extra=context(directory=self.root))
         write_usage_file(self.fs, self.usage_path(log_id), usage)
         return usage
 

@@ -52,6 +52,7 @@ from walkit.errors import (
     UsageError,
     WalkitError,
 )
+from walkit.logs import context
 from walkit.metadata import LedgerMetadata, LedgerState
 from walkit.protocol import AddEntry, Response, WriteLac, encode_entry
 
@@ -289,7 +290,7 @@ class LedgerWriter:
         """The writer is done: every pending and queued add fails with ``error``."""
         if self.error is None:
             self.error = error
-            log.warning("ledger %d writer failed: %s", self.ledger_id, error)
+            log.warning("ledger %d writer failed: %s", self.ledger_id, error, extra=context(ledger=self.ledger_id))
         while self.pending:
             self._settle(self.pending.popleft(), self.error)
         with self._lock:
@@ -306,7 +307,8 @@ class LedgerWriter:
             return
         if self.closing and not self.pending:
             return  # every add is settled: the close records the ledger as it is
-        log.info("ledger %d: bookie %s failed (%s); changing the ensemble", self.ledger_id, bookie, error)
+        log.info("ledger %d: bookie %s failed (%s); changing the ensemble", self.ledger_id, bookie, error,
+                 extra=context(ledger=self.ledger_id, bookie=bookie))
         self.core.bookie_failed(bookie)
         self.failed.add(bookie)
         need = self.quorum_size
@@ -341,7 +343,8 @@ class LedgerWriter:
                 self._set_ensemble()
                 self.ensemble_changes += 1
                 self.core.stats.ensemble_changes += 1
-                log.info("ledger %d: new ensemble from entry %d: %s", self.ledger_id, start, ",".join(new))
+                log.info("ledger %d: new ensemble from entry %d: %s", self.ledger_id, start, ",".join(new),
+                         extra=context(ledger=self.ledger_id, entry=start))
                 for add in list(self.pending):
                     self._send(add)
         except NotEnoughBookiesError as exc:
@@ -355,7 +358,7 @@ class LedgerWriter:
             self._fail(UsageError("client closed during an ensemble change", ledger=self.ledger_id))
             raise
         except Exception as exc:  # a bug must not leave adds hanging for ever
-            log.exception("ensemble change failed")
+            log.exception("ensemble change failed", extra=context(ledger=self.ledger_id))
             self._fail(WalkitError("ensemble change failed", ledger=self.ledger_id, reason=repr(exc)))
         finally:
             self._changing = False
@@ -365,7 +368,7 @@ class LedgerWriter:
     def _degrade(self, error: NotEnoughBookiesError) -> None:
         """(Recovery) no replacement: keep the ensemble and settle for Qa acks."""
         log.warning("ledger %d: recovery keeps a failed bookie in the ensemble (%s); entries need Qa acks",
-                    self.ledger_id, error)
+                    self.ledger_id, error, extra=context(ledger=self.ledger_id))
         self._degraded = True
         self.quorum_size = self.meta.ack_quorum
         for add in self.pending:

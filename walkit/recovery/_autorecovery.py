@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from walkit.errors import NoSuchLedgerError, WalkitError
+from walkit.logs import context
 from walkit.metadata import Cluster, LedgerMetadata, Marker, UnderReplication, connect
 from walkit.recovery._plan import choose_target, held_by_writer, held_entries, lost_fragments
 from walkit.recovery._replicator import Replicator, off
@@ -100,7 +101,7 @@ class AutoRecovery:
             asyncio.run(self._main())
         except BaseException as exc:  # noqa: BLE001 - reported; the daemon is best effort
             self.error = exc
-            log.exception("autorecovery %s stopped on an error", self.owner)
+            log.exception("autorecovery %s stopped on an error", self.owner, extra=context(daemon=self.owner))
         finally:
             self._ready.set()
 
@@ -143,12 +144,14 @@ class _Auditor:
             try:
                 await self._tick()
             except WalkitError as exc:
-                log.warning("auditor %s: %s (next look in %.0f s)", self.d.owner, exc, _TICK)
+                log.warning("auditor %s: %s (next look in %.0f s)", self.d.owner, exc, _TICK,
+                            extra=context(daemon=self.d.owner))
 
     async def _tick(self) -> None:
         seated = await off(self.markers.take_seat, self.d.owner)
         if seated != self.seated:
-            log.info("autorecovery %s %s the auditor", self.d.owner, "is now" if seated else "is no longer")
+            log.info("autorecovery %s %s the auditor", self.d.owner, "is now" if seated else "is no longer",
+                     extra=context(daemon=self.d.owner))
             self.seated, self.last_bookie_audit = seated, -1e18  # a new term audits at once
         if not seated or await off(self.markers.disabled):
             return
@@ -168,7 +171,7 @@ class _Auditor:
     def _track(self, available: set[str], now: float) -> None:
         for bookie in available:
             if self.gone_since.pop(bookie, None) is not None:
-                log.info("auditor: bookie %s is back", bookie)
+                log.info("auditor: bookie %s is back", bookie, extra=context(daemon=self.d.owner, bookie=bookie))
             self.audited.discard(bookie)
         self.known |= available
         for bookie in self.known - available:
@@ -200,7 +203,8 @@ class _Auditor:
         self.last_bookie_audit = now
         self.d.marked += marked
         if marked:
-            log.info("auditor: %d ledgers marked under-replicated (lost bookies: %s)", marked, ", ".join(sorted(due)))
+            log.info("auditor: %d ledgers marked under-replicated (lost bookies: %s)", marked, ", ".join(sorted(due)),
+                     extra=context(daemon=self.d.owner))
 
     async def _check_copies(self, available: set[str]) -> None:
         """The deeper check: each available bookie of each fragment (but an open ledger's
@@ -252,7 +256,7 @@ class _Worker:
                     if self.d._clock() >= self.not_before.get(ledger_id, 0.0):
                         await self._take(ledger_id)
             except WalkitError as exc:
-                log.warning("replication worker %s: %s", self.d.owner, exc)
+                log.warning("replication worker %s: %s", self.d.owner, exc, extra=context(daemon=self.d.owner))
 
     async def _take(self, ledger_id: int) -> None:
         if not await off(self.markers.lock, ledger_id, self.d.owner):
@@ -267,7 +271,7 @@ class _Worker:
             delay = min(_BACKOFF[1], _BACKOFF[0] * 2 ** (n - 1))
             self.not_before[ledger_id] = self.d._clock() + delay
             log.warning("replication worker %s: ledger %d not repaired (%s); again in %.0f s", self.d.owner,
-                        ledger_id, exc, delay)
+                        ledger_id, exc, delay, extra=context(daemon=self.d.owner, ledger=ledger_id))
             await off(self.markers.unlock, ledger_id)
             return
         if done:
@@ -284,7 +288,8 @@ class _Worker:
         except NoSuchLedgerError:
             await off(self.markers.drop, ledger_id)
             self.d.dropped += 1
-            log.info("replication worker %s: ledger %d is gone, its marker dropped", self.d.owner, ledger_id)
+            log.info("replication worker %s: ledger %d is gone, its marker dropped", self.d.owner, ledger_id,
+                     extra=context(daemon=self.d.owner, ledger=ledger_id))
             return True
         bookies = await self.replicator.bookies()
         available = set(bookies.writable | bookies.readonly)
@@ -306,6 +311,6 @@ class _Worker:
         if await off(self.markers.complete, marker):
             self.d.repaired += 1
             log.info("replication worker %s: ledger %d repaired (%s)", self.d.owner, ledger_id,
-                     ", ".join(sorted(marker.bookies)))
+                     ", ".join(sorted(marker.bookies)), extra=context(daemon=self.d.owner, ledger=ledger_id))
             return True
         return False

@@ -61,6 +61,7 @@ from walkit.errors import (
     WalkitError,
     WriterFencedError,
 )
+from walkit.logs import context
 from walkit.metadata._cluster import cluster_path
 from walkit.metadata._registration import check_bookie_id
 from walkit.wal._format import LogMetadata, LogSettings, Segment, SnapshotRef, pack_records, unpack_records
@@ -414,7 +415,8 @@ class WriteAheadLog(_LogView):
             try:
                 await bk._open(segment.ledger_id, password, True)
             except NoSuchLedgerError:
-                log.warning("log %s: segment %d's ledger %d is gone", node.name, segment.seq, segment.ledger_id)
+                log.warning("log %s: segment %d's ledger %d is gone", node.name, segment.seq, segment.ledger_id,
+                            extra=context(log=node.name, namespace=node.namespace, ledger=segment.ledger_id))
         settings = meta.settings
         writer = await bk._create(settings.ensemble_size, settings.write_quorum, settings.ack_quorum, "crc32c",
                                   password, {"walkit.log": f"{node.namespace}/{node.name}".encode()})
@@ -439,7 +441,7 @@ class WriteAheadLog(_LogView):
         wal = cls(bk, owned, node, password, epoch=epoch, settings=settings, segment=segment, writer=writer,
                   max_entry_bytes=max_entry_bytes, max_inflight_entries=max_inflight)
         log.info("log %s/%s: writer epoch %d, segment %d (ledger %d)", node.namespace, node.name, epoch, seq,
-                 writer.ledger_id)
+                 writer.ledger_id, extra=context(log=node.name, namespace=node.namespace, ledger=writer.ledger_id))
         return wal
 
     @classmethod
@@ -586,7 +588,8 @@ class WriteAheadLog(_LogView):
     def _fail(self, error: WalkitError, futures: Sequence[Future[LSN]] = ()) -> None:
         if self._error is None:
             self._error = error
-            log.warning("log %s: writer failed: %s", self.name, error)
+            log.warning("log %s: writer failed: %s", self.name, error,
+                        extra=context(log=self.name, namespace=self.namespace))
         with self._lock:
             queued, self._futures, self._queue = self._futures, [], []
         for fut in [*futures, *queued]:
@@ -647,11 +650,12 @@ class WriteAheadLog(_LogView):
             self._writer, self._segment = writer, segment
             self._segment_bytes, self._segment_started = 0, time.monotonic()
             self.stats.rolls += 1
-            log.info("log %s: rolled to segment %d (ledger %d)", self.name, segment.seq, writer.ledger_id)
+            log.info("log %s: rolled to segment %d (ledger %d)", self.name, segment.seq, writer.ledger_id,
+                     extra=context(log=self.name, namespace=self.namespace, ledger=writer.ledger_id))
         except WalkitError as exc:
             self._fail(self._as_wal_error(exc))
         except Exception as exc:
-            log.exception("log %s: roll failed", self.name)
+            log.exception("log %s: roll failed", self.name, extra=context(log=self.name, namespace=self.namespace))
             self._fail(WalkitError("segment roll failed", log=self.name, reason=repr(exc)))
         finally:
             self._rolling = False
@@ -743,7 +747,8 @@ class WriteAheadLog(_LogView):
                     self._bk.delete_ledger(handle.ledger_id)
             else:
                 log.warning("log %s: snapshot ledger %d kept: it is, or may be, the log's latest snapshot",
-                            self.name, handle.ledger_id)
+                            self.name, handle.ledger_id,
+                            extra=context(log=self.name, namespace=self.namespace, ledger=handle.ledger_id))
             if isinstance(exc, WriterFencedError):
                 self._fail(exc)
             raise
@@ -839,7 +844,8 @@ def _settle(node: _LogNode, present: Any) -> bool | None:
         except MetadataVersionError:
             continue
         except WalkitError as exc:
-            log.warning("log %s: cannot tell whether a failed metadata change landed: %s", node.name, exc)
+            log.warning("log %s: cannot tell whether a failed metadata change landed: %s", node.name, exc,
+                        extra=context(log=node.name, namespace=node.namespace))
             return None
     return None
 
@@ -855,7 +861,8 @@ async def _discard_segment(bk: BookKeeper, node: _LogNode, writer: LedgerWriter,
             await core.md(core.ledgers.delete, writer.ledger_id)
     else:
         log.warning("log %s: ledger %d kept: it is, or may be, segment %d of the log", node.name,
-                    writer.ledger_id, segment.seq)
+                    writer.ledger_id, segment.seq,
+                    extra=context(log=node.name, namespace=node.namespace, ledger=writer.ledger_id))
 
 
 def _retry_cas(fn: Any, *args: Any) -> None:
