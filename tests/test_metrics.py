@@ -56,8 +56,9 @@ def test_client_metrics_follow_adds_reads_speculation_ensemble_changes_and_recov
     lh = bk.create_ledger(3, 3, 2)
     for f in [lh.add_entry_async(b"e%d" % i) for i in range(100)]:
         f.result(timeout=30)
-    assert delta("walkit_client_adds_total") == 100 and delta("walkit_client_add_seconds_count") == 100
-    assert 0 < delta("walkit_client_add_seconds_sum") < 100 * 30
+    assert delta("walkit_client_adds_total") == 100
+    assert delta("walkit_client_add_seconds_count") == 13  # sampled: entries 0, 8, ..., 96
+    assert 0 < delta("walkit_client_add_seconds_sum") < 13 * 30
     assert [e.data for e in lh.read(0, 9)] == [b"e%d" % i for i in range(10)]
     assert delta("walkit_client_reads_total") == 10 and delta("walkit_client_read_seconds_count") == 10
 
