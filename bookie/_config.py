@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
-from walkit.errors import ConfigError
+from walkit.errors import ConfigError, WalkitError
 
 __all__ = ["BookieConfig", "reference"]
+
+
+def _bad(key: str, message: str, value: Any) -> NoReturn:
+    raise ConfigError(f"{key} {message}", key=key, value=repr(value)[:200])
 
 
 def _key(key: str, default: Any, doc: str) -> Any:
@@ -81,8 +86,8 @@ class BookieConfig:
     journal_max_backups: int = _key("journalMaxBackups", 5, "journal files kept behind the checkpoint mark")
     journal_recycle_files: int = _key("journalRecycleFiles", 2, "walkit: retired journals kept for reuse, so "
                                       "appends overwrite written blocks instead of converting fresh extents")
-    journal_alignment_size: int = _key("journalAlignmentSize", 4096, "bytes, a power of two >= 512: journal "
-                                       "write alignment, O_DIRECT's on today's disks (BookKeeper: 512)")
+    journal_alignment_size: int = _key("journalAlignmentSize", 4096, "bytes, a power of two >= 512 (>= 4096 with "
+                                       "journalDirectIO): journal write alignment (BookKeeper: 512)")
     journal_sync_data: bool = _key("journalSyncData", True, "fdatasync before acknowledging (false: acknowledge "
                                    "after the write, lost on a power cut)")
     journal_direct_io: bool = _key("journalDirectIO", True, "walkit: write journals with O_DIRECT where the file "
@@ -169,24 +174,36 @@ class BookieConfig:
         return self.bookie_id or f"{self.advertised_host}:{self.bookie_port}"
 
     def validate(self) -> None:
+        """Every key checked at load; a ConfigError names the key (``key=...``) and the
+        value it refuses, so a bad file is fixed from the message alone."""
+        types: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "bool": bool, "str": str}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            types: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "bool": bool, "str": str}
             expected = types.get(str(f.type))
             if expected is not None and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
                 raise ConfigError("wrong type", key=f.metadata["key"], value=repr(value), expected=f.type)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError("must be a finite number", key=f.metadata["key"], value=repr(value))
         dirs = self.ledger_directories
         if not isinstance(dirs, list) or not dirs or not all(isinstance(d, str) and d for d in dirs):
-            raise ConfigError("ledgerDirectories must be a non-empty list of paths", value=self.ledger_directories)
-        if len(set(self.ledger_directories)) != len(self.ledger_directories):
-            raise ConfigError("ledgerDirectories lists a directory twice", value=self.ledger_directories)
+            _bad("ledgerDirectories", "must be a non-empty list of paths", dirs)
+        if len(set(dirs)) != len(dirs):
+            _bad("ledgerDirectories", "lists a directory twice", dirs)
+        for key, text in (("journalDirectory", self.journal_directory), ("bindAddress", self.bind_address),
+                          ("httpServerAddress", self.http_server_address)):
+            if not text:
+                _bad(key, "must not be empty", text)
         a = self.journal_alignment_size
         if a < 512 or a & (a - 1):
-            raise ConfigError("journalAlignmentSize must be a power of two >= 512", value=a)
+            _bad("journalAlignmentSize", "must be a power of two >= 512", a)
+        if self.journal_direct_io and a < 4096:
+            _bad("journalAlignmentSize", "must be at least 4096 with journalDirectIO (O_DIRECT writes whole 4 KiB "
+                 "blocks; BookKeeper's 512 is for buffered journals)", a)
         positive = {
             "journalMaxSizeMB": self.journal_max_size_mb,
             "journalPreAllocSizeMB": self.journal_pre_alloc_size_mb,
             "journalBufferedWritesThreshold": self.journal_buffered_writes_threshold,
+            "journalSyncWarnMillis": self.journal_sync_warn_millis,
             "entryLogSizeLimit": self.entry_log_size_limit,
             "openFileLimit": self.open_file_limit,
             "flushInterval": self.flush_interval,
@@ -209,41 +226,52 @@ class BookieConfig:
         }
         for key, value in positive.items():
             if value <= 0:
-                raise ConfigError("must be positive", key=key, value=value)
-        if min(self.journal_max_group_wait_msec, self.journal_buffered_entries_threshold, self.journal_max_backups,
-               self.journal_recycle_files) < 0:
-            raise ConfigError("journal thresholds must not be negative")
-        if not self.bookie_id and self.advertised_host in ("", "0.0.0.0", "::", "*"):
-            raise ConfigError("bindAddress is a wildcard: set advertisedAddress (or bookieId) to the host clients reach",
-                              bindAddress=self.bind_address)
+                _bad(key, "must be positive", value)
+        not_negative = {
+            "journalMaxGroupWaitMSec": self.journal_max_group_wait_msec,
+            "journalBufferedEntriesThreshold": self.journal_buffered_entries_threshold,
+            "journalMaxBackups": self.journal_max_backups,
+            "journalRecycleFiles": self.journal_recycle_files,
+            "lostBookieRecoveryDelay": self.lost_bookie_recovery_delay,
+            "openLedgerRereplicationGracePeriod": self.open_ledger_rereplication_grace_period,
+        }
+        for key, value in not_negative.items():
+            if value < 0:
+                _bad(key, "must not be negative", value)
+        if self.advertised_host in ("0.0.0.0", "::", "*"):
+            _bad("advertisedAddress", f"must be set to the host clients reach when bindAddress is a wildcard "
+                 f"({self.bind_address}): clients are told the advertised address", self.advertised_address)
         if self.netty_max_frame_size_bytes < 4096:
-            raise ConfigError("nettyMaxFrameSizeBytes must be at least 4096", value=self.netty_max_frame_size_bytes)
-        if not 0 <= self.bookie_port <= 65535:
-            raise ConfigError("bookiePort must be 0..65535", value=self.bookie_port)
-        if not 0 <= self.http_server_port <= 65535:
-            raise ConfigError("httpServerPort must be 0..65535", value=self.http_server_port)
-        if self.journal_sync_warn_millis <= 0:
-            raise ConfigError("must be positive", key="journalSyncWarnMillis", value=self.journal_sync_warn_millis)
+            _bad("nettyMaxFrameSizeBytes", "must be at least 4096", self.netty_max_frame_size_bytes)
+        for key, port in (("bookiePort", self.bookie_port), ("httpServerPort", self.http_server_port)):
+            if not 0 <= port <= 65535:
+                _bad(key, "must be 0..65535", port)
+        if self.metadata_service_uri:
+            from walkit.metadata._uri import parse_metadata_uri  # on use: a bare bookie never needs it
+
+            try:
+                parse_metadata_uri(self.metadata_service_uri)
+            except WalkitError as exc:
+                raise ConfigError("not a metadata service URI (zk://host:port/path or local:///dir): " + str(exc),
+                                  key="metadataServiceUri") from exc
         if bool(self.tls_certificate_path) != bool(self.tls_key_store):
-            raise ConfigError("TLS needs both tlsCertificatePath and tlsKeyStore",
-                              certificate=self.tls_certificate_path, key=self.tls_key_store)
+            _bad("tlsKeyStore" if self.tls_certificate_path else "tlsCertificatePath",
+                 "TLS needs both tlsCertificatePath and tlsKeyStore", self.tls_key_store or self.tls_certificate_path)
         if self.tls_client_authentication and not self.tls_trust_store:
-            raise ConfigError("tlsClientAuthentication needs tlsTrustStore (the CA to verify clients by)")
-        if not 0 < self.disk_usage_lwm_threshold <= self.disk_usage_threshold <= 1:
-            raise ConfigError(
-                "need 0 < diskUsageLwmThreshold <= diskUsageThreshold <= 1",
-                lwm=self.disk_usage_lwm_threshold, threshold=self.disk_usage_threshold,
-            )
+            _bad("tlsTrustStore", "tlsClientAuthentication needs it (the CA to verify clients by)", "")
+        if not 0 < self.disk_usage_threshold <= 1:
+            _bad("diskUsageThreshold", "must be in (0, 1]", self.disk_usage_threshold)
+        if not 0 < self.disk_usage_lwm_threshold <= self.disk_usage_threshold:
+            _bad("diskUsageLwmThreshold", f"must be in (0, diskUsageThreshold = {self.disk_usage_threshold}]",
+                 self.disk_usage_lwm_threshold)
         if not 0 < self.disk_usage_warn_threshold <= 1:  # used as min(warn, diskUsageThreshold)
-            raise ConfigError("need 0 < diskUsageWarnThreshold <= 1", warn=self.disk_usage_warn_threshold)
-        if self.lost_bookie_recovery_delay < 0 or self.open_ledger_rereplication_grace_period < 0:
-            raise ConfigError("autorecovery delays must not be negative",
-                              lostBookieRecoveryDelay=self.lost_bookie_recovery_delay,
-                              openLedgerRereplicationGracePeriod=self.open_ledger_rereplication_grace_period)
+            _bad("diskUsageWarnThreshold", "must be in (0, 1]", self.disk_usage_warn_threshold)
         minor, major = self.minor_compaction_threshold, self.major_compaction_threshold
-        if not (minor <= 1 and major <= 1 and (minor <= 0 or major <= 0 or minor <= major)):
-            raise ConfigError("compaction thresholds must be at most 1, minor below major",
-                              minorCompactionThreshold=minor, majorCompactionThreshold=major)
+        if major > 1:
+            _bad("majorCompactionThreshold", "must be at most 1 (<= 0: major compaction off)", major)
+        if minor > 1 or (minor > 0 and major > 0 and minor > major):
+            _bad("minorCompactionThreshold", f"must be at most 1 and at most majorCompactionThreshold ({major}) "
+                 "(<= 0: minor compaction off)", minor)
 
     @classmethod
     def keys(cls) -> dict[str, str]:

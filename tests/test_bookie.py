@@ -4,6 +4,8 @@ torn and corrupt journals, configuration, concurrency and journal I/O failures."
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import random
 import shutil
@@ -824,6 +826,45 @@ def test_config_wrong_type_is_an_error(tmp_path: Path, values: dict[str, Any]) -
 def test_config_invalid_values_are_errors(tmp_path: Path, values: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         BookieConfig.from_toml(write_toml(tmp_path / "v.toml", values))
+
+
+_WRONG_TYPE = {"str": 5, "int": "7", "float": "fast", "bool": "yes", "list[str]": "/one/path"}
+_OUT_OF_RANGE: dict[str, Any] = {
+    "bookiePort": -1, "httpServerPort": 65536, "bindAddress": "", "httpServerAddress": "", "journalDirectory": "",
+    "advertisedAddress": "0.0.0.0", "metadataServiceUri": "mysql://db/x", "zkTimeout": 0,
+    "journalAlignmentSize": 1000, "journalMaxGroupWaitMSec": float("nan"), "journalBufferedEntriesThreshold": -1,
+    "journalMaxBackups": -1, "journalRecycleFiles": -1, "journalSyncWarnMillis": 0, "entryLogSizeLimit": 0,
+    "diskUsageThreshold": 1.5, "diskUsageLwmThreshold": 0.0, "diskUsageWarnThreshold": float("inf"),
+    "majorCompactionThreshold": 1.2, "minorCompactionThreshold": 0.9, "lostBookieRecoveryDelay": -5,
+    "openLedgerRereplicationGracePeriod": -1, "auditorPeriodicBookieCheckInterval": 0, "gcWaitTime": 0,
+    "tlsKeyStore": "/key.pem", "ledgerDirectories": [],
+}
+
+_NAMES = {"tlsKeyStore": "tlsCertificatePath"}  # a key alone: the error names the one missing beside it
+
+
+@pytest.mark.parametrize("key", sorted(BookieConfig.keys()))
+def test_every_key_refuses_a_bad_value_naming_the_key(key: str) -> None:
+    kind = str(next(f.type for f in dataclasses.fields(BookieConfig) if f.metadata["key"] == key))
+    bad_values = [_WRONG_TYPE[kind]] + ([_OUT_OF_RANGE[key]] if key in _OUT_OF_RANGE else [])
+    for bad in bad_values:
+        with pytest.raises(ConfigError) as err:
+            BookieConfig.from_dict({key: bad})
+        named = _NAMES.get(key, key) if bad is not _WRONG_TYPE[kind] else key
+        assert err.value.context.get("key") == named and named in str(err.value), (key, bad, str(err.value))
+
+
+def test_journal_alignment_below_4k_needs_buffered_journal_writes() -> None:
+    with pytest.raises(ConfigError) as err:
+        BookieConfig.from_dict({"journalAlignmentSize": 512})
+    assert "journalDirectIO" in str(err.value)
+    assert BookieConfig.from_dict({"journalAlignmentSize": 512, "journalDirectIO": False}).journal_alignment_size == 512
+
+
+def test_a_wildcard_bind_needs_an_advertised_address_even_with_a_bookie_id() -> None:
+    with pytest.raises(ConfigError) as err:
+        BookieConfig.from_dict({"bindAddress": "0.0.0.0", "bookieId": "bk1"})
+    assert err.value.context["key"] == "advertisedAddress"
 
 
 def test_config_unreadable_file_is_an_error(tmp_path: Path) -> None:
