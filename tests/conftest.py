@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,8 +62,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run only torture seed N (repeatable); default: seeds 0 .. --torture-seeds - 1")
     group.addoption("--torture-seeds", type=int, default=None, metavar="COUNT",
                     help="how many seeds (default: $WALKIT_TORTURE_SEEDS or 20)")
+    group.addoption("--torture-first-seed", type=int, default=0, metavar="N",
+                    help="the seeds run are N .. N + COUNT - 1 (default 0: the CI's seeds first)")
     group.addoption("--torture-seconds", type=float, default=None, metavar="S",
                     help="seconds of faults per seed (default: $WALKIT_TORTURE_SECONDS or 30)")
+    group.addoption("--torture-record", default=None, metavar="FILE",
+                    help="append one line per seed run to FILE (docs/torture-record.jsonl: the project's record; "
+                         "python tests/torture_record.py then rewrites docs/reliability.md's table)")
     group.addoption("--torture-jobs", type=int, default=None, metavar="N",
                     help="seeds run at once, each in a process of its own (default: $WALKIT_TORTURE_JOBS or 2)")
 
@@ -72,7 +78,8 @@ def torture_seeds(config: pytest.Config) -> list[int]:
     if chosen:
         return chosen
     count = config.getoption("--torture-seeds")
-    return list(range(int(_env_number("WALKIT_TORTURE_SEEDS", 20)) if count is None else count))
+    first: int = config.getoption("--torture-first-seed")
+    return list(range(first, first + (int(_env_number("WALKIT_TORTURE_SEEDS", 20)) if count is None else count)))
 
 
 def torture_seconds(config: pytest.Config) -> float:
@@ -109,6 +116,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     runs = config.stash.get(_TORTURE_RUNS, None)
     if runs is None or not runs.reports:
         return
+    record = config.getoption("--torture-record")
+    if record:
+        from torture_record import append, commit_of, entry
+
+        commit = commit_of(Path(__file__).parent)
+        append(Path(record), (entry(report, runs.walls.get(seed, 0.0), commit)
+                              for seed, report in sorted(runs.reports.items())))
+        terminalreporter.write_line(f"torture: {len(runs.reports)} runs appended to {record}")
     terminalreporter.section("torture runs")
     for seed, report in sorted(runs.reports.items()):
         plan = report.plan
