@@ -34,12 +34,14 @@ from bookie.journal import (
     GroupCommitPolicy,
     Journal,
     JournalConfig,
+    JournalHeader,
     LogMark,
     ReplayReport,
     list_journals,
     repair_journal,
     replay,
     scan_journal,
+    UnsupportedJournalVersion,
 )
 from bookie.journal._format import FLAG_FLUSH_START, FRAME_HEADER, MAX_FRAME_BODY, frame_crc, frame_seed, parse_frame
 from walkit.errors import BookieShutdownError, CorruptionError, WalkitError
@@ -476,6 +478,30 @@ def test_damaged_header_of_last_file_with_data_is_corruption(place: tuple[FileSy
     finally:
         now = file_size(fs, b.path(jid))
         assert now == size, f"replay truncated {b.path(jid)} from {size} to {now} bytes"
+
+
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_a_journal_of_another_format_version_is_refused_never_truncated(place: tuple[FileSystem, str],
+                                                                        which: str) -> None:
+    """An intact header (magic, checksum) of a version this code does not read - a newer
+    walkit's journal after a downgrade - stops the start; it is not a torn header."""
+    fs, directory = place
+    b = build(fs, directory, seed=5)
+    jid = b.ids[0] if which == "first" else b.ids[-1]
+    f = fs.open(b.path(jid))
+    try:
+        old = JournalHeader.decode(f.pread(64, 0))
+    finally:
+        f.close()
+    newer = JournalHeader(journal_id=jid, alignment=old.alignment, previous_id=old.previous_id, version=2)
+    write_at(fs, b.path(jid), 0, newer.encode()[:64])
+    size = file_size(fs, b.path(jid))
+    with pytest.raises(UnsupportedJournalVersion) as err:
+        do_replay(fs, directory)
+    assert err.value.context["version"] == 2 and "refusing to start" in str(err.value)
+    with pytest.raises(UnsupportedJournalVersion):
+        repair_journal(fs, b.path(jid))
+    assert file_size(fs, b.path(jid)) == size, "the journal was truncated"
 
 
 def test_restart_after_a_torn_header_of_the_last_file(place: tuple[FileSystem, str]) -> None:

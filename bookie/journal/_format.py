@@ -96,10 +96,16 @@ class JournalHeader:
         if crc32c(raw[: _HEADER.size - 4]) != crc:
             raise FormatError("journal header checksum mismatch", path=path)
         if version != VERSION:
-            raise FormatError("unsupported journal format version", path=path, version=version)
+            raise UnsupportedJournalVersion("unsupported journal format version", path=path, version=version,
+                                            supported=VERSION)
         if alignment < 512 or alignment & (alignment - 1):
             raise FormatError("bad journal alignment", path=path, alignment=alignment)
         return cls(journal_id=journal_id, alignment=alignment, previous_id=previous_id, version=version)
+
+
+class UnsupportedJournalVersion(FormatError):
+    """An intact journal header (magic and checksum hold) of a format version this code
+    does not read: written by another walkit version. Never taken for a torn header."""
 
 
 def journal_name(journal_id: int) -> str:

@@ -36,6 +36,7 @@ from bookie.journal._format import (
     MAX_FRAME_BODY,
     FrameType,
     JournalHeader,
+    UnsupportedJournalVersion,
     frame_seed,
     journal_name,
     parse_frame,
@@ -159,6 +160,12 @@ def _open_journal(fs: FileSystem, directory: str, jid: int) -> tuple[File, Journ
     f = fs.open(path)
     try:
         header: JournalHeader | None = JournalHeader.decode(f.pread(64, 0), path=path)
+    except UnsupportedJournalVersion as exc:  # another walkit's journal: never truncated as if torn
+        f.close()
+        raise UnsupportedJournalVersion(
+            "journal written in a format version this walkit does not read (a newer walkit's?): refusing to "
+            "start rather than replay or truncate it; run the walkit version that wrote it", path=path,
+            journal=jid, version=exc.context.get("version"), supported=exc.context.get("supported")) from exc
     except FormatError:
         header = None
     if header is not None and header.journal_id != jid:
