@@ -26,6 +26,17 @@ journaled, so after the flush it is durable in storage; replaying from M is enou
 *Restart*: check the cookies, open storage, replay journals from the highest mark
 (a torn tail is truncated and reported; corruption stops the start), start a new
 journal file and checkpoint at once.
+
+*Disk faults*: an I/O error in the journal (a failed write or fdatasync) or the ledger
+storage (a failed write, sync or directory sync) makes the bookie **failed**
+(:attr:`Bookie.failure`, ``on_failed`` told once, an ERROR naming the directory and
+the cause): the journal or storage refuses every later write, nothing is retried
+(after a failed fsync the data's fate is unknown - "fsyncgate"), checkpoints stop
+short of what was not flushed, and only a restart - which replays the journal from the
+last mark and so finds out what is durable - makes it writable again. Reads go on:
+what was synced is intact. A full disk (ENOSPC on a write or a reservation, never on a
+sync) is not a failure: the refused batch or buffer waits, ``on_no_space`` is told
+(the server turns read-only), and the bookie is writable again once there is room.
 """
 
 from __future__ import annotations
@@ -41,7 +52,7 @@ from typing import Any, Protocol, TypeVar
 
 from bookie._config import BookieConfig
 from bookie.cookie import Cookie, check_or_write_cookies
-from bookie.fs import FileSystem
+from bookie.fs import FileSystem, is_no_space
 from bookie.gc import GarbageCollector, GcMetadata
 from bookie.journal import (
     KEY_RECORD,
@@ -70,7 +81,7 @@ from walkit.logs import context
 from walkit.metrics import LATENCY_BUCKETS, Histogram
 from walkit.protocol import ENTRY_HEADER, parse_entry_header
 
-__all__ = ["Bookie", "LAST_ENTRY", "AddItem", "AddRequest", "BatchCallback"]
+__all__ = ["Bookie", "BookieFailure", "LAST_ENTRY", "AddItem", "AddRequest", "BatchCallback"]
 
 log = logging.getLogger("bookie")
 
@@ -163,6 +174,20 @@ def _resolve(err: BaseException | None, fut: Future[Any]) -> None:
         fut.set_exception(_as_walkit_error(err))
 
 
+@dataclass(frozen=True)
+class BookieFailure:
+    """What made a bookie failed: the directory (journal or ledger), the error, when."""
+
+    directory: str
+    error: BaseException
+    since: float  # time.time()
+
+    def describe(self) -> dict[str, Any]:
+        """As ``/api/v1/bookie/info`` shows it."""
+        return {"directory": self.directory, "error": str(self.error),
+                "errno": getattr(self.error, "errno", None), "since": self.since}
+
+
 class _StorageReplay:
     """Journal replay applies records straight to ledger storage."""
 
@@ -219,6 +244,15 @@ class Bookie:
         self._gc: GarbageCollector | None = None
         #: Called (on the GC thread) after garbage collection gave disk space back.
         self.on_space_freed: Callable[[], None] | None = None
+        #: The I/O error that made this bookie failed, once one did (see the module docstring).
+        self.failure: BookieFailure | None = None
+        #: ``on_failed(failure)``: called once, on the thread that met the error.
+        self.on_failed: Callable[[BookieFailure], None] | None = None
+        #: ``on_no_space(directory, error)``: a write found that directory's disk full.
+        self.on_no_space: Callable[[str, BaseException], None] | None = None
+        self._ckpt_no_space = False  # the last checkpoint found a disk full (logged once)
+        self._failure_lock = threading.Lock()
+        self._mark_failed = False  # writing lastMark met an I/O error: no more checkpoints
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -232,6 +266,8 @@ class Bookie:
             fs, list(c.ledger_directories), entry_log_size_limit=c.entry_log_size_limit, open_index_files=c.open_file_limit
         )
         self._storage.open()
+        self._storage.on_failure = lambda exc: self._failed(self._where(exc, c.ledger_directories), exc)
+        self._storage.on_no_space = lambda exc: self._no_space(self._where(exc, c.ledger_directories), exc)
         mark = highest_mark(fs, list(c.ledger_directories))
         self.replay_report = replay(fs, c.journal_directory, mark, _StorageReplay(self._storage))
         log.info(
@@ -240,6 +276,8 @@ class Bookie:
             extra=context(bookie=c.effective_bookie_id),
         )
         self._journal = Journal(fs, _journal_config(c))
+        self._journal.on_failure = lambda exc: self._failed(c.journal_directory, exc)
+        self._journal.on_no_space = lambda exc: self._no_space(c.journal_directory, exc)
         self._journal.start()
         self._running = True
         self.checkpoint()
@@ -265,10 +303,25 @@ class Bookie:
         assert journal is not None and storage is not None
         journal.shutdown()
         try:
-            if journal.failed is None:
+            if journal.failed is None and storage.failure is None and not self._mark_failed:
                 self._checkpoint_now()
+        except OSError as exc:
+            if not is_no_space(exc):
+                raise  # the journal keeps what the checkpoint could not flush (replayed at the start)
+            log.warning("bookie %s: no space for the last checkpoint; the next start replays the journal: %s",
+                        self.config.effective_bookie_id, exc, extra=context(bookie=self.config.effective_bookie_id))
         finally:
+            self._close_storage(storage)
+
+    def _close_storage(self, storage: LedgerStorage) -> None:
+        try:
             storage.close()
+        except OSError as exc:
+            if not is_no_space(exc):
+                raise
+            log.warning("bookie %s: ledger storage closed without its last flush (disk full); the next start "
+                        "replays the journal: %s", self.config.effective_bookie_id, exc,
+                        extra=context(bookie=self.config.effective_bookie_id))
 
     def __enter__(self) -> Bookie:
         self.start()
@@ -293,6 +346,34 @@ class Bookie:
     def _space_freed(self) -> None:
         if self.on_space_freed is not None:
             self.on_space_freed()
+
+    # --- disk faults ----------------------------------------------------------------------
+    @staticmethod
+    def _where(exc: BaseException, directories: tuple[str, ...] | list[str]) -> str:
+        """The ledger directory an error happened in (all of them when its path is unknown)."""
+        path = getattr(exc, "filename", None)
+        if isinstance(path, str):
+            for d in directories:
+                if path == d or path.startswith(d.rstrip("/") + "/"):
+                    return d
+        return ",".join(directories)
+
+    def _failed(self, directory: str, exc: BaseException) -> None:
+        """An I/O error failed the journal or the storage: the bookie is failed for good."""
+        with self._failure_lock:  # not the bookie lock: a failing add holds it while storage reports
+            if self.failure is not None:
+                return
+            self.failure = BookieFailure(directory, exc, time.time())
+        log.error("bookie %s failed: I/O error in %s: %s; it stays read-only (reads are served) until restarted,"
+                  " and the restart replays the journal to find out what is durable",
+                  self.config.effective_bookie_id, directory, exc,
+                  extra=context(bookie=self.config.effective_bookie_id, directory=directory))
+        if self.on_failed is not None:
+            self.on_failed(self.failure)
+
+    def _no_space(self, directory: str, exc: BaseException) -> None:
+        if self.on_no_space is not None:
+            self.on_no_space(directory, exc)
 
     @property
     def journal(self) -> Journal:
@@ -528,11 +609,23 @@ class Bookie:
             mark = self.journal.last_mark()
             self._pending = 0
             self.storage.flush()
-            write_mark(self.fs, list(self.config.ledger_directories), mark)
+            self._write_mark(mark)
             self.journal.gc(mark)
             self.checkpoints += 1  # under the checkpoint lock: one writer (walkit.metrics)
             self.checkpoint_seconds.observe(time.monotonic() - started)
             return mark
+
+    def _write_mark(self, mark: LogMark) -> None:
+        """Write the mark in every ledger directory; an I/O error there (not a full disk)
+        fails the bookie as a storage error does: its disk is failing."""
+        dirs = list(self.config.ledger_directories)
+        try:
+            write_mark(self.fs, dirs, mark)
+        except OSError as exc:
+            if not is_no_space(exc):
+                self._mark_failed = True
+                self._failed(self._where(exc, dirs), exc)
+            raise
 
     def _count_pending(self, n: int) -> None:
         self._pending += n
@@ -546,8 +639,19 @@ class Bookie:
             self._ckpt_wake.clear()
             if not self._running:
                 return
+            if self._mark_failed or (self._storage is not None and self._storage.failure is not None):
+                continue  # a failed storage (or mark) flushes nothing more: the mark stays where it is
             try:
                 self._checkpoint_now()
+                self._ckpt_no_space = False
+            except OSError as exc:
+                if not is_no_space(exc):
+                    log.exception("checkpoint failed; journals are kept until one succeeds")
+                elif not self._ckpt_no_space:
+                    self._ckpt_no_space = True
+                    log.warning("checkpoint: a disk is full (%s); entries wait in memory and the journal is kept"
+                                " until a checkpoint succeeds", exc,
+                                extra=context(bookie=self.config.effective_bookie_id))
             except Exception:  # noqa: BLE001 - report and retry at the next interval
                 log.exception("checkpoint failed; journals are kept until one succeeds")
 

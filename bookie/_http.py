@@ -16,7 +16,7 @@ method   path                           answer
 =======  =============================  ==================================================
 GET      /heartbeat                     200 ``OK``
 GET      /metrics                       Prometheus text (:mod:`bookie._metrics`)
-GET      /api/v1/bookie/info            id, state, disks, journal mark, version (JSON)
+GET      /api/v1/bookie/info            id, state, failure, disks, journal mark, version (JSON)
 GET|PUT  /api/v1/bookie/state/readonly  ``{"readonly": bool, "forced": bool}``; PUT
                                         ``{"readonly": bool}`` (the operator's word)
 GET|PUT  /api/v1/bookie/gc              the collector's status; PUT ``{"compact": null |
@@ -184,14 +184,17 @@ class AdminEndpoint:
             disks.append({"directory": directory, "usage": round(server.disk_usage_of(directory), 4),
                           "total_bytes": total, "free_bytes": free})
         mark = bookie.journal.last_mark() if bookie is not None else None
+        failure = server.failure
         return {
             "id": server.bookie_id,
             "state": "readonly" if server.readonly else "writable",
             "forced_readonly": server.forced_readonly,
+            # an I/O error made it read-only until restarted: directory, error, errno, since
+            "failed": None if failure is None else failure.describe(),
             "port": server.port,
             "tls": server.tls,
             "ledger_directories": disks,
-            "journal": {"directory": c.journal_directory,
+            "journal": {"directory": c.journal_directory, "usage": round(server.disk_usage_of(c.journal_directory), 4),
                         "mark": None if mark is None else {"journal_id": mark.journal_id, "offset": mark.offset}},
             "autorecovery": server.autorecovery is not None,
             "version": _version(),

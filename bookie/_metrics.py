@@ -102,6 +102,9 @@ class BookieCollector:
         yield CounterMetricFamily("walkit_bookie_sent_bytes", "Bytes sent to clients", value=st.bytes_out)
         yield GaugeMetricFamily("walkit_bookie_readonly", "1 while the bookie is read-only",
                                 value=1 if server.readonly else 0)
+        yield GaugeMetricFamily("walkit_bookie_failed",
+                                "1 once an I/O error in the journal or ledger storage made the bookie read-only "
+                                "until restarted", value=0 if server.failure is None else 1)
         bookie = server.bookie
         if bookie is None:
             return
@@ -127,6 +130,9 @@ def _journal(bookie: object) -> Iterator[Metric]:
     yield CounterMetricFamily("walkit_bookie_journal_rolls", "Journal files started", value=js.rolls)
     yield CounterMetricFamily("walkit_bookie_journal_slow_syncs",
                               "Journal write+syncs slower than journalSyncWarnMillis", value=js.slow_syncs)
+    yield CounterMetricFamily("walkit_bookie_journal_no_space",
+                              "Journal batches refused because the disk had no room for them (ENOSPC)",
+                              value=js.no_space)
     yield js.sync_seconds.family("walkit_bookie_journal_sync_seconds", "One batch's write + fdatasync")
     yield js.queue_wait_seconds.family("walkit_bookie_journal_queue_wait_seconds",
                                        "How long a batch's oldest record waited before its write began")

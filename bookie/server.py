@@ -42,12 +42,20 @@ it; so a connection holds at most that many requests plus one read chunk. Adds b
 ``maxPendingAddRequests`` in flight across all connections are answered
 ETOOMANYREQUESTS at once.
 
-Read-only mode: every ``diskCheckInterval`` the fullest ledger disk is compared with
-``diskUsageThreshold``; above it the bookie re-registers under ``available/readonly``,
-answers adds with EREADONLY (recovery adds still pass: they complete a recovery that
-other bookies depend on) and keeps serving reads; it turns writable again once every
-ledger disk is below ``diskUsageLwmThreshold`` - checked at once whenever garbage
-collection gave space back, so a bookie that GC saves from a full disk comes back.
+Read-only mode: every ``diskCheckInterval`` the fullest ledger disk (blocks or inodes)
+is compared with ``diskUsageThreshold``; above it the
+bookie re-registers under ``available/readonly``, answers adds with EREADONLY (recovery
+adds still pass: they complete a recovery that other bookies depend on) and keeps
+serving reads; it turns writable again once every disk is below
+``diskUsageLwmThreshold`` - checked at once whenever garbage collection gave space
+back, so a bookie that GC saves from a full disk comes back. A write that meets a full
+disk (ENOSPC) before the check noticed makes the bookie read-only at once, and that
+directory (the journal's too) is checked with the ledger disks until it is below
+``diskUsageLwmThreshold``.
+A bookie whose journal or storage met an I/O error (:attr:`Bookie.failure`: a failed
+write or fsync) turns read-only for good: registered under ``readonly`` so clients stop
+choosing it, reads still served, ``failed`` in ``/api/v1/bookie/info`` and
+``walkit_bookie_failed`` in the metrics, until it is restarted.
 
 Lifecycle: :meth:`BookieServer.start` binds the socket (so the port, and with it the
 default bookie id, is known), connects to the metadata store and refuses a cluster it
@@ -80,7 +88,7 @@ from sortedcontainers import SortedKeyList
 
 from bookie._admin import run_command
 from bookie._metrics import ServerStats
-from bookie._bookie import Bookie
+from bookie._bookie import Bookie, BookieFailure
 from bookie._config import BookieConfig
 from bookie.cookie import Cookie
 from bookie.fs import FileSystem
@@ -125,9 +133,13 @@ _LAC_WRITTEN = 1
 
 
 def disk_usage(path: str) -> float:
-    """The fraction of the file system of ``path`` in use (0..1)."""
-    usage = shutil.disk_usage(path)
-    return 1.0 - usage.free / usage.total if usage.total else 1.0
+    """The fraction of the file system of ``path`` in use (0..1): of its blocks, or of
+    its inodes when more of those are used (a file system out of inodes refuses new
+    files with ENOSPC too)."""
+    st = os.statvfs(path)
+    blocks = 1.0 - st.f_bavail / st.f_blocks if st.f_blocks else 1.0
+    inodes = 1.0 - st.f_favail / st.f_files if st.f_files else 0.0  # 0 files: no inode limit (btrfs)
+    return max(blocks, inodes)
 
 
 def server_ssl_context(config: BookieConfig) -> ssl.SSLContext:
@@ -391,6 +403,8 @@ class BookieServer:
         self.readonly = False
         #: Read-only on the operator's word (``walkit decommission``), whatever the disks say.
         self.forced_readonly = False
+        #: Directories a write found full (ENOSPC), watched until below diskUsageLwmThreshold.
+        self._full_dirs: set[str] = set()
         self._cluster: Any = None  # walkit.metadata.Cluster when metadata is configured
         self._registration: Any = None
         self._autorecovery: Any = None  # walkit.recovery.AutoRecovery with autoRecoveryDaemonEnabled
@@ -502,6 +516,8 @@ class BookieServer:
         self.bookie = Bookie(c, fs=self._fs, instance_id=instance_id, disk_usage=self._disk_usage,
                              metadata=self._cluster.ledgers if self._cluster is not None else None, marked=marked)
         self.bookie.on_space_freed = self._space_freed
+        self.bookie.on_failed = self._bookie_failed
+        self.bookie.on_no_space = self._no_space
         self.bookie.start()
         self.readonly = self._disks_full(self.readonly)
         if self._cluster is not None:
@@ -629,19 +645,59 @@ class BookieServer:
             self._locks.clear()
 
     # -- read-only mode ----------------------------------------------------------------
+    @property
+    def failure(self) -> BookieFailure | None:
+        """The :class:`~bookie._bookie.BookieFailure` that made this bookie read-only for
+        good (None: not failed)."""
+        return self.bookie.failure if self.bookie is not None else None
+
     def _disks_full(self, readonly: bool) -> bool:
-        """Whether the bookie should be read-only now (hysteresis between the marks)."""
+        """Whether the bookie should be read-only now (hysteresis between the marks), by
+        the fullest of its ledger disks - and of any other directory whose disk was found
+        full by a write (the journal's), until that one is below the low-water mark."""
         c = self.config
-        usage = max(self._disk_usage(d) for d in c.ledger_directories)
+        for d in list(self._full_dirs):
+            if self._disk_usage(d) < c.disk_usage_lwm_threshold:
+                self._full_dirs.discard(d)
+        usage, fullest = max((self._disk_usage(d), d) for d in {*c.ledger_directories, *self._full_dirs})
         if not readonly and usage >= c.disk_usage_threshold:
-            log.warning("bookie %s: a ledger disk is %.1f%% full (threshold %.1f%%): read-only", self.bookie_id,
-                        usage * 100, c.disk_usage_threshold * 100, extra=context(bookie=self.bookie_id))
+            log.warning("bookie %s: disk of %s is %.1f%% full (threshold %.1f%%): read-only", self.bookie_id,
+                        fullest, usage * 100, c.disk_usage_threshold * 100,
+                        extra=context(bookie=self.bookie_id, directory=fullest))
             return True
         if readonly and usage < c.disk_usage_lwm_threshold:
-            log.info("bookie %s: ledger disks at most %.1f%% full: writable again", self.bookie_id, usage * 100,
-                     extra=context(bookie=self.bookie_id))
+            if self.failure is None:
+                log.info("bookie %s: disks at most %.1f%% full: writable again", self.bookie_id, usage * 100,
+                         extra=context(bookie=self.bookie_id))
             return False
         return readonly
+
+    def _bookie_failed(self, failure: BookieFailure) -> None:
+        """The core met an I/O error (any thread; the core logged it): read-only for good."""
+        self.readonly = True  # adds are refused from now on; the registration follows
+        self._check_soon()
+
+    def _no_space(self, directory: str, exc: BaseException) -> None:
+        """A write found ``directory``'s disk full before the disk check did (any thread):
+        read-only now; the disk check makes it writable again once there is room."""
+        self._full_dirs.add(directory)  # checked by the disk check until below the low-water mark
+        if self.readonly:
+            return
+        self.readonly = True
+        log.warning("bookie %s: no space left in %s (%s): read-only until its disk is below %.0f%%", self.bookie_id,
+                    directory, exc, self.config.disk_usage_lwm_threshold * 100,
+                    extra=context(bookie=self.bookie_id, directory=directory))
+        self._check_soon()
+
+    def _check_soon(self) -> None:
+        """Run :meth:`check_disks` on the loop (from any thread), unless stopping."""
+        loop = self._loop
+        if loop is None or self._stopping or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(lambda: loop.create_task(self.check_disks()))
+        except RuntimeError:  # the loop closed meanwhile
+            pass
 
     async def _watch_disks(self) -> None:
         while True:
@@ -650,8 +706,7 @@ class BookieServer:
 
     def _space_freed(self) -> None:
         """GC gave space back (its thread): check the disks now, not at the next interval."""
-        if not self._stopping:
-            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self.check_disks()))
+        self._check_soon()
 
     async def check_disks(self) -> None:
         """Check disk usage now and switch mode if needed (also run periodically).
@@ -660,6 +715,7 @@ class BookieServer:
         so. A registration that failed is retried at the next check."""
         try:
             want = await self._loop.run_in_executor(None, self._disks_full, self.readonly) or self.forced_readonly
+            want = want or self.failure is not None
             if want:
                 self.readonly = True
             if self._registration is not None and self._registration.readonly != want:

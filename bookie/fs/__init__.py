@@ -22,9 +22,10 @@ The contract the storage code may rely on (and no more):
 
 from __future__ import annotations
 
+import errno
 from typing import Protocol, runtime_checkable
 
-__all__ = ["File", "FileSystem", "AlignedBuffer", "SECTOR"]
+__all__ = ["File", "FileSystem", "AlignedBuffer", "SECTOR", "is_no_space"]
 
 #: The smallest unit a crash cannot tear (and the unit MemFS tears by).
 SECTOR = 512
@@ -111,6 +112,22 @@ class FileSystem(Protocol):
     def disk_usage(self, path: str) -> float:
         """Fraction (0..1) of the file system holding ``path`` that is used."""
         ...
+
+
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+_SYNC_OPS = frozenset({"fdatasync", "fsync", "fsync_dir"})
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write, create or reservation the file system refused for
+    lack of space (ENOSPC, EDQUOT): nothing was promised, and the same bytes may be
+    written again once there is room. Never a failed sync: an fsync that reports
+    ENOSPC (NFS, thin provisioning) may have dropped dirty pages, like any failed
+    fsync - retrying it would report success for data that is gone ("fsyncgate")."""
+    if not isinstance(exc, OSError) or exc.errno not in _NO_SPACE:
+        return False
+    context = getattr(exc, "context", None)
+    return not (isinstance(context, dict) and context.get("op") in _SYNC_OPS)
 
 
 def read_all(fs: FileSystem, path: str) -> bytes:

@@ -10,7 +10,13 @@ back, for removed and renamed ones). Directories themselves are durable once mad
 :meth:`MemFS.arm_crash` makes the machine die after a number of mutating operations:
 that operation and every later one raise :class:`PowerLoss` until ``crash()`` - so a
 workload running on several threads stops at an exact, reproducible point.
-:meth:`fail_next_write` and :meth:`fail_next_sync` inject a single EIO.
+:meth:`fail_next_write` and :meth:`fail_next_sync` inject a single EIO. A failed sync
+behaves as Linux's does: the dirty sectors it was to write are forgotten (the bytes stay
+readable, as in the page cache, but a later sync that succeeds does not make them
+durable) - so code that retries a failed fsync and trusts it loses data at ``crash()``.
+:attr:`MemFS.capacity` (bytes, None: unlimited) is a full disk: a write, truncate or
+reservation that would grow the files past it fails with ENOSPC, and
+:meth:`MemFS.disk_usage` reports the fraction used.
 """
 
 from __future__ import annotations
@@ -116,6 +122,7 @@ class _MemFile:
         if self.direct and (offset % self._fs.alignment or n % self._fs.alignment):
             raise OSError(errno.EINVAL, f"unaligned O_DIRECT write offset={offset} len={n}")
         d = self._inode.data
+        self._fs._check_room(offset + n - len(d))
         if len(d) < offset:
             d.extend(bytes(offset - len(d)))
         d[offset : offset + n] = data
@@ -127,6 +134,7 @@ class _MemFile:
         with self._fs._lock:
             self._check()
             self._fs._mutate("write")
+            self._fs._check_room(offset + sum(len(b) for b in buffers) - len(self._inode.data))
             pos = offset
             for b in buffers:
                 pos += self._write_at(b, pos)
@@ -147,7 +155,13 @@ class _MemFile:
     def sync(self) -> None:
         with self._fs._lock:
             self._check()
-            self._fs._mutate("sync")
+            try:
+                self._fs._mutate("sync")
+            except PowerLoss:
+                raise
+            except OSError:  # as Linux: the failed writeback's pages count as clean now
+                self._inode.dirty.clear()
+                raise
             self._inode.sync()
 
     def truncate(self, size: int) -> None:
@@ -155,6 +169,7 @@ class _MemFile:
             self._check()
             self._fs._mutate("write")
             d = self._inode.data
+            self._fs._check_room(size - len(d))
             self._inode.touch(min(size, len(d)), max(size, len(d)))
             if size < len(d):
                 del d[size:]
@@ -166,6 +181,7 @@ class _MemFile:
             self._check()
             self._fs._mutate("write")
             end, d = offset + length, self._inode.data
+            self._fs._check_room(end - len(d))
             if len(d) < end:
                 self._inode.touch(len(d), end)
                 d.extend(bytes(end - len(d)))
@@ -186,6 +202,8 @@ class MemFS:
         self.alignment = alignment
         self.direct_ok = direct_ok
         self.usage = 0.1
+        #: Bytes the files may hold in all (None: no limit): a full disk (ENOSPC).
+        self.capacity: int | None = None
         self._lock = threading.RLock()
         self._names: dict[str, _Inode] = {}
         self._durable: dict[str, _Inode] = {}
@@ -245,6 +263,15 @@ class MemFS:
         if kind == "sync" and self._fail_sync:
             self._fail_sync -= 1
             raise OSError(errno.EIO, "injected sync failure")
+
+    def used_bytes(self) -> int:
+        """Bytes held by the files that have a name (what :attr:`capacity` limits)."""
+        with self._lock:
+            return sum(len(inode.data) for inode in {id(i): i for i in self._names.values()}.values())
+
+    def _check_room(self, growth: int) -> None:
+        if self.capacity is not None and growth > 0 and self.used_bytes() + growth > self.capacity:
+            raise OSError(errno.ENOSPC, "No space left on device (MemFS capacity)")
 
     # --- FileSystem -------------------------------------------------------------------
     @staticmethod
@@ -315,4 +342,6 @@ class MemFS:
                     self._durable[p] = inode
 
     def disk_usage(self, path: str) -> float:
+        if self.capacity is not None:
+            return min(1.0, self.used_bytes() / self.capacity) if self.capacity else 1.0
         return self.usage

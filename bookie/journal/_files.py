@@ -16,7 +16,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from bookie.fs import File, FileSystem
+from bookie.fs import File, FileSystem, is_no_space
 from bookie.journal._format import JournalHeader, journal_name, parse_journal_name
 from walkit.errors import NativeIOError
 
@@ -51,14 +51,31 @@ class OpenJournal:
     #: bytes from 0 known to be allocated (written blocks or reserved space)
     allocated: int
     prealloc_size: int
+    #: the last step did not fit: batches reserve exactly their size (warned once)
+    tight: bool = False
 
     def reserve(self, end: int) -> None:
         """Make sure bytes up to ``end`` are allocated, so an fdatasync need not grow the
-        file (fallocate, in ``prealloc_size`` steps)."""
+        file (fallocate, in ``prealloc_size`` steps). When a whole step does not fit
+        (ENOSPC) exactly ``end`` is asked for: a nearly full disk still takes batches
+        until it is really full, rather than refusing writes with megabytes free. If
+        that fails too, the error is raised (:func:`bookie.fs.is_no_space` tells it)."""
         if end <= self.allocated:
             return
         target = -(-end // self.prealloc_size) * self.prealloc_size
-        self.file.allocate(self.allocated, target - self.allocated)
+        try:
+            self.file.allocate(self.allocated, target - self.allocated)
+        except OSError as exc:
+            if not is_no_space(exc) or target == end:
+                raise
+            if not self.tight:
+                self.tight = True
+                log.warning("journal %s: no room for a %d-byte preallocation step, reserving %d bytes only: %s",
+                            self.file.path, target - self.allocated, end - self.allocated, exc)
+            self.file.allocate(self.allocated, end - self.allocated)
+            target = end
+        else:
+            self.tight = False
         self.allocated = target
 
 
@@ -96,8 +113,13 @@ class JournalFiles:
                 raise NativeIOError(exc.errno or 5, "cannot create journal", path=path) from exc
             # A recycled file also gets its terminator right away: an empty new life must
             # end at a zero block too, not run into the earlier life's frames.
-            self._write_header(f, JournalHeader(journal_id=journal_id, alignment=a, previous_id=previous),
-                               terminated=bool(previous))
+            try:
+                self._write_header(f, JournalHeader(journal_id=journal_id, alignment=a, previous_id=previous),
+                                   terminated=bool(previous))
+            except BaseException:  # e.g. a full disk: leave no file named for this id, whose
+                f.close()  # header replay would stumble on; a recycled file is free again
+                self._undo(path, f"{d}/{journal_name(previous)}{_FREE}" if previous else None)
+                raise
             self._fs.fsync_dir(d)
         allocated = max(a, f.size() // a * a) if previous else a
         log.info("journal %s opened (direct=%s, recycled from %s)", path, f.direct, previous or "-")
@@ -121,6 +143,16 @@ class JournalFiles:
             if doomed:
                 self._fs.fsync_dir(d)
         return doomed
+
+    def _undo(self, path: str, free: str | None) -> None:
+        try:
+            if free is None:
+                self._fs.remove(path)
+            else:
+                self._fs.rename(path, free)
+            self._fs.fsync_dir(self.directory)
+        except OSError as exc:
+            log.warning("journal %s: could not undo the file whose header failed: %s", path, exc)
 
     def _write_header(self, f: File, header: JournalHeader, *, terminated: bool) -> None:
         a = self._alignment

@@ -49,7 +49,18 @@ where this life ends (docs/format.md).
 Durability: a callback receives ``None`` only after the fdatasync that covers its frame
 returned (or, with ``sync_data=False``, after the write). Any I/O error kills the journal:
 the batch in flight, the batch being built and every later submission fail - exactly once
-each - and nothing later is acknowledged.
+each - and nothing later is acknowledged; ``on_failure`` is told. A failed fdatasync is
+never retried: the kernel may have dropped the pages it failed to write, and a second
+fdatasync would succeed without them ("fsyncgate"); only a restart, which replays what
+is really on disk, knows what is durable.
+
+A full disk is not an I/O error: before a batch is written its space is reserved
+(fallocate), and when even the batch's own size does not fit the batch is refused - its
+records fail with ENOSPC, nothing of it reaches the file, the next batch is written where
+it would have gone - and ``on_no_space`` is told (the bookie turns read-only). The journal
+goes on, so once space is freed the bookie can be writable again without a restart.
+The same holds at a roll: when the next file cannot be made, the records framed for it
+are refused and the next batch tries the roll again.
 """
 
 from __future__ import annotations
@@ -61,7 +72,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bookie.fs import AlignedBuffer, FileSystem
+from bookie.fs import AlignedBuffer, FileSystem, is_no_space
 from bookie.journal._files import JournalFiles, OpenJournal
 from bookie.journal._format import FrameType, frame_seed
 from bookie.journal._framing import ENTRY, FrameBuffer, Segment
@@ -109,6 +120,7 @@ class JournalStats:
     reasons: dict[str, int] = field(default_factory=dict)
     rolls: int = 0
     slow_syncs: int = 0  # write+syncs slower than ``sync_warn``
+    no_space: int = 0  # batches refused because the disk had no room for them
     sync_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))  # one write+sync
     queue_wait_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))  # oldest record's
     records_per_flush: Histogram = field(default_factory=lambda: Histogram(COUNT_BUCKETS))
@@ -212,6 +224,12 @@ class Journal:
         #: Called on the sync thread after each batch's callbacks, with the new durable
         #: mark: one wake-up per batch for whoever waits on many entries.
         self.flush_listeners: list[Callable[[LogMark], None]] = []
+        #: ``on_failure(error)``: called once, on the thread that met it, when an I/O
+        #: error killed the journal (the bookie turns read-only for good).
+        self.on_failure: Callable[[BaseException], None] | None = None
+        #: ``on_no_space(error)``: a batch was refused because the disk is full (the
+        #: journal lives on; the bookie turns read-only until there is room).
+        self.on_no_space: Callable[[BaseException], None] | None = None
         #: Test hook (walkit.testing's slow_disk): seconds the sync thread sleeps before
         #: writing and syncing each batch, as a slow disk would take; 0 in production.
         self.sync_delay = 0.0
@@ -414,28 +432,76 @@ class Journal:
             self._frames.seed = frame_seed(self._journal_id + 1)
         return batch
 
-    def _reserve(self, batch: _Batch) -> None:
-        """Make room in the file for ``batch`` (and its terminator)."""
+    def _reserve(self, batch: _Batch) -> bool:
+        """Make room in the file for ``batch`` (and its terminator). False when the disk
+        is full (:func:`~bookie.fs.is_no_space`): the batch is refused - nothing of it
+        was written, its records fail with the ENOSPC, the next batch takes its place
+        in the file - and the journal lives on. Any other error fails the batch's
+        records and is raised (it kills the journal); so does a full disk under a batch
+        that ends the file, as the records framed after it carry the next file's seed."""
         end = batch.offset + batch.length + (len(batch.terminator) if batch.terminator is not None else 0)
         try:
             assert self._current is not None
             self._current.reserve(end)
+            return True
         except BaseException as exc:  # these records left the batch: fail them here
+            if is_no_space(exc) and batch.offset + batch.length < self._cfg.max_size:
+                self._refuse(batch, exc)
+                return False
             _call_back(batch.records, exc)
             raise
 
+    def _refuse(self, batch: _Batch, exc: BaseException) -> None:
+        """Drop a batch the disk has no room for (see :meth:`_reserve`)."""
+        with self._lock:
+            self._file_pos = batch.offset  # only the thread that closed a batch moves it
+            for buf, _ in batch.segments:
+                self._put_buffer(buf)
+        self._refused(batch.records, exc, f"{batch.length} bytes at offset {batch.offset}")
+
+    def _refused(self, records: list[tuple[Callback, Any]], exc: BaseException, what: str) -> None:
+        """Records the disk had no room for fail with its ENOSPC; the bookie is told."""
+        self.stats.no_space += 1
+        log.warning("journal %d: no space for %d records (%s), refused: %s", self._journal_id, len(records), what,
+                    exc, extra=context(journal=self._journal_id, directory=self._cfg.directory))
+        _call_back(records, exc)
+        if self.on_no_space is not None:
+            self.on_no_space(exc)
+
     def _hand_off(self, reason: FlushReason) -> None:
         """Close the batch being built and give it to the (idle) sync thread."""
+        if self._file_pos >= self._cfg.max_size and not self._roll_or_refuse():
+            return  # a roll the disk had no room for: tried again with the next batch
         with self._lock:
             batch = self._close_batch(reason)
-        self._reserve(batch)
+        if not self._reserve(batch):
+            return
         with self._sync_cond:
             self._handoff = batch
             self._sync_busy = True
             self._sync_cond.notify_all()
         if self._file_pos >= self._cfg.max_size:
             self._wait_sync_idle()
+            self._roll_or_refuse()
+
+    def _roll_or_refuse(self) -> bool:
+        """Roll to the next file (the sync thread idle). When the disk has no room for
+        it, the records framed for that file are refused (ENOSPC, as in :meth:`_refuse`)
+        and False is returned: the journal stays at the end of the full file, and the
+        next batch tries the roll again. Any other error is raised (it kills the journal)."""
+        try:
             self._roll()
+            return True
+        except BaseException as exc:
+            if not is_no_space(exc):
+                raise
+            with self._lock:
+                segments, records = self._frames.take(), self._records
+                self._records, self._entries, self._oldest = [], 0, None
+                for buf, _ in segments:
+                    self._put_buffer(buf)
+            self._refused(records, exc, f"no room for journal {self._journal_id + 1}")
+            return False
 
     def _wait_sync_idle(self) -> bool:
         """Wait until no flush is in flight; True when one was."""
@@ -451,12 +517,23 @@ class Journal:
     def _die(self, exc: BaseException) -> None:
         """Fail the batch being built and refuse everything later (exactly once each)."""
         with self._lock:
-            if self._error is None:
-                log.error("journal %d failed: %s", self._journal_id, exc, extra=context(journal=self._journal_id))
+            first = self._error is None
+            if first:
+                log.error("journal %d in %s failed: %s", self._journal_id, self._cfg.directory, exc,
+                          extra=context(journal=self._journal_id, directory=self._cfg.directory))
                 self._error = exc
             records, self._records = self._records, []
             self._entries, self._oldest = 0, None
         _call_back(records, exc)
+        if first:
+            self._report_failure(exc)
+
+    def _report_failure(self, exc: BaseException) -> None:
+        if self.on_failure is not None:
+            try:
+                self.on_failure(exc)
+            except Exception:  # noqa: BLE001 - the journal is dead either way
+                log.exception("journal %d: failure listener raised", self._journal_id)
 
     # --- the sync thread ----------------------------------------------------------------------
     def _sync_run(self) -> None:
@@ -500,7 +577,8 @@ class Journal:
                 return None, False
             batch = self._close_batch(reason)
         try:
-            self._reserve(batch)
+            if not self._reserve(batch):
+                return None, False  # refused for lack of space; the journal lives on
         except BaseException as exc:  # noqa: BLE001 - any failure kills the journal
             log.error("journal %d: reserving space for %d records failed: %s", batch.journal_id,
                       len(batch.records), exc, extra=context(journal=batch.journal_id))
@@ -509,10 +587,15 @@ class Journal:
         return batch, False
 
     def _fail(self, exc: BaseException) -> None:
-        """The sync thread hit an I/O error: the journal is dead; wake its thread."""
+        """The sync thread hit an I/O error: the journal is dead; wake its thread. It is
+        never retried: after a failed fdatasync the kernel may have dropped the dirty
+        pages, so a later sync that succeeds would prove nothing ("fsyncgate")."""
         with self._lock:
+            first = self._error is None
             self._error = self._error or exc
             self._cond.notify()
+        if first:
+            self._report_failure(exc)
 
     def _write_batch(self, b: _Batch) -> bool:
         """Write, sync and acknowledge one batch; True when the journal died doing it."""
@@ -576,10 +659,12 @@ class Journal:
 
     # --- roll ---------------------------------------------------------------------------------
     def _roll(self) -> None:
-        assert self._current is not None
-        self._current.file.close()
-        self.stats.rolls += 1
+        """Open the next file, then close this one (if the open fails, nothing changed)."""
+        old = self._current
+        assert old is not None
         self._open_file(self._journal_id + 1)
+        old.file.close()
+        self.stats.rolls += 1
 
     def _open_file(self, journal_id: int) -> None:
         cur = self._current = self._files.open(journal_id)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from crc32c import crc32c
 
-from bookie.fs import File, FileSystem
+from bookie.fs import File, FileSystem, is_no_space
 from bookie.storage._format import (
     LOG_HEADER_SIZE,
     RECORD_CRC_HEAD,
@@ -61,6 +61,9 @@ class EntryLogWriter:
         self.position = len(self._buf)
         #: Record bytes per ledger (the log's usage; :mod:`bookie.storage._usage`).
         self.ledgers: dict[int, int] = {}
+        #: The disk was full when the buffer was last due to be written (ENOSPC): the
+        #: records wait in the buffer (readable) for a flush once there is room.
+        self.no_space: OSError | None = None
 
     def append(self, ledger_id: int, entry_id: int, data: bytes) -> int:
         """Buffer one record (writing the buffer out once it holds ``buffer_size``
@@ -75,15 +78,22 @@ class EntryLogWriter:
         ledgers = self.ledgers
         ledgers[ledger_id] = ledgers.get(ledger_id, 0) + length + 8
         if len(buf) >= self._buffer_size:
-            self.write_out()
+            try:
+                self.write_out()
+            except OSError as exc:
+                if not is_no_space(exc):
+                    raise
+                self.no_space = exc  # the record stays in the buffer; a flush writes it later
         return offset
 
     def write_out(self) -> None:
-        """Write the buffer at the end of the file (no sync)."""
+        """Write the buffer at the end of the file (no sync). When it fails the buffer
+        is kept whole (the next call writes it again, over any part that got through)."""
         if self._buf:
             self.file.pwrite(self._buf, self._buf_start)
             self._buf_start += len(self._buf)
             self._buf = bytearray()
+        self.no_space = None
 
     def read_buffered(self, offset: int, ledger_id: int, entry_id: int) -> bytes | None:
         """The data of the record at ``offset`` if it is still in the buffer."""

@@ -285,10 +285,18 @@ class LedgerDir:
             return None
         return w.read_buffered(offset, ledger_id, entry_id)
 
-    def begin_flush(self) -> LogFlush:
-        """Write out the buffer; hand over every log the flush must sync."""
+    def write_out(self) -> None:
+        """Write the active log's buffer (a flush does it first: a full disk then stops
+        the flush before anything was taken from this directory)."""
         if self.writer is not None:
             self.writer.write_out()
+
+    def no_space(self) -> OSError | None:
+        """The full-disk error the active log's buffer is waiting out, if any."""
+        return self.writer.no_space if self.writer is not None else None
+
+    def begin_flush(self) -> LogFlush:
+        """Hand over every log the flush must sync (their buffers written out)."""
         done, self.rolled = self.rolled, []
         active = [self.writer] if self.writer is not None else []
         fsync_dir = self.logs_dir if self.logs_dirty else None
@@ -301,14 +309,19 @@ class LedgerDir:
         self.writer, self.rolled = None, []
 
     def _roll(self) -> EntryLogWriter:
-        old, self.writer = self.writer, None
+        """Start the next log. Nothing changes if it fails (e.g. a full disk while the
+        old log's buffer is written out, or the new log is created): the old log stays
+        the active one, with its buffer, and a later append tries again."""
+        old = self.writer
         if old is not None:
             old.write_out()
-            self.rolled.append(old)
         if self.next_log_id > _MAX_LOG_ID:
             raise StorageError("entry log ids exhausted", dir=self.root)
         log_id = self.next_log_id
+        writer = EntryLogWriter(self.fs, self.log_path(log_id), log_id, self.buffer_size)
         self.next_log_id += 1
         self.logs_dirty = True
-        self.writer = EntryLogWriter(self.fs, self.log_path(log_id), log_id, self.buffer_size)
-        return self.writer
+        if old is not None:
+            self.rolled.append(old)
+        self.writer = writer
+        return writer

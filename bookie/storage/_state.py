@@ -13,19 +13,28 @@ fenced, no LAC), except :meth:`LedgerStates.last_entry_id`, which raises.
 
 It also keeps the storage's lifecycle flags: not yet open, open, or *failed* after an
 I/O error on the write path — then every write raises ``StorageError`` (with the first
-failure as ``__cause__``) until the storage is reopened from what is on disk.
+failure as ``__cause__``) until the storage is reopened from what is on disk, and
+``on_failure`` is told once. A full disk (:func:`bookie.fs.is_no_space`: a write or
+create refused with ENOSPC, never a failed sync) does not fail the storage: what was not
+written stays in memory and is written by a later flush; ``on_no_space`` is told.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable
 from types import TracebackType
+
+from bookie.fs import is_no_space
 
 from bookie.storage._format import MAX_LEDGER_ID, MAX_MASTER_KEY
 from bookie.storage._index import LedgerState
 from walkit.errors import InvalidArgumentError, NoSuchLedgerError, StorageError, UsageError
 
 __all__ = ["LedgerStates"]
+
+log = logging.getLogger("bookie.storage")
 
 _MIN_LAC = -1
 
@@ -40,8 +49,33 @@ class LedgerStates:
         self._dirty: set[int] = set()
         self._failure: BaseException | None = None
         self._is_open = False
-        #: ``with self._failing:`` - any error inside leaves the storage failed.
+        #: ``with self._failing:`` - any error inside (but a full disk) leaves the storage failed.
         self._failing = _Failing(self)
+        #: ``on_failure(error)``: called once when an I/O error failed the storage (any thread).
+        self.on_failure: Callable[[BaseException], None] | None = None
+        #: ``on_no_space(error)``: a write found the disk full (the storage did not fail).
+        self.on_no_space: Callable[[BaseException], None] | None = None
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The I/O error that failed the storage (None: it has not failed)."""
+        return self._failure
+
+    def _latch(self, exc: BaseException) -> None:
+        """An error on the write path: the storage fails (unless the disk is just full)."""
+        if is_no_space(exc):
+            self._report(self.on_no_space, exc)
+        elif self._failure is None:
+            self._failure = exc
+            self._report(self.on_failure, exc)
+
+    @staticmethod
+    def _report(listener: Callable[[BaseException], None] | None, exc: BaseException) -> None:
+        if listener is not None:
+            try:
+                listener(exc)
+            except Exception:  # noqa: BLE001 - a listener must not change what the storage does
+                log.exception("ledger storage: listener raised")
 
     # --- per-ledger state -----------------------------------------------------------
     def set_master_key(self, ledger_id: int, key: bytes) -> None:
@@ -156,5 +190,5 @@ class _Failing:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if exc is not None and self._states._failure is None:
-            self._states._failure = exc
+        if exc is not None:
+            self._states._latch(exc)

@@ -23,6 +23,13 @@ So an index slot never points at bytes that are not durable; after a crash an en
 is either reachable and byte-identical or absent, and everything a completed flush
 covered is there. The RAM kept per entry is the pending map only: empty after a flush.
 
+A full disk is not a failure: a log buffer that cannot be written (ENOSPC) stays in
+memory, readable, and an add that needs a new log is refused; a flush that meets ENOSPC
+before step 2 took nothing, and one that meets it in step 3 is undone
+(:meth:`LedgerStorage._abort_flush`) - either way it raises, the next flush starts
+over, and ``on_no_space`` is told. Failed syncs are never "no space": they fail the
+storage (their dirty pages may be gone; only a reopen and the journal's replay know).
+
 Assumes: the journal holds everything since the last completed flush and replays it
 (re-adds overwrite, which is why they are allowed). Recovers: :meth:`open` reads every
 index header (the newer valid copy of two), removes ``.idx.tmp`` files a crash left
@@ -38,7 +45,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from bookie.fs import File, FileSystem
+from bookie.fs import File, FileSystem, is_no_space
 from bookie.storage._entrylog import EntryLogWriter, open_log_for_read, read_record
 from bookie.storage._format import (
     MAX_ENTRY_ID,
@@ -173,8 +180,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                     try:
                         location = dirs[ledger_id % ndirs].append(ledger_id, entry_id, data)
                     except Exception as exc:  # noqa: BLE001 - refuses this entry only, and
-                        if self._failure is None:  # leaves the storage failed (as `_failing`)
-                            self._failure = exc
+                        self._latch(exc)  # leaves the storage failed (as `_failing`) unless the disk is full
                         failed.append((i, exc))
                         continue
                 assert state is not None
@@ -186,6 +192,9 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                         slots = pending[ledger_id] = {}
                     last_ledger = ledger_id
                 slots[entry_id] = location
+            full = [exc for exc in map(LedgerDir.no_space, dirs) if exc is not None]
+        if full:  # entries kept in memory (a log buffer the disk has no room for): say so
+            self._report(self.on_no_space, full[0])
         return failed
 
     def _add_checked(self, ledger_id: int, entry_id: int, data: bytes) -> tuple[int, LedgerState]:
@@ -279,7 +288,10 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
 
     # --- flush ----------------------------------------------------------------------
     def flush(self) -> None:
-        """Make everything added so far durable (see the module docstring for the order)."""
+        """Make everything added so far durable (see the module docstring for the order).
+        A full disk (ENOSPC while writing a log buffer or an index file) makes the flush
+        raise but leaves the storage as it was - the entries stay reachable in memory,
+        the next flush tries again; any other error fails the storage."""
         with self._flush_lock:
             with self._lock:
                 self._check_writable()
@@ -287,11 +299,20 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                     plan = self._begin_flush()
             with self._failing:
                 self._sync_logs(plan)
-                self._write_index(plan)
+            try:
+                with self._failing:
+                    self._write_index(plan)
+            except OSError as exc:
+                if is_no_space(exc):
+                    with self._lock:
+                        self._abort_flush(plan)
+                raise
             with self._lock:
                 self._end_flush(plan)
 
     def _begin_flush(self) -> _FlushPlan:
+        for d in self._dirs:  # first, as it may find the disk full: nothing is taken yet
+            d.write_out()
         logs = [d.begin_flush() for d in self._dirs]
         slots, self._pending = self._pending, {}
         self._flushing = slots
@@ -349,6 +370,23 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         if d.ensure_bucket(ledger_id):
             return {d.bucket_dir(ledger_id), d.index_dir}
         return {d.bucket_dir(ledger_id)}
+
+    def _abort_flush(self, plan: _FlushPlan) -> None:
+        """Undo a flush the disk had no room for (lock held): its slots go back to the
+        pending map (slots added since are newer), its headers are dirty again, its new
+        index files will be made again (``.tmp``), its synced rolled logs will be sealed
+        by the next flush. Index slots and headers it wrote point at synced records and
+        are written again, so the retry needs nothing from this attempt."""
+        for ledger_id, slots in plan.slots.items():
+            if ledger_id in self._states:
+                slots.update(self._pending.get(ledger_id, {}))
+                self._pending[ledger_id] = slots
+        self._flushing = {}
+        self._dirty |= plan.headers.keys() & self._states.keys()
+        for ledger_id in plan.created:
+            self._index_files.discard(ledger_id)
+        for d, log_flush in zip(self._dirs, plan.logs):
+            d.rolled = log_flush.close + d.rolled
 
     def _end_flush(self, plan: _FlushPlan) -> None:
         for ledger_id, header in plan.headers.items():

@@ -1,0 +1,99 @@
+"""Small real file systems for the tests: a size-limited tmpfs and an ext4 image on a
+loop device, mounted on a directory and always unmounted (and the loop device detached)
+at the end, even when the test fails. Where mounting is impossible (no root, no loop
+device, no mkfs.ext4) the test is skipped with the reason."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+MIB = 1 << 20
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=60)
+
+
+def _need(*tools: str) -> None:
+    for tool in tools:
+        if shutil.which(tool) is None:
+            pytest.skip(f"no {tool} command: cannot make a small file system")
+
+
+def _unmount(target: Path) -> None:
+    """Unmount ``target``; lazily when something still holds it (a bookie process the
+    test could not stop), so the teardown never leaves a mount behind."""
+    if _run("umount", str(target)).returncode != 0:
+        _run("umount", "-l", str(target))
+
+
+@contextlib.contextmanager
+def tmpfs(target: Path, size: int) -> Iterator[Path]:
+    """A tmpfs of ``size`` bytes on ``target`` (made if missing)."""
+    _need("mount", "umount")
+    target.mkdir(parents=True, exist_ok=True)
+    done = _run("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target))
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
+    try:
+        yield target
+    finally:
+        _unmount(target)
+
+
+@contextlib.contextmanager
+def loop_ext4(target: Path, size: int, image: Path) -> Iterator[Path]:
+    """An ext4 file system of ``size`` bytes (no reserved blocks: root and the disk check
+    see the same free space) in the file ``image``, on a loop device, mounted on
+    ``target``; unmounted, detached and the image removed at the end."""
+    _need("mount", "umount", "losetup", "mkfs.ext4")
+    target.mkdir(parents=True, exist_ok=True)
+    with open(image, "wb") as f:
+        f.truncate(size)
+    device = ""
+    try:
+        made = _run("mkfs.ext4", "-q", "-F", "-m", "0", str(image))
+        if made.returncode != 0:
+            pytest.skip(f"mkfs.ext4 failed: {made.stderr.strip()}")
+        attached = _run("losetup", "--find", "--show", str(image))
+        if attached.returncode != 0:
+            pytest.skip(f"cannot attach a loop device here (needs root and /dev/loop*): {attached.stderr.strip()}")
+        device = attached.stdout.strip()
+        mounted = _run("mount", "-t", "ext4", device, str(target))
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot mount an ext4 loop device here: {mounted.stderr.strip()}")
+        try:
+            yield target
+        finally:
+            _unmount(target)
+    finally:
+        if device:
+            _run("losetup", "-d", device)
+        image.unlink(missing_ok=True)
+
+
+def fill(directory: Path, leave: int, name: str = "filler") -> Path:
+    """A file in ``directory`` that takes all of its file system's free space but
+    ``leave`` bytes (another tenant of the disk); remove it to give the space back."""
+    path = directory / name
+    free = shutil.disk_usage(directory).free
+    with open(path, "wb") as f:
+        chunk = b"\xa5" * MIB
+        todo = max(0, free - leave)
+        while todo > 0:
+            n = f.write(chunk[: min(len(chunk), todo)])
+            todo -= n
+        f.flush()
+    return path
+
+
+def usage(path: Path) -> float:
+    """The fraction of ``path``'s file system in use (as the bookie's disk check sees it)."""
+    u = shutil.disk_usage(path)
+    return 1.0 - u.free / u.total
