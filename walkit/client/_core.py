@@ -1,9 +1,17 @@
 """What every part of one client shares: options, the loop thread, the bookie pool, the
-metadata session, and what the client has learnt about bookies' health."""
+metadata session, and what the client has learnt about bookies' health and endpoints.
+
+Adds need no metadata, even during an outage of the store: the endpoints of the bookies
+a ledger is created on (or moved to) are read with the bookie list, while the store
+answers, so that the first connection to one of them is made from what was read; a
+reconnection reads the registration again (a restarted bookie may have moved) and, if
+the store does not answer, goes on with the endpoint known before.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 import weakref
@@ -15,12 +23,15 @@ from walkit.client._config import ClientConfig
 from walkit.client._loop import LoopThread
 from walkit.client._pool import BookiePool, Endpoint, parse_endpoint
 from walkit.client._stats import CLIENTS
-from walkit.errors import NotEnoughBookiesError, UsageError, WalkitError
+from walkit.errors import MetadataUnavailableError, NotEnoughBookiesError, UsageError, WalkitError
+from walkit.logs import context
 from walkit.metadata import Cluster, read_registration
 
 __all__ = ["ClientCore"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 FAILURE_MEMORY = 60.0  # seconds a failed bookie is picked last (BookKeeper's failure history)
 
@@ -37,6 +48,8 @@ class ClientCore:
         self.loop = loop
         self._metadata = ThreadPoolExecutor(4, thread_name_prefix="walkit-metadata")
         self.pool = BookiePool(config, self._resolve)
+        self._endpoints: dict[str, Endpoint] = {}  # what each bookie registered, when last read
+        self._unused: set[str] = set()  # endpoints read ahead (with a choice), no connection made yet
         self._failed_at: dict[str, float] = {}
         self.closing = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -58,10 +71,43 @@ class ClientCore:
         return await asyncio.get_running_loop().run_in_executor(self._metadata, fn, *args)
 
     async def _resolve(self, bookie: str) -> Endpoint:
-        return await self.md(self._registration_of, bookie)
+        """(Loop) the endpoint to connect to ``bookie`` at (see the module docstring)."""
+        if bookie in self._unused:
+            self._unused.discard(bookie)
+            return self._endpoints[bookie]
+        try:
+            endpoint = await self.md(self._registration_of, bookie)
+        except MetadataUnavailableError as exc:
+            known = self._endpoints.get(bookie)
+            if known is None:
+                raise
+            log.warning("metadata unavailable: connecting to bookie %s at its last known endpoint (%s)", bookie, exc,
+                        extra=context(bookie=bookie))
+            return known
+        self._endpoints[bookie] = endpoint
+        return endpoint
 
     def _registration_of(self, bookie: str) -> Endpoint:
         return parse_endpoint(bookie, read_registration(self.cluster.store, self.cluster.info, bookie))
+
+    def _read_ahead(self, bookies: list[str]) -> dict[str, Endpoint]:
+        """(Metadata thread) the endpoints of those of ``bookies`` never read before
+        (best effort: one that cannot be read is read again when connecting)."""
+        found: dict[str, Endpoint] = {}
+        for bookie in bookies:
+            try:
+                found[bookie] = self._registration_of(bookie)
+            except WalkitError:
+                continue
+        return found
+
+    async def _learn_endpoints(self, bookies: list[str]) -> None:
+        new = [b for b in bookies if b not in self._endpoints]
+        if new:
+            for bookie, endpoint in (await self.md(self._read_ahead, new)).items():
+                if bookie not in self._endpoints:
+                    self._endpoints[bookie] = endpoint
+                    self._unused.add(bookie)
 
     # -- bookie health and placement ---------------------------------------------------
     def bookie_failed(self, bookie: str) -> None:
@@ -85,7 +131,9 @@ class ClientCore:
                                         excluded=len(exclude & writable) or None)
         random.shuffle(candidates)
         candidates.sort(key=self.recently_failed)
-        return candidates[:count]
+        chosen = candidates[:count]
+        await self._learn_endpoints(chosen)
+        return chosen
 
     async def close(self) -> None:
         """Fail what writers still have in flight (their outcome is unknown), stop the

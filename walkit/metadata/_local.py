@@ -42,9 +42,21 @@ the store from a session listener.
 
 Recovery. If this store finds its own session gone (the process was paused past the
 lease, or :meth:`expire_session` was called), it tells listeners ``LOST`` (its
-ephemeral nodes are gone), opens a new session and tells them ``CONNECTED``; creating an
-ephemeral node with a dead session raises ``SessionExpiredError``. A database that stays
-locked past ``busy_timeout`` raises ``MetadataUnavailableError`` with the cause.
+ephemeral nodes are gone), opens a new session and tells them ``CONNECTED``. A call
+that creates an ephemeral node and finds its session dead waits (up to
+``session_timeout``) for that new session and tries once more on it; it raises
+``SessionExpiredError`` if none comes.
+
+A database that stays locked (another process holds its write lock: stuck, stopped
+with SIGSTOP in the middle of a transaction) makes every write wait at most
+``busy_timeout`` in all - for this store's write connection (one call at a time) and
+then for SQLite's lock - and then raise ``MetadataUnavailableError`` with the cause.
+Reads go on meanwhile: they have a connection of their own, and in WAL mode readers
+never wait for the writer. Once the lock is
+released the next call goes through. While no write can pass, no lease is renewed: a
+lock held longer than ``session_timeout`` expires the sessions it kept from renewing,
+so after it their ephemeral nodes go and their owners hear LOST and then CONNECTED on a
+new session, as after a ZooKeeper session expiry.
 """
 
 from __future__ import annotations
@@ -58,7 +70,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from walkit.errors import (
     InvalidArgumentError,
@@ -87,7 +99,10 @@ __all__ = ["LocalMetadataStore"]
 
 _log = logging.getLogger(__name__)
 
-_BUSY_TIMEOUT_MS = 10_000  # a writer waits this long for the lock before giving up
+T = TypeVar("T")
+
+_BUSY_TIMEOUT = 10.0  # seconds a call waits for the database lock before giving up
+_BUSY_SLACK = 0.05  # waited less than this for our own lock: give SQLite the whole timeout
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -253,29 +268,34 @@ class _Txn:
         self.end_sessions([int(r[0]) for r in rows])
 
 
-class _Db:
-    """One SQLite connection guarded by a lock; one short transaction per call."""
+class _Conn:
+    """One SQLite connection guarded by a lock; one short transaction at a time."""
 
-    def __init__(self, file: str) -> None:
-        self._lock = threading.RLock()
-        self._conn: sqlite3.Connection | None = sqlite3.connect(file, isolation_level=None, check_same_thread=False,
-                                     timeout=_BUSY_TIMEOUT_MS / 1000)
-        for pragma in (f"busy_timeout = {_BUSY_TIMEOUT_MS}", "journal_mode = WAL", "synchronous = FULL"):
-            self._conn.execute(f"PRAGMA {pragma}")
-        with self.write(reap=False) as tx:
-            for statement in filter(str.strip, _SCHEMA.split(";")):
-                tx.conn.execute(statement)
+    def __init__(self, file: str, busy_timeout: float, pragmas: Sequence[str]) -> None:
+        self.file = file
+        self._busy = busy_timeout
+        self._busy_ms = int(busy_timeout * 1000)  # SQLite's busy_timeout as last set
+        self.lock = threading.RLock()
+        self.conn: sqlite3.Connection | None = sqlite3.connect(file, isolation_level=None, check_same_thread=False,
+                                                                timeout=busy_timeout)
+        for pragma in (f"busy_timeout = {self._busy_ms}", *pragmas):
+            self.conn.execute(f"PRAGMA {pragma}")
 
     @contextlib.contextmanager
-    def _txn(self, begin: str, reap: bool) -> Iterator[_Txn]:
-        with self._lock:
-            if self._conn is None:
+    def txn(self, begin: str, reap: bool) -> Iterator[_Txn]:
+        started = time.monotonic()
+        if not self.lock.acquire(timeout=self._busy):  # another thread of ours waits on SQLite's lock
+            raise MetadataUnavailableError("metadata unavailable: database busy", file=self.file, waited=self._busy)
+        try:
+            if self.conn is None:
                 raise MetadataUnavailableError("metadata store is closed")
-            conn = self._conn
+            conn = self.conn
+            self._limit_busy_wait(conn, time.monotonic() - started)
             try:
                 conn.execute(begin)
             except sqlite3.Error as exc:
-                raise MetadataUnavailableError("metadata database unavailable", error=exc) from exc
+                raise MetadataUnavailableError("metadata unavailable: database locked or failing", file=self.file,
+                                               error=exc, waited=round(time.monotonic() - started, 3)) from exc
             try:
                 tx = _Txn(conn, time.time())
                 if reap:
@@ -283,17 +303,51 @@ class _Db:
                 yield tx
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
-                conn.execute("ROLLBACK")
-                raise MetadataUnavailableError("metadata database failed", error=exc) from exc
+                with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
+                    conn.execute("ROLLBACK")
+                raise MetadataUnavailableError("metadata database failed", file=self.file, error=exc) from exc
             except BaseException:
-                conn.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
                 raise
+        finally:
+            self.lock.release()
+
+    def _limit_busy_wait(self, conn: sqlite3.Connection, waited: float) -> None:
+        """Give SQLite what is left of ``busy_timeout`` after waiting ``waited`` for our
+        own lock, so that a call waits ``busy_timeout`` in all, not once per thread ahead."""
+        want = self._busy_ms if waited < _BUSY_SLACK else max(1, int((self._busy - waited) * 1000))
+        if want != self._busy_ms:
+            conn.execute(f"PRAGMA busy_timeout = {want}")
+            self._busy_ms = want
+
+    def close(self) -> None:
+        with self.lock:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
+
+
+class _Db:
+    """Two connections: writes on one, reads on the other, so that reads (WAL mode: never
+    blocked by a writer) go on while a write of this store waits for the database lock."""
+
+    def __init__(self, file: str, busy_timeout: float = _BUSY_TIMEOUT) -> None:
+        self._writer = _Conn(file, busy_timeout, ("journal_mode = WAL", "synchronous = FULL"))
+        try:
+            with self.write(reap=False) as tx:
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    tx.conn.execute(statement)
+            self._reader = _Conn(file, busy_timeout, ())
+        except BaseException:
+            self._writer.close()
+            raise
 
     def read(self) -> contextlib.AbstractContextManager[_Txn]:
-        return self._txn("BEGIN", reap=False)
+        return self._reader.txn("BEGIN", reap=False)
 
     def write(self, reap: bool = True) -> contextlib.AbstractContextManager[_Txn]:
-        return self._txn("BEGIN IMMEDIATE", reap=reap)
+        return self._writer.txn("BEGIN IMMEDIATE", reap=reap)
 
     def reap(self) -> None:
         """End expired sessions and remove their ephemeral nodes, in a transaction of
@@ -302,10 +356,8 @@ class _Db:
             tx.reap_expired()
 
     def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        self._writer.close()
+        self._reader.close()
 
 
 @dataclass
@@ -324,14 +376,15 @@ class _Watch:
 class LocalMetadataStore:
     """A :class:`~walkit.metadata._store.MetadataStore` on ``<directory>/metadata.sqlite``."""
 
-    def __init__(self, directory: str, *, session_timeout: float = 10.0, poll_interval: float = 0.05) -> None:
-        if session_timeout <= 0 or poll_interval <= 0:
+    def __init__(self, directory: str, *, session_timeout: float = 10.0, poll_interval: float = 0.05,
+                 busy_timeout: float = _BUSY_TIMEOUT) -> None:
+        if session_timeout <= 0 or poll_interval <= 0 or busy_timeout <= 0:
             raise InvalidArgumentError("timeouts must be positive", session_timeout=session_timeout,
-                                       poll_interval=poll_interval)
+                                       poll_interval=poll_interval, busy_timeout=busy_timeout)
         os.makedirs(directory, exist_ok=True)
         self._timeout = session_timeout
         self._poll_interval = poll_interval
-        self._db = _Db(os.path.join(directory, "metadata.sqlite"))
+        self._db = _Db(os.path.join(directory, "metadata.sqlite"), busy_timeout)
         self._session_lock = threading.Lock()
         self._listeners: list[Callable[[SessionState], None]] = []
         self._watches: dict[int, _Watch] = {}
@@ -351,8 +404,11 @@ class LocalMetadataStore:
 
     def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False, sequential: bool = False,
                make_parents: bool = False) -> str:
-        with self._db.write() as tx:
-            return tx.create(Create(path, data, ephemeral, sequential), self._session, make_parents, {})
+        def create(session: int) -> str:
+            with self._db.write() as tx:
+                return tx.create(Create(path, data, ephemeral, sequential), session, make_parents, {})
+
+        return self._on_live_session(create) if ephemeral else create(self._session)
 
     def get(self, path: str) -> tuple[bytes, Stat]:
         with self._db.read() as tx:
@@ -382,8 +438,11 @@ class LocalMetadataStore:
         check_path(path)
 
     def transaction(self, ops: Sequence[Op]) -> list[str | Stat | None]:
-        with self._db.write() as tx:
-            return [tx.apply(op, self._session, {"op_index": i}) for i, op in enumerate(ops)]
+        def run(session: int) -> list[str | Stat | None]:
+            with self._db.write() as tx:
+                return [tx.apply(op, session, {"op_index": i}) for i, op in enumerate(ops)]
+
+        return self._on_live_session(run)
 
     def watch_data(self, path: str, callback: Callable[[bytes | None, Stat | None], None]) -> Watch:
         return self._add_watch(check_path(path), False, callback)
@@ -426,6 +485,21 @@ class LocalMetadataStore:
         with self._db.write() as tx:
             cur = tx.conn.execute("INSERT INTO sessions (expires_at) VALUES (?)", (tx.now + self._timeout,))
             return int(cur.lastrowid or 0)
+
+    def _on_live_session(self, fn: Callable[[int], T]) -> T:
+        """``fn(session)``; if this store's session turned out to be dead (its lease lapsed
+        while the database was locked, or while this process was paused), once more on
+        the new session the heartbeat opens meanwhile (listeners hear LOST first) - as the
+        ZooKeeper driver retries on kazoo's new session."""
+        session = self._session
+        try:
+            return fn(session)
+        except SessionExpiredError:
+            deadline = time.monotonic() + self._timeout  # the heartbeat looks every timeout / 3
+            while self._session == session:
+                if self._stop.wait(0.01) or time.monotonic() >= deadline:
+                    raise
+            return fn(self._session)
 
     def _replace_session(self, old: int) -> None:
         with self._session_lock:

@@ -3,13 +3,26 @@
 Theory of operation
 -------------------
 This is the only module that imports kazoo; every kazoo error is translated here into a
-walkit error (``raise ... from``). Each call goes through kazoo's own retry policy
-(:class:`kazoo.retry.KazooRetry`): connection loss is retried with bounded backoff and a
-deadline, session expiry is not (ephemeral nodes are gone; the caller must know).
-kazoo reconnects by itself; after a session expiry it opens a *new* session, and the
-listeners registered with :meth:`ZooKeeperStore.add_session_listener` hear LOST then
-CONNECTED so that owners can recreate their ephemeral nodes. kazoo's
-``transaction().commit()`` does not raise: every result is checked here.
+walkit error (``raise ... from``). kazoo reconnects by itself; after a session expiry it
+opens a *new* session, and the listeners registered with
+:meth:`ZooKeeperStore.add_session_listener` hear LOST then CONNECTED so that owners can
+recreate their ephemeral nodes. kazoo's ``transaction().commit()`` does not raise: every
+result is checked here.
+
+Every call ends within ``retry_deadline``. kazoo's blocking calls wait for their reply
+without a limit, and a request made while the client has no connection sits in kazoo's
+queue until one is back (its KazooRetry deadline only counts between attempts), so a
+call during an outage of every ZooKeeper server would wait for the whole outage. Here
+each call (:meth:`ZooKeeperStore._call`) waits for a connection, sends kazoo's async
+request and waits for its reply, all against one deadline; connection loss and a
+session expiry met on the way are retried (on the new session: the listeners hear
+LOST) until then, and the deadline raises ``MetadataUnavailableError``. A request left
+in kazoo's queue when its call gave up may still be sent once a server is back: like
+any connection loss in flight, the caller's MetadataUnavailableError means "unknown
+outcome", and CAS versions, ``_settle`` and lost-reply detection above are built for
+it. The blocking reads kazoo's DataWatch and ChildrenWatch make are bounded the same
+way (:class:`_Client`); a watch that could not be set up in time raises and is
+cancelled, and one already set re-reads by itself once the connection is back.
 
 Access control (optional): hosts given as ``user:password@h1:2181,h2:2181`` (the URI
 ``zk://user:password@h1:2181/ledgers``) make the session authenticate with ZooKeeper's
@@ -23,14 +36,16 @@ in the URI, so keep configuration files holding it private.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
+    ConnectionClosedError,
     ConnectionLoss,
     KazooException,
     NodeExistsError as KzNodeExists,
@@ -42,7 +57,7 @@ from kazoo.exceptions import (
     SessionExpiredError as KzSessionExpired,
 )
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.retry import KazooRetry, RetryFailedError
+from kazoo.retry import RetryFailedError
 from kazoo.security import make_digest_acl
 
 from walkit.errors import (
@@ -58,8 +73,6 @@ from walkit.errors import (
 from walkit.metadata._store import ANY_VERSION, check_path, Create, Delete, Op, SessionState, SetData, Stat, Watch
 
 __all__ = ["ZooKeeperStore"]
-
-T = TypeVar("T")
 
 _STATES = {
     KazooState.CONNECTED: SessionState.CONNECTED,
@@ -87,6 +100,32 @@ def _translate(exc: BaseException, path: str, **context: Any) -> MetadataError |
     return MetadataError(f"ZooKeeper error: {type(exc).__name__}", path=path, **context)
 
 
+# Retryable within a call's deadline: the request did not reach a live session.
+_RETRY = (ConnectionLoss, OperationTimeoutError, KzSessionExpired)
+_FIRST_BACKOFF = 0.05  # after a failed attempt, before the next (doubling)
+_MAX_BACKOFF = 1.0
+
+
+class _Client(KazooClient):  # type: ignore[misc]  # kazoo is untyped
+    """kazoo's client, whose blocking reads give up after ``bound`` seconds.
+
+    kazoo's DataWatch and ChildrenWatch read with these (``get``, ``exists``,
+    ``get_children``), which would otherwise wait for a connection for ever; the
+    timeout raises ``KazooTimeoutError`` out of the watch. The store's own calls use
+    the async requests (:meth:`ZooKeeperStore._call`)."""
+
+    bound: float = 30.0
+
+    def get(self, path: str, watch: Any = None) -> Any:
+        return self.get_async(path, watch).get(timeout=self.bound)
+
+    def exists(self, path: str, watch: Any = None) -> Any:
+        return self.exists_async(path, watch).get(timeout=self.bound)
+
+    def get_children(self, path: str, watch: Any = None, include_data: bool = False) -> Any:
+        return self.get_children_async(path, watch, include_data).get(timeout=self.bound)
+
+
 def _stat(z: Any) -> Stat:
     return Stat(
         version=z.version, cversion=z.cversion, ephemeral_owner=z.ephemeralOwner,
@@ -107,24 +146,31 @@ class ZooKeeperStore:
 
     def __init__(self, hosts: str, *, session_timeout: float = 10.0, connect_timeout: float = 15.0,
                  retry_deadline: float = 30.0) -> None:
-        # Calls give up after ``retry_deadline``; the connection never does (kazoo's client
-        # would otherwise close for good after an outage, and its session listeners would
-        # never hear CONNECTED again).
-        command = {"max_tries": -1, "delay": 0.1, "max_delay": 2.0, "deadline": retry_deadline}
+        # Calls give up after ``retry_deadline`` (an outage shorter than that is waited
+        # out); the connection never does (kazoo's client would otherwise close for good
+        # after an outage, and its session listeners would never hear CONNECTED again).
+        if retry_deadline <= 0:
+            raise InvalidArgumentError("retry_deadline must be positive", retry_deadline=retry_deadline)
         connection = {"max_tries": -1, "delay": 0.1, "max_delay": 2.0}
+        command = {"max_tries": -1, "delay": 0.1, "max_delay": 2.0, "deadline": retry_deadline}  # the watches'
         hosts, access = _split_credentials(hosts)
-        self._client = KazooClient(hosts=hosts, timeout=session_timeout, connection_retry=connection,
-                                   command_retry=command, **access)
-        self._retry: KazooRetry = self._client.retry
+        self.hosts = hosts
+        self.retry_deadline = retry_deadline
+        self._client = _Client(hosts=hosts, timeout=session_timeout, connection_retry=connection,
+                               command_retry=command, **access)
+        self._client.bound = retry_deadline
         self._listeners: list[Callable[[SessionState], None]] = []
         self._lock = threading.Lock()
+        self._connected = threading.Event()  # set while kazoo says CONNECTED
+        self._closed = False
         self._client.add_listener(self._on_state)
         try:
             self._client.start(timeout=connect_timeout)
         except KazooTimeoutError as exc:
             self._client.close()
             raise MetadataUnavailableError("cannot connect to ZooKeeper", hosts=hosts) from exc
-        self.hosts = hosts
+        if self._client.connected:  # kazoo may call listeners after start() returned
+            self._connected.set()
 
     # --- session ------------------------------------------------------------------------
     @property
@@ -146,6 +192,10 @@ class ZooKeeperStore:
         mapped = _STATES.get(state)
         if mapped is None:
             return
+        if mapped is SessionState.CONNECTED or self._closed:
+            self._connected.set()
+        else:
+            self._connected.clear()
         with self._lock:
             listeners = list(self._listeners)
         for cb in listeners:
@@ -184,50 +234,94 @@ class ZooKeeperStore:
             other.close()
 
     def close(self) -> None:
+        self._closed = True
+        self._connected.set()  # wake calls waiting for a connection: they fail now
         self._client.stop()
         self._client.close()
 
     # --- operations -----------------------------------------------------------------------
-    def _call(self, path: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        try:
-            result: T = self._retry(fn, *args, **kwargs)
-            return result
-        except KazooException as exc:
-            raise _translate(exc, path) from exc
-        except (KazooTimeoutError, RetryFailedError) as exc:
-            raise _translate(exc, path) from exc
+    def _deadline(self) -> float:
+        return time.monotonic() + self.retry_deadline
+
+    def _call(self, path: str, request: Callable[[], Any], deadline: float | None = None) -> Any:
+        """Send ``request()`` (a kazoo ``*_async`` call) and return its reply, retrying
+        connection loss and session expiry, all before ``deadline`` (monotonic; one
+        retry deadline from now when None); then MetadataUnavailableError."""
+        deadline = self._deadline() if deadline is None else deadline
+        backoff = _FIRST_BACKOFF
+        while True:
+            self._wait_connected(path, deadline)
+            try:
+                return request().get(timeout=max(0.0, deadline - time.monotonic()))
+            except ConnectionClosedError as exc:  # a SessionExpiredError in kazoo: not one to retry
+                raise MetadataUnavailableError("ZooKeeper client closed", path=path, hosts=self.hosts) from exc
+            except _RETRY as exc:
+                if time.monotonic() + backoff >= deadline:
+                    raise self._unavailable(path) from exc
+            except KazooTimeoutError as exc:
+                raise self._unavailable(path) from exc
+            except KazooException as exc:
+                raise _translate(exc, path) from exc
+            time.sleep(backoff)
+            backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _wait_connected(self, path: str, deadline: float) -> None:
+        if not self._closed and not self._connected.wait(max(0.0, deadline - time.monotonic())):
+            raise self._unavailable(path)
+        if self._closed:
+            raise MetadataUnavailableError("ZooKeeper client closed", path=path, hosts=self.hosts)
+
+    def _unavailable(self, path: str) -> MetadataUnavailableError:
+        return MetadataUnavailableError("metadata unavailable: no answer from ZooKeeper within the retry deadline",
+                                        path=path, hosts=self.hosts, retry_deadline=self.retry_deadline)
 
     def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False, sequential: bool = False,
                make_parents: bool = False) -> str:
         check_path(path)
         _check_data(path, data)
-        return str(self._call(path, self._client.create, path, data, ephemeral=ephemeral, sequence=sequential,
-                              makepath=make_parents))
+        return str(self._call(path, lambda: self._client.create_async(
+            path, data, ephemeral=ephemeral, sequence=sequential, makepath=make_parents)))
 
     def get(self, path: str) -> tuple[bytes, Stat]:
         check_path(path)
-        data, z = self._call(path, self._client.get, path)
+        data, z = self._call(path, lambda: self._client.get_async(path))
         return bytes(data), _stat(z)
 
     def exists(self, path: str) -> Stat | None:
         check_path(path)
-        z = self._call(path, self._client.exists, path)
+        z = self._call(path, lambda: self._client.exists_async(path))
         return None if z is None else _stat(z)
 
     def set(self, path: str, data: bytes, version: int = ANY_VERSION) -> Stat:
         check_path(path)
         _check_data(path, data)
         try:
-            return _stat(self._call(path, self._client.set, path, data, version=version))
+            return _stat(self._call(path, lambda: self._client.set_async(path, data, version=version)))
         except MetadataVersionError as exc:
             raise self._version_error(path, version) from exc
 
     def delete(self, path: str, version: int = ANY_VERSION, *, recursive: bool = False) -> None:
         check_path(path)
+        if recursive:  # kazoo's recursive delete makes blocking calls: ours, on one deadline
+            self._delete_tree(path, self._deadline())
+            return
         try:
-            self._call(path, self._client.delete, path, version=version, recursive=recursive)
+            self._call(path, lambda: self._client.delete_async(path, version=version))
         except MetadataVersionError as exc:
             raise self._version_error(path, version) from exc
+
+    def _delete_tree(self, path: str, deadline: float) -> None:
+        """Delete ``path`` and everything below it, as kazoo's recursive delete does (no
+        version check; a node already gone, ``path`` included, is no error)."""
+        try:
+            names = self._call(path, lambda: self._client.get_children_async(path), deadline)
+        except NoNodeError:
+            return
+        for name in names:
+            child = f"{path.rstrip('/')}/{name}"
+            self._delete_tree(child, deadline)
+        with contextlib.suppress(NoNodeError):
+            self._call(path, lambda: self._client.delete_async(path), deadline)
 
     def _version_error(self, path: str, expected: int) -> MetadataVersionError:
         """A CAS failure with the versions that clashed (the actual one read after)."""
@@ -237,27 +331,25 @@ class ZooKeeperStore:
 
     def children(self, path: str) -> list[str]:
         check_path(path)
-        return sorted(self._call(path, self._client.get_children, path))
+        return sorted(self._call(path, lambda: self._client.get_children_async(path)))
 
     def sync(self, path: str) -> None:
         check_path(path)
-        self._call(path, self._client.sync, path)
+        self._call(path, lambda: self._client.sync_async(path))
 
     def transaction(self, ops: Sequence[Op]) -> list[str | Stat | None]:
         for op in ops:
             check_path(op.path)
             if isinstance(op, (Create, SetData)):
                 _check_data(op.path, op.data)
-        try:
-            results = self._retry(self._commit, ops)
-        except (KazooException, KazooTimeoutError, RetryFailedError) as exc:
-            raise _translate(exc, ops[0].path if ops else "/") from exc
+        results = self._call(ops[0].path if ops else "/", lambda: self._commit(ops))
         for i, (op, res) in enumerate(zip(ops, results)):
             if isinstance(res, Exception) and not isinstance(res, RolledBackError):
                 raise _translate(res, op.path, op_index=i) from res
         return [_result(op, res) for op, res in zip(ops, results)]
 
-    def _commit(self, ops: Sequence[Op]) -> list[Any]:
+    def _commit(self, ops: Sequence[Op]) -> Any:
+        """kazoo's async commit of ``ops`` (its reply: one result or exception per op)."""
         t = self._client.transaction()
         for op in ops:
             if isinstance(op, Create):
@@ -268,7 +360,7 @@ class ZooKeeperStore:
                 t.delete(op.path, version=op.version)
             else:
                 t.check(op.path, op.version)
-        return list(t.commit())
+        return t.commit_async()
 
     # --- watches ---------------------------------------------------------------------------
     def watch_data(self, path: str, callback: Callable[[bytes | None, Stat | None], None]) -> Watch:
@@ -281,7 +373,7 @@ class ZooKeeperStore:
             callback(None if z is None else bytes(data or b""), None if z is None else _stat(z))
             return None
 
-        self._client.DataWatch(path, fire)
+        self._start_watch(path, w, lambda: self._client.DataWatch(path, fire))
         return w
 
     def watch_children(self, path: str, callback: Callable[[list[str] | None], None]) -> Watch:
@@ -312,8 +404,23 @@ class ZooKeeperStore:
                 self._client.ChildrenWatch(path, lambda names: on_children(names, gen))
             return None
 
-        self._client.DataWatch(path, on_node)
+        self._start_watch(path, w, lambda: self._client.DataWatch(path, on_node))
         return w
+
+    def _start_watch(self, path: str, w: _Watch, start: Callable[[], object]) -> None:
+        """Run ``start`` (a kazoo watch's first read, blocking, bounded by
+        :class:`_Client`) once connected; cancel ``w`` and raise the walkit error if it
+        fails (kazoo's watch would otherwise come to life on the next connection)."""
+        try:
+            self._wait_connected(path, self._deadline())
+            start()
+        except BaseException as exc:
+            w.cancel()
+            if isinstance(exc, KazooTimeoutError):
+                raise self._unavailable(path) from exc
+            if isinstance(exc, (KazooException, RetryFailedError)):
+                raise _translate(exc, path) from exc
+            raise
 
 
 def _split_credentials(hosts: str) -> tuple[str, dict[str, Any]]:
