@@ -33,7 +33,7 @@ import pytest
 import walkit
 from client_support import client, index_of, local_cluster, raw_add
 from metadata_support import Driver, driver  # noqa: F401  (fixture)
-from test_recovery import _all_metadata, _cli, _copies, _lose, _readonly, _write
+from test_recovery import _all_metadata, _cli, _copies, _lose, _quiet, _readonly, _write
 from walkit.cli import main as cli_main
 from walkit.client import BookieClient
 from walkit.errors import NoSuchLedgerError
@@ -413,6 +413,7 @@ def test_an_open_ledgers_live_fragment_waits_for_its_writer_and_the_ones_behind_
         for i in range(10):
             lh.add_entry(b"e%d" % i)
         lost = lh.metadata.ensembles[0][1][2]
+        _quiet(bk, lost)
         _lose(cluster, index_of(cluster, lost))
         config = AutoRecoveryConfig(lost_bookie_recovery_delay=0, open_ledger_rereplication_grace_period=0.5)
         with _daemon(cluster, "patient", config) as daemon:

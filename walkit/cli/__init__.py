@@ -82,7 +82,8 @@ def _every_parser(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="walkit", description="walkit: a replicated write-ahead log")
+    # no abbreviations: `walkit export --log NAME` must not read as a prefix of --log-level
+    p = argparse.ArgumentParser(prog="walkit", description="walkit: a replicated write-ahead log", allow_abbrev=False)
     sub = p.add_subparsers(dest="command", required=True)
     for group in (_bench, _init, _bookie, _cluster, _ledger, _log, _recover, _autorecovery, _journal, _demo,
                   _export):  # the order of --help
