@@ -226,6 +226,8 @@ class Bookie:
         self.fs = fs
         self.instance_id = instance_id
         self.cookie: Cookie | None = None
+        #: Runs before empty disks are stamped as this bookie's (the server's may refuse them).
+        self.before_stamp: Callable[[], None] = lambda: None
         self.replay_report: ReplayReport | None = None
         self._lock = threading.Lock()
         self._ckpt_lock = threading.Lock()
@@ -260,7 +262,8 @@ class Bookie:
         for d in [c.journal_directory, *c.ledger_directories]:
             fs.makedirs(d)
         self.cookie = check_or_write_cookies(
-            fs, c.effective_bookie_id, c.journal_directory, list(c.ledger_directories), self.instance_id
+            fs, c.effective_bookie_id, c.journal_directory, list(c.ledger_directories), self.instance_id,
+            self.before_stamp,
         )
         self._storage = LedgerStorage(
             fs, list(c.ledger_directories), entry_log_size_limit=c.entry_log_size_limit, open_index_files=c.open_file_limit

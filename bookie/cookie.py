@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 from crc32c import crc32c
@@ -167,8 +168,11 @@ def check_or_write_cookies(
     journal_dir: str,
     ledger_dirs: list[str],
     instance_id: str | None,
+    before_stamp: Callable[[], None] = lambda: None,
 ) -> Cookie:
-    """Check every directory's cookie against the configuration, or stamp a new bookie."""
+    """Check every directory's cookie against the configuration, or stamp a new bookie.
+    ``before_stamp`` runs before a new bookie's directories are stamped and may refuse
+    (raise): the server refuses empty disks under an id its cluster already knows."""
     expected = Cookie(bookie_id, _norm(journal_dir), tuple(_norm(d) for d in ledger_dirs), instance_id)
     dirs = expected.directories()
     found = {d: _read_cookie(fs, d) for d in dirs}
@@ -176,6 +180,7 @@ def check_or_write_cookies(
     if not present:
         for d in dirs:
             _require_empty(fs, d)
+        before_stamp()
         for d in dirs:
             _write_cookie(fs, d, expected)
         return expected

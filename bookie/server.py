@@ -516,6 +516,8 @@ class BookieServer:
         self.bookie = Bookie(c, fs=self._fs, instance_id=instance_id, disk_usage=self._disk_usage,
                              metadata=self._cluster.ledgers if self._cluster is not None else None, marked=marked)
         self.bookie.on_space_freed = self._space_freed
+        if self._cluster is not None:
+            self.bookie.before_stamp = self._refuse_a_known_id
         self.bookie.on_failed = self._bookie_failed
         self.bookie.on_no_space = self._no_space
         self.bookie.start()
@@ -559,6 +561,18 @@ class BookieServer:
                 raise BookieError("directory in use by another bookie process", dir=d) from exc
             self._locks.append(fd)
 
+    def _refuse_a_known_id(self) -> None:
+        """Before empty disks become this bookie's: the cluster must not know its id yet."""
+        from walkit.metadata import read_cookie
+
+        if read_cookie(self._cluster.store, self._cluster.info, self.bookie_id) is not None:
+            raise CookieError(
+                "this bookie's disks are empty but the cluster knows its id: its data was wiped or its disks "
+                "replaced, and an empty bookie answering \"no such entry\" for what it acknowledged could let "
+                "a recovery lose data; re-replicate what it held (`walkit recover --bookie ID`), then either "
+                "start it under a new bookieId or drop its old cookie (`walkit bookie cookie delete --bookie "
+                "ID --metadata URI`)", bookie=self.bookie_id)
+
     def _check_cookie(self) -> None:
         """The disks' cookie must be the one in metadata; a new bookie stores its own."""
         from walkit.metadata import read_cookie, write_cookie
@@ -569,6 +583,7 @@ class BookieServer:
         if stored is None:
             write_cookie(self._cluster.store, self._cluster.info, self.bookie_id, mine.encode(), None)
             return
+
         try:
             theirs = Cookie.decode(stored[0], path=f"metadata cookies/{self.bookie_id}")
         except WalkitError as exc:

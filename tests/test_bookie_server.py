@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import shutil
 import ssl
 import uuid
 from pathlib import Path
@@ -253,6 +254,41 @@ def test_cookie_is_checked_against_metadata(tmp_path: Path) -> None:
     with pytest.raises(CookieError):
         run(lambda: start_once("bk1"))
     admin.close()
+
+
+def test_a_wiped_bookie_under_its_old_id_is_refused_until_its_cookie_is_dropped(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Empty disks under an id the cluster knows: the data that id acknowledged is gone, and
+    an empty bookie answering "no such entry" could let a recovery lose it. Refused until the
+    operator drops the old cookie (after re-replicating) - or uses a new id."""
+    from walkit.cli import main
+
+    uri = f"local://{tmp_path / 'md'}"
+    admin = open_metadata_store(parse_metadata_uri(uri))
+    init_cluster(admin, "/ledgers")
+    admin.close()
+    disks = tmp_path / "disks"
+
+    async def start_once(bookie_id: str) -> None:
+        async with in_process(config(disks, metadata_service_uri=uri, bookie_id=bookie_id)):
+            pass
+
+    run(lambda: start_once("bk1"))
+    shutil.rmtree(disks)  # the disks are replaced
+    with pytest.raises(CookieError) as err:
+        run(lambda: start_once("bk1"))
+    assert "disks are empty but the cluster knows its id" in str(err.value) and "walkit recover" in str(err.value)
+    with pytest.raises(CookieError):  # and again: the refusal stamped nothing
+        run(lambda: start_once("bk1"))
+    run(lambda: start_once("bk2"))  # a new id on empty disks: a new bookie
+    shutil.rmtree(disks)
+    assert main(["bookie", "cookie", "delete", "--bookie", "bk1", "--metadata", uri]) == 2  # no --yes, no terminal
+    assert "not confirmed" in capsys.readouterr().err
+    assert main(["bookie", "cookie", "delete", "--bookie", "bk1", "--metadata", uri, "--yes"]) == 0
+    assert "dropped the cookie of bookie bk1" in capsys.readouterr().out
+    run(lambda: start_once("bk1"))  # now it starts (a new bookie under the old id)
+    assert main(["bookie", "cookie", "delete", "--bookie", "nobody", "--metadata", uri, "--yes"]) == 2
+    assert "no cookie" in capsys.readouterr().err
 
 
 def test_a_cluster_of_another_instance_is_refused(tmp_path: Path) -> None:

@@ -55,6 +55,14 @@ def add_parsers(bookie: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                                                                                              required=True)
     get = cookie.add_parser("get", help="the cookie on each disk (and, with --metadata, the one in metadata)")
     get.add_argument("--metadata", default=None, help="also compare with the cookie kept in this cluster's metadata")
+    drop = cookie.add_parser("delete", help="drop a bookie's cookie from the cluster's metadata (after `walkit "
+                                            "recover` re-replicated what it held), so its id may start on empty "
+                                            "disks; asks first")
+    drop.add_argument("--bookie", required=True, help="the bookie id")
+    drop.add_argument("--metadata", required=True, help="metadata service URI")
+    drop.add_argument("--yes", action="store_true", help="do not ask")
+    drop.add_argument("--json", action="store_true", help="machine-readable output")
+    drop.set_defaults(func=_cookie_delete)
     for p in (journal, entrylog):
         p.add_argument("--limit", type=int, default=None, help="at most this many records")
     for p in (info, mark, get):
@@ -377,3 +385,29 @@ def _metadata_cookie(uri: str, disk: Cookie | None) -> dict[str, Any]:
     except WalkitError as exc:
         compared, error = None, f"differs from the disks': {exc}"
     return {"cookie": _cookie_json(theirs), "error": error, "compared": compared, "version": stored[1]}
+
+
+def _cookie_delete(args: argparse.Namespace) -> int:
+    """``walkit bookie cookie delete``: refused while the bookie is registered (running)."""
+    from walkit.cli._output import confirm
+    from walkit.errors import UsageError
+    from walkit.metadata import connect, delete_cookie, read_cookie
+
+    with connect(args.metadata) as cluster:
+        bookies = cluster.bookies()
+        if args.bookie in bookies.writable | bookies.readonly:
+            raise UsageError("the bookie is running (registered): stop it first; its cookie guards its data",
+                             bookie=args.bookie)
+        stored = read_cookie(cluster.store, cluster.info, args.bookie)
+        if stored is None:
+            raise UsageError("the cluster holds no cookie for this bookie", bookie=args.bookie)
+        if not confirm(f"drop bookie {args.bookie}'s cookie (only once what it held is re-replicated: "
+                       f"`walkit recover --bookie {args.bookie}`)?", args.yes):
+            print("not deleted", file=sys.stderr)
+            return 1
+        delete_cookie(cluster.store, cluster.info, args.bookie, stored[1])
+    if args.json:
+        print(json.dumps({"deleted_cookie": args.bookie}))
+    else:
+        print(f"dropped the cookie of bookie {args.bookie}: it may start on empty disks now")
+    return 0

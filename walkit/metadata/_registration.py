@@ -159,6 +159,12 @@ def write_cookie(store: MetadataStore, cluster: ClusterInfo, bookie_id: str, dat
     return store.set(path, data, version).version
 
 
+def delete_cookie(store: MetadataStore, cluster: ClusterInfo, bookie_id: str, version: int) -> None:
+    """Remove the bookie's cookie at ``version`` (an operator's act, once what the bookie
+    held is re-replicated: its id may then start on empty disks)."""
+    store.delete(cluster_path(cluster.root, f"cookies/{check_bookie_id(bookie_id)}"), version)
+
+
 _claims_lock = threading.Lock()
 _claims: weakref.WeakKeyDictionary[MetadataStore, dict[str, BookieRegistration]] = weakref.WeakKeyDictionary()
 
