@@ -223,11 +223,12 @@ def test_lowered_threshold_makes_a_bookie_read_only(tmp_path: Path, processes: l
 def test_second_bookie_with_the_same_id_is_refused(tmp_path: Path, processes: list[BookieProcess],
                                                    cluster_uri: str) -> None:
     first = _bookie(processes, tmp_path / "a", cluster_uri).start()
-    # other disks, same id: the cluster's cookie for this id names the first one's disks
+    # other (empty) disks, same id: the cluster knows the id, so these disks are not its own
     second = _bookie(processes, tmp_path / "b", cluster_uri, bookieId=first.bookie_id)
     second.start(wait=False)
     assert second.wait_exit(60) == 2
-    assert "CookieError" in second.log() and "differs" in second.log()
+    assert "CookieError" in second.log() and "disks are empty but the cluster knows its id" in second.log()
+    assert not list((tmp_path / "b").rglob("COOKIE")), "refused before stamping its disks"
     # the same configuration started twice by mistake: stopped before it touches the disks
     twin = _bookie(processes, tmp_path / "a2", cluster_uri, **{**first.keys, "bookiePort": free_port()})
     twin.start(wait=False)

@@ -6,6 +6,7 @@ its client or log is closed (issue 17)."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import pytest
 import walkit
 from walkit.errors import DigestMismatchError
 from client_support import FAST, index_of
+from metadata_support import wait_for
 from test_ledger_client import _corrupt_reads
 from walkit import WriteAheadLog
 from walkit.metrics import REGISTRY, serve
@@ -85,7 +87,7 @@ def test_client_metrics_follow_adds_reads_speculation_ensemble_changes_and_recov
     cluster.kill_bookie(index_of(cluster, lh.metadata.ensembles[0][1][2]))
     for f in [lh.add_entry_async(b"e%d" % i) for i in range(100, 150)]:
         f.result(timeout=30)
-    assert delta("walkit_client_ensemble_changes_total") == 1
+    wait_for(lambda: delta("walkit_client_ensemble_changes_total") == 1, 10)  # Qa acks need not wait for it
     other = cluster.client(**FAST)
     assert other.open_ledger(lh.ledger_id).last_add_confirmed == 149
     assert delta("walkit_client_recoveries_total") == 1
@@ -128,6 +130,12 @@ def test_write_ahead_log_metrics_follow_appends_rolls_snapshots_and_replay(clust
             assert delta("walkit_wal_replayed_entries_total") == entries
             assert delta("walkit_wal_replay_read_seconds_total") > 0
         assert delta("walkit_wal_records_total") == 2000  # closed: still counted
+        replayed = delta("walkit_wal_replayed_records_total")
+        reader = WriteAheadLog.reader(bk, "metered")
+        assert sum(1 for _ in reader.replay()) == 2000
+        del reader  # never closed: its counts must survive its garbage collection
+        gc.collect()
+        assert delta("walkit_wal_replayed_records_total") - replayed == 2000
         with pytest.raises(walkit.errors.WalkitError):
             wal.append(b"closed")
         assert delta("walkit_wal_append_failures_total") == 0  # refused at once: nothing was in flight

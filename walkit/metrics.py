@@ -113,35 +113,49 @@ class Stats:
 
 
 class StatsGroup(Generic[S]):
-    """The :class:`Stats` of every live owner of one kind, plus the sum of the closed
-    ones; a collector of their total (``describe`` maps a total to metric families)."""
+    """The :class:`Stats` of every live owner of one kind, plus the sum of those gone; a
+    collector of their total (``describe`` maps a total to metric families). An owner's
+    counts join the sum of those gone when it is retired (closed) or garbage collected,
+    whichever comes first - never lost, so counters never go back."""
 
     def __init__(self, factory: Callable[[], S], describe: Callable[[S], Iterator[Metric]]) -> None:
         self._factory, self._describe = factory, describe
-        self._live: weakref.WeakSet[Any] = weakref.WeakSet()  # owners with a ``stats``
+        self._live: dict[int, S] = {}  # by a key of the owner's own
+        self._finalizers: dict[int, weakref.finalize] = {}  # type: ignore[type-arg]
         self._retired = factory()
         self._lock = threading.Lock()
+        self._keys = iter(range(1 << 62))
 
     def new(self, owner: Any) -> S:
         """A fresh ``Stats`` for ``owner`` (which keeps it as ``owner.stats``)."""
+        stats = self._factory()
         with self._lock:
-            self._live.add(owner)
-        return self._factory()
+            key = next(self._keys)
+            self._live[key] = stats
+            self._finalizers[key] = weakref.finalize(owner, self._retire, key)
+            owner.__dict__["_stats_key"] = key
+        return stats
 
     def retire(self, owner: Any) -> None:
-        """``owner`` closed: its counts join the retired total (once)."""
+        """``owner`` closed: its counts join the sum of those gone (once)."""
+        finalizer = self._finalizers.get(owner.__dict__.get("_stats_key", -1))
+        if finalizer is not None:
+            finalizer()  # runs _retire at most once, now rather than at collection
+
+    def _retire(self, key: int) -> None:
         with self._lock:
-            if owner in self._live:
-                self._live.discard(owner)
-                self._retired.merge(owner.stats)
+            stats = self._live.pop(key, None)
+            self._finalizers.pop(key, None)
+            if stats is not None:
+                self._retired.merge(stats)
 
     def total(self) -> S:
         with self._lock:
-            owners = list(self._live)
+            live = list(self._live.values())
             total = self._factory()
             total.merge(self._retired)
-        for owner in owners:
-            total.merge(owner.stats)
+        for stats in live:
+            total.merge(stats)
         return total
 
     def collect(self) -> Iterator[Metric]:
