@@ -16,6 +16,7 @@ import json
 import time
 from typing import Any
 
+from walkit.cli._output import size
 from walkit.errors import BookieTimeoutError, BookieUnavailableError, InvalidArgumentError, WalkitError
 
 __all__ = ["add_parser"]
@@ -115,20 +116,11 @@ async def _call(client: Any, bookie_id: str, command: str, args: dict[str, Any] 
                                  timeout=_CALL_TIMEOUT) from exc
 
 
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
-
-
 def _pass_line(p: dict[str, Any]) -> str:
     return (f"{p['ledgers_removed']} ledgers removed (+{p['overreplicated_removed']} over-replicated), "
             f"{p['entry_logs_deleted']} entry logs deleted, {p['entry_logs_compacted']} compacted "
-            f"({p['entries_copied']} entries, {_size(p['bytes_copied'])} copied), "
-            f"{_size(p['bytes_reclaimed'])} reclaimed")
+            f"({p['entries_copied']} entries, {size(p['bytes_copied'])} copied), "
+            f"{size(p['bytes_reclaimed'])} reclaimed")
 
 
 def _human(bookie_id: str, r: dict[str, Any], forced: bool) -> str:
@@ -151,7 +143,7 @@ def _human(bookie_id: str, r: dict[str, Any], forced: bool) -> str:
                  f"last major: {lc['major'] or 'never'})")
     logs = r["entry_logs"]
     live = "-" if logs["live_fraction"] is None else f"{logs['live_fraction']:.1%} live"
-    lines.append(f"  entry logs     {logs['count']} sealed, {_size(logs['total_bytes'])}, {live}"
+    lines.append(f"  entry logs     {logs['count']} sealed, {size(logs['total_bytes'])}, {live}"
                  + (f", {logs['compacting']} being compacted" if logs["compacting"] else ""))
     if r["damaged_entry_logs"]:
         lines.append(f"  damaged logs   {', '.join(r['damaged_entry_logs'])} (never removed; see the bookie's log)")
