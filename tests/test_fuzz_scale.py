@@ -125,7 +125,7 @@ async def _fuzz_connection(port: int, payload: bytes) -> None:
             writer.write_eof()
         await asyncio.wait_for(_drain(reader), 30)
     except (ConnectionError, OSError):
-        pass  # closed on us mid-send: an answer too
+        return  # closed on us mid-send: an answer too
     finally:
         writer.close()
 

@@ -312,11 +312,13 @@ def test_metadata_fails_cleanly_past_the_retry_deadline(zk: ZooKeeperEnsemble, t
             assert RETRY_DEADLINE - 1 <= create.elapsed <= RETRY_DEADLINE + SLACK
             stop.value(RETRY_DEADLINE + 2 * SLACK)
             assert stop.elapsed < outage, "the stop waited for ZooKeeper"
+            unknown = []  # outcome unknown: the ensemble change could not be recorded, the writer is done
             for i, fut in enumerate(held):
                 try:
                     acked.append((fut.result(RETRY_DEADLINE), f"held-{i}".encode()))
-                except MetadataUnavailableError:
-                    pass  # the ensemble change could not be recorded: the writer is done
+                except MetadataUnavailableError as exc:
+                    unknown.append(exc)
+            assert len(unknown) + sum(1 for _, r in acked if r.startswith(b"held-")) == len(held)
             with pytest.raises(MetadataUnavailableError):
                 wal.append(b"after the failure")
             time.sleep(max(0.0, outage - (time.monotonic() - create.started)))
