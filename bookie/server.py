@@ -92,6 +92,8 @@ from bookie._bookie import Bookie, BookieFailure
 from bookie._config import BookieConfig
 from bookie.cookie import Cookie
 from bookie.fs import FileSystem
+from bookie.fs.faulty import FaultyFS
+from bookie.fs.real import RealFS
 from walkit.errors import (
     BookieBusyError,
     BookieError,
@@ -386,6 +388,14 @@ class _LongPoll:
 MAX_POLL_TIMEOUT_MS = 600_000  # a long poll waits at most 10 minutes
 
 
+def _on_disk(fs: FileSystem | None) -> bool:
+    """Whether ``fs`` keeps its files in the configured directories (the real disk, or a
+    fault-injecting wrapper of it), so that they are locked against a second process."""
+    if isinstance(fs, FaultyFS):
+        return _on_disk(fs.inner)
+    return fs is None or isinstance(fs, RealFS)
+
+
 class BookieServer:
     """A bookie serving the wire protocol. Use inside a running event loop:
     ``await server.start()`` ... ``await server.stop()``."""
@@ -497,7 +507,7 @@ class BookieServer:
     def _start_core(self) -> None:
         """Blocking part of start: metadata, core, cookie, registration."""
         c = self.config
-        if self._fs is None:
+        if _on_disk(self._fs):
             self._lock_directories()
         instance_id = None
         if c.metadata_service_uri:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import walkit
-from walkit.errors import DigestMismatchError, InvalidArgumentError
+from walkit.errors import DigestMismatchError, InvalidArgumentError, NativeIOError
 from walkit.metadata import connect
 from walkit.testing import FaultyCluster
 
@@ -144,6 +144,75 @@ def test_read_only_bookie(walkit_cluster: FaultyCluster) -> None:
     walkit_cluster.set_read_only(victim, False)
     with connect(walkit_cluster.metadata_uri) as cluster:
         assert walkit_cluster.bookie_ids[victim] in cluster.bookies().writable
+
+
+@pytest.mark.walkit_cluster(4)
+@pytest.mark.parametrize("directory", ["journal", "ledgers"])
+def test_fail_sync_fails_a_bookie_until_it_is_restarted(walkit_cluster: FaultyCluster, directory: str) -> None:
+    """An fsync that fails (EIO) on a serving bookie: it acknowledges nothing it could not
+    sync, turns read-only (a failure, not a full disk), the writer moves on without
+    losing an entry, and a restart brings it back writable with what it had synced."""
+    bk = walkit_cluster.client(**FAST)
+    lh = _fill(bk, 5, ack_quorum=3)
+    victim = walkit_cluster.index_of(_ensemble(lh)[0])
+    server = walkit_cluster.server(victim)
+    walkit_cluster.fail_sync(victim, directory)
+    if directory == "ledgers":  # the next checkpoint syncs the entry logs and fails
+        with pytest.raises(NativeIOError):
+            server.bookie.checkpoint()  # type: ignore[union-attr]
+    assert [lh.add_entry(b"e%d" % i) for i in range(5, 10)] == list(range(5, 10))
+    deadline = time.monotonic() + 10
+    while server.failure is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.failure is not None and server.readonly, "the failed sync did not fail the bookie"
+    assert server.failure.directory.endswith(directory)
+    assert walkit_cluster.bookie_ids[victim] not in _ensemble(lh), "the writer did not move on"
+    lh.close()
+    assert _read_all(bk, lh.ledger_id, 9) == [b"e%d" % i for i in range(10)]
+    walkit_cluster.kill_bookie(victim)
+    walkit_cluster.restart_bookie(victim)
+    server = walkit_cluster.server(victim)
+    assert server.failure is None and not server.readonly
+    for other in _ensemble(lh, 0)[1:]:  # the first fragment's entries from the victim alone
+        walkit_cluster.partition(walkit_cluster.index_of(other))
+    assert _read_all(bk, lh.ledger_id, 4) == [b"e%d" % i for i in range(5)]
+    for other in _ensemble(lh, 0)[1:]:
+        walkit_cluster.heal(walkit_cluster.index_of(other))
+    walkit_cluster.fail_sync(victim, directory)
+    walkit_cluster.fail_sync(victim, directory, 0)  # disarmed before it was spent
+    lh2 = _fill(bk, 3, ack_quorum=4, ensemble_size=4, write_quorum=4)
+    server.bookie.checkpoint()  # type: ignore[union-attr]
+    assert server.failure is None and _ensemble(lh2) == _ensemble(lh2, 0)
+    with pytest.raises(InvalidArgumentError):
+        walkit_cluster.fail_sync(victim, "index")
+    with pytest.raises(InvalidArgumentError):
+        walkit_cluster.fail_sync(victim, "journal", -1)
+
+
+def test_faulty_fs_fails_a_write_and_sync_before_writing(tmp_path: Path) -> None:
+    """FaultyFS: an armed directory's next syncs fail with EIO (the journal's write +
+    sync never reaches the file, as if its pages were dropped); others pass through."""
+    import errno
+
+    from bookie.fs.faulty import FaultyFS
+    from bookie.fs.real import RealFS
+
+    fs = FaultyFS(RealFS())
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    fa, fb = fs.open(str(tmp_path / "a" / "f"), create=True), fs.open(str(tmp_path / "b" / "f"), create=True)
+    fs.fail_syncs(str(tmp_path / "a"), count=2)
+    with pytest.raises(NativeIOError) as caught:
+        fa.pwritev_sync([memoryview(b"x" * 512)], 0)
+    assert caught.value.errno == errno.EIO and fa.size() == 0  # nothing written
+    fb.pwritev_sync([memoryview(b"y" * 512)], 0)  # another directory: untouched
+    fa.pwrite(b"z" * 512, 0)
+    with pytest.raises(NativeIOError):
+        fa.sync()
+    fa.sync()  # two failures armed, two spent
+    assert fs.failed == 2 and fa.pread(512, 0) == b"z" * 512 and fb.pread(512, 0) == b"y" * 512
+    fa.close()
+    fb.close()
 
 
 def test_session_expiry_on_zookeeper(walkit_zk_cluster: FaultyCluster) -> None:

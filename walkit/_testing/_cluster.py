@@ -22,6 +22,9 @@ thread sleeps before each batch's write + fdatasync, so adds are acknowledged th
 later; reads do not touch the journal). Faults are remembered per bookie number and
 outlive a :meth:`~FaultyCluster.restart_bookie`, as a slow disk, a corrupted file or a
 broken network would; ``slow_disk(i, 0)`` and ``heal(i)`` lift them.
+:meth:`~FaultyCluster.fail_sync` makes the next fsyncs of a bookie's journal or ledger
+directory fail with EIO (every bookie's file system is a :class:`bookie.fs.faulty.FaultyFS`
+over the real disk, one per bookie number, kept across restarts).
 :meth:`~FaultyCluster.expire_session` ends a bookie's or a client's metadata session
 through the store's ``expire_session()`` test hook (ZooKeeper's own recipe on
 ``zk://``; the lease on ``local://``) and waits until the session is replaced (and, for
@@ -43,6 +46,7 @@ from walkit._testing._proxy import PartitionableProxy
 from walkit.errors import InvalidArgumentError, MetadataUnavailableError, UsageError, WalkitError
 
 if TYPE_CHECKING:
+    from bookie.fs.faulty import FaultyFS
     from bookie.server import BookieServer
     from walkit.client import BookKeeper
     from walkit.metadata import Cluster
@@ -68,6 +72,7 @@ class FaultyCluster:
         self._proxies: dict[int, PartitionableProxy] = {}
         self._slow: dict[int, float] = {}
         self._corrupt: dict[int, frozenset[tuple[int, int]]] = {}
+        self._disks: dict[int, FaultyFS] = {}
         self._clients: list[BookKeeper] = []
         self._stopped = False
         self._session_timeout = session_timeout
@@ -174,6 +179,22 @@ class FaultyCluster:
         if self._local.is_running(i):
             self._apply_slow_disk(i)
 
+    def fail_sync(self, i: int, directory: str = "journal", count: int = 1) -> None:
+        """The next ``count`` fsyncs of running bookie ``i``'s ``directory`` ("journal" or
+        "ledgers": its entry logs and index, synced at checkpoints) fail with EIO, as a
+        failing disk's would (:class:`bookie.fs.faulty.FaultyFS`: a journal batch whose
+        write + sync fails never reaches the file). The bookie acknowledges nothing it
+        could not sync and turns read-only until restarted. ``count`` 0 disarms what
+        is armed and not yet spent."""
+        if directory not in ("journal", "ledgers"):
+            raise InvalidArgumentError("directory is 'journal' or 'ledgers'", directory=directory)
+        if not isinstance(count, int) or count < 0:
+            raise InvalidArgumentError("count is a number of syncs >= 0", count=count)
+        c = self._local.server(self._index(i)).config
+        fs = self._disks[i]
+        for path in [c.journal_directory] if directory == "journal" else c.ledger_directories:
+            fs.fail_syncs(path, count)
+
     def corrupt_entry(self, ledger_id: int, entry_id: int, *, bookie: int) -> None:
         """From now on bookie ``bookie`` answers reads of the entry with a flipped byte."""
         i = self._index(bookie)
@@ -230,6 +251,11 @@ class FaultyCluster:
     # -- hooks (called by the bookies) ----------------------------------------------------------
     def _prepare(self, i: int, server: BookieServer) -> None:
         """LocalCluster's on_server, on its loop thread: set the server's test hooks."""
+        from bookie.fs.faulty import FaultyFS
+        from bookie.fs.real import RealFS
+
+        with self._lock:  # one FaultyFS per bookie number: armed faults outlive a restart
+            server._fs = self._disks.setdefault(i, FaultyFS(RealFS()))
         server.endpoint_hook = lambda port: self._endpoint_for(i, port)
         server.read_hook = lambda ledger_id, entry_id, data: self._read(i, ledger_id, entry_id, data)
 
