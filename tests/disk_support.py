@@ -20,61 +20,110 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(args), capture_output=True, text=True, timeout=60)
 
 
+class MountError(Exception):
+    """A small file system could not be made or mounted here (the reason says why)."""
+
+
 def _need(*tools: str) -> None:
     for tool in tools:
         if shutil.which(tool) is None:
-            pytest.skip(f"no {tool} command: cannot make a small file system")
+            raise MountError(f"no {tool} command: cannot make a small file system")
 
 
-def _unmount(target: Path) -> None:
+def unmount(target: Path) -> None:
     """Unmount ``target``; lazily when something still holds it (a bookie process the
     test could not stop), so the teardown never leaves a mount behind."""
     if _run("umount", str(target)).returncode != 0:
         _run("umount", "-l", str(target))
 
 
-@contextlib.contextmanager
-def tmpfs(target: Path, size: int) -> Iterator[Path]:
-    """A tmpfs of ``size`` bytes on ``target`` (made if missing)."""
+def mount_tmpfs(target: Path, size: int) -> None:
+    """Mount a tmpfs of ``size`` bytes on ``target`` (made if missing), or MountError."""
     _need("mount", "umount")
     target.mkdir(parents=True, exist_ok=True)
     done = _run("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target))
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
-    try:
-        yield target
-    finally:
-        _unmount(target)
+        raise MountError(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
 
 
-@contextlib.contextmanager
-def loop_ext4(target: Path, size: int, image: Path) -> Iterator[Path]:
-    """An ext4 file system of ``size`` bytes (no reserved blocks: root and the disk check
-    see the same free space) in the file ``image``, on a loop device, mounted on
-    ``target``; unmounted, detached and the image removed at the end."""
+def mount_loop_ext4(target: Path, size: int, image: Path) -> str:
+    """Mount an ext4 file system of ``size`` bytes (no reserved blocks: root and the disk
+    check see the same free space) kept in the file ``image``, through a loop device, on
+    ``target``; returns the device, for :func:`detach`. On MountError nothing is left
+    attached (the image file stays, for the caller to remove)."""
     _need("mount", "umount", "losetup", "mkfs.ext4")
     target.mkdir(parents=True, exist_ok=True)
     with open(image, "wb") as f:
         f.truncate(size)
-    device = ""
+    made = _run("mkfs.ext4", "-q", "-F", "-m", "0", str(image))
+    if made.returncode != 0:
+        raise MountError(f"mkfs.ext4 failed: {made.stderr.strip()}")
+    attached = _run("losetup", "--find", "--show", str(image))
+    if attached.returncode != 0:
+        raise MountError(f"cannot attach a loop device here (needs root and /dev/loop*): {attached.stderr.strip()}")
+    device = attached.stdout.strip()
+    mounted = _run("mount", "-t", "ext4", device, str(target))
+    if mounted.returncode != 0:
+        detach(device)
+        raise MountError(f"cannot mount an ext4 loop device here: {mounted.stderr.strip()}")
+    return device
+
+
+def detach(device: str) -> None:
+    _run("losetup", "-d", device)
+
+
+def release_mounts(root: Path) -> list[str]:
+    """Unmount every file system mounted under ``root`` (deepest first) and detach every
+    loop device whose image lies under it: what a run killed before its own teardown
+    left behind. Returns what it released."""
+    root = root.resolve()
+    released = []
+    with open("/proc/self/mounts") as f:
+        points = [line.split()[1].replace("\\040", " ") for line in f]
+    for point in sorted((p for p in points if Path(p).is_relative_to(root)), key=len, reverse=True):
+        unmount(Path(point))
+        released.append(point)
+    listing = _run("losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE") if shutil.which(
+        "losetup") else None
+    for line in (listing.stdout.splitlines() if listing is not None and listing.returncode == 0 else []):
+        name, _, back = line.strip().partition(" ")
+        if back.strip() and Path(back.strip().removesuffix(" (deleted)")).is_relative_to(root):
+            detach(name)
+            released.append(name)
+    return released
+
+
+@contextlib.contextmanager
+def tmpfs(target: Path, size: int) -> Iterator[Path]:
+    """A tmpfs of ``size`` bytes on ``target`` (made if missing); the test is skipped
+    where none can be mounted."""
     try:
-        made = _run("mkfs.ext4", "-q", "-F", "-m", "0", str(image))
-        if made.returncode != 0:
-            pytest.skip(f"mkfs.ext4 failed: {made.stderr.strip()}")
-        attached = _run("losetup", "--find", "--show", str(image))
-        if attached.returncode != 0:
-            pytest.skip(f"cannot attach a loop device here (needs root and /dev/loop*): {attached.stderr.strip()}")
-        device = attached.stdout.strip()
-        mounted = _run("mount", "-t", "ext4", device, str(target))
-        if mounted.returncode != 0:
-            pytest.skip(f"cannot mount an ext4 loop device here: {mounted.stderr.strip()}")
+        mount_tmpfs(target, size)
+    except MountError as exc:
+        pytest.skip(str(exc))
+    try:
+        yield target
+    finally:
+        unmount(target)
+
+
+@contextlib.contextmanager
+def loop_ext4(target: Path, size: int, image: Path) -> Iterator[Path]:
+    """An ext4 file system of ``size`` bytes in the file ``image`` on a loop device,
+    mounted on ``target`` (:func:`mount_loop_ext4`); unmounted, detached and the image
+    removed at the end. The test is skipped where none can be mounted."""
+    try:
+        try:
+            device = mount_loop_ext4(target, size, image)
+        except MountError as exc:
+            pytest.skip(str(exc))
         try:
             yield target
         finally:
-            _unmount(target)
+            unmount(target)
+            detach(device)
     finally:
-        if device:
-            _run("losetup", "-d", device)
         image.unlink(missing_ok=True)
 
 

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -123,3 +126,38 @@ def ready_child(target: Callable[..., None], *args: object) -> Iterator[Callable
     finally:
         proc.kill()
         proc.join()
+
+
+# -- a stuck process holding the local:// store's lock ------------------------------------------------
+
+_LOCKER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN EXCLUSIVE")
+conn.execute("UPDATE meta SET value = value WHERE key = 'seq'")
+print("locked", flush=True)
+sys.stdin.readline()
+"""
+
+
+class StuckLocker:
+    """Another process holding the write lock of the local:// store's database ``file``,
+    then SIGSTOPped (stuck); :meth:`release` kills it, which releases the lock."""
+
+    def __init__(self, file: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", _LOCKER, str(file)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if line != b"locked\n":
+            self.release()
+            raise RuntimeError(f"the locker did not lock {file}: {line!r}")
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def release(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()  # SIGKILL works on a stopped process
+        self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()

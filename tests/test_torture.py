@@ -24,13 +24,21 @@ from torture_ledgers import ledger_payload
 from torture_run import TortureRuns
 from torture_support import (
     BOOKIES,
+    DISK_FULL,
+    FSYNC_FAIL,
+    LOCK_FOR,
     LOST,
     LOST_MIN_SECONDS,
+    METADATA_LOCK,
+    OUTAGE_MIN_SECONDS,
+    OUTAGE_QUIET,
     QA,
     QW,
     REPAIR_SECONDS,
     ZK_DOWN,
     ZK_FAULT,
+    ZK_OUTAGE,
+    ZK_OUTAGE_FOR,
     ZK_VICTIMS,
     Fault,
     Report,
@@ -155,12 +163,32 @@ def test_plans_are_reproducible_and_within_the_limits(seed: int) -> None:
     plan = make_plan(seed, 30.0)
     assert plan == make_plan(seed, 30.0)
     lost = [f for f in plan.faults if f.kind == LOST]
-    down, impairing = {"kill", "damage-journal", LOST}, {"kill", "damage-journal", LOST, "partition", "read-only"}
+    down = {"kill", "damage-journal", LOST, FSYNC_FAIL}
+    impairing = down | {"partition", "read-only", DISK_FULL}
     for fault in plan.faults:
         at = fault.start
         assert _overlapping(plan.faults, at, down) <= QW - QA, plan
         assert _overlapping(plan.faults, at, impairing) <= 2, plan
-        assert fault.kind in {"failover", "expire-writer", ZK_FAULT} or 0 <= fault.bookie < BOOKIES + len(lost)
+        assert fault.kind in {"failover", "expire-writer", ZK_FAULT, ZK_OUTAGE, METADATA_LOCK} or (
+            0 <= fault.bookie < BOOKIES + len(lost)), plan
+    for fault in plan.faults:  # disks: the kind the cluster can hurt, never a lost bookie after its loss
+        if fault.kind in (DISK_FULL, FSYNC_FAIL):
+            assert (plan.mode, fault.how) in {("processes", "journal"), ("processes", "ledgers"),
+                                              ("processes", "both"), ("hooks", "journal"), ("hooks", "ledgers")}
+            assert (fault.kind == DISK_FULL) == (plan.mode == "processes") and 0 <= fault.bookie < BOOKIES, plan
+            assert not [f for f in lost if f.bookie == fault.bookie and fault.end >= f.start], plan
+            assert fault.end <= plan.seconds, plan
+    outages = [f for f in plan.faults if f.kind in (ZK_OUTAGE, METADATA_LOCK)]
+    assert len(outages) <= 1, plan
+    for outage in outages:  # whatever needs metadata to begin or end is kept away from it
+        assert plan.seconds >= OUTAGE_MIN_SECONDS and outage.end < plan.seconds, plan
+        assert (outage.kind, plan.metadata) in {(ZK_OUTAGE, "zk3"), (METADATA_LOCK, "local")}, plan
+        low, high = ZK_OUTAGE_FOR if outage.kind == ZK_OUTAGE else LOCK_FOR
+        assert low <= outage.end - outage.start <= high, plan
+        quiet = (outage.start - OUTAGE_QUIET[0], outage.end + OUTAGE_QUIET[1])
+        assert not [f for f in plan.faults if f is not outage and f.kind not in {"partition", "slow-disk"}
+                    and f.start <= quiet[1] and quiet[0] <= max(f.end, f.start + (REPAIR_SECONDS if f.kind == LOST
+                                                                                   else 0))], plan
     assert len({f.bookie for f in plan.faults if f.kind == "damage-journal"}) <= QA - 1
     assert len(lost) <= 1, plan
     for loss in lost:  # see torture_support._lose_one
@@ -190,6 +218,9 @@ def test_a_loss_comes_from_a_stream_of_its_own_and_only_drops_or_moves_faults(
     assert 10 <= len(losing) <= 30 and {plans[s].mode for s in losing} == {"processes", "hooks"}
     assert {plans[s].metadata for s in losing} == {"local", "zk", "zk3"}
     assert not any(f.kind == LOST for seed in range(40) for f in make_plan(seed, LOST_MIN_SECONDS - 1).faults)
+    monkeypatch.setattr(torture_support, "_disk_faults", lambda rng, faults, seconds, mode: faults)
+    monkeypatch.setattr(torture_support, "_outage", lambda rng, faults, seconds, metadata: faults)
+    plans = {seed: make_plan(seed, 30.0) for seed in range(40)}  # the disk and outage streams come later
     monkeypatch.setattr(torture_support, "LOST_CHANCE", 0.0)
     for seed in losing:
         base = make_plan(seed, 30.0).faults
@@ -198,6 +229,21 @@ def test_a_loss_comes_from_a_stream_of_its_own_and_only_drops_or_moves_faults(
             assert fault.kind == LOST or fault in base or (
                 fault.bookie == BOOKIES and dataclasses.replace(fault, bookie=victim) in base), fault
     assert all(make_plan(seed, 30.0) == plans[seed] for seed in set(plans) - losing)
+
+
+def test_disk_faults_and_outages_come_from_streams_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Disk faults only add faults to a plan (its other faults are those it had before
+    they existed), and an outage only drops faults (those that need metadata near it)."""
+    plans = {seed: make_plan(seed, 30.0) for seed in range(60)}
+    assert sum(any(f.kind in (ZK_OUTAGE, METADATA_LOCK) for f in p.faults) for p in plans.values()) >= 5
+    monkeypatch.setattr(torture_support, "_outage", lambda rng, faults, seconds, metadata: faults)
+    no_outage = {seed: make_plan(seed, 30.0) for seed in plans}
+    for seed, plan in plans.items():
+        assert {f for f in plan.faults if f.kind not in (ZK_OUTAGE, METADATA_LOCK)} <= set(no_outage[seed].faults)
+    monkeypatch.setattr(torture_support, "_disk_faults", lambda rng, faults, seconds, mode: faults)
+    for seed, plan in no_outage.items():
+        base = make_plan(seed, 30.0).faults
+        assert [f for f in plan.faults if f.kind not in (DISK_FULL, FSYNC_FAIL)] == list(base), seed
 
 
 def test_the_write_quorum_check_sees_ledgers_naming_a_lost_bookie_and_markers_left(tmp_path: Path) -> None:
@@ -229,11 +275,16 @@ def test_a_report_is_plain_data() -> None:
 
 def test_plans_cover_every_fault_kind() -> None:
     kinds = {f.kind for seed in range(20) for f in make_plan(seed, 5.0).faults}
-    assert kinds == {"kill", "damage-journal", "failover", "partition", "slow-disk", "read-only", "expire-bookie",
-                     "expire-writer", ZK_FAULT}
+    assert kinds - {DISK_FULL, FSYNC_FAIL} == {"kill", "damage-journal", "failover", "partition", "slow-disk",
+                                               "read-only", "expire-bookie", "expire-writer", ZK_FAULT}
     assert {(p.mode, p.metadata) for p in map(lambda s: make_plan(s, 5.0), range(20))} == {
         (mode, metadata) for mode in ("processes", "hooks") for metadata in ("local", "zk", "zk3")}
     assert {f.how for seed in range(20) for f in make_plan(seed, 5.0).faults if f.kind == ZK_FAULT} == set(ZK_VICTIMS)
+    long = [make_plan(seed, 30.0) for seed in range(40)]
+    assert {f.kind for p in long for f in p.faults} >= {DISK_FULL, FSYNC_FAIL, ZK_OUTAGE, METADATA_LOCK, LOST}
+    assert {(f.kind, f.how) for p in long for f in p.faults if f.kind in (DISK_FULL, FSYNC_FAIL)} == {
+        (DISK_FULL, "journal"), (DISK_FULL, "ledgers"), (DISK_FULL, "both"), (FSYNC_FAIL, "journal"),
+        (FSYNC_FAIL, "ledgers")}
 
 
 # -- the runs --------------------------------------------------------------------------------------

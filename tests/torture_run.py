@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
+from disk_support import release_mounts
 from torture_support import Report, make_plan, torture
 
 HERE = Path(__file__).resolve().parent
@@ -99,6 +100,8 @@ class TortureRuns:
                                        cwd=HERE, env={**os.environ, "PYTHONPATH": _path_with(HERE)})
 
     def _finish(self, run: _Run) -> None:
+        """The run's process ended: what a killed run left mounted is released."""
+        release_mounts(run.directory)
         run.finished = time.monotonic()
         self.walls[run.seed] = run.finished - run.started
         if run.log is not None:

@@ -31,6 +31,17 @@ never two nodes down at once. ``zk3`` plans are ``zk`` plans with the ZooKeeper 
 drawn from a second stream, ``random.Random(f"{seed}/zk")``: the bookie faults of
 every seed stay what they were before ``zk3`` existed.
 
+Disks fail from a stream of their own (``random.Random(f"{seed}/disk")``, so that the
+other faults of a seed stay what they were): ``disk-full`` in the ``processes`` kind
+(the victim's journal disk - ext4 on a loop device - its ledger disk - a tmpfs - or both
+really fill, and are freed at the fault's end: :mod:`torture_disks`), ``fsync-fail`` in
+the ``hooks`` kind (the victim's journal or ledger fsyncs fail with EIO; at the end it is
+crashed and restarted, as an operator replaces a failing disk). Metadata outages come
+from another (``f"{seed}/outage"``): in half the plans of 15 s or more, every node of a
+``zk3`` ensemble is SIGKILLed for 5 to 12 s (up to 30 s in longer runs) - ``zk-outage``
+- or a stuck process holds the ``local://`` database's lock for 2 to 8 s -
+``metadata-lock``; faults that need metadata to begin or end are kept away from it.
+
 Autorecovery runs in every bookie (``AUTORECOVERY_OPTIONS``), and half the plans of
 20 s or more (a third stream, ``random.Random(f"{seed}/lost")``) lose a bookie for good
 in their first half (``lose-bookie``, either kind): SIGKILL, its journal and ledger
@@ -81,6 +92,8 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 import walkit
 from torture_history import Anomaly, History, Lsn, Read, check
 from torture_churn import Churn
+from metadata_support import StuckLocker
+from torture_disks import JOURNAL_MB, SmallDisks
 from torture_ledgers import LedgerWorkload
 from walkit import LSN, WriteAheadLog
 from walkit.errors import NoSuchLedgerError, UnauthorizedError, UsageError, WalkitError
@@ -101,8 +114,12 @@ CLIENT: dict[str, Any] = {"add_timeout": 2.0, "read_timeout": 2.0, "speculative_
                           "connect_timeout": 2.0, "session_timeout": 5.0}
 HOOK_FAULTS = ("kill", "partition", "slow-disk", "read-only", "expire-bookie", "expire-writer", "failover")
 PROCESS_FAULTS = ("kill", "kill", "damage-journal", "failover")
-_DOWN = {"kill", "damage-journal", "lose-bookie"}
-_IMPAIRING = _DOWN | {"partition", "read-only"}
+DISK_FULL = "disk-full"  # processes: the victim's journal and/or ledger disk really fills
+FSYNC_FAIL = "fsync-fail"  # hooks: the victim's journal or ledger fsyncs fail (EIO); restarted at the end
+ZK_OUTAGE = "zk-outage"  # zk3: every ZooKeeper node down
+METADATA_LOCK = "metadata-lock"  # local: the store's database locked by a stuck process
+_DOWN = {"kill", "damage-journal", "lose-bookie", FSYNC_FAIL}
+_IMPAIRING = _DOWN | {"partition", "read-only", DISK_FULL}
 _INSTANT = {"expire-bookie", "expire-writer", "failover"}
 #: Garbage collection runs all the time in torture runs, so that its "never collect what
 #: may be live" is judged under the same faults as everything else (session expiry and
@@ -135,7 +152,15 @@ AUTORECOVERY_OPTIONS: dict[str, object] = {
     "lost_bookie_recovery_delay": LOST_DELAY,
     "open_ledger_rereplication_grace_period": 1000,
 }
-BOOKIE_OPTIONS: dict[str, object] = {**GC_OPTIONS, **AUTORECOVERY_OPTIONS}
+#: Disks: checked every second (a full one is seen at once, a freed one soon), and
+#: journals rolled small and reserved a MiB at a time, so a full journal disk is met
+#: within a batch or two (the ``disk-full`` fault: tests/torture_disks.py).
+DISK_OPTIONS: dict[str, object] = {
+    "disk_check_interval": 1000,
+    "journal_max_size_mb": JOURNAL_MB,
+    "journal_pre_alloc_size_mb": 1,
+}
+BOOKIE_OPTIONS: dict[str, object] = {**GC_OPTIONS, **AUTORECOVERY_OPTIONS, **DISK_OPTIONS}
 LOST = "lose-bookie"
 LOST_CHANCE = 0.5  # of a run of at least LOST_MIN_SECONDS losing a bookie for good
 LOST_MIN_SECONDS = 20.0  # shorter runs have no room for the loss, the delay and the repair
@@ -145,9 +170,22 @@ JOIN_AFTER = (2.0, 8.0)  # seconds from the loss to the fresh bookie's start
 REPAIR_SECONDS = SESSION_TIMEOUT + LOST_DELAY + 5.0
 PASSWORDS = (b"", b"churn")  # the ledgers' passwords: WAL and ledger workloads, churn
 REPAIR_WAIT = 60.0  # seconds the end of a run waits for every ledger to be back to its write quorum
+WRITABLE_WAIT = 30.0  # seconds the end of a run waits for every bookie to be writable again
 ZK_FAULT = "zk-node-down"
 ZK_DOWN = (1.0, 4.0)  # seconds a ZooKeeper node stays down
 ZK_VICTIMS = ("leader", "session")  # the leader, or the node of the ledger writer's session
+DISK_GAP = (3.0, 8.0)  # seconds between two disk faults of a plan
+DISK_FULL_FOR = (2.0, 6.0)  # seconds a disk stays full: long enough to be met and seen
+FSYNC_FAIL_FOR = (0.5, 3.0)  # seconds a bookie whose fsync failed stays read-only before its restart
+OUTAGE_CHANCE = 0.5  # of a plan of at least OUTAGE_MIN_SECONDS on zk3 or local having a metadata outage
+OUTAGE_MIN_SECONDS = 15.0
+ZK_OUTAGE_FOR = (5.0, 30.0)  # seconds every ZooKeeper node is down (at most 40 % of the run)
+LOCK_FOR = (2.0, 8.0)  # seconds the local:// database stays locked: under its 10 s busy timeout, calls wait
+OUTAGE_QUIET = (3.0, 2.0)  # seconds before and after an outage without faults that need metadata
+#: Faults whose start or end needs metadata (a bookie's start or registration, a session
+#: expiry, a ZooKeeper node's restart, a writer's open - which also holds up the schedule
+#: while it waits): none is placed around a metadata outage.
+_NEEDS_METADATA = _DOWN | {"read-only", "expire-bookie", "expire-writer", ZK_FAULT, DISK_FULL, "failover"}
 _WRITER_SCRIPT = Path(__file__).with_name("torture_writer.py")
 
 
@@ -205,10 +243,12 @@ def make_plan(seed: int, seconds: float) -> Plan:
     lost_rng = random.Random(f"{seed}/lost")
     if seconds >= LOST_MIN_SECONDS and lost_rng.random() < LOST_CHANCE:
         faults = _lose_one(lost_rng, faults, seconds)
+    faults = _disk_faults(random.Random(f"{seed}/disk"), faults, seconds, mode)
     zk_rng = random.Random(f"{seed}/zk")
     if metadata == "zk" and zk_rng.random() < 0.5:
         metadata = "zk3"
         faults += _zk_faults(zk_rng, seconds)
+    faults = _outage(random.Random(f"{seed}/outage"), faults, seconds, metadata)
     return Plan(seed, seconds, mode, metadata, tuple(sorted(faults, key=lambda f: f.start)))
 
 
@@ -270,6 +310,59 @@ def _lose_one(rng: random.Random, faults: list[Fault], seconds: float) -> list[F
     return [*kept, lost]
 
 
+def _disk_faults(rng: random.Random, faults: list[Fault], seconds: float, mode: str) -> list[Fault]:
+    """``faults`` with disks that fail, from a stream of their own (the plan's other faults
+    stay what they were before these existed): in the ``processes`` kind ``disk-full``
+    (the victim's journal disk, ledger disk or both really fill: :mod:`torture_disks`),
+    in the ``hooks`` kind ``fsync-fail`` (the victim's next journal or ledger fsyncs fail
+    with EIO; it is crashed and restarted at the fault's end, as an operator would).
+
+    Each is placed as the other faults are (:func:`_place`: a fsync-fail counts as down,
+    a full disk as impaired), with a loss's whole repair window counted as down, and
+    never on a bookie lost for good after its loss."""
+    kind, span = (DISK_FULL, DISK_FULL_FOR) if mode == "processes" else (FSYNC_FAIL, FSYNC_FAIL_FOR)
+    losses = [f for f in faults if f.kind == LOST]
+    placed = list(faults)
+    context = [dataclasses.replace(f, end=max(f.end, f.start + REPAIR_SECONDS)) if f.kind == LOST else f
+               for f in faults]
+    t = rng.uniform(1.0, 5.0)
+    while t < seconds - 1.0:
+        end = min(seconds - 0.5, t + rng.uniform(*span))
+        how = rng.choice(["journal", "ledgers", "both"] if kind == DISK_FULL else ["journal", "ledgers"])
+        fault = _place(rng, Fault(t, end, kind, salt=rng.getrandbits(32)), context, mode)
+        if fault is not None and not any(fault.bookie == f.bookie and fault.end >= f.start for f in losses):
+            fault = dataclasses.replace(fault, how=how)
+            placed.append(fault)
+            context.append(fault)
+        t = end + rng.uniform(*DISK_GAP)
+    return placed
+
+
+def _outage(rng: random.Random, faults: list[Fault], seconds: float, metadata: str) -> list[Fault]:
+    """``faults`` with, in half the plans of ``OUTAGE_MIN_SECONDS`` or more, a metadata
+    outage from a stream of its own: ``zk-outage`` (every node of the run's ZooKeeper
+    ensemble SIGKILLed, then restarted) on ``zk3``, ``metadata-lock`` (a stuck process
+    holds the database's write lock) on ``local``; never on ``zk``, whose ZooKeeper the
+    suite's other runs share. Adds to open ledgers go on through it; whatever needs
+    metadata waits (the workloads' own rolls, creations, recoveries and writers replacing
+    failed ones). Faults that need metadata to begin or end (a bookie's restart, a
+    session expiry, read-only, a ZooKeeper node's restart, a failover) are dropped from the outage
+    and ``OUTAGE_QUIET`` around it; a plan whose loss repairs then has no outage."""
+    kind = {"zk3": ZK_OUTAGE, "local": METADATA_LOCK}.get(metadata)
+    if kind is None or seconds < OUTAGE_MIN_SECONDS or rng.random() >= OUTAGE_CHANCE:
+        return faults
+    low, high = ZK_OUTAGE_FOR if kind == ZK_OUTAGE else LOCK_FOR
+    length = rng.uniform(low, max(low, min(high, 0.4 * seconds)))
+    start = rng.uniform(OUTAGE_QUIET[0], seconds - length - 2 * OUTAGE_QUIET[1])
+    end = start + length
+    quiet = (start - OUTAGE_QUIET[0], end + OUTAGE_QUIET[1])
+    if any(f.kind == LOST and f.start <= quiet[1] and quiet[0] <= max(f.end, f.start + REPAIR_SECONDS)
+           for f in faults):
+        return faults
+    kept = [f for f in faults if not (f.kind in _NEEDS_METADATA and f.start <= quiet[1] and quiet[0] <= f.end)]
+    return [*kept, Fault(start, end, kind)]
+
+
 def _place(rng: random.Random, fault: Fault, placed: list[Fault], mode: str) -> Fault | None:
     """``fault`` with a victim and a manner, or None where the limits leave no room."""
     overlapping = [f for f in placed if f.start <= fault.end and fault.start <= f.end]
@@ -310,6 +403,8 @@ class Cluster(Protocol):
 
     def gone(self) -> dict[str, str]: ...
 
+    def live(self) -> set[str]: ...
+
     def stop(self) -> None: ...
 
 
@@ -347,8 +442,8 @@ class Losses:
         if c.is_running(i):
             c.kill_bookie(i)
         self.lost[i] = (bookie_id, time.monotonic())
-        for part in ("journal", "ledgers"):
-            shutil.rmtree(c.data_dir / f"bookie-{i}" / part, ignore_errors=True)
+        for part in ("journal", "ledgers"):  # resolved: on a small disk they are symlinks into its mount
+            shutil.rmtree((c.data_dir / f"bookie-{i}" / part).resolve(), ignore_errors=True)
         if self.watch is None:
             self.watch = RepairWatch(self.uri, bookie_id)
         return f"killed, its journal and ledgers deleted: {bookie_id} is lost for good"
@@ -399,11 +494,18 @@ class HookCluster:
                 c.expire_session(client=bk)
         elif fault.kind == "failover":
             return workload.failover(fault.how)
+        elif fault.kind == FSYNC_FAIL:
+            if not c.is_running(b):
+                return "left alone: not running"
+            c.fail_sync(b, fault.how, count=1 << 20)  # every sync until the restart: the disk is failing
+            return f"{fault.how} fsyncs fail from now on"
         return "done"
 
     def end(self, fault: Fault) -> str:
         c, b = self.cluster, fault.bookie
         self._ended.add(fault)
+        if fault.kind == FSYNC_FAIL:
+            return self._replace_failing_disk(b, fault.how)
         if fault.kind == "kill":
             c.restart_bookie(b)
         elif fault.kind == LOST:
@@ -416,6 +518,19 @@ class HookCluster:
             c.set_read_only(b, False)
         return "done"
 
+    def _replace_failing_disk(self, b: int, directory: str) -> str:
+        """The operator's answer to a failing disk: the bookie is crashed (it may not stop
+        cleanly on it) and restarted once the disk is sound again; it replays its journal."""
+        c = self.cluster
+        if not c.is_running(b):
+            c.fail_sync(b, directory, 0)
+            return "not running"
+        failure = c.server(b).failure
+        c.kill_bookie(b)
+        c.fail_sync(b, directory, 0)
+        c.restart_bookie(b)
+        return f"{'failed' if failure is not None else 'had not synced'}; crashed and restarted"
+
     def lift_all(self) -> list[str]:
         notes = []
         for fault in self._begun:
@@ -427,6 +542,10 @@ class HookCluster:
         """The bookies gone for good (id: why)."""
         return {bookie_id: "lost for good" for bookie_id, _ in self.losses.lost.values()}
 
+    def live(self) -> set[str]:
+        """The ids of the bookies running now."""
+        return {b for i, b in enumerate(self.cluster.bookie_ids) if self.cluster.is_running(i)}
+
     def stop(self) -> None:
         self.losses.stop()
         self.cluster.stop()
@@ -435,9 +554,15 @@ class HookCluster:
 class ProcessCluster:
     """Real bookie processes: SIGKILL, and journal damage while a bookie is down."""
 
-    def __init__(self, directory: Path, metadata_uri: str | None) -> None:
-        self.cluster = walkit.LocalCluster(directory, BOOKIES, processes=True, metadata_uri=metadata_uri,
-                                           session_timeout=SESSION_TIMEOUT, bookie_options=BOOKIE_OPTIONS)
+    def __init__(self, directory: Path, metadata_uri: str | None, plan: Plan) -> None:
+        victims = {f.bookie for f in plan.faults if f.kind == DISK_FULL}
+        self.disks = SmallDisks(directory.parent / "disks", directory, victims)
+        try:
+            self.cluster = walkit.LocalCluster(directory, BOOKIES, processes=True, metadata_uri=metadata_uri,
+                                               session_timeout=SESSION_TIMEOUT, bookie_options=BOOKIE_OPTIONS)
+        except BaseException:
+            self.disks.release()
+            raise
         self.metadata_uri = self.cluster.metadata_uri
         self.losses = Losses(self.metadata_uri, self.cluster)
         self._directory = directory
@@ -450,6 +575,8 @@ class ProcessCluster:
             return self.losses.lose(fault.bookie)
         if fault.bookie in self._refused:
             return "left alone: it refused to start on its damaged journal"
+        if fault.kind == DISK_FULL:
+            return self.disks.fill(fault.bookie, fault.how)
         self.cluster.kill_bookie(fault.bookie)
         if fault.kind == "damage-journal":
             return damage_journal(self._directory / f"bookie-{fault.bookie}" / "journal", fault.how,
@@ -459,6 +586,8 @@ class ProcessCluster:
     def end(self, fault: Fault) -> str:
         if fault.kind == LOST:
             return self.losses.join(BOOKIES)
+        if fault.kind == DISK_FULL:
+            return f"{self._registration(fault.bookie)} when freed; {self.disks.free(fault.bookie)}"
         if fault.kind in _DOWN and fault.bookie not in self._refused and not self.cluster.is_running(fault.bookie):
             return self._restart(fault.bookie)
         return "nothing to do"
@@ -467,15 +596,28 @@ class ProcessCluster:
         """Restart every bookie down (but those refused or lost); a loss whose fresh
         bookie has not joined yet was an end the run did not reach, which cannot happen
         (the plan puts it in the first half)."""
-        return [f"restart of bookie {i}: {_attempt(functools.partial(self._restart, i))}"
-                for i in range(len(self.cluster.bookie_ids))
-                if i not in self._refused and i not in self.losses.lost and not self.cluster.is_running(i)]
+        freed = [f"small disk of {note}" for note in self.disks.free_all()]
+        return freed + [f"restart of bookie {i}: {_attempt(functools.partial(self._restart, i))}"
+                        for i in range(len(self.cluster.bookie_ids))
+                        if i not in self._refused and i not in self.losses.lost and not self.cluster.is_running(i)]
 
     def gone(self) -> dict[str, str]:
         """The bookies gone for good (id: why)."""
         ids = self.cluster.bookie_ids
         return {**{ids[i]: "refused its damaged journal" for i in self._refused},
                 **{bookie_id: "lost for good" for bookie_id, _ in self.losses.lost.values()}}
+
+    def live(self) -> set[str]:
+        """The ids of the bookies running now."""
+        return {b for i, b in enumerate(self.cluster.bookie_ids) if self.cluster.is_running(i)}
+
+    def _registration(self, i: int) -> str:
+        """How bookie ``i`` is registered now: writable, read-only or not at all."""
+        bookie_id = self.cluster.bookie_ids[i]
+        with connect(self.metadata_uri, session_timeout=CLIENT["session_timeout"]) as meta:
+            bookies = meta.bookies()
+        return ("writable" if bookie_id in bookies.writable else "read-only" if bookie_id in bookies.readonly
+                else "not registered")
 
     def _restart(self, i: int) -> str:
         """Restart bookie ``i``; one that refuses its damaged journal stays down for good
@@ -490,14 +632,18 @@ class ProcessCluster:
 
     def stop(self) -> None:
         self.losses.stop()
-        self.cluster.stop()
+        try:
+            self.cluster.stop()
+        finally:
+            self.disks.release()
 
 
 class EnsembleFaults:
-    """A cluster whose metadata store is a 3-node ZooKeeper ensemble: ``zk-node-down``
-    here, every other fault passed on to the bookies' cluster. A node's restart does not
-    hold up the schedule (a JVM takes seconds to serve): a thread waits for it, and the
-    next ``zk-node-down`` waits for that thread, so one node at most is ever down."""
+    """A cluster whose metadata store is a 3-node ZooKeeper ensemble: ``zk-node-down`` and
+    ``zk-outage`` (every node) here, every other fault passed on to the bookies' cluster.
+    A node's restart does not hold up the schedule (a JVM takes seconds to serve): a
+    thread waits for it, and the next ZooKeeper fault waits for that thread, so one node
+    at most is ever down but during an outage."""
 
     def __init__(self, cluster: Cluster, ensemble: ZooKeeperEnsemble) -> None:
         self.cluster = cluster
@@ -505,12 +651,12 @@ class EnsembleFaults:
         self.losses = cluster.losses
         self.ensemble = ensemble
         self.session_client: Callable[[], walkit.BookKeeper | None] = lambda: None
-        self._down: dict[Fault, int] = {}
+        self._down: dict[Fault, list[int]] = {}
         self._restarting: threading.Thread | None = None
         self.notes: list[str] = []
 
     def begin(self, fault: Fault, workload: Workload) -> str:
-        if fault.kind != ZK_FAULT:
+        if fault.kind not in (ZK_FAULT, ZK_OUTAGE):
             return self.cluster.begin(fault, workload)
         e = self.ensemble
         self._wait_restart()
@@ -518,14 +664,15 @@ class EnsembleFaults:
         if not_serving:
             return f"left alone: node {not_serving[0]} is not serving"
         try:
-            victim, why = self._victim(fault.how)
-            e.kill(victim)
+            victims, why = (list(range(e.SIZE)), "every node") if fault.kind == ZK_OUTAGE else self._victim(fault.how)
+            for victim in victims:
+                e.kill(victim)
         except RuntimeError as exc:
             return f"failed: {str(exc).splitlines()[0][:200]}"
-        self._down[fault] = victim
-        return f"killed node {victim} ({why})"
+        self._down[fault] = victims
+        return f"killed node{'s' if len(victims) > 1 else ''} {', '.join(map(str, victims))} ({why})"
 
-    def _victim(self, how: str) -> tuple[int, str]:
+    def _victim(self, how: str) -> tuple[list[int], str]:
         """The node to kill: the leader, or the node holding the session of the ledger
         writer's client (the leader when that is not known)."""
         client = self.session_client() if how == "session" else None
@@ -533,48 +680,100 @@ class EnsembleFaults:
             session = getattr(client._cluster.store, "session_id", 0)
             node = self.ensemble.node_of_session(session) if session else None
             if node is not None:
-                return node, f"the ledger writer's session 0x{session:x}"
-        return self.ensemble.leader(timeout=10), "leader"
+                return [node], f"the ledger writer's session 0x{session:x}"
+        return [self.ensemble.leader(timeout=10)], "leader"
 
     def end(self, fault: Fault) -> str:
-        if fault.kind != ZK_FAULT:
+        if fault.kind not in (ZK_FAULT, ZK_OUTAGE):
             return self.cluster.end(fault)
-        victim = self._down.pop(fault, None)
-        if victim is None:
+        victims = self._down.pop(fault, None)
+        if victims is None:
             return "nothing to do"
+        names = ", ".join(map(str, victims))
 
         def restart() -> None:
-            self.notes.append(f"ZooKeeper node {victim} restarted: {self._restart(victim)}")
+            self.notes.append(f"ZooKeeper node{'s' if len(victims) > 1 else ''} {names} restarted: "
+                              f"{self._restart(*victims)}")
 
         self._restarting = threading.Thread(target=restart, name="torture-zk-restart", daemon=True)
         self._restarting.start()
-        return f"restarting node {victim}"
+        return f"restarting node{'s' if len(victims) > 1 else ''} {names}"
 
     def _wait_restart(self) -> None:
         if self._restarting is not None:
             self._restarting.join()
             self._restarting = None
 
-    def _restart(self, i: int) -> str:
+    def _restart(self, *nodes: int) -> str:
+        """Start ``nodes`` again on their own data (together: an ensemble needs a quorum to
+        serve) and wait until each serves."""
         started = time.monotonic()
         try:
-            if not self.ensemble.running(i):
-                self.ensemble.start(i)
-            self.ensemble.wait_serving(i)
+            for i in nodes:
+                if not self.ensemble.running(i):
+                    self.ensemble.start(i)
+            for i in nodes:
+                self.ensemble.wait_serving(i)
         except RuntimeError as exc:
             return f"failed: {str(exc).splitlines()[0][:200]}"
         return f"serving after {time.monotonic() - started:.1f} s"
 
     def lift_all(self) -> list[str]:
         self._wait_restart()
-        notes = [f"restart of ZooKeeper node {i}: {self._restart(i)}" for i in range(self.ensemble.SIZE)
-                 if not self.ensemble.mode(i)]
+        down = [i for i in range(self.ensemble.SIZE) if not self.ensemble.mode(i)]
+        notes = [f"restart of ZooKeeper nodes {down}: {self._restart(*down)}"] if down else []
         return self.notes + notes + self.cluster.lift_all()
 
     def gone(self) -> dict[str, str]:
         return self.cluster.gone()
 
+    def live(self) -> set[str]:
+        return self.cluster.live()
+
     def stop(self) -> None:
+        self.cluster.stop()
+
+
+class LockFaults:
+    """A cluster on the embedded ``local://`` store: ``metadata-lock`` here (another
+    process takes the database's write lock and is SIGSTOPped, then killed at the
+    fault's end), every other fault passed on to the bookies' cluster."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.metadata_uri = cluster.metadata_uri
+        self.losses = cluster.losses
+        self._file = Path(self.metadata_uri.removeprefix("local://")) / "metadata.sqlite"
+        self._lockers: dict[Fault, StuckLocker] = {}
+
+    def begin(self, fault: Fault, workload: Workload) -> str:
+        if fault.kind != METADATA_LOCK:
+            return self.cluster.begin(fault, workload)
+        self._lockers[fault] = StuckLocker(self._file)
+        return f"{self._file.name} locked by a stuck process (pid {self._lockers[fault].proc.pid})"
+
+    def end(self, fault: Fault) -> str:
+        if fault.kind != METADATA_LOCK:
+            return self.cluster.end(fault)
+        locker = self._lockers.pop(fault, None)
+        if locker is None:
+            return "nothing to do"
+        locker.release()
+        return "the stuck process killed: lock released"
+
+    def lift_all(self) -> list[str]:
+        notes = [f"lifted {fault}: {self.end(fault)}" for fault in list(self._lockers)]
+        return notes + self.cluster.lift_all()
+
+    def gone(self) -> dict[str, str]:
+        return self.cluster.gone()
+
+    def live(self) -> set[str]:
+        return self.cluster.live()
+
+    def stop(self) -> None:
+        for locker in self._lockers.values():
+            locker.release()
         self.cluster.stop()
 
 
@@ -717,6 +916,30 @@ def await_write_quorum(uri: str, gone: dict[str, str], timeout: float = REPAIR_W
     detail = (f"after {timeout:g} s, closed ledgers naming a bookie gone for good ({', '.join(sorted(gone)) or '-'}): "
               f"{naming[:10]}, marked: {marked[:10]}, open: {opened[:10]}{closed or ''}{error}")
     return [Anomaly("under-replicated", f"cluster: {detail}")], f"not every ledger at its write quorum: {detail}"
+
+
+def await_writable(uri: str, expected: set[str], timeout: float = WRITABLE_WAIT) -> tuple[list[Anomaly], str]:
+    """After the run, every fault lifted: wait until every bookie of ``expected`` (those
+    running and not gone for good) is registered writable again - a bookie read-only
+    for a full disk must come back once space is freed, one whose fsync failed once it
+    was restarted; a ``stuck-read-only`` anomaly if one is not after ``timeout`` s."""
+    started, state = time.monotonic(), ""
+    while True:
+        try:
+            with connect(uri, session_timeout=CLIENT["session_timeout"]) as cluster:
+                bookies = cluster.bookies()
+            missing = sorted(expected - set(bookies.writable))
+            state = f"read-only: {sorted(expected & set(bookies.readonly))}, not registered: " \
+                    f"{sorted(expected - set(bookies.writable) - set(bookies.readonly))}"
+        except WalkitError as exc:
+            missing, state = sorted(expected), _summary(exc)
+        waited = time.monotonic() - started
+        if not missing:
+            return [], f"every bookie writable after {waited:.1f} s"
+        if waited > timeout:
+            detail = f"after {timeout:g} s, not writable: {missing} ({state})"
+            return [Anomaly("stuck-read-only", f"cluster: {detail}")], detail
+        time.sleep(0.5)
 
 
 def _under_replicated(cluster: MetadataCluster, markers: UnderReplication,
@@ -1191,9 +1414,10 @@ def torture(plan: Plan, directory: Path, zookeeper: str | None) -> Report:
 def _run(plan: Plan, directory: Path, uri: str | None, ensemble: ZooKeeperEnsemble | None) -> Report:
     report = Report(plan)
     history = History()
-    kind = ProcessCluster if plan.mode == "processes" else HookCluster
-    bookies: Cluster = kind(directory / "cluster", uri)
-    cluster = EnsembleFaults(bookies, ensemble) if ensemble is not None else bookies
+    bookies: Cluster = (ProcessCluster(directory / "cluster", uri, plan) if plan.mode == "processes"
+                        else HookCluster(directory / "cluster", uri))
+    cluster = (EnsembleFaults(bookies, ensemble) if ensemble is not None
+               else LockFaults(bookies) if plan.metadata == "local" else bookies)
     ledgers: LedgerWorkload | None = None
     churn: Churn | None = None
     try:
@@ -1250,6 +1474,9 @@ def _run(plan: Plan, directory: Path, uri: str | None, ensemble: ZooKeeperEnsemb
             len(follower.read.errors) if follower is not None else 0)
         repair_anomalies, verdict = await_write_quorum(cluster.metadata_uri, cluster.gone())
         report.anomalies += repair_anomalies
+        stuck, writable = await_writable(cluster.metadata_uri, cluster.live() - set(cluster.gone()))
+        report.anomalies += stuck
+        verdict = f"{verdict}; {writable}"
         cluster.losses.stop()
         report.repair = _repair_account(cluster.losses, t0, verdict)
     finally:
