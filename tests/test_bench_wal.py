@@ -32,8 +32,10 @@ def test_short_run_reports_every_case_and_cleans_up(tmp_path: Path) -> None:
         assert set(cases) == set(CASES)
         for case in cases.values():
             _check_case(case)
-        for key in ("wal_sequential", "wal_in_flight"):
+        for key in ("wal_sequential", "wal_in_flight", "wal_many"):
             assert cases[key]["entries_per_s"] > 0 and cases[key]["records_per_entry"] >= 1, (size, cases[key])
+        many = cases["wal_many"]  # counted per record: calls of 1,000 records
+        assert many["records"] % 1000 == 0 and many["records"] > 0 and many["records_per_entry"] > 1, many
         assert cases["wal_sequential"]["records_per_entry"] == 1  # one record in flight: one entry each
         assert cases["wal_in_flight"]["in_flight"] == 16
         assert set(report["ratios"][size]) == set(RATIOS)
@@ -42,6 +44,7 @@ def test_short_run_reports_every_case_and_cleans_up(tmp_path: Path) -> None:
     assert all(isinstance(ok, bool) for ok in report["checks"].values())
     table = format_markdown(report)
     assert "| 100 B: walkit, 16 in flight |" in table and "SQLite" in table and "targets:" in table
+    assert "append_many of 1,000 records" in table and "many_vs_sqlite_batched" in table
     assert list(tmp_path.iterdir()) == []  # the cluster's directory and the baselines' files are gone
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
@@ -260,6 +260,11 @@ class AsyncWriteAheadLog:
 
     async def append(self, record: bytes) -> LSN:
         return await asyncio.wrap_future(self.sync.append_async(record))
+
+    async def append_many(self, records: Iterable[bytes]) -> list[LSN]:
+        """Append ``records`` together (``WriteAheadLog.append_many``); their LSNs, in
+        order, once the last of them is durable on a quorum."""
+        return await asyncio.wrap_future(self.sync.append_many(records))
 
     async def flush(self) -> LSN | None:
         return await asyncio.get_running_loop().run_in_executor(None, self.sync.flush)

@@ -38,7 +38,7 @@ import io
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from types import TracebackType
 from typing import IO, Any
@@ -66,6 +66,7 @@ from walkit.metadata._cluster import cluster_path
 from walkit.metadata._registration import check_bookie_id
 from walkit.wal._format import LogMetadata, LogSettings, Segment, SnapshotRef, pack_records, unpack_records
 from walkit.wal._lsn import LSN
+from walkit.wal._many import ManyFuture, complete_entry, fail_all
 from walkit.wal._stats import LOGS
 
 __all__ = ["WriteAheadLog", "LogReader", "Snapshot", "list_logs", "delete_log", "set_namespace_defaults"]
@@ -347,7 +348,8 @@ class WriteAheadLog(_LogView):
         self._lock = threading.Lock()
         self._queue: list[bytes] = []
         self._queued_at = 0.0  # when the oldest queued record was appended
-        self._futures: list[QuickFuture[LSN]] = []
+        self._futures: list[QuickFuture[Any]] = []  # one per queued record (a ManyFuture repeated for a group)
+        self._many = False  # whether the queue holds a group of append_many
         self._max_record = max_entry_bytes - 16
         self._scheduled = False
         self._in_flight = 0
@@ -462,13 +464,8 @@ class WriteAheadLog(_LogView):
     def append_async(self, record: bytes) -> Future[LSN]:
         """Queue a record; the future gives its LSN once it is durable on a quorum.
         Futures complete in append order."""
-        if record.__class__ is not bytes:
-            if not isinstance(record, (bytes, bytearray, memoryview)):
-                raise InvalidArgumentError("a record is bytes", type=type(record).__name__)
-            record = bytes(record)
-        if len(record) > self._max_record:
-            raise InvalidArgumentError("record larger than max_entry_bytes", size=len(record),
-                                       limit=self._max_record)
+        if record.__class__ is not bytes or len(record) > self._max_record:
+            record = self._checked(record)
         fut: QuickFuture[LSN] = QuickFuture()
         lock = self._lock
         lock.acquire()  # not "with": that costs twice as much, once per record
@@ -489,6 +486,48 @@ class WriteAheadLog(_LogView):
             lock.release()
         self._bk._loop.call(self._pump)
         return fut
+
+    def append_many(self, records: Iterable[bytes]) -> Future[list[LSN]]:
+        """Queue ``records`` together, in order; one future gives their LSNs (in order)
+        once the last of them is durable on a quorum. They are packed into entries with
+        whatever else is queued (a large batch spans several entries), and appends made
+        after this call come after them. Every record is checked before any is queued:
+        a bad one raises and queues nothing. On a writer failure the future fails, and
+        which of the records became durable is unknown (``last_lsn`` tells what was
+        acknowledged before), as for the futures of ``append_async``."""
+        batch = [self._checked(record) for record in records]
+        many = ManyFuture(len(batch))
+        if not batch:
+            many.set_result([])
+            return many
+        lock = self._lock
+        with lock:
+            if self._closing:
+                raise UsageError("log is closed", log=self.name)
+            if self._error is not None:
+                many.set_exception(self._error)
+                return many
+            if not self._queue:
+                self._queued_at = time.monotonic()
+            self._queue += batch
+            self._futures += [many] * len(batch)
+            self._many = True
+            if self._scheduled:
+                return many
+            self._scheduled = True
+        self._bk._loop.call(self._pump)
+        return many
+
+    def _checked(self, record: bytes) -> bytes:
+        """``record`` as bytes, or InvalidArgumentError."""
+        if record.__class__ is not bytes:
+            if not isinstance(record, (bytes, bytearray, memoryview)):
+                raise InvalidArgumentError("a record is bytes", type=type(record).__name__)
+            record = bytes(record)
+        if len(record) > self._max_record:
+            raise InvalidArgumentError("record larger than max_entry_bytes", size=len(record),
+                                       limit=self._max_record)
+        return record
 
     def append(self, record: bytes) -> LSN:
         """Append a record; its LSN once it is durable on a quorum of bookies."""
@@ -522,7 +561,7 @@ class WriteAheadLog(_LogView):
                 if not records:
                     break
                 self._queue, self._futures = [], []
-                queued_at = self._queued_at
+                queued_at, many, self._many = self._queued_at, self._many, False
             if sum(map(len, records)) + 4 * len(records) > self._max_entry_bytes:  # more than an entry holds
                 take, size = 0, 0
                 for record in records:
@@ -537,10 +576,12 @@ class WriteAheadLog(_LogView):
                             self._queued_at = queued_at
                         self._queue[:0] = records[take:]
                         self._futures[:0] = futures[take:]
+                        self._many = self._many or many
                     else:  # _fail took the queue while these were out of it
                         rest = futures[take:]
-                for fut in rest:
-                    fut.set_exception(self._error)
+                if rest:
+                    assert self._error is not None
+                    fail_all(rest, self._error)
                 records, futures = records[:take], futures[:take]
             packed = pack_records(records)
             try:  # on the loop: never blocks (max_inflight_entries <= max_pending_adds, checked at open)
@@ -551,11 +592,12 @@ class WriteAheadLog(_LogView):
             self._in_flight += 1
             self._segment_bytes += len(packed)
             done.add_done_callback(functools.partial(self._entry_done, futures=futures, seq=self._segment.seq,
-                                                     queued_at=queued_at))
+                                                     queued_at=queued_at, many=many))
         if self._in_flight == 0 and not self._rolling:
             self._wake_idle()
 
-    def _entry_done(self, done: Future[int], futures: list[QuickFuture[LSN]], seq: int, queued_at: float) -> None:
+    def _entry_done(self, done: Future[int], futures: list[Any], seq: int, queued_at: float,
+                    many: bool = False) -> None:
         self._in_flight -= 1
         error = done.exception()
         stats = self.stats
@@ -568,7 +610,10 @@ class WriteAheadLog(_LogView):
             stats.append_seconds.observe(time.monotonic() - queued_at)
             entry = done.result()
             self.last_lsn = LSN._trusted(seq, entry, len(futures) - 1)  # before any caller hears of these records
-            QuickFuture.set_results(futures, LSN._slots(seq, entry, len(futures)))
+            if many:  # some of these records were appended together (append_many)
+                complete_entry(futures, seq, entry)
+            else:
+                QuickFuture.set_results(futures, LSN._slots(seq, entry, len(futures)))
         if self._in_flight == 0:
             self._wake_idle()  # a roll waits for this, and so does flush()
         if self._bk._loop.in_loop():
@@ -592,10 +637,7 @@ class WriteAheadLog(_LogView):
                         extra=context(log=self.name, namespace=self.namespace))
         with self._lock:
             queued, self._futures, self._queue = self._futures, [], []
-        for fut in [*futures, *queued]:
-            if not fut.done():
-                self.stats.append_failures += 1
-                fut.set_exception(self._error)
+        self.stats.append_failures += fail_all([*futures, *queued], self._error)
         if self._bk._loop.in_loop():
             self._wake_idle()
         else:  # snapshot / truncate fail on the caller's thread: the waiters live on the loop

@@ -47,6 +47,11 @@ class LSN(_Parts):
         """The LSNs of slots 0 .. count - 1 of one entry, made in C (the completer's path)."""
         return map(tuple.__new__, repeat(cls), zip(repeat(segment), repeat(entry), range(count)))
 
+    @classmethod
+    def _slots_between(cls, segment: int, entry: int, first: int, last: int) -> Iterator[LSN]:
+        """The LSNs of slots ``first`` .. ``last - 1`` of one entry (made in C)."""
+        return map(tuple.__new__, repeat(cls), zip(repeat(segment), repeat(entry), range(first, last)))
+
     def __str__(self) -> str:
         return f"{self.segment}/{self.entry}/{self.slot}"
 
