@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -117,15 +117,16 @@ def journals_o_direct(cluster: LocalCluster, bookies: int) -> bool:
 
 
 @contextlib.contextmanager
-def bench_cluster(directory: str | None, name: str, bookies: int) -> Iterator[tuple[LocalCluster, Path]]:
-    """``bookies`` bookie processes in a fresh ``walkit-bench-<name>-*`` directory under
-    ``directory`` (created if missing; default: here), and that directory; both go away
-    at the end, also on an error or Ctrl-C."""
+def bench_cluster(directory: str | None, name: str, bookies: int,
+                  bookie_options: Mapping[str, Any] | None = None) -> Iterator[tuple[LocalCluster, Path]]:
+    """``bookies`` bookie processes (``bookie_options``: LocalCluster's) in a fresh
+    ``walkit-bench-<name>-*`` directory under ``directory`` (created if missing; default:
+    here), and that directory; both go away at the end, also on an error or Ctrl-C."""
     if directory is not None:
         Path(directory).mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix=f"walkit-bench-{name}-", dir=directory or "."))
     try:
-        cluster = LocalCluster(base / "cluster", bookies, processes=True)
+        cluster = LocalCluster(base / "cluster", bookies, processes=True, bookie_options=bookie_options)
         try:
             yield cluster, base
         finally:

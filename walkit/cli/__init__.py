@@ -5,6 +5,7 @@
 ``walkit bench bookie``    one connection, 1 KiB adds with 1,000 in flight against a bookie process
 ``walkit bench ledger``    the ledger client (E=3 Qw=3 Qa=2, bookie processes): sequential latency, pipelined rate
 ``walkit bench wal``       the WriteAheadLog (100 B / 1 KiB records) against a fdatasync'd file and SQLite
+``walkit bench read``      replay of a log (cold/hot, batched/one per entry) and tail visibility
 ``walkit bench spark``     records/s read by Spark local[2] vs. the WAL's own replay() (walkit[spark])
 ``walkit bench gc``        GC scan of 1,000,000 ledgers in metadata (time, memory); compaction MB/s and add latency
 ``walkit bench recovery``  a lost bookie's share put back by walkit recover / autorecovery: MB/s, writer p99

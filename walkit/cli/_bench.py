@@ -1,4 +1,4 @@
-"""``walkit bench journal|bookie|ledger|wal|spark|gc|recovery``: the benchmarks of :mod:`walkit.bench`."""
+"""``walkit bench journal|bookie|ledger|wal|read|spark|gc|recovery``: the benchmarks of :mod:`walkit.bench`."""
 
 from __future__ import annotations
 
@@ -41,6 +41,14 @@ def _wal(args: argparse.Namespace) -> int:
     from walkit.bench.wal import format_markdown, run_wal_bench
 
     report = run_wal_bench(args.dir, seconds=args.seconds, in_flight=args.in_flight)
+    _print_report(args, report, format_markdown)
+    return 0
+
+
+def _read(args: argparse.Namespace) -> int:
+    from walkit.bench.read import format_markdown, run_read_bench
+
+    report = run_read_bench(args.dir, gib=args.gib, one_per_entry=args.one_per_entry, samples=args.samples)
     _print_report(args, report, format_markdown)
     return 0
 
@@ -103,6 +111,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bw.add_argument("--dir", default=None, help="where the cluster and the baselines keep their data "
                     "(default: a temporary one here)")
     bw.set_defaults(func=_wal)
+    brd = bench.add_parser("read", help="replay of a log written beforehand (cold and hot, 100 B / 1 KiB records, "
+                           "batched and one record per entry) and tail visibility")
+    brd.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    brd.add_argument("--gib", type=float, default=1.0, help="GiB in each batched log (default 1)")
+    brd.add_argument("--one-per-entry", type=int, default=20_000,
+                     help="1 KiB records appended one at a time for the per-entry replay (default 20,000)")
+    brd.add_argument("--samples", type=int, default=2000,
+                     help="records per tail-visibility case, fewer at slow rates (default 2,000)")
+    brd.add_argument("--dir", default=None, help="where the cluster keeps its data (default: a temporary one here)")
+    brd.set_defaults(func=_read)
     bsp = bench.add_parser("spark", help="records/s read by Spark vs. the WAL's own replay() (walkit[spark])")
     bsp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bsp.add_argument("--records", type=int, default=1_000_000, help="records in the log (default 1,000,000)")

@@ -1,0 +1,263 @@
+"""``walkit bench read``: how fast a log written beforehand reads back, and how soon a
+tailing reader sees a new record.
+
+What it measures
+----------------
+A :class:`~walkit.LocalCluster` of three bookie processes under a temporary directory;
+logs on ledgers of E=3, Qw=3, Qa=2.
+
+* **replay, batched**: per record size (100 B and 1 KiB), a log of ``gib`` GiB written
+  beforehand with ``append_many`` (1,000 records a call, so a busy writer's entries: many
+  records each), then ``WriteAheadLog.reader(...).replay()`` from its start in this
+  process, counting records and bytes: **cold** first (every file of every bookie
+  written back with ``sync`` and dropped from the page cache with
+  ``posix_fadvise(DONTNEED)`` after the bookies checkpointed, so the entries come from the
+  disk), then **hot** (the same replay again: the page cache holds them);
+* **replay, one record per entry**: ``one_per_entry`` records of 1 KiB appended one at a
+  time (the log of a database that logs each change), replayed hot - the case where a
+  reader pays per entry, not per record;
+* **tail visibility**: a writer appends on one client; a reader on another client (in
+  this process: one clock) follows the log with ``tail()``; the time from ``append``
+  returning (durable on a quorum) to the tail handing the record over, with appends back
+  to back, one every 20 ms and one every 250 ms (``samples`` records each, fewer for the
+  slower rates so that a case stays under ~15 s).
+
+Reported beside them: the write rate of each log (so a replay rate is read against it),
+and CPU per record of this process and of the bookies, as the other benchmarks report it.
+Targets (issue: performance, second round): replay >= 1,000,000 records/s of 100 B and
+>= 300 MB/s of 1 KiB from three bookies; tail visibility p50 <= 1 ms.
+
+Everything is removed at the end, also after an error or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from walkit.bench._common import Meter, bench_cluster, latency_percentiles
+from walkit.client import BookKeeper
+from walkit.errors import InvalidArgumentError, UsageError
+from walkit.wal import LSN, WriteAheadLog
+
+__all__ = ["run_read_bench", "format_markdown", "TARGETS"]
+
+BOOKIES, ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 3, 2
+SIZES = (100, 1024)
+BATCH = 1000  # records per append_many call while writing the batched logs
+WINDOW = 8  # append_many calls in flight while writing
+INTERVALS = (0.0, 0.020, 0.250)  # seconds between appends in the tail-visibility cases
+CASE_SECONDS = 15.0  # the most a tail-visibility case takes: fewer samples at slow rates
+TARGETS = {"replay_100B_records_per_s": 1_000_000, "replay_1KiB_mb_per_s": 300, "tail_p50_ms": 1.0}
+BOOKIE_OPTIONS = {"flush_interval": 1000}  # checkpoints every second: written entries reach the entry logs soon
+
+
+def _write_batched(wal: WriteAheadLog, size: int, total: int) -> int:
+    """Append records of ``size`` bytes until ``total`` bytes, ``BATCH`` a call, ``WINDOW``
+    calls in flight; the records written."""
+    batch = [os.urandom(size)] * BATCH
+    calls = max(1, total // (size * BATCH))
+    pending = []
+    for _ in range(calls):
+        pending.append(wal.append_many(batch))
+        if len(pending) >= WINDOW:
+            pending.pop(0).result()
+    for fut in pending:
+        fut.result()
+    wal.flush()
+    return calls * BATCH
+
+
+def _write_one_per_entry(wal: WriteAheadLog, size: int, count: int) -> int:
+    record = os.urandom(size)
+    for _ in range(count):
+        wal.append(record)
+    return count
+
+
+def _drop_page_cache(root: Path) -> int:
+    """Write back and drop from the page cache every file under ``root``; the files."""
+    os.sync()
+    dropped = 0
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            with contextlib.suppress(OSError):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    dropped += 1
+                finally:
+                    os.close(fd)
+    return dropped
+
+
+def _replay(bk: BookKeeper, name: str, meter: Meter) -> dict[str, Any]:
+    records = size = 0
+    meter.start()
+    with WriteAheadLog.reader(bk, name) as reader:
+        for _lsn, record in reader.replay():
+            records += 1
+            size += len(record)
+    report = meter.stop(records)
+    return {"records": records, "seconds": report["seconds"], "records_per_s": report["entries_per_s"],
+            "mb_per_s": round(size / 1e6 / report["seconds"], 1) if report["seconds"] else 0.0,
+            "client_cpu_us_per_record": report["client_cpu_us_per_entry"],
+            "bookie_cpu_us_per_record": report["bookie_cpu_us_per_entry"],
+            "other_cpu_cores": report["other_cpu_cores"], "steal_cores": report["steal_cores"]}
+
+
+def _written(records: int, started: float, size: int) -> dict[str, Any]:
+    took = time.perf_counter() - started
+    return {"records": records, "seconds": round(took, 2), "records_per_s": round(records / took),
+            "mb_per_s": round(records * size / 1e6 / took, 1)}
+
+
+class _Tail:
+    """A reader on a client of its own following log ``name``: when each record came."""
+
+    def __init__(self, bk: BookKeeper, name: str, after: LSN | None) -> None:
+        self.seen: dict[bytes, int] = {}
+        self._reader = WriteAheadLog.reader(bk, name)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(after,), name="bench-tail", daemon=True)
+        self._thread.start()
+
+    def _run(self, after: LSN | None) -> None:
+        clock, seen = time.perf_counter_ns, self.seen
+        try:
+            for _lsn, record in self._reader.tail(after, poll_timeout=0.2):
+                seen[record] = clock()
+                if self._stop.is_set():
+                    return
+        except UsageError:  # closed under it: the case is over
+            if not self._stop.is_set():
+                raise
+
+    def wait_for(self, record: bytes, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while record not in self.seen:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the tail did not see {record!r} within {timeout} s")
+            time.sleep(0.0005)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._reader.close()
+        self._thread.join(10)
+
+
+def _visibility(writer_bk: BookKeeper, reader_bk: BookKeeper, name: str, interval: float,
+                samples: int) -> dict[str, Any]:
+    """Appends every ``interval`` s (0: back to back): from ``append`` returning to the tail
+    handing the record over, per record."""
+    count = min(samples, max(10, int(CASE_SECONDS / interval))) if interval else samples
+    clock = time.perf_counter_ns
+    with WriteAheadLog.open(writer_bk, name, ensemble_size=ENSEMBLE, write_quorum=WRITE_QUORUM,
+                            ack_quorum=ACK_QUORUM) as wal:
+        start = wal.append(b"start")
+        tail = _Tail(reader_bk, name, start)
+        try:
+            returned: dict[bytes, int] = {}
+            for i in range(count):
+                record = b"visible %d" % i
+                wal.append(record)
+                returned[record] = clock()
+                if interval:
+                    time.sleep(interval)
+            tail.wait_for(b"visible %d" % (count - 1), 30)
+        finally:
+            tail.close()
+    delays = [max(0, tail.seen[r] - t) for r, t in returned.items()]
+    return {"interval_ms": round(interval * 1000, 1), "samples": count} | latency_percentiles(delays)
+
+
+def _measure(bk: BookKeeper, reader_bk: BookKeeper, data: Path, meter: Meter, gib: float, one_per_entry: int,
+             samples: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"replay": {}, "tail": []}
+    for size in SIZES:
+        name = f"batched-{size}"
+        with WriteAheadLog.open(bk, name, ensemble_size=ENSEMBLE, write_quorum=WRITE_QUORUM,
+                                ack_quorum=ACK_QUORUM) as wal:
+            started = time.perf_counter()
+            written = _written(_write_batched(wal, size, int(gib * (1 << 30))), started, size)
+        time.sleep(2 * BOOKIE_OPTIONS["flush_interval"] / 1000)  # a checkpoint: entries in entry logs, synced
+        dropped = _drop_page_cache(data)
+        cold = _replay(reader_bk, name, meter)
+        hot = _replay(reader_bk, name, meter)
+        out["replay"][f"{size}"] = {"written": written, "cold": cold | {"files_dropped": dropped}, "hot": hot}
+    with WriteAheadLog.open(bk, "one-per-entry", ensemble_size=ENSEMBLE, write_quorum=WRITE_QUORUM,
+                            ack_quorum=ACK_QUORUM) as wal:
+        started = time.perf_counter()
+        written = _written(_write_one_per_entry(wal, 1024, one_per_entry), started, 1024)
+    out["replay"]["1024-one-per-entry"] = {"written": written, "hot": _replay(reader_bk, "one-per-entry", meter)}
+    for interval in INTERVALS:
+        out["tail"].append(_visibility(bk, reader_bk, f"tail-{int(interval * 1000)}ms", interval, samples))
+    return out
+
+
+def _checks(results: dict[str, Any]) -> dict[str, bool]:
+    replay = results["replay"]
+    return {
+        "replay_100B_rate_met": replay["100"]["hot"]["records_per_s"] >= TARGETS["replay_100B_records_per_s"],
+        "replay_1KiB_mb_met": replay["1024"]["hot"]["mb_per_s"] >= TARGETS["replay_1KiB_mb_per_s"],
+        "tail_p50_met": all(case["p50_ms"] <= TARGETS["tail_p50_ms"] for case in results["tail"]),
+    }
+
+
+def run_read_bench(directory: str | None = None, *, gib: float = 1.0, one_per_entry: int = 20_000,
+                   samples: int = 2000) -> dict[str, Any]:
+    """Every case on a fresh cluster of three bookie processes; the report (a dict)."""
+    if not gib > 0 or one_per_entry < 1 or samples < 10:
+        raise InvalidArgumentError("need gib > 0, one_per_entry >= 1, samples >= 10", gib=gib,
+                                   one_per_entry=one_per_entry, samples=samples)
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    with bench_cluster(directory, "read", BOOKIES, bookie_options=BOOKIE_OPTIONS) as (cluster, base):
+        meter = Meter([cluster.bookie_pid(i) for i in range(BOOKIES)])
+        with cluster.client() as bk, cluster.client() as reader_bk:
+            results = _measure(bk, reader_bk, cluster.data_dir, meter, gib, one_per_entry, samples)
+    return {"started": started, "cpus": os.cpu_count(), "bookies": BOOKIES, "ensemble": ENSEMBLE,
+            "write_quorum": WRITE_QUORUM, "ack_quorum": ACK_QUORUM, "gib": gib, "one_per_entry": one_per_entry,
+            **results, "targets": TARGETS, "checks": _checks(results)}
+
+
+_LABELS = {"100": "100 B records, batched", "1024": "1 KiB records, batched",
+           "1024-one-per-entry": "1 KiB records, one per entry"}
+
+
+def _rows(report: dict[str, Any]) -> Iterator[str]:
+    for key, case in report["replay"].items():
+        w = case["written"]
+        for phase in ("cold", "hot"):
+            if phase in case:
+                r = case[phase]
+                yield (f"| {_LABELS[key]}, {phase} | {r['records']:,} | {r['records_per_s']:,} | {r['mb_per_s']} "
+                       f"| {w['records_per_s']:,} | {r['client_cpu_us_per_record']} | {r['bookie_cpu_us_per_record']} "
+                       f"| {r['other_cpu_cores']} | {r['steal_cores']} |")
+
+
+def format_markdown(report: dict[str, Any]) -> str:
+    def met(ok: bool) -> str:
+        return "met" if ok else "**missed**"
+
+    checks = report["checks"]
+    lines = [f"{report['started']}; {report['bookies']} bookie processes, E={report['ensemble']} "
+             f"Qw={report['write_quorum']} Qa={report['ack_quorum']}, {report['cpus']} CPUs; batched logs of "
+             f"{report['gib']:g} GiB, {report['one_per_entry']:,} records one per entry", "",
+             "| replay | records | records/s | MB/s | written records/s | client CPU µs/record "
+             "| bookies CPU µs/record | other cores | steal cores |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|", *_rows(report), "",
+             "| tail visibility | samples | p50 ms | p99 ms | p99.9 ms |", "|---|---:|---:|---:|---:|"]
+    for case in report["tail"]:
+        label = "back to back" if not case["interval_ms"] else f"one every {case['interval_ms']:g} ms"
+        lines.append(f"| {label} | {case['samples']:,} | {case['p50_ms']} | {case['p99_ms']} | {case['p999_ms']} |")
+    lines += ["", f"targets: replay 100 B >= {TARGETS['replay_100B_records_per_s']:,} records/s: "
+                  f"{met(checks['replay_100B_rate_met'])}; replay 1 KiB >= {TARGETS['replay_1KiB_mb_per_s']} MB/s: "
+                  f"{met(checks['replay_1KiB_mb_met'])}; tail visibility p50 <= {TARGETS['tail_p50_ms']} ms: "
+                  f"{met(checks['tail_p50_met'])}"]
+    return "\n".join(lines)
