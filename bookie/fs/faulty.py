@@ -37,6 +37,7 @@ class _FaultyFile:
 
     def __init__(self, fs: FaultyFS, inner: File, path: str) -> None:
         self._fs, self._inner, self.path = fs, inner, path
+        self.direct: bool = inner.direct
 
     def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
         return self._inner.pwrite(data, offset)
@@ -67,15 +68,13 @@ class _FaultyFile:
     def close(self) -> None:
         self._inner.close()
 
-    def __getattr__(self, name: str) -> object:  # e.g. RealFile.direct
-        return getattr(self._inner, name)
-
 
 class FaultyFS:
     """``inner`` (a FileSystem) with :meth:`fail_syncs`. Thread-safe."""
 
     def __init__(self, inner: FileSystem) -> None:
         self.inner = inner
+        self.alignment = inner.alignment
         self._lock = threading.Lock()
         self._armed: dict[str, int] = {}  # directory -> syncs still to fail
         self.failed = 0  # syncs failed so far
