@@ -156,7 +156,7 @@ def test_fail_sync_fails_a_bookie_until_it_is_restarted(walkit_cluster: FaultyCl
     lh = _fill(bk, 5, ack_quorum=3)
     victim = walkit_cluster.index_of(_ensemble(lh)[0])
     server = walkit_cluster.server(victim)
-    walkit_cluster.fail_sync(victim, directory)
+    walkit_cluster.fail_sync(victim, directory, count=1000)  # a failing disk: every sync fails
     if directory == "ledgers":  # the next checkpoint syncs the entry logs and fails
         with pytest.raises(NativeIOError):
             server.bookie.checkpoint()  # type: ignore[union-attr]
@@ -169,7 +169,8 @@ def test_fail_sync_fails_a_bookie_until_it_is_restarted(walkit_cluster: FaultyCl
     assert walkit_cluster.bookie_ids[victim] not in _ensemble(lh), "the writer did not move on"
     lh.close()
     assert _read_all(bk, lh.ledger_id, 9) == [b"e%d" % i for i in range(10)]
-    walkit_cluster.kill_bookie(victim)
+    walkit_cluster.kill_bookie(victim)  # the failing disk is replaced while the bookie is down
+    walkit_cluster.fail_sync(victim, directory, 0)
     walkit_cluster.restart_bookie(victim)
     server = walkit_cluster.server(victim)
     assert server.failure is None and not server.readonly

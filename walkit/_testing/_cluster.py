@@ -46,6 +46,7 @@ from walkit._testing._proxy import PartitionableProxy
 from walkit.errors import InvalidArgumentError, MetadataUnavailableError, UsageError, WalkitError
 
 if TYPE_CHECKING:
+    from bookie._config import BookieConfig
     from bookie.fs.faulty import FaultyFS
     from bookie.server import BookieServer
     from walkit.client import BookKeeper
@@ -73,6 +74,7 @@ class FaultyCluster:
         self._slow: dict[int, float] = {}
         self._corrupt: dict[int, frozenset[tuple[int, int]]] = {}
         self._disks: dict[int, FaultyFS] = {}
+        self._configs: dict[int, BookieConfig] = {}
         self._clients: list[BookKeeper] = []
         self._stopped = False
         self._session_timeout = session_timeout
@@ -190,8 +192,8 @@ class FaultyCluster:
             raise InvalidArgumentError("directory is 'journal' or 'ledgers'", directory=directory)
         if not isinstance(count, int) or count < 0:
             raise InvalidArgumentError("count is a number of syncs >= 0", count=count)
-        c = self._local.server(self._index(i)).config
-        fs = self._disks[i]
+        with self._lock:  # known from the bookie's first start: it may be down now
+            c, fs = self._configs[self._index(i)], self._disks[i]
         for path in [c.journal_directory] if directory == "journal" else c.ledger_directories:
             fs.fail_syncs(path, count)
 
@@ -256,6 +258,7 @@ class FaultyCluster:
 
         with self._lock:  # one FaultyFS per bookie number: armed faults outlive a restart
             server._fs = self._disks.setdefault(i, FaultyFS(RealFS()))
+            self._configs[i] = server.config
         server.endpoint_hook = lambda port: self._endpoint_for(i, port)
         server.read_hook = lambda ledger_id, entry_id, data: self._read(i, ledger_id, entry_id, data)
 
