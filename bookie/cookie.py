@@ -32,7 +32,7 @@ from dataclasses import dataclass, fields
 from crc32c import crc32c
 
 from bookie.fs import FileSystem, parent_dir, write_atomic
-from walkit.errors import CookieError, CorruptionError, FormatError
+from walkit.errors import CookieError, CorruptionError, FormatError, FormatVersionError
 
 __all__ = ["Cookie", "COOKIE_FILE", "check_or_write_cookies", "read_cookie"]
 
@@ -80,28 +80,34 @@ class Cookie:
 
     @classmethod
     def decode(cls, raw: bytes, *, path: str = "") -> Cookie:
-        body = _check_header(raw, path)
-        try:
-            obj = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CorruptionError("cookie body is not JSON", path=path) from exc
-        return _from_json(obj, path)
+        """The cookie; CorruptionError / FormatError when it is damaged or foreign,
+        FormatVersionError when it is intact (magic, length and CRC hold) but of a
+        version this code does not read."""
+        version, body = _check_header(raw, path)
+        return FormatVersionError.reader(_READERS, version, "cookie", path=path)(body, path)
 
 
-def _check_header(raw: bytes, path: str) -> bytes:
+def _check_header(raw: bytes, path: str) -> tuple[int, bytes]:
+    """The version and body of an intact cookie (magic, length and CRC checked)."""
     if len(raw) < _HEADER.size:
         raise CorruptionError("cookie truncated", path=path, size=len(raw))
     magic, version, _, length, crc = _HEADER.unpack_from(raw)
     if magic != _MAGIC:
         raise FormatError("not a cookie", path=path, magic=magic.hex())
-    if version != _VERSION:
-        raise FormatError("unknown cookie version", path=path, version=version)
     if not 0 < length <= _MAX_BODY or len(raw) != _HEADER.size + length:
         raise CorruptionError("cookie length invalid", path=path, length=length, size=len(raw))
     body = raw[_HEADER.size :]
     if crc32c(body) != crc:
         raise CorruptionError("cookie CRC mismatch", path=path)
-    return body
+    return version, body
+
+
+def _decode_v1(body: bytes, path: str) -> Cookie:
+    try:
+        obj = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptionError("cookie body is not JSON", path=path) from exc
+    return _from_json(obj, path)
 
 
 def _from_json(obj: object, path: str) -> Cookie:
@@ -119,6 +125,10 @@ def _from_json(obj: object, path: str) -> Cookie:
     if not ok:
         raise CorruptionError("cookie field has the wrong type", path=path)
     return Cookie(obj["bookie_id"], obj["journal_dir"], tuple(dirs), instance)
+
+
+#: Cookie version -> the decoder of an intact cookie's body.
+_READERS: dict[int, Callable[[bytes, str], Cookie]] = {1: _decode_v1}
 
 
 def _show(value: object) -> str:

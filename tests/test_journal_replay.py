@@ -37,14 +37,23 @@ from bookie.journal import (
     JournalHeader,
     LogMark,
     ReplayReport,
+    journal_name,
     list_journals,
     repair_journal,
     replay,
     scan_journal,
-    UnsupportedJournalVersion,
 )
-from bookie.journal._format import FLAG_FLUSH_START, FRAME_HEADER, MAX_FRAME_BODY, frame_crc, frame_seed, parse_frame
-from walkit.errors import BookieShutdownError, CorruptionError, WalkitError
+from bookie.journal._format import (
+    FLAG_FLUSH_START,
+    FRAME_HEADER,
+    MAX_FRAME_BODY,
+    MIN_ALIGNMENT,
+    frame_crc,
+    frame_seed,
+    parse_frame,
+)
+from bookie.journal._replay import _Reader, _valid_flush_after
+from walkit.errors import BookieShutdownError, CorruptionError, FormatVersionError, WalkitError
 from journal_support import Rec, Recorder, submit
 
 KIB = 1024
@@ -496,12 +505,48 @@ def test_a_journal_of_another_format_version_is_refused_never_truncated(place: t
     newer = JournalHeader(journal_id=jid, alignment=old.alignment, previous_id=old.previous_id, version=2)
     write_at(fs, b.path(jid), 0, newer.encode()[:64])
     size = file_size(fs, b.path(jid))
-    with pytest.raises(UnsupportedJournalVersion) as err:
+    with pytest.raises(FormatVersionError) as err:
         do_replay(fs, directory)
-    assert err.value.context["version"] == 2 and "refusing to start" in str(err.value)
-    with pytest.raises(UnsupportedJournalVersion):
+    assert err.value.version == 2 and "journal version 2 is not one this walkit reads (reads: 1)" in str(err.value)
+    with pytest.raises(FormatVersionError):
         repair_journal(fs, b.path(jid))
     assert file_size(fs, b.path(jid)) == size, "the journal was truncated"
+    assert not fs.exists(b.path(jid) + ".broken"), "a refused repair left a copy behind"
+
+
+def test_a_damaged_header_of_a_512_aligned_journal_still_shows_its_flushes(place: tuple[FileSystem, str]) -> None:
+    """With its header unreadable a file's alignment is unknown, so flush starts are
+    looked for at every multiple of the smallest alignment the format allows (512): the
+    flushes of a buffered journal written with journalAlignmentSize=512 are found, and
+    the file is corrupt, never a torn tail truncated to nothing."""
+    fs, directory = place
+    j = Journal(fs, JournalConfig(directory, alignment=512, prealloc_size=512, direct_io=False))
+    j.start()
+    try:
+        for e in range(6):  # one flush each
+            done = threading.Event()
+            j.log_entry(1, e, bytes(100), lambda err, ctx: done.set(), None)  # noqa: B023 - awaited at once
+            assert done.wait(10)
+    finally:
+        j.shutdown()
+    path = f"{directory}/{journal_name(1)}"
+    starts = [f.offset for f in _map_frames(fs, directory) if f.flags & FLAG_FLUSH_START]
+    assert len(starts) == 6 and all(s % MIN_ALIGNMENT == 0 and s % A for s in starts), starts
+    flip(fs, path, 32)  # the header's checksum
+    damaged = read_all(fs, path)
+
+    with pytest.raises(CorruptionError, match=f"offset=0 valid_data_at={starts[0]}"):
+        do_replay(fs, directory)
+    assert read_all(fs, path) == damaged, "replay changed the file it refused"
+    reader, found = _Reader(fs.open(path)), [0]
+    try:
+        while (start := _valid_flush_after(reader, found[-1], MIN_ALIGNMENT, frame_seed(1))) is not None:
+            found.append(start)
+    finally:
+        reader.f.close()
+    assert found[1:] == starts
+    result = repair_journal(fs, path)  # the operator's decision: cut at the damage, keep a copy
+    assert (result.truncated_at, read_all(fs, result.broken_copy)) == (0, damaged)
 
 
 def test_restart_after_a_torn_header_of_the_last_file(place: tuple[FileSystem, str]) -> None:

@@ -32,6 +32,7 @@ from the number.
     │   ├── CorruptionError          bad data followed by good data: refuse to hide it
     │   ├── CookieError              missing / foreign cookie: wrong or wiped disk
     │   └── FormatError              unknown magic or format version
+    │       └── FormatVersionError   intact bytes of a version this walkit does not read (or write)
     ├── MetadataError                the metadata store said no, or could not be reached
     │   ├── MetadataVersionError     a conditional write lost its compare-and-set
     │   ├── NodeExistsError
@@ -53,7 +54,8 @@ original exception as ``__cause__`` (``raise … from exc``).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Iterable, Mapping
+from typing import ClassVar, TypeVar
 
 __all__ = [
     "WalkitError",
@@ -78,6 +80,7 @@ __all__ = [
     "CorruptionError",
     "CookieError",
     "FormatError",
+    "FormatVersionError",
     "ConfigError",
     "MetadataError",
     "MetadataVersionError",
@@ -233,6 +236,48 @@ class CookieError(StorageError):
 
 class FormatError(StorageError):
     code = 403
+
+
+_T = TypeVar("_T")
+
+
+class FormatVersionError(FormatError):
+    """Bytes whose magic and checksum hold, of a format version this walkit does not read
+    (or, for metadata it may read, does not write): another walkit's, most likely a newer
+    one's. Never taken for damage: nothing is truncated, rebuilt or overwritten over it.
+    ``version`` is the version found; ``known`` the versions this walkit reads (or writes)."""
+
+    code = 404
+    version: int = 0
+    known: tuple[int, ...] = ()
+
+    @classmethod
+    def unreadable(cls, what: str, version: int, reads: Iterable[int], **context: object) -> FormatVersionError:
+        """``<what> version N is not one this walkit reads (reads: 1)``, with ``context``."""
+        return cls._make(f"{what} version {version} is not one this walkit reads", "reads", version, reads, context)
+
+    @classmethod
+    def unwritable(cls, what: str, version: int, writes: Iterable[int], **context: object) -> FormatVersionError:
+        """``<what> version N is newer than this walkit writes (writes: 1)``, with ``context``."""
+        return cls._make(f"{what} version {version} is newer than this walkit writes", "writes", version, writes,
+                         context)
+
+    @classmethod
+    def reader(cls, readers: Mapping[int, _T], version: int, what: str, **context: object) -> _T:
+        """``readers[version]`` - a format's table of version -> decoder - or, for a
+        version not in it, the :meth:`unreadable` error."""
+        found = readers.get(version)
+        if found is None:
+            raise cls.unreadable(what, version, readers, **context)
+        return found
+
+    @classmethod
+    def _make(cls, text: str, verb: str, version: int, known: Iterable[int], context: dict[str, object]
+              ) -> FormatVersionError:
+        versions = tuple(sorted(known))
+        error = cls(f"{text} ({verb}: {', '.join(map(str, versions))})", **context)
+        error.version, error.known = version, versions
+        return error
 
 
 class ConfigError(WalkitError, ValueError):

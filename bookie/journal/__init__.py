@@ -5,13 +5,7 @@ See :mod:`bookie.journal._writer` (writing), :mod:`bookie.journal._replay` (read
 :mod:`bookie.journal._policy` (when to flush) and docs/format.md for the bytes.
 """
 
-from bookie.journal._format import (
-    FrameType,
-    JournalHeader,
-    UnsupportedJournalVersion,
-    journal_name,
-    parse_journal_name,
-)
+from bookie.journal._format import FrameType, JournalHeader, journal_name, parse_journal_name
 from bookie.journal._inspect import JournalFile, JournalRecord, JournalStop
 from bookie.journal._mark import LogMark, highest_mark, read_marks, write_mark
 from bookie.journal._policy import FlushReason, GroupCommitPolicy, flush_reason, wait_timeout
@@ -59,7 +53,6 @@ __all__ = [
     "ReplayReport",
     "ReplayTarget",
     "TornTail",
-    "UnsupportedJournalVersion",
     "flush_reason",
     "highest_mark",
     "journal_name",

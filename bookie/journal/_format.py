@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from walkit.errors import FormatError
+from walkit.errors import FormatError, FormatVersionError
 
 __all__ = [
     "MAGIC",
     "VERSION",
+    "MIN_ALIGNMENT",
     "FrameType",
     "FLAG_FLUSH_START",
     "FRAME_HEADER",
@@ -44,6 +46,9 @@ __all__ = [
 
 MAGIC = b"WKJOURNL"
 VERSION = 1  # 1: first format (header block, id-seeded CRC32C frames, padding at each flush)
+#: Every alignment the format allows is a power of two at least this (a sector), so a
+#: multiple of it: where to look for flush starts when a file's header cannot be read.
+MIN_ALIGNMENT = 512
 
 _HEADER = struct.Struct("<8sHHIQQI")  # magic, version, reserved, alignment, journal id, previous id, crc
 FRAME_HEADER = struct.Struct("<IBBHI")  # crc, type, flags, reserved, length
@@ -88,24 +93,27 @@ class JournalHeader:
 
     @classmethod
     def decode(cls, raw: bytes, *, path: str = "") -> JournalHeader:
+        """The header; FormatError when it is damaged, FormatVersionError when it is
+        intact (magic and checksum hold) but of a version this code does not read."""
         if len(raw) < _HEADER.size:
             raise FormatError("journal header is short", path=path, size=len(raw))
-        magic, version, _, alignment, journal_id, previous_id, crc = _HEADER.unpack_from(raw)
+        magic, version, _, _, _, _, crc = _HEADER.unpack_from(raw)
         if magic != MAGIC:
             raise FormatError("not a walkit journal (bad magic)", path=path)
         if crc32c(raw[: _HEADER.size - 4]) != crc:
             raise FormatError("journal header checksum mismatch", path=path)
-        if version != VERSION:
-            raise UnsupportedJournalVersion("unsupported journal format version", path=path, version=version,
-                                            supported=VERSION)
-        if alignment < 512 or alignment & (alignment - 1):
-            raise FormatError("bad journal alignment", path=path, alignment=alignment)
-        return cls(journal_id=journal_id, alignment=alignment, previous_id=previous_id, version=version)
+        return FormatVersionError.reader(_HEADER_READERS, version, "journal", path=path)(raw, path)
 
 
-class UnsupportedJournalVersion(FormatError):
-    """An intact journal header (magic and checksum hold) of a format version this code
-    does not read: written by another walkit version. Never taken for a torn header."""
+def _decode_header_v1(raw: bytes, path: str) -> JournalHeader:
+    _, version, _, alignment, journal_id, previous_id, _ = _HEADER.unpack_from(raw)
+    if alignment < MIN_ALIGNMENT or alignment & (alignment - 1):
+        raise FormatError("bad journal alignment", path=path, alignment=alignment)
+    return JournalHeader(journal_id=journal_id, alignment=alignment, previous_id=previous_id, version=version)
+
+
+#: Journal version -> the decoder of an intact header (magic and checksum checked).
+_HEADER_READERS: dict[int, Callable[[bytes, str], JournalHeader]] = {1: _decode_header_v1}
 
 
 def journal_name(journal_id: int) -> str:

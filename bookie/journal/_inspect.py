@@ -24,7 +24,7 @@ from bookie.journal._format import (
     JournalHeader,
     frame_seed,
 )
-from bookie.journal._replay import _DEFAULT_ALIGNMENT, _all_zero, _frames, _Reader, _Stop, _valid_flush_after
+from bookie.journal._replay import _all_zero, _frames, _Reader, _Stop, _valid_flush_after
 
 __all__ = ["JournalRecord", "JournalStop", "JournalFile"]
 
@@ -54,7 +54,8 @@ class JournalStop:
 
 class JournalFile:
     """The records of one journal file. Iterate :meth:`records` to the end before
-    reading :attr:`stop`. Raises FormatError (a damaged header) and NativeIOError."""
+    reading :attr:`stop`. Raises FormatError (a damaged header; FormatVersionError: an
+    intact one of a version this code does not read) and NativeIOError."""
 
     def __init__(self, fs: FileSystem, path: str) -> None:
         self.path = path
@@ -77,7 +78,7 @@ class JournalFile:
         self.stop = self._judge(reader, stops[0], seed)
 
     def _judge(self, reader: _Reader, stop: _Stop, seed: int) -> JournalStop:
-        alignment = self.header.alignment or _DEFAULT_ALIGNMENT
+        alignment = self.header.alignment  # decode refuses a header without a valid one
         if stop.offset >= stop.size or _all_zero(reader, stop.offset):
             return JournalStop(stop.offset, stop.size, "end")
         if self.header.previous_id and _all_zero(reader, stop.offset, stop.offset + alignment):

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from crc32c import crc32c
 
 from bookie.fs import FileSystem, read_all, write_atomic
-from walkit.errors import FormatError
+from walkit.errors import FormatError, FormatVersionError
 
 __all__ = ["LogMark", "MARK_FILE", "write_mark", "read_marks", "highest_mark"]
 
@@ -41,15 +42,24 @@ class LogMark:
 
     @classmethod
     def decode(cls, raw: bytes, *, path: str = "") -> LogMark:
+        """The mark; FormatError when it is damaged, FormatVersionError when it is
+        intact (magic and checksum hold) but of a version this code does not read."""
         if len(raw) != _MARK.size + _CRC.size:
             raise FormatError("lastMark has the wrong size", path=path, size=len(raw))
-        magic, version, _, _, journal_id, offset = _MARK.unpack_from(raw)
+        magic, version, _, _, _, _ = _MARK.unpack_from(raw)
         (crc,) = _CRC.unpack_from(raw, _MARK.size)
         if magic != _MAGIC or crc32c(raw[: _MARK.size]) != crc:
             raise FormatError("lastMark is damaged", path=path)
-        if version != _VERSION:
-            raise FormatError("unsupported lastMark version", path=path, version=version)
-        return cls(journal_id, offset)
+        return FormatVersionError.reader(_READERS, version, "lastMark", path=path)(raw)
+
+
+def _decode_v1(raw: bytes) -> LogMark:
+    _, _, _, _, journal_id, offset = _MARK.unpack_from(raw)
+    return LogMark(journal_id, offset)
+
+
+#: lastMark version -> the decoder of an intact mark (size, magic and checksum checked).
+_READERS: dict[int, Callable[[bytes], LogMark]] = {1: _decode_v1}
 
 
 def write_mark(fs: FileSystem, ledger_dirs: list[str], mark: LogMark) -> None:
@@ -61,7 +71,8 @@ def write_mark(fs: FileSystem, ledger_dirs: list[str], mark: LogMark) -> None:
 
 def read_marks(fs: FileSystem, ledger_dirs: list[str]) -> list[LogMark]:
     """Every valid mark found; damaged ones are reported and skipped (another
-    directory, or replaying more journal, covers for them)."""
+    directory, or replaying more journal, covers for them). A mark of a version this
+    code does not read raises FormatVersionError: another walkit's disk, not damage."""
     marks = []
     for d in ledger_dirs:
         path = f"{d}/{MARK_FILE}"
@@ -69,6 +80,8 @@ def read_marks(fs: FileSystem, ledger_dirs: list[str]) -> list[LogMark]:
             continue
         try:
             marks.append(LogMark.decode(read_all(fs, path), path=path))
+        except FormatVersionError:
+            raise
         except FormatError as exc:
             log.warning("ignoring damaged mark: %s", exc)
     return marks

@@ -34,9 +34,9 @@ from bookie.journal._format import (
     LAC_BODY,
     LEDGER_PREFIX,
     MAX_FRAME_BODY,
+    MIN_ALIGNMENT,
     FrameType,
     JournalHeader,
-    UnsupportedJournalVersion,
     frame_seed,
     journal_name,
     parse_frame,
@@ -44,14 +44,13 @@ from bookie.journal._format import (
 )
 from bookie.journal._mark import LogMark
 from bookie.journal._files import list_journals
-from walkit.errors import CorruptionError, FormatError, InvalidArgumentError
+from walkit.errors import CorruptionError, FormatError, FormatVersionError, InvalidArgumentError
 
 __all__ = ["ReplayTarget", "ReplayReport", "TornTail", "replay", "repair_journal", "RepairResult", "scan_journal"]
 
 log = logging.getLogger("bookie.journal")
 
 _WINDOW = 8 << 20
-_DEFAULT_ALIGNMENT = 4096  # where to look for flush starts when a header is unreadable
 
 
 class ReplayTarget(Protocol):
@@ -160,12 +159,9 @@ def _open_journal(fs: FileSystem, directory: str, jid: int) -> tuple[File, Journ
     f = fs.open(path)
     try:
         header: JournalHeader | None = JournalHeader.decode(f.pread(64, 0), path=path)
-    except UnsupportedJournalVersion as exc:  # another walkit's journal: never truncated as if torn
+    except FormatVersionError:  # another walkit's journal: never replayed, never truncated as if torn
         f.close()
-        raise UnsupportedJournalVersion(
-            "journal written in a format version this walkit does not read (a newer walkit's?): refusing to "
-            "start rather than replay or truncate it; run the walkit version that wrote it", path=path,
-            journal=jid, version=exc.context.get("version"), supported=exc.context.get("supported")) from exc
+        raise
     except FormatError:
         header = None
     if header is not None and header.journal_id != jid:
@@ -258,8 +254,10 @@ def _judge_end(f: File, r: _Reader, jid: int, end: _Stop, header: JournalHeader 
 
 def _judge_headerless(f: File, r: _Reader, jid: int, report: ReplayReport) -> None:
     """A file whose header is damaged or missing: data after it is corruption (it was
-    synced after the header); otherwise it was torn at creation and holds nothing."""
-    follows = _valid_flush_after(r, 0, _DEFAULT_ALIGNMENT, frame_seed(jid))
+    synced after the header); otherwise it was torn at creation and holds nothing. The
+    alignment is unknown, so flush starts are looked for at every multiple of the
+    smallest one the format allows (every allowed alignment is a multiple of it)."""
+    follows = _valid_flush_after(r, 0, MIN_ALIGNMENT, frame_seed(jid))
     if follows is not None:
         raise _corruption(f, jid, 0, follows)
     if not _all_zero(r, 0):
@@ -298,8 +296,8 @@ def repair_journal(fs: FileSystem, path: str) -> RepairResult:
         raise InvalidArgumentError("not a journal file name (<id: 16 hex digits>.txn)", path=path)
     if not fs.exists(path):
         raise InvalidArgumentError("no such journal file", path=path)
+    _, stop, _ = scan_journal(fs, directory, jid)  # first: a journal it refuses gets no .broken copy
     _copy(fs, path, path + ".broken")
-    _, stop, _ = scan_journal(fs, directory, jid)
     f = fs.open(path)
     try:
         f.truncate(stop.offset)

@@ -5,19 +5,28 @@ are little-endian, like the journal's. Every decoder checks magic, version, leng
 (before anything is allocated) and CRC32C, and says what it found with key=value
 context. A zero length, a zero slot or an all-zero header copy is never valid data, so
 zeroed or preallocated space always reads as "nothing here".
+
+Each format has its own version (:data:`LOG_VERSION`, :data:`INDEX_VERSION`) and a table
+``version -> decoder``: a header whose magic and CRC hold is handed to the decoder of the
+version it names, and a version with no decoder is a
+:class:`~walkit.errors.FormatVersionError` (another walkit's file: refused, never taken
+for damage).
 """
 
 from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from walkit.errors import CorruptionError, FormatError, InvalidArgumentError
+from walkit.errors import CorruptionError, FormatError, FormatVersionError, InvalidArgumentError
 
 __all__ = [
+    "LOG_VERSION",
+    "INDEX_VERSION",
     "LOG_HEADER_SIZE",
     "RECORD_HEADER",
     "RECORD_CRC_HEAD",
@@ -49,7 +58,8 @@ __all__ = [
 
 LOG_MAGIC = b"WKENTLOG"
 INDEX_MAGIC = b"WKLEDIDX"
-VERSION = 1  # 1: first format (entry logs with CRC32C records, two-copy index headers)
+LOG_VERSION = 1  # 1: first format (512-byte header, CRC32C records)
+INDEX_VERSION = 1  # 1: first format (two header copies, 8-byte slots)
 
 LOG_HEADER_SIZE = 512  # one sector; records start right after it
 _LOG_HEADER = struct.Struct("<8sHHQI")  # magic, version, header size, log id, crc
@@ -70,6 +80,7 @@ INDEX_HEADER_SIZE = 2 * INDEX_COPY_SIZE  # slot e is at INDEX_HEADER_SIZE + 8 * 
 #: explicit LAC, master key (zero padded); then the crc32c of all of it.
 _INDEX_COPY = struct.Struct("<8sHHQQIHHq64s")
 SLOT = struct.Struct("<Q")  # (entry log id << 32) | offset; 0 = absent
+_MAGIC_VERSION = struct.Struct("<8sH")  # where every version of both files keeps them
 
 _FLAG_FENCED = 0x1
 _FLAG_HAS_LAC = 0x2
@@ -85,24 +96,35 @@ _INDEX_NAME = re.compile(r"^([0-9a-f]{16})\.idx(\.tmp)?$")
 
 # --- entry log ----------------------------------------------------------------------
 def encode_log_header(log_id: int) -> bytes:
-    raw = _LOG_HEADER.pack(LOG_MAGIC, VERSION, LOG_HEADER_SIZE, log_id, 0)[:-4]
+    raw = _LOG_HEADER.pack(LOG_MAGIC, LOG_VERSION, LOG_HEADER_SIZE, log_id, 0)[:-4]
     raw += _U32.pack(crc32c(raw))
     return raw + bytes(LOG_HEADER_SIZE - len(raw))
 
 
 def check_log_header(raw: bytes, log_id: int, path: str) -> None:
-    """Raise unless ``raw`` starts with a valid header of entry log ``log_id``."""
+    """Raise unless ``raw`` starts with a valid header of entry log ``log_id``: a
+    CorruptionError when it is damaged, a FormatVersionError when it is intact but of a
+    version this code does not read."""
     if len(raw) < _LOG_HEADER.size:
         raise CorruptionError("entry log header truncated", path=path, size=len(raw))
-    magic, version, size, found_id, crc = _LOG_HEADER.unpack_from(raw)
+    magic, version, _, _, crc = _LOG_HEADER.unpack_from(raw)
     if magic != LOG_MAGIC:
         raise FormatError("not an entry log", path=path, magic=magic.hex())
     if crc != crc32c(raw[: _LOG_HEADER.size - 4]):
         raise CorruptionError("entry log header CRC mismatch", path=path)
-    if version != VERSION or size != LOG_HEADER_SIZE:
-        raise FormatError("unknown entry log version", path=path, version=version, size=size)
+    FormatVersionError.reader(_LOG_HEADER_READERS, version, "entry log", path=path)(raw, log_id, path)
+
+
+def _check_log_header_v1(raw: bytes, log_id: int, path: str) -> None:
+    _, _, size, found_id, _ = _LOG_HEADER.unpack_from(raw)
+    if size != LOG_HEADER_SIZE:
+        raise FormatError("entry log header size invalid", path=path, size=size)
     if found_id != log_id:
         raise CorruptionError("entry log id differs from its name", path=path, found=found_id)
+
+
+#: Entry-log version -> the check of the rest of its header (records follow at 512).
+_LOG_HEADER_READERS: dict[int, Callable[[bytes, int, str], None]] = {1: _check_log_header_v1}
 
 
 def record_prefix(ledger_id: int, entry_id: int, data: bytes) -> bytes:
@@ -160,22 +182,26 @@ def encode_index_copy(h: IndexHeader) -> bytes:
     flags |= _FLAG_HAS_KEY if h.master_key is not None else 0
     lac = -1 if h.explicit_lac is None else h.explicit_lac
     raw = _INDEX_COPY.pack(
-        INDEX_MAGIC, VERSION, h.seq % 2, h.ledger_id, h.seq, flags, len(key), 0, lac, key
+        INDEX_MAGIC, INDEX_VERSION, h.seq % 2, h.ledger_id, h.seq, flags, len(key), 0, lac, key
     )
     raw += _U32.pack(crc32c(raw))
     return raw + bytes(INDEX_COPY_SIZE - len(raw))
 
 
 def decode_index_copy(raw: bytes, copy: int, ledger_id: int, path: str) -> IndexHeader | None:
-    """The header in sector ``copy``, or None when that copy is torn, zero or foreign."""
+    """The header in sector ``copy``, or None when that copy is torn, zero or foreign;
+    FormatVersionError when it is intact but of a version this code does not read."""
     end = _INDEX_COPY.size
     if len(raw) < end + 4 or _U32.unpack_from(raw, end)[0] != crc32c(raw[:end]):
         return None
-    magic, version, found_copy, lid, seq, flags, keylen, _, lac, key = _INDEX_COPY.unpack_from(raw)
+    magic, version = _MAGIC_VERSION.unpack_from(raw)
     if magic != INDEX_MAGIC:
         return None
-    if version != VERSION:
-        raise FormatError("unknown index file version", path=path, version=version)
+    return FormatVersionError.reader(_INDEX_COPY_READERS, version, "index file", path=path)(raw, copy, ledger_id, path)
+
+
+def _decode_index_copy_v1(raw: bytes, copy: int, ledger_id: int, path: str) -> IndexHeader:
+    _, _, found_copy, lid, seq, flags, keylen, _, lac, key = _INDEX_COPY.unpack_from(raw)
     if lid != ledger_id or found_copy != copy or seq % 2 != copy or seq == 0:
         raise CorruptionError("index header belongs elsewhere", path=path, ledger=lid, seq=seq)
     if flags & ~_KNOWN_FLAGS or keylen > MAX_MASTER_KEY:
@@ -187,6 +213,10 @@ def decode_index_copy(raw: bytes, copy: int, ledger_id: int, path: str) -> Index
         explicit_lac=lac if flags & _FLAG_HAS_LAC else None,
         master_key=key[:keylen] if flags & _FLAG_HAS_KEY else None,
     )
+
+
+#: Index-file version -> the decoder of an intact header copy.
+_INDEX_COPY_READERS: dict[int, Callable[[bytes, int, int, str], IndexHeader]] = {1: _decode_index_copy_v1}
 
 
 def pack_location(log_id: int, offset: int) -> int:

@@ -34,14 +34,14 @@ nothing anybody can read. Compaction decides record by record from the index.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from crc32c import crc32c
 
 from bookie.fs import File, FileSystem, read_all
 from bookie.storage._format import LOG_HEADER_SIZE, RECORD_HEADER, check_record, record_length
-from walkit.errors import CorruptionError, FormatError
+from walkit.errors import CorruptionError, FormatError, FormatVersionError
 
 __all__ = [
     "LogUsage", "encode_usage", "decode_usage", "scan_records", "rebuild_usage", "read_usage_file",
@@ -99,23 +99,32 @@ def encode_usage(usage: LogUsage) -> bytes:
 
 
 def decode_usage(raw: bytes, log_id: int, path: str) -> LogUsage:
-    """The usage in a side file; CorruptionError or FormatError when it is not valid."""
+    """The usage in a side file; CorruptionError or FormatError when it is not valid
+    (FormatVersionError: intact, but of a version this code does not read)."""
     if len(raw) < _USAGE_HEAD.size + _CRC.size:
         raise CorruptionError("entry-log usage file truncated", path=path, size=len(raw))
-    magic, version, _, found, count, total, end = _USAGE_HEAD.unpack_from(raw)
+    magic, version, _, _, count, _, _ = _USAGE_HEAD.unpack_from(raw)
     if magic != USAGE_MAGIC:
         raise FormatError("not an entry-log usage file", path=path, magic=magic.hex())
-    if version != USAGE_VERSION:
-        raise FormatError("unknown entry-log usage version", path=path, version=version)
     size = _USAGE_HEAD.size + count * _PAIR.size
     if len(raw) != size + _CRC.size or _CRC.unpack_from(raw, size)[0] != crc32c(raw[:size]):
         raise CorruptionError("entry-log usage file damaged", path=path, size=len(raw), count=count)
+    return FormatVersionError.reader(_USAGE_READERS, version, "entry-log usage file", path=path)(raw, log_id, path)
+
+
+def _decode_usage_v1(raw: bytes, log_id: int, path: str) -> LogUsage:
+    _, _, _, found, count, total, end = _USAGE_HEAD.unpack_from(raw)
+    size = _USAGE_HEAD.size + count * _PAIR.size
     if found != log_id:
         raise CorruptionError("entry-log usage file names another log", path=path, found=found)
     ledgers = dict(_PAIR.iter_unpack(raw[_USAGE_HEAD.size:size]))
     if end < LOG_HEADER_SIZE:
         raise CorruptionError("entry-log usage file has an impossible end", path=path, end=end)
     return LogUsage(log_id, ledgers, total, sum(ledgers.values()), end)
+
+
+#: Usage-file version -> the decoder of an intact file (magic, length and CRC checked).
+_USAGE_READERS: dict[int, Callable[[bytes, int, str], LogUsage]] = {1: _decode_usage_v1}
 
 
 def write_usage_file(fs: FileSystem, path: str, usage: LogUsage) -> None:

@@ -33,14 +33,14 @@ import hmac
 import json
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from crc32c import crc32c
 
-from walkit.errors import FormatError, InvalidArgumentError, LedgerClosedError
+from walkit.errors import FormatError, FormatVersionError, InvalidArgumentError, LedgerClosedError
 
 __all__ = [
     "LedgerState",
@@ -297,16 +297,11 @@ class LedgerMetadata:
 
     @classmethod
     def decode(cls, data: bytes) -> LedgerMetadata:
-        """Parse what :meth:`encode` wrote; anything else raises FormatError."""
+        """Parse what :meth:`encode` wrote; anything else raises FormatError
+        (FormatVersionError: intact, but of a version this code does not read)."""
         data = bytes(data)
-        body = _unframe(data)
-        try:
-            meta = cls(**_from_json(_parse_json(body)))
-        except InvalidArgumentError as exc:
-            raise FormatError("invalid ledger metadata", reason=str(exc)) from exc
-        if meta.encode() != data:
-            raise FormatError("ledger metadata body is not canonical", ledger=meta.ledger_id)
-        return meta
+        version, body = _unframe(data)
+        return FormatVersionError.reader(_READERS, version, "ledger metadata")(data, body)
 
 
 def _b64(value: bytes) -> str:
@@ -325,21 +320,31 @@ def _to_json(meta: LedgerMetadata) -> dict[str, object]:
     }
 
 
-def _unframe(data: bytes) -> bytes:
+def _unframe(data: bytes) -> tuple[int, bytes]:
+    """The version and body of an intact value (magic, length and CRC checked)."""
     if len(data) < _HEADER.size + _CRC.size:
         raise FormatError("ledger metadata truncated", size=len(data))
     magic, version, length = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise FormatError("not ledger metadata", magic=magic.hex())
-    if version != FORMAT_VERSION:
-        raise FormatError("unknown ledger metadata version", version=version, known=FORMAT_VERSION)
     if length > MAX_BODY or len(data) != _HEADER.size + length + _CRC.size:
         raise FormatError("bad ledger metadata length", length=length, size=len(data), limit=MAX_BODY)
     end = _HEADER.size + length
     (stored,) = _CRC.unpack_from(data, end)
     if crc32c(data[:end]) != stored:
         raise FormatError("ledger metadata checksum mismatch", stored=stored)
-    return data[_HEADER.size:end]
+    return version, data[_HEADER.size:end]
+
+
+def _decode_v1(data: bytes, body: bytes) -> LedgerMetadata:
+    """Version 1: exactly the documented keys, canonical (re-encoding gives ``data``)."""
+    try:
+        meta = LedgerMetadata(**_from_json(_parse_json(body)))
+    except InvalidArgumentError as exc:
+        raise FormatError("invalid ledger metadata", reason=str(exc)) from exc
+    if meta.encode() != data:
+        raise FormatError("ledger metadata body is not canonical", ledger=meta.ledger_id)
+    return meta
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -407,3 +412,7 @@ def _from_json(obj: dict[str, Any]) -> dict[str, Any]:
     fields["ensembles"] = _fragments(obj["ensembles"])
     fields["custom_metadata"] = _custom(obj["custom_metadata"])
     return fields
+
+
+#: Ledger-metadata version -> the decoder of an intact value (the whole value, its body).
+_READERS: dict[int, Callable[[bytes, bytes], LedgerMetadata]] = {1: _decode_v1}

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 
 from walkit.errors import (
     FormatError,
+    FormatVersionError,
     InvalidArgumentError,
     LedgerExistsError,
     MetadataError,
@@ -149,6 +150,9 @@ class LedgerManager:
     def _decode(self, ledger_id: int, path: str, data: bytes) -> LedgerMetadata:
         try:
             meta = LedgerMetadata.decode(data)
+        except FormatVersionError as exc:  # a newer walkit's ledger: neither read nor written here
+            raise FormatVersionError.unreadable("ledger metadata", exc.version, exc.known, ledger=ledger_id,
+                                                path=path) from exc
         except FormatError as exc:
             raise FormatError("unreadable ledger metadata", ledger=ledger_id, path=path, reason=str(exc)) from exc
         if meta.ledger_id != ledger_id:

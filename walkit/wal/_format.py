@@ -9,6 +9,12 @@ big-endian (version 1, still read: ``count x (length u32 | record bytes)``). **L
 "snapshots": [[lsn, ledger_id, size], ...], "truncated": lsn | null,
 "settings": {...}}``. A **namespace** node (``<root>/logs/<namespace>``) holds the
 namespace's default settings as canonical JSON (``{}``: none).
+
+Log metadata of any format is read (the keys of format 1 keep their meaning in every
+later one); keys this code does not know - at the top or in ``settings`` - are kept and
+written back as they were, so an older walkit's read-modify-write never drops what a
+newer one added. A node of a format above :data:`LOG_FORMAT` is never written here
+(:class:`~walkit.errors.FormatVersionError`): that format may rule how its keys change.
 """
 
 from __future__ import annotations
@@ -16,11 +22,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from walkit.errors import FormatError, InvalidArgumentError
+from walkit.errors import FormatError, FormatVersionError, InvalidArgumentError
 from walkit.wal._lsn import LSN
 
 __all__ = ["LogMetadata", "LogSettings", "pack_records", "unpack_records", "Segment", "SnapshotRef"]
@@ -29,7 +35,7 @@ MAGIC = b"WKRB"
 VERSION = 2  # written; 1 is still read
 _HEAD = struct.Struct(">4sBI")
 _LEN = struct.Struct(">I")
-LOG_FORMAT = 1
+LOG_FORMAT = 1  # written; every format >= 1 is read, only formats <= this one are written
 
 
 def pack_records(records: Sequence[bytes]) -> bytes:
@@ -46,10 +52,12 @@ def unpack_records(data: bytes) -> list[bytes]:
     if len(data) < _HEAD.size:
         raise FormatError("record batch shorter than its header", size=len(data))
     magic, version, count = _HEAD.unpack_from(data)
-    if magic != MAGIC or version not in (1, VERSION):
+    if magic != MAGIC:
         raise FormatError("not a walkit record batch", magic=magic.hex(), version=version)
-    if version == 1:
-        return _unpack_v1(data, count)
+    return FormatVersionError.reader(_BATCH_READERS, version, "record batch")(data, count)
+
+
+def _unpack_v2(data: bytes, count: int) -> list[bytes]:
     if type(data) is not bytes:
         data = bytes(data)  # slices of it are the records: bytes, whatever the entry came in
     pos = _HEAD.size + 4 * count
@@ -83,6 +91,10 @@ def _unpack_v1(data: bytes, count: int) -> list[bytes]:
     if pos != len(data):
         raise FormatError("bytes after the last record of a batch", extra=len(data) - pos)
     return records
+
+
+#: Record-batch version -> its unpacker (``count`` read from the common head).
+_BATCH_READERS: dict[int, Callable[[bytes, int], list[bytes]]] = {1: _unpack_v1, 2: _unpack_v2}
 
 
 @dataclass(frozen=True)
@@ -126,6 +138,10 @@ class SnapshotRef:
     size: int
 
 
+_LOG_KEYS = frozenset({"format", "epoch", "segments", "snapshots", "truncated", "settings"})
+_SETTINGS_KEYS = frozenset(f.name for f in dataclasses.fields(LogSettings))
+
+
 @dataclass(frozen=True)
 class LogMetadata:
     epoch: int
@@ -133,34 +149,58 @@ class LogMetadata:
     snapshots: tuple[SnapshotRef, ...]
     truncated: LSN | None
     settings: LogSettings
+    #: The node's format: above LOG_FORMAT, a newer walkit's (read here, never written).
+    format_version: int = LOG_FORMAT
+    #: Keys this walkit does not know (a newer one's), at the top and in ``settings``:
+    #: written back as they were read.
+    unknown: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    unknown_settings: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    #: The node it was read from (names the log in errors; not part of the value).
+    path: str = field(default="", compare=False, repr=False)
+
+    def check_writable(self) -> None:
+        """Raise FormatVersionError unless this walkit may write (or delete) the node."""
+        if self.format_version > LOG_FORMAT:
+            raise FormatVersionError.unwritable("log metadata format", self.format_version, range(1, LOG_FORMAT + 1),
+                                                path=self.path or None)
 
     def encode(self) -> bytes:
+        self.check_writable()
         body = {
-            "format": LOG_FORMAT, "epoch": self.epoch,
+            **self.unknown, "format": LOG_FORMAT, "epoch": self.epoch,
             "segments": [[s.seq, s.ledger_id] for s in self.segments],
             "snapshots": [[str(s.lsn), s.ledger_id, s.size] for s in self.snapshots],
             "truncated": None if self.truncated is None else str(self.truncated),
-            "settings": self.settings.to_json(),
+            "settings": {**self.unknown_settings, **self.settings.to_json()},
         }
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")
 
     @classmethod
     def decode(cls, data: bytes, path: str) -> LogMetadata:
+        """What :meth:`encode` wrote, of any format (FormatError when unreadable)."""
         try:
-            body = json.loads(data)
-            if body["format"] != LOG_FORMAT:
-                raise FormatError("unknown log metadata format", path=path, format=body["format"])
-            return cls(
-                epoch=int(body["epoch"]),
-                segments=tuple(Segment(int(a), int(b)) for a, b in body["segments"]),
-                snapshots=tuple(SnapshotRef(LSN.parse(a), int(b), int(c)) for a, b, c in body["snapshots"]),
-                truncated=None if body["truncated"] is None else LSN.parse(body["truncated"]),
-                settings=LogSettings.of(body["settings"]),
-            )
+            return cls._from_json(json.loads(data), path)
         except FormatError:
             raise
-        except (ValueError, KeyError, TypeError, InvalidArgumentError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, InvalidArgumentError) as exc:
             raise FormatError("unreadable log metadata", path=path, reason=str(exc)[:200]) from exc
+
+    @classmethod
+    def _from_json(cls, body: dict[str, Any], path: str) -> LogMetadata:
+        version, settings = body["format"], dict(body["settings"])
+        if type(version) is not int or version < 1:
+            raise FormatError("unknown log metadata format", path=path, format=repr(version)[:40])
+        return cls(
+            epoch=int(body["epoch"]),
+            segments=tuple(Segment(int(a), int(b)) for a, b in body["segments"]),
+            snapshots=tuple(SnapshotRef(LSN.parse(a), int(b), int(c)) for a, b, c in body["snapshots"]),
+            truncated=None if body["truncated"] is None else LSN.parse(body["truncated"]),
+            settings=LogSettings.of({k: v for k, v in settings.items() if k in _SETTINGS_KEYS}),
+            format_version=version,
+            unknown={k: v for k, v in body.items() if k not in _LOG_KEYS},
+            unknown_settings={k: v for k, v in settings.items() if k not in _SETTINGS_KEYS},
+            path=path,
+        )
 
     def segments_from(self, after: LSN | None) -> Iterator[Segment]:
         for segment in self.segments:

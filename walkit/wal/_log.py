@@ -935,11 +935,13 @@ def list_logs(client_or_uri: BookKeeper | str, namespace: str = "default") -> li
 
 def delete_log(client_or_uri: BookKeeper | str, namespace: str, name: str) -> None:
     """Delete a log: its metadata, then its segments' and snapshots' ledgers.
-    NoSuchLogError when there is no such log."""
+    NoSuchLogError when there is no such log; FormatVersionError when its metadata is of
+    a later format (a newer walkit's: it may name ledgers this one does not know of)."""
     bk, owned = _client(client_or_uri)
     try:
         node = _LogNode(bk, namespace, name)
         meta, version = node.read()
+        meta.check_writable()  # a newer walkit's log may hold ledgers this one does not know of
         node.store.delete(node.path, version)
         for ledger_id in [s.ledger_id for s in meta.segments] + [s.ledger_id for s in meta.snapshots]:
             with contextlib.suppress(NoSuchLedgerError):
