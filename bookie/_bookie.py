@@ -2,10 +2,10 @@
 
 Theory of operation
 -------------------
-*Add*: check the master key (stored and journaled on the ledger's first add or fence;
-a different key is refused with ``UnauthorizedError``) and the fence (``LedgerFencedError``
-unless it is a recovery add), put the entry in ledger storage (memory), then hand it to
-the journal. The returned future completes when the journal's fdatasync covering the
+*Add*: check the master key (journaled on the ledger's first add or fence; a different
+key is refused with ``UnauthorizedError``) and the fence (``LedgerFencedError`` unless it
+is a recovery add), put the entry in ledger storage (memory), then hand it to the
+journal. The returned future completes when the journal's fdatasync covering the
 entry returned - that is what makes an acknowledgement durable. The server hands over
 the adds of one received chunk together (:meth:`Bookie.add_batch_cb`): every check is
 still made per add and a refusal touches that add only, but the bookie, storage and
@@ -14,18 +14,28 @@ then their records (new master keys first) are framed into the journal in one ca
 with one callback for the admitted group (they share one flush, so one fdatasync makes
 them all durable). The single-add and per-add-callback forms are built on it.
 
-*Fence*: set the flag, journal a FENCE record, answer when it is durable; afterwards
-normal adds are refused for good (the flag survives restarts by replay or checkpoint).
+*Fence*: journal a FENCE record, answer when it is durable; from the moment it is framed
+normal adds are refused, for good once it is durable (the flag survives restarts by
+replay or checkpoint). A ledger's state - fence, explicit LAC, master key - reaches
+ledger storage only once its record is durable (a master key that comes with entries:
+with them, taken back if its record is refused), so memory and journal agree even when
+the journal refuses the record for a full disk: the requester gets the error and the
+ledger's state is as if the request never came (:mod:`bookie._records`).
 
 *Checkpoint* (every ``flushInterval`` ms, when ``flushEntriesThreshold`` entries wait in
-memory, and at start and shutdown): take the journal's durable mark M, flush and sync
+memory, and at start and shutdown): take the journal's settled mark M, flush and sync
 ledger storage, write M into every ledger directory, delete journal files behind M
-beyond ``journalMaxBackups``. Every record before M was put in storage before it was
-journaled, so after the flush it is durable in storage; replaying from M is enough.
+beyond ``journalMaxBackups``. Every record before M is in storage - an entry (and a key
+that came with it) was put there before it was journaled, a state record by its
+callback, which returned before the journal settled M - so after the flush it is durable
+in storage; replaying from M is enough.
 
 *Restart*: check the cookies, open storage, replay journals from the highest mark
 (a torn tail is truncated and reported; corruption stops the start), start a new
-journal file and checkpoint at once.
+journal file and checkpoint at once. None of it needs new space: a journal disk still
+full starts the journal without its new file, a ledger disk still full fails only that
+first checkpoint; either way ``on_no_space`` is told (the server starts read-only) and
+the bookie is writable again once there is room, as when a running bookie fills a disk.
 
 *Disk faults*: an I/O error in the journal (a failed write or fdatasync) or the ledger
 storage (a failed write, sync or directory sync) makes the bookie **failed**
@@ -54,8 +64,8 @@ from bookie._config import BookieConfig
 from bookie.cookie import Cookie, check_or_write_cookies
 from bookie.fs import FileSystem, is_no_space
 from bookie.gc import GarbageCollector, GcMetadata
+from bookie._records import LedgerRecords, LedgerView
 from bookie.journal import (
-    KEY_RECORD,
     GroupCommitPolicy,
     Journal,
     JournalConfig,
@@ -239,6 +249,7 @@ class Bookie:
         self._running = False
         self._max_entry_size = min(config.netty_max_frame_size_bytes, MAX_ENTRY_SIZE)
         self._storage: LedgerStorage | None = None
+        self._records: LedgerRecords | None = None
         self._journal: Journal | None = None
         self._metadata = metadata
         self._marked = marked
@@ -271,6 +282,7 @@ class Bookie:
         self._storage.open()
         self._storage.on_failure = lambda exc: self._failed(self._where(exc, c.ledger_directories), exc)
         self._storage.on_no_space = lambda exc: self._no_space(self._where(exc, c.ledger_directories), exc)
+        self._records = LedgerRecords(self._storage)
         mark = highest_mark(fs, list(c.ledger_directories))
         self.replay_report = replay(fs, c.journal_directory, mark, _StorageReplay(self._storage))
         log.info(
@@ -281,15 +293,29 @@ class Bookie:
         self._journal = Journal(fs, _journal_config(c))
         self._journal.on_failure = lambda exc: self._failed(c.journal_directory, exc)
         self._journal.on_no_space = lambda exc: self._no_space(c.journal_directory, exc)
-        self._journal.start()
+        self._journal.start(min_id=mark.journal_id + 1 if mark is not None else 1)
         self._running = True
-        self.checkpoint()
+        self._first_checkpoint()
         self._ckpt_thread = threading.Thread(target=self._checkpoint_loop, name="bookie-checkpoint", daemon=True)
         self._ckpt_thread.start()
         self._gc = GarbageCollector(self._storage, c, c.effective_bookie_id, metadata=self._metadata,
                                     delete_ledger=self.delete_ledger, disk_usage=self._disk_usage,
                                     on_freed=self._space_freed, marked=self._marked)
         self._gc.start()
+
+    def _first_checkpoint(self) -> None:
+        """The checkpoint at start. A full ledger disk does not stop the start: the
+        journal keeps what could not be flushed, the checkpoint loop tries again, and
+        the disk was reported full (``on_no_space``: the server starts read-only)."""
+        try:
+            self.checkpoint()
+        except OSError as exc:
+            if not is_no_space(exc):
+                raise
+            self._ckpt_no_space = True
+            log.warning("bookie %s: no space for the checkpoint at start (%s); started anyway: the journal is"
+                        " kept until a checkpoint succeeds", self.config.effective_bookie_id, exc,
+                        extra=context(bookie=self.config.effective_bookie_id))
 
     def shutdown(self) -> None:
         """Complete every add already accepted, checkpoint, and close the storage."""
@@ -384,6 +410,13 @@ class Bookie:
             raise BookieShutdownError("bookie not started", bookie=self.config.effective_bookie_id)
         return self._journal
 
+    @property
+    def records(self) -> LedgerRecords:
+        """Ledger state records in flight (:mod:`bookie._records`)."""
+        if self._records is None:
+            raise BookieShutdownError("bookie not started", bookie=self.config.effective_bookie_id)
+        return self._records
+
     # --- writes ---------------------------------------------------------------------------
     # Each write exists twice: ``*_cb(..., cb, ctx)`` calls ``cb(err, ctx)`` exactly once
     # (on the journal's sync thread once durable, or at once on a refusal) - the server's
@@ -434,20 +467,21 @@ class Bookie:
             return 0
         records: list[Record] = []
         admitted, entries = self._admit_batch(adds, refused, records)
-        if not admitted:
+        if admitted:
+            failed = self.storage.add_entries(entries)
+            if failed:
+                bad = {i for i, _ in failed}
+                refused.extend((_as_walkit_error(exc), admitted[i]) for i, exc in failed)
+                admitted = [add for i, add in enumerate(admitted) if i not in bad]
+                entries = [entry for i, entry in enumerate(entries) if i not in bad]
+        if not admitted:  # the key records of refused adds are not journaled
+            self.records.drop(records, BookieShutdownError("no add admitted: the key record was not journaled"))
             return 0
-        failed = self.storage.add_entries(entries)
-        if failed:
-            bad = {i for i, _ in failed}
-            refused.extend((_as_walkit_error(exc), admitted[i]) for i, exc in failed)
-            admitted = [add for i, add in enumerate(admitted) if i not in bad]
-            entries = [entry for i, entry in enumerate(entries) if i not in bad]
-            if not admitted:
-                return 0
         try:
             self.journal.log_entries(entries, cb, admitted, records)
         except (WalkitError, OSError) as exc:
             err = _as_walkit_error(exc)
+            self.records.drop(records, err)
             refused.extend((err, add) for add in admitted)
             return 0
         return len(admitted)
@@ -459,10 +493,11 @@ class Bookie:
         goes through the checks that name the fault (:meth:`_check_ledger`,
         :meth:`_check_entry`, which refuse it - or pass it, e.g. an ``int`` subclass).
         The key and fence of a ledger are looked up once per run of adds of that ledger
-        with the same key (they cannot change meanwhile: the bookie lock is held)."""
+        with the same key (only this thread can add to them meanwhile: the bookie lock is
+        held)."""
         admitted: list[A] = []
         entries: list[tuple[int, int, bytes]] = []
-        seen: dict[int, tuple[bytes | None, bool]] = {}
+        seen: dict[int, LedgerView] = {}
         max_size, header_ids = self._max_entry_size, _HEADER_IDS.unpack_from
         last_ledger, last_key, fenced = -1, b"", False
         for add in adds:
@@ -497,14 +532,12 @@ class Bookie:
         return fut
 
     def fence_cb(self, ledger_id: int, master_key: bytes, cb: Callback, ctx: Any) -> None:
-        """Fence a ledger; ``cb`` when the fence is durable. Creates the ledger's state when
-        this bookie has never seen it, so a late add from the old writer is refused."""
-
-        def fence(fenced: bool) -> None:
-            self.storage.set_fenced(ledger_id)
-            self.journal.log_fence(ledger_id, cb, ctx)
-
-        self._keyed_write(ledger_id, master_key, fence, cb, ctx)
+        """Fence a ledger; ``cb`` when the fence is durable (then it is in storage).
+        Normal adds are refused from the moment the FENCE record is framed; a fence the
+        journal refuses (a full disk) leaves the ledger as it was, and ``cb`` gets the
+        error. Creates the ledger's state when this bookie has never seen it, so a late
+        add from the old writer is refused."""
+        self._keyed_write(ledger_id, master_key, lambda: self.records.fence_record(ledger_id, cb, ctx), cb, ctx)
 
     def fence(self, ledger_id: int, master_key: bytes) -> Future[None]:
         fut: Future[None] = Future()
@@ -512,53 +545,59 @@ class Bookie:
         return fut
 
     def write_lac_cb(self, ledger_id: int, master_key: bytes, lac: int, cb: Callback, ctx: Any) -> None:
-        """Record an explicit LAC (a writer's LAC that rode on no entry yet)."""
-
-        def record(fenced: bool) -> None:
-            current = self.storage.explicit_lac(ledger_id)
-            self.storage.set_explicit_lac(ledger_id, max(lac, -1 if current is None else current))
-            self.journal.log_lac(ledger_id, lac, cb, ctx)
-
-        self._keyed_write(ledger_id, master_key, record, cb, ctx)
+        """Record an explicit LAC (a writer's LAC that rode on no entry yet); it is in
+        storage (``read_lac``) once durable, before ``cb``."""
+        self._keyed_write(ledger_id, master_key, lambda: self.records.lac_record(ledger_id, lac, cb, ctx), cb, ctx)
 
     def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> Future[None]:
         fut: Future[None] = Future()
         self.write_lac_cb(ledger_id, master_key, lac, _resolve, fut)
         return fut
 
-    def _keyed_write(self, ledger_id: int, master_key: bytes, write: Callable[[bool], None], cb: Callback,
-                     ctx: Any) -> bool:
-        """Check the key, then ``write(fenced)`` under the bookie lock; errors go to ``cb``
-        (a dead disk included), they never escape the call. True when ``write`` ran."""
+    def _keyed_write(self, ledger_id: int, master_key: bytes, record: Callable[[], Record], cb: Callback,
+                     ctx: Any) -> None:
+        """Check the key, then journal ``record()`` (whose callback answers ``cb``) -
+        after the ledger's MASTER_KEY record when its key is not durable yet - under the
+        bookie lock. ``cb`` is called exactly once; errors never escape the call."""
         try:
             self._check_ledger(ledger_id, master_key)
             with self._lock:
                 self._check_running()
-                write(self._admit_key(ledger_id, master_key))
-            return True
-        except (WalkitError, OSError) as exc:
+                records: list[Record] = []
+                self._admit_key(ledger_id, master_key, None, records)
+                records.append(record())
+                error = self._log_records(records)
+        except (WalkitError, OSError) as exc:  # refused before any record was made
             cb(_as_walkit_error(exc), ctx)
-            return False
+            return
+        if error is not None:
+            self.records.drop(records, error)  # outside the lock: ``cb`` may add again
 
-    def _admit_key(self, ledger_id: int, master_key: bytes, seen: dict[int, tuple[bytes | None, bool]] | None = None,
-                   records: list[Record] | None = None) -> bool:
-        """Refuse a key other than the ledger's (the first one is stored and journaled -
-        appended to ``records`` when given, for the caller to journal); return whether
-        the ledger is fenced. ``seen`` remembers each ledger's key and fence across the
-        adds of one batch (they cannot change meanwhile: the bookie lock is held), so a
-        batch looks at a ledger's state once."""
+    def _log_records(self, records: list[Record]) -> WalkitError | None:
+        """Journal the records; the error when the journal took none of them."""
+        try:
+            self.journal.log_records(records)
+            return None
+        except (WalkitError, OSError) as exc:
+            return _as_walkit_error(exc)
+
+    def _admit_key(self, ledger_id: int, master_key: bytes, seen: dict[int, LedgerView] | None,
+                   records: list[Record]) -> bool:
+        """Refuse a key other than the ledger's; return whether the ledger is fenced (or a
+        fence is on its way). The ledger's first key - and a key not durable yet - is
+        appended to ``records`` as a MASTER_KEY record, for the caller to journal or
+        :meth:`LedgerRecords.drop`. ``seen`` (given for a batch of adds, whose entries
+        go to storage with the key) remembers each ledger's state across the adds of the
+        batch (the bookie lock is held), so a batch looks at a ledger once and journals
+        its key once."""
         state = seen.get(ledger_id) if seen is not None else None
         if state is None:
-            state = self.storage.key_and_fence(ledger_id)
-        stored, fenced = state
-        if stored is None:
-            self.storage.set_master_key(ledger_id, master_key)
-            if records is None:
-                self.journal.log_master_key(ledger_id, master_key)
-            else:
-                records.append((KEY_RECORD, ledger_id, 0, master_key, None, None))
-            state = (master_key, fenced)
-        elif stored != master_key:
+            state = self.records.look(ledger_id)
+        key, durable, fenced = state
+        if key is None or (not durable and key == master_key):
+            records.append(self.records.key_record(ledger_id, master_key, with_entries=seen is not None))
+            state = (master_key, True, fenced)  # journaled with this batch: once is enough
+        elif key != master_key:
             raise UnauthorizedError("master key does not match", ledger=ledger_id)
         if seen is not None:
             seen[ledger_id] = state
@@ -587,7 +626,9 @@ class Bookie:
         return lac
 
     def is_fenced(self, ledger_id: int) -> bool:
-        return self.storage.is_fenced(ledger_id)
+        """Whether normal adds are refused: a fence of the ledger is durable, or on its
+        way to the journal (and forgotten if the journal refuses it)."""
+        return self.records.look(ledger_id)[2]
 
     def ledgers(self) -> list[int]:
         return self.storage.ledgers()
@@ -609,7 +650,7 @@ class Bookie:
     def _checkpoint_now(self) -> LogMark:
         with self._ckpt_lock:
             started = time.monotonic()
-            mark = self.journal.last_mark()
+            mark = self.journal.settled_mark()
             self._pending = 0
             self.storage.flush()
             self._write_mark(mark)
@@ -620,12 +661,15 @@ class Bookie:
 
     def _write_mark(self, mark: LogMark) -> None:
         """Write the mark in every ledger directory; an I/O error there (not a full disk)
-        fails the bookie as a storage error does: its disk is failing."""
+        fails the bookie as a storage error does: its disk is failing. A full disk is
+        reported (``on_no_space``) as any write that meets one."""
         dirs = list(self.config.ledger_directories)
         try:
             write_mark(self.fs, dirs, mark)
         except OSError as exc:
-            if not is_no_space(exc):
+            if is_no_space(exc):
+                self._no_space(self._where(exc, dirs), exc)
+            else:
                 self._mark_failed = True
                 self._failed(self._where(exc, dirs), exc)
             raise

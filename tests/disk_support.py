@@ -6,10 +6,13 @@ device, no mkfs.ext4) the test is skipped with the reason."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
@@ -129,17 +132,36 @@ def loop_ext4(target: Path, size: int, image: Path) -> Iterator[Path]:
 
 def fill(directory: Path, leave: int, name: str = "filler") -> Path:
     """A file in ``directory`` that takes all of its file system's free space but
-    ``leave`` bytes (another tenant of the disk); remove it to give the space back."""
+    ``leave`` bytes (another tenant of the disk); remove it to give the space back.
+    With ``leave=0`` the disk is full to the last block: the file takes what it can, and
+    more after each fsync (ext4 gives back the metadata blocks it reserved for delayed
+    allocation once the data is written)."""
     path = directory / name
-    free = shutil.disk_usage(directory).free
-    with open(path, "wb") as f:
-        chunk = b"\xa5" * MIB
-        todo = max(0, free - leave)
-        while todo > 0:
-            n = f.write(chunk[: min(len(chunk), todo)])
-            todo -= n
-        f.flush()
+    with open(path, "wb", buffering=0) as f:
+        _write(f, max(0, shutil.disk_usage(directory).free - leave), until_full=not leave)
+        os.fsync(f.fileno())
+        while not leave and _write(f, MIB, until_full=True):
+            os.fsync(f.fileno())
     return path
+
+
+def _write(f: BinaryIO, size: int, *, until_full: bool) -> int:
+    """Append ``size`` bytes; how many. With ``until_full`` fewer when the disk fills:
+    the writes halve down to 512 bytes, so the last free blocks of a page are taken too."""
+    chunk = memoryview(b"\xa5" * MIB)
+    step, done = MIB, 0
+    while done < size:
+        try:
+            n = f.write(chunk[: min(step, size - done)])
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not until_full:
+                raise
+            if step <= 512:
+                break
+            step //= 2
+            continue
+        done += n or 0
+    return done
 
 
 def usage(path: Path) -> float:

@@ -23,6 +23,19 @@ What each test proves:
    read-only, keeps serving reads, writers move on, nothing acknowledged is lost, and it
    is writable again once space is freed (by GC after ledger deletions, or by the
    operator), and after a restart it still has everything.
+5. MemFS: a fence or a ledger's first add that the full journal refuses changes nothing
+   - the requester gets ENOSPC, normal adds are not refused as fenced, no key is kept,
+   in memory or after a power cut - and retried once there is room it takes effect; an
+   add framed while its ledger's first (refused) add was pending carries the key again;
+   a fence on its way already refuses normal adds.
+6. MemFS: a bookie whose disks are still full at restart (after a shutdown, or a power
+   cut that leaves an entry log without usage file and entries to replay) starts, serves
+   every entry and fence it held, refuses writes for space, takes them once there is
+   room, and a later restart has everything.
+7. Bookie processes restarted with the journal disk (tmpfs), the ledger disk (tmpfs,
+   after a kill) or both (ext4, after a kill) filled to the last block: the bookie comes
+   up registered read-only, logs why, serves its entries, turns writable by itself once
+   the space is freed and takes adds; a restart then has everything.
 
 The process tests need root (mount, losetup) and skip with the reason otherwise;
 ``WALKIT_SLOW=1`` runs them on larger disks.
@@ -30,35 +43,41 @@ The process tests need root (mount, losetup) and skip with the reason otherwise;
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
+import itertools
 import json
 import logging
 import os
 import random
-from collections.abc import Iterator
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 import walkit
 from bookie import Bookie
 from bookie.fs import is_no_space
-from bookie.fs.mem import MemFS
+from bookie.fs.mem import MemFS, _MemFile
+from bookie.fs.real import RealFS
 from bookie.native import io_error
-from bookie.journal import Journal, JournalConfig, highest_mark, replay
+from bookie.journal import Journal, JournalConfig, LogMark, highest_mark, journal_name, replay
 from bookie.server import BookieServer
 from bookie.storage import LedgerStorage
 from bookie_support import KEY, config, entry
 from disk_support import MIB, fill, loop_ext4, tmpfs, usage
 from gc_support import bookie_ids_registered, delete_ledgers, payload, read_from_bookie, wait_until
 from journal_support import Recorder
-from walkit.errors import StorageError, WalkitError
+from walkit.client import BookieClient
+from walkit.errors import LedgerFencedError, StorageError, UnauthorizedError, WalkitError
 from walkit.metadata import LedgerMetadata
 
 pytestmark = pytest.mark.timeout(300)
+T = TypeVar("T")
 
 KIB = 1024
 SLOW = bool(os.environ.get("WALKIT_SLOW"))
@@ -146,6 +165,34 @@ def test_journal_refuses_what_the_disk_has_no_room_for_and_lives_on(where: str) 
     assert j.failed is None
     j.shutdown()
     assert _replayed_entries(fs) == acked + more, "replay must give exactly the acknowledged entries, in order"
+
+
+def test_journal_starts_without_its_file_on_a_full_disk() -> None:
+    """A journal disk still full at restart: the journal starts without its new file
+    (``on_no_space`` told), refuses records with ENOSPC while the disk stays full, and the
+    first batch after space is freed makes the file; replay gives exactly what was
+    acknowledged. The file's id is above every one in the directory and ``min_id``."""
+    fs = MemFS()
+    j = _journal(fs)
+    before = [(1, e, b"before %d" % e) for e in range(3)]
+    assert all(_error(_log(j, *rec)) is None for rec in before)
+    j.shutdown()
+    fs.capacity = fs.used_bytes()
+    told: list[BaseException] = []
+    j = Journal(fs, JournalConfig("/j", prealloc_size=MIB))
+    j.on_no_space = told.append
+    assert j.start(min_id=2) == LogMark(2, 4096), "the marks point where this run's records will begin"
+    assert told and is_no_space(told[0]) and fs.listdir("/j") == [journal_name(1)], "no file made, none left"
+    assert is_no_space(_error(_log(j, 2, 0, b"refused"))) and j.failed is None
+    fs.capacity = None
+    after = [(2, e, b"after %d" % e) for e in range(3)]
+    assert all(_error(_log(j, *rec)) is None for rec in after)
+    j.shutdown()
+    assert fs.listdir("/j") == [journal_name(1), journal_name(2)]
+    assert _replayed_entries(fs) == before + after
+    j = Journal(fs, JournalConfig("/j", prealloc_size=MIB))
+    assert j.start(min_id=9).journal_id == 9, "min_id: the bookie's mark may name a file never made"
+    j.shutdown()
 
 
 def _storage(fs: MemFS, **kw: Any) -> LedgerStorage:
@@ -473,3 +520,271 @@ def test_a_real_full_disk(tmp_path: Path, case: str) -> None:
         kept = [w.lead.ledger_id] + ([] if filler is None else w.closed)
         w.read_back(kept)
         print(f"{case}: read-only after {len(w.closed)} ledgers, writable again {took:.1f}s after freeing space")
+
+
+# -- 5. a master key or a fence the journal has no room for changes nothing (MemFS) ---------------------
+
+def _full_bookie(tmp_path: Path, fs: MemFS) -> Bookie:
+    """A started bookie on ``fs`` that has ledger 1 (entries 0-2, key ``KEY``) and whose
+    journal then found its disk full: ledger 9's entries used the journal's reserved
+    space up, and ``fs`` grows no more (until the test gives ``capacity`` back)."""
+    b = Bookie(config(tmp_path, flush_interval=3_600_000, journal_pre_alloc_size_mb=1), fs=fs)
+    b.start()
+    for e in range(3):
+        b.add_entry(1, e, KEY, entry(1, e)).result(10)
+    fs.capacity = fs.used_bytes()  # the journal's reserved step is all the room left
+    ids = iter(range(1000))
+    for size in (64 * KIB, 1):  # large entries, then the smallest batches (one block) use it up
+        if not any(_error(b.add_entry(9, e, KEY, entry(9, e, bytes(size)))) for e in itertools.islice(ids, 300)):
+            raise AssertionError("the journal never found the disk full")
+    return b
+
+
+def _power_off(fs: MemFS, b: Bookie) -> None:
+    """Cut the power under a running bookie: only what was synced survives."""
+    fs.arm_crash(after_ops=0)
+    with contextlib.suppress(OSError, WalkitError):
+        b.shutdown()
+    fs.crash(random.Random(7))
+
+
+def test_a_fence_the_journal_refuses_leaves_the_ledger_unfenced(tmp_path: Path) -> None:
+    """A fencing read on a full journal disk: the reader gets the ENOSPC; the ledger is as
+    if the fence never came - normal adds are not refused as fenced, nothing is stored
+    for a ledger never seen - and a fence retried once there is room fences it, for good
+    (a power cut and a restart later too)."""
+    fs = MemFS()
+    b = _full_bookie(tmp_path, fs)
+    cfg = b.config
+    for ledger in (1, 2):  # 2: never seen (its key would be journaled with the fence)
+        err = _error(b.fence(ledger, KEY))
+        assert err is not None and is_no_space(err), f"ledger {ledger}: fence refused with {err!r}, not ENOSPC"
+        assert not b.is_fenced(ledger)
+    assert not b.storage.has_ledger(2), "a refused fence of an unknown ledger stored its state"
+    err = _error(b.add_entry(1, 3, KEY, entry(1, 3)))
+    assert err is not None and is_no_space(err), f"after a refused fence an add is refused for space, not {err!r}"
+    fs.capacity = None  # space freed
+    b.add_entry(1, 3, KEY, entry(1, 3)).result(10)  # not fenced: a normal add is accepted
+    b.add_entry(2, 0, b"writer-key", entry(2, 0)).result(10)  # no key was stored by the refused fence
+    b.fence(1, KEY).result(10)  # the retried fence
+    assert isinstance(_error(b.add_entry(1, 4, KEY, entry(1, 4))), LedgerFencedError)
+    _power_off(fs, b)
+    b2 = Bookie(cfg, fs=fs)
+    b2.start()
+    try:
+        assert b2.is_fenced(1) and not b2.is_fenced(2), "the retried fence is durable, the refused one never was"
+        assert isinstance(_error(b2.add_entry(1, 4, KEY, entry(1, 4))), LedgerFencedError)
+        assert [b2.read_entry(1, e) for e in range(4)] == [entry(1, e) for e in range(4)]
+        assert b2.storage.master_key(2) == b"writer-key"
+    finally:
+        b2.shutdown()
+
+
+def test_a_first_add_the_journal_refuses_stores_no_master_key(tmp_path: Path) -> None:
+    """The first add of a ledger on a full journal disk: the writer gets the ENOSPC and
+    the bookie keeps no key for the ledger (in memory or after a restart), so the add
+    that comes once there is room sets it."""
+    fs = MemFS()
+    b = _full_bookie(tmp_path, fs)
+    cfg = b.config
+    err = _error(b.add_entry(3, 0, KEY, entry(3, 0)))
+    assert err is not None and is_no_space(err), f"refused with {err!r}, not ENOSPC"
+    assert b.storage.master_key(3) is None, "the refused first add's key stayed in storage, not in the journal"
+    fs.capacity = None
+    b.add_entry(3, 0, b"second-key", entry(3, 0)).result(10)
+    assert isinstance(_error(b.add_entry(3, 1, KEY, entry(3, 1))), UnauthorizedError)
+    _power_off(fs, b)
+    b2 = Bookie(cfg, fs=fs)
+    b2.start()
+    try:
+        assert b2.storage.master_key(3) == b"second-key" and b2.read_entry(3, 0) == entry(3, 0)
+    finally:
+        b2.shutdown()
+
+
+def test_an_add_after_a_refused_first_add_carries_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ledger 5's first add (64 KiB) is refused for space while a second, small add of it
+    waits in the next batch - which fits. That batch must carry the MASTER_KEY record
+    again: a key stays pending, journaled with each batch, until one of its records is
+    durable; else the journal would hold an entry of a ledger without its key."""
+    fs = MemFS()
+    b = _full_bookie(tmp_path, fs)
+    journal_dir = b.config.journal_directory
+    fs.capacity = fs.used_bytes() + 8 * KIB  # room for a small batch, not for the first add's
+    entered, release = threading.Event(), threading.Event()
+    allocate = _MemFile.allocate
+
+    def held(self: _MemFile, offset: int, length: int) -> None:
+        if self.path.startswith(journal_dir) and not entered.is_set():
+            entered.set()  # the first add's batch is closed and reserving: hold it there
+            release.wait(10)
+        allocate(self, offset, length)
+
+    monkeypatch.setattr(_MemFile, "allocate", held)
+    first = b.add_entry(5, 0, KEY, entry(5, 0, bytes(64 * KIB)))
+    assert entered.wait(10), "the first add's batch never reserved space"
+    second = b.add_entry(5, 1, KEY, entry(5, 1))
+    release.set()
+    err = _error(first)
+    assert err is not None and is_no_space(err), f"the first add: {err!r}"
+    assert _error(second) is None and b.storage.master_key(5) == KEY
+    b.shutdown()
+    target = Recorder()
+    replay(fs, journal_dir, None, target)
+    mine = [r[:3] for r in target.records if r[1] == 5]
+    assert mine == [("master_key", 5, KEY), ("entry", 5, 1)], f"ledger 5 in the journal: {mine}"
+
+
+def test_adds_are_refused_as_fenced_while_a_fence_is_on_its_way(tmp_path: Path) -> None:
+    """From the moment a FENCE record is framed, normal adds are refused (one admitted
+    then could be acknowledged after the fence); recovery adds pass."""
+    fs = MemFS()
+    b = Bookie(config(tmp_path, flush_interval=3_600_000), fs=fs)
+    b.start()
+    try:
+        b.add_entry(1, 0, KEY, entry(1, 0)).result(10)
+        b.journal.sync_delay = 0.5  # the fence's batch takes a while to be durable
+        fence = b.fence(1, KEY)
+        assert not fence.done() and b.is_fenced(1) and not b.storage.is_fenced(1), "fenced in storage once durable"
+        assert isinstance(_error(b.add_entry(1, 1, KEY, entry(1, 1))), LedgerFencedError)
+        recovery = b.add_entry(1, 1, KEY, entry(1, 1), recovery=True)
+        b.journal.sync_delay = 0.0
+        assert fence.result(10) is None and recovery.result(10) is None and b.is_fenced(1)
+    finally:
+        b.shutdown()
+
+
+# -- 6. a bookie whose disks are still full at restart (MemFS) ------------------------------------------
+
+@pytest.mark.parametrize("stop", ["shutdown", "power-cut"])
+def test_a_bookie_starts_on_full_disks_and_is_writable_once_there_is_room(tmp_path: Path, stop: str) -> None:
+    """Its journal and ledger disks full at restart (MemFS: one capacity for both), a
+    bookie still starts: replay needs no new space, the journal starts without its new
+    file, the checkpoint at start is skipped for space, ``on_no_space`` names the journal
+    directory. It serves every entry and fence it held, refuses writes for space - and
+    takes them once there is room, without a restart; a later restart has everything."""
+    fs = MemFS()
+    cfg = config(tmp_path, flush_interval=3_600_000, journal_pre_alloc_size_mb=1, entry_log_size_limit=64 * KIB)
+    b = Bookie(cfg, fs=fs)
+    b.start()
+    acked = {(1, e): entry(1, e, bytes([e]) * 4000) for e in range(40)}
+    for (ledger, e), data in acked.items():
+        b.add_entry(ledger, e, KEY, data).result(10)
+        if e == 29:
+            b.checkpoint()  # entry logs rolled and flushed; the active one has no usage file yet
+    b.fence(2, KEY).result(10)
+    if stop == "shutdown":
+        b.shutdown()
+    else:  # the start rebuilds the active log's usage and replays the last entries - on a full disk
+        _power_off(fs, b)
+    fs.capacity = fs.used_bytes()
+    told: list[str] = []
+    b2 = Bookie(cfg, fs=fs)
+    b2.on_no_space = lambda directory, exc: told.append(directory)
+    b2.start()
+    try:
+        assert b2.failure is None and cfg.journal_directory in told
+        assert all(b2.read_entry(*k) == data for k, data in acked.items()), "a bookie on a full disk serves reads"
+        assert b2.is_fenced(2)
+        for fut in (b2.add_entry(1, 40, KEY, entry(1, 40)), b2.fence(3, KEY)):
+            err = _error(fut)
+            assert err is not None and is_no_space(err), f"a write on a full disk: {err!r}"
+        assert not b2.is_fenced(3)
+        fs.capacity = None  # space freed
+        b2.add_entry(1, 40, KEY, entry(1, 40)).result(10)
+        acked[(1, 40)] = entry(1, 40)
+        b2.checkpoint()
+    finally:
+        b2.shutdown()
+    b3 = Bookie(cfg, fs=fs)
+    b3.start()
+    try:
+        assert all(b3.read_entry(*k) == data for k, data in acked.items())
+        assert b3.is_fenced(2) and not b3.is_fenced(3)
+    finally:
+        b3.shutdown()
+
+
+# -- 7. bookie processes whose disk is still full at restart -----------------------------------------------
+
+def _on_bookie(c: walkit.LocalCluster, i: int, call: Callable[[BookieClient], Awaitable[T]]) -> T:
+    """``call(client)`` on a connection of bookie ``i``'s own (its answer, or its error)."""
+
+    async def run() -> T:
+        client = await BookieClient.connect(*c.bookie_address(i))
+        try:
+            return await call(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def _wire_error(c: walkit.LocalCluster, call: Callable[[BookieClient], Awaitable[Any]]) -> BaseException | None:
+    try:
+        _on_bookie(c, 0, call)
+    except WalkitError as exc:
+        return exc
+    return None
+
+
+@pytest.mark.parametrize(("case", "stop"), [("journal", "stop"), ("ledgers", "kill"), ("both-ext4", "kill")])
+def test_a_bookie_restarted_on_a_full_disk_starts_read_only(tmp_path: Path, case: str, stop: str) -> None:
+    """Stop bookie 0 (or kill it: then the start also rebuilds its active entry log's
+    usage and replays what was not checkpointed), fill its journal disk, its ledger disk
+    or the one ext4 disk of both to the last block, start it: it comes up - registered
+    read-only, the log saying why - and serves every entry it held; once the space is
+    given back it turns writable by itself (the disk check) and takes adds; a restart
+    after that still has everything. Where the journal's disk is full, a fencing read
+    over the wire gets the ENOSPC and fences nothing: once writable the bookie still
+    takes the ledger's normal adds, and a fence retried then holds across a restart."""
+    options = {**PROCESS_BASE, "disk_usage_lwm_threshold": 0.8, "disk_check_interval": 500}
+    direct = 1 << 40  # a ledger written to bookie 0 alone, over the wire, with KEY
+    with contextlib.ExitStack() as stack:
+        mnt = stack.enter_context(_small_disks(case, tmp_path))
+        c = stack.enter_context(walkit.LocalCluster(tmp_path / "cluster", 3, processes=True, session_timeout=10.0,
+                                                    bookie_options=options))
+        bk = stack.enter_context(c.client(**FAST))
+        b0, uri = c.bookie_ids[0], c.metadata_uri
+        log = c.data_dir / "bookie-0" / "bookie.log"
+        lh = bk.create_ledger(3, 3, 3)
+        acked = _add_all(lh, [payload(lh.ledger_id, e, 4 * KIB) for e in range(32)])
+        lh.close()
+        _on_bookie(c, 0, lambda b: b.add_entry(direct, 0, KEY, entry(direct, 0)))
+        if stop == "stop":
+            c.stop_bookie(0)
+        else:  # after a checkpoint: its active entry log is on disk, without a usage file
+            ledgers = [str(c.data_dir / "bookie-0" / "ledgers")]
+            wait_until(lambda: (highest_mark(RealFS(), ledgers) or LogMark(0, 0)) > LogMark(1, 4096), 10,
+                       "a checkpoint")
+            c.kill_bookie(0)
+        filler = fill(mnt, 0)
+        c.restart_bookie(0)  # raised before: no room for the new journal file, or for the lastMark
+        wait_until(lambda: b0 in bookie_ids_registered(uri)[1], 30, "registered read-only",
+                   detail=lambda: log.read_text(errors="replace")[-2000:])
+        text = log.read_text(errors="replace")
+        assert "no space left in" in text, f"the log does not say why it is read-only: {text[-2000:]}"
+        assert "failed: I/O error" not in text, f"a full disk made the bookie failed: {text[-3000:]}"
+        on_b0 = read_from_bookie(c, 0, [(lh.ledger_id, e) for e in acked])
+        assert all(acked[e] in data for (_, e), data in on_b0.items()), "a bookie started on a full disk serves reads"
+        journal_full = case != "ledgers"
+        if journal_full:
+            err = _wire_error(c, lambda b: b.read_entry(direct, 0, fence=True, master_key=KEY))
+            assert err is not None and "No space left" in str(err), f"a fencing read on a full journal: {err!r}"
+        filler.unlink()
+        wait_until(lambda: b0 in bookie_ids_registered(uri)[0], 30, "writable again",
+                   detail=lambda: f"disk {usage(mnt):.0%} used; log: {log.read_text(errors='replace')[-2000:]}")
+        lh2 = bk.create_ledger(3, 3, 3)  # bookie 0 takes writes again
+        fresh = _add_all(lh2, [payload(lh2.ledger_id, e, 4 * KIB) for e in range(16)])
+        lh2.close()
+        if journal_full:  # the refused fence fenced nothing; retried, it holds
+            _on_bookie(c, 0, lambda b: b.add_entry(direct, 1, KEY, entry(direct, 1)))
+            _on_bookie(c, 0, lambda b: b.read_entry(direct, 1, fence=True, master_key=KEY))
+        c.restart_bookie(0)
+        if journal_full:
+            err = _wire_error(c, lambda b: b.add_entry(direct, 2, KEY, entry(direct, 2)))
+            assert isinstance(err, LedgerFencedError), f"the retried fence did not survive the restart: {err!r}"
+        keys = [(lh.ledger_id, e) for e in acked] + [(lh2.ledger_id, e) for e in fresh]
+        on_b0 = read_from_bookie(c, 0, keys)
+        both = {(lh.ledger_id, e): d for e, d in acked.items()} | {(lh2.ledger_id, e): d for e, d in fresh.items()}
+        assert all(both[k] in data for k, data in on_b0.items()) and len(on_b0) == len(both)

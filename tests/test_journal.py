@@ -703,3 +703,26 @@ def test_log_entries_refusals(mem: Env) -> None:
         j.log_entries([(1, 3, b"d")], acks, "late")
     time.sleep(0.05)
     assert len(acks.calls) == 2, f"a refused call is not called back: {acks.calls}"
+
+
+def test_the_settled_mark_passes_a_batch_only_after_its_callbacks(env: Env) -> None:
+    """A callback may apply its record's state (the bookie puts master keys, fences and
+    LACs in ledger storage there, once durable); a checkpoint takes the settled mark, so
+    that mark must not pass a record whose callback has not returned - while the durable
+    mark already has when the callback runs."""
+    j = env.journal()
+    seen: list[tuple[LogMark, LogMark]] = []
+    done = threading.Event()
+
+    def cb(err: BaseException | None, ctx: Any) -> None:
+        seen.append((j.last_mark(), j.settled_mark()))
+        done.set()
+
+    start = j.settled_mark()
+    j.log_fence(1, cb)
+    assert done.wait(10)
+    durable, settled = seen[0]
+    assert settled == start < durable, f"settled {settled} passed the record before its callback (durable {durable})"
+    j.log_entry(1, 0, b"x")
+    j.shutdown()
+    assert j.settled_mark() == j.last_mark() > durable, "the settled mark follows once the callbacks returned"

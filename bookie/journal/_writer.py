@@ -47,7 +47,12 @@ one; each batch written into a recycled file is followed by a zero block that ma
 where this life ends (docs/format.md).
 
 Durability: a callback receives ``None`` only after the fdatasync that covers its frame
-returned (or, with ``sync_data=False``, after the write). Any I/O error kills the journal:
+returned (or, with ``sync_data=False``, after the write). Two marks tell how far the
+journal got: :meth:`Journal.last_mark` moves as soon as a batch is durable (before its
+callbacks: whoever hears of a record finds the mark past it); :meth:`Journal.settled_mark`
+only after its callbacks returned - what a checkpoint takes, since a callback may apply
+the record's state (the bookie's master keys, fences and LACs reach its ledger storage
+there, once durable). Any I/O error kills the journal:
 the batch in flight, the batch being built and every later submission fail - exactly once
 each - and nothing later is acknowledged; ``on_failure`` is told. A failed fdatasync is
 never retried: the kernel may have dropped the pages it failed to write, and a second
@@ -60,7 +65,11 @@ records fail with ENOSPC, nothing of it reaches the file, the next batch is writ
 it would have gone - and ``on_no_space`` is told (the bookie turns read-only). The journal
 goes on, so once space is freed the bookie can be writable again without a restart.
 The same holds at a roll: when the next file cannot be made, the records framed for it
-are refused and the next batch tries the roll again.
+are refused and the next batch tries the roll again - and at :meth:`Journal.start`: when
+the disk has no room for this run's first file (a journal disk still full at restart),
+the journal starts without one, ``on_no_space`` is told, and the first batch makes the
+file, or is refused while there is no room for it. Replay needs no new space, so a
+bookie with a full journal disk still starts (read-only) and serves what it holds.
 """
 
 from __future__ import annotations
@@ -211,6 +220,7 @@ class Journal:
         self._journal_id = -1
         self._file_pos = 0  # file offset of the next batch; always aligned
         self._durable = LogMark(-1, 0)
+        self._settled = LogMark(-1, 0)  # the durable mark, once the callbacks before it returned
         # Hand-off to the sync thread: at most one batch in flight.
         self._sync_cond = threading.Condition(threading.Lock())
         self._zero_block = fs.alloc_buffer(a)
@@ -235,11 +245,22 @@ class Journal:
         self.sync_delay = 0.0
 
     # --- lifecycle --------------------------------------------------------------------
-    def start(self) -> LogMark:
-        """Open a new journal file (id one above every existing one), start the threads
-        and return the position where this run's records begin."""
+    def start(self, *, min_id: int = 1) -> LogMark:
+        """Open a new journal file - its id above every existing one, and at least
+        ``min_id`` (the bookie passes one past its checkpoint mark's file, which may never
+        have been made) - start the threads and return the position where this run's
+        records begin. A disk without room for the file does not stop the start
+        (:meth:`_start_without_file`)."""
         self._fs.makedirs(self._cfg.directory)
-        self._open_file(self._files.next_id())
+        journal_id = max(self._files.next_id(), min_id)
+        no_space: BaseException | None = None
+        try:
+            self._open_file(journal_id)
+        except OSError as exc:
+            if not is_no_space(exc):
+                raise
+            no_space = exc
+            self._start_without_file(journal_id, exc)
         with self._lock:
             self._frames.seed = frame_seed(self._journal_id)
             self._closed = False
@@ -247,7 +268,21 @@ class Journal:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
+        if no_space is not None and self.on_no_space is not None:
+            self.on_no_space(no_space)
         return self._durable
+
+    def _start_without_file(self, journal_id: int, exc: BaseException) -> None:
+        """The disk has no room for journal ``journal_id``: start without a file. Records
+        are framed for it as usual; the first batch makes it (:meth:`_roll_or_refuse`) -
+        or, while the disk is still full, is refused with the ENOSPC. The marks point at
+        where its records will begin: everything before is in older files."""
+        log.warning("journal %d: no room in %s for a new journal file (%s); started without one: writes are"
+                    " refused until its disk has room, then the file is made by the first batch", journal_id,
+                    self._cfg.directory, exc, extra=context(journal=journal_id, directory=self._cfg.directory))
+        self._journal_id = journal_id
+        self._file_pos = self._cfg.alignment
+        self._durable = self._settled = LogMark(journal_id, self._file_pos)
 
     def shutdown(self) -> None:
         """Flush everything submitted so far, then stop. Later submissions fail."""
@@ -277,6 +312,11 @@ class Journal:
     def last_mark(self) -> LogMark:
         """The end of the durable part of the journal (everything before it is synced)."""
         return self._durable
+
+    def settled_mark(self) -> LogMark:
+        """The end of the durable part whose callbacks have all returned (never past
+        :meth:`last_mark`): what a checkpoint takes when callbacks apply state."""
+        return self._settled
 
     def gc(self, mark: LogMark) -> list[int]:
         """Retire journal files wholly before ``mark``, keeping ``max_backups`` of them:
@@ -470,8 +510,8 @@ class Journal:
 
     def _hand_off(self, reason: FlushReason) -> None:
         """Close the batch being built and give it to the (idle) sync thread."""
-        if self._file_pos >= self._cfg.max_size and not self._roll_or_refuse():
-            return  # a roll the disk had no room for: tried again with the next batch
+        if (self._current is None or self._file_pos >= self._cfg.max_size) and not self._roll_or_refuse():
+            return  # a file the disk had no room for: tried again with the next batch
         with self._lock:
             batch = self._close_batch(reason)
         if not self._reserve(batch):
@@ -485,10 +525,11 @@ class Journal:
             self._roll_or_refuse()
 
     def _roll_or_refuse(self) -> bool:
-        """Roll to the next file (the sync thread idle). When the disk has no room for
-        it, the records framed for that file are refused (ENOSPC, as in :meth:`_refuse`)
-        and False is returned: the journal stays at the end of the full file, and the
-        next batch tries the roll again. Any other error is raised (it kills the journal)."""
+        """Roll to the next file (the sync thread idle), or make the first one when the
+        journal started without it. When the disk has no room for it, the records framed
+        for that file are refused (ENOSPC, as in :meth:`_refuse`) and False is returned:
+        the journal stays where it was, and the next batch tries again. Any other error
+        is raised (it kills the journal)."""
         try:
             self._roll()
             return True
@@ -500,7 +541,7 @@ class Journal:
                 self._records, self._entries, self._oldest = [], 0, None
                 for buf, _ in segments:
                     self._put_buffer(buf)
-            self._refused(records, exc, f"no room for journal {self._journal_id + 1}")
+            self._refused(records, exc, f"no room for journal {self._next_file_id()}")
             return False
 
     def _wait_sync_idle(self) -> bool:
@@ -639,6 +680,7 @@ class Journal:
             for buf, _ in b.segments:
                 self._put_buffer(buf)
         _call_back(b.records, None)
+        self._settled = self._durable  # only the sync thread moves it now (a roll waits for it)
         for listener in self.flush_listeners:
             listener(self._durable)
         return False
@@ -661,10 +703,14 @@ class Journal:
     def _roll(self) -> None:
         """Open the next file, then close this one (if the open fails, nothing changed)."""
         old = self._current
-        assert old is not None
-        self._open_file(self._journal_id + 1)
-        old.file.close()
-        self.stats.rolls += 1
+        self._open_file(self._next_file_id())
+        if old is not None:
+            old.file.close()
+            self.stats.rolls += 1
+
+    def _next_file_id(self) -> int:
+        """The file the next roll opens: this run's first when it has none yet."""
+        return self._journal_id if self._current is None else self._journal_id + 1
 
     def _open_file(self, journal_id: int) -> None:
         cur = self._current = self._files.open(journal_id)
@@ -674,4 +720,4 @@ class Journal:
         # In a recycled file the earlier life's bytes follow our tail: each batch is
         # followed by a zero block so that replay can tell where this life ends.
         self._terminator = self._zero_block.view if cur.previous_id else None
-        self._durable = LogMark(journal_id, self._file_pos)
+        self._durable = self._settled = LogMark(journal_id, self._file_pos)

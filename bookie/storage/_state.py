@@ -89,6 +89,16 @@ class LedgerStates:
                 state.master_key = key
                 self._dirty.add(ledger_id)
 
+    def clear_master_key(self, ledger_id: int) -> None:
+        """Forget the ledger's master key (the bookie takes back a key it stored with a
+        ledger's first entries when the journal refused the key's record)."""
+        with self._lock:
+            state = self._readable_state(ledger_id)
+            if state is not None and state.master_key is not None:
+                self._check_writable()
+                state.master_key = None
+                self._dirty.add(ledger_id)
+
     def master_key(self, ledger_id: int) -> bytes | None:
         with self._lock:
             state = self._readable_state(ledger_id)
