@@ -13,7 +13,9 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from bookie.journal._format import MIN_ALIGNMENT
 from walkit.errors import ConfigError, WalkitError
+from walkit.metadata._store import RETRY_DEADLINE
 
 __all__ = ["BookieConfig", "reference"]
 
@@ -44,6 +46,11 @@ class BookieConfig:
     metadata_service_uri: str = _key("metadataServiceUri", "", "`zk://host:2181[,host:2181...]/ledgers` or "
                                      "`local:///dir`; empty: none (no registration, no cookie in metadata: tests)")
     zk_timeout: int = _key("zkTimeout", 10000, "ms: the metadata session timeout")
+    # walkit: BookKeeper retries ZooKeeper calls by count (zkRetryBackoffMaxRetries); walkit
+    # bounds each call's wait, the same for both metadata drivers.
+    metadata_retry_deadline_ms: int = _key(
+        "metadataRetryDeadlineMs", round(RETRY_DEADLINE * 1000), "walkit: ms a metadata call (registration, "
+        "cookie, GC, autorecovery) waits for an unreachable ZooKeeper or a locked local:// store before it fails")
     # Server limits: reading pauses on a connection past this many requests in flight
     # (walkit), and adds past the bookie-wide bound are answered ETOOMANYREQUESTS.
     max_pending_requests_per_connection: int = _key(
@@ -194,8 +201,8 @@ class BookieConfig:
             if not text:
                 _bad(key, "must not be empty", text)
         a = self.journal_alignment_size
-        if a < 512 or a & (a - 1):
-            _bad("journalAlignmentSize", "must be a power of two >= 512", a)
+        if a < MIN_ALIGNMENT or a & (a - 1):
+            _bad("journalAlignmentSize", f"must be a power of two >= {MIN_ALIGNMENT}", a)
         if self.journal_direct_io and a < 4096:
             _bad("journalAlignmentSize", "must be at least 4096 with journalDirectIO (O_DIRECT writes whole 4 KiB "
                  "blocks; BookKeeper's 512 is for buffered journals)", a)
@@ -210,6 +217,7 @@ class BookieConfig:
             "flushEntriesThreshold": self.flush_entries_threshold,
             "nettyMaxFrameSizeBytes": self.netty_max_frame_size_bytes,
             "zkTimeout": self.zk_timeout,
+            "metadataRetryDeadlineMs": self.metadata_retry_deadline_ms,
             "maxPendingRequestsPerConnection": self.max_pending_requests_per_connection,
             "maxPendingAddRequests": self.max_pending_add_requests,
             "maxPendingAddBytes": self.max_pending_add_bytes,

@@ -182,6 +182,9 @@ def _gc(bookie: object) -> Iterator[Metric]:
         return
     totals = status["totals"]
     yield CounterMetricFamily("walkit_bookie_gc_passes", "Garbage collection passes run", value=status["passes"])
+    yield CounterMetricFamily("walkit_bookie_gc_metadata_unavailable_passes", "Garbage collection passes whose "
+                              "metadata steps stopped: the store did not answer within the retry deadline",
+                              value=status["metadata_unavailable_passes"])
     for key, doc in (("ledgers_removed", "Deleted ledgers removed from this bookie"),
                      ("overreplicated_removed", "Over-replicated ledgers removed from this bookie"),
                      ("entry_logs_deleted", "Entry logs deleted whole (nothing live)"),

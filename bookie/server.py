@@ -513,7 +513,8 @@ class BookieServer:
         if c.metadata_service_uri:
             from walkit.metadata import connect
 
-            self._cluster = connect(c.metadata_service_uri, session_timeout=c.zk_timeout / 1000.0)
+            self._cluster = connect(c.metadata_service_uri, session_timeout=c.zk_timeout / 1000.0,
+                                    retry_deadline=c.metadata_retry_deadline_ms / 1000.0)
             instance_id = self._cluster.info.instance_id
         else:
             log.warning("bookie %s runs without metadata (metadataServiceUri unset): not registered", self.bookie_id,
@@ -553,7 +554,9 @@ class BookieServer:
             auditor_periodic_bookie_check_interval=c.auditor_periodic_bookie_check_interval,
             open_ledger_rereplication_grace_period=c.open_ledger_rereplication_grace_period / 1000.0)
         self._autorecovery = AutoRecovery(c.metadata_service_uri, self.bookie_id, config,
-                                          session_timeout=c.zk_timeout / 1000.0, tls_ca=c.tls_trust_store)
+                                          session_timeout=c.zk_timeout / 1000.0,
+                                          retry_deadline=c.metadata_retry_deadline_ms / 1000.0,
+                                          tls_ca=c.tls_trust_store)
         self._autorecovery.start()
 
     def _lock_directories(self) -> None:
@@ -743,7 +746,7 @@ class BookieServer:
             want = want or self.failure is not None
             if want:
                 self.readonly = True
-            if self._registration is not None and self._registration.readonly != want:
+            if self._registration is not None and not self._registration.registered_as(want):
                 await self._loop.run_in_executor(None, self._registration.set_readonly, want)
             self.readonly = want
         except Exception:

@@ -18,15 +18,16 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pytest
 
+from walkit.errors import MetadataUnavailableError
 from walkit.metadata._local import LocalMetadataStore
-from walkit.metadata._store import MetadataStore
+from walkit.metadata._store import MetadataStore, Op, Stat
 from walkit.metadata._zk import ZooKeeperStore
 
 SESSION_TIMEOUT = 1.0  # short leases so expiry tests stay quick
@@ -161,3 +162,43 @@ class StuckLocker:
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
                 pipe.close()
+
+
+# -- a call that gave up and lands later ---------------------------------------------------------------
+
+class LandsLater:
+    """A store (wrapping ``store``) whose next :meth:`transaction` gives up with
+    MetadataUnavailableError, as a ZooKeeper call past its retry deadline does, while its
+    request is still queued: the transaction is applied just before the store's next
+    call (kazoo sends a session's queued requests in order once connected), or by
+    :meth:`land`. Every other call goes to ``store``."""
+
+    def __init__(self, store: MetadataStore) -> None:
+        self._store = store
+        self._held: list[Callable[[], object]] = []
+        self.give_up_next = False
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.land()
+            return attr(*args, **kwargs)
+
+        return call
+
+    def land(self) -> None:
+        """Apply the held transaction now (the store answered again)."""
+        while self._held:
+            self._held.pop(0)()
+
+    def transaction(self, ops: Sequence[Op]) -> list[str | Stat | None]:
+        self.land()
+        if not self.give_up_next:
+            return self._store.transaction(ops)
+        self.give_up_next = False
+        self._held.append(lambda: self._store.transaction(ops))
+        raise MetadataUnavailableError("metadata unavailable: no answer within the retry deadline (simulated)",
+                                       path=ops[0].path)

@@ -444,7 +444,8 @@ def test_an_open_ledgers_live_fragment_waits_for_its_writer_and_the_ones_behind_
 # --- the operator's view and switch ---------------------------------------------------------------------------
 @pytest.mark.parametrize("value", ["0", "-3", "soon", "inf"])
 def test_run_refuses_a_bad_number_of_seconds(value: str, capsys: pytest.CaptureFixture[str]) -> None:
-    for flag in ("--session-timeout", "--open-ledger-grace-period", "--bookie-check-interval"):
+    for flag in ("--session-timeout", "--metadata-retry-deadline", "--open-ledger-grace-period",
+                 "--bookie-check-interval"):
         with pytest.raises(SystemExit) as exit_:
             cli_main(["autorecovery", "run", "--metadata", "local:///nowhere", flag, value])
         assert exit_.value.code == 2

@@ -818,6 +818,7 @@ def test_config_wrong_type_is_an_error(tmp_path: Path, values: dict[str, Any]) -
         {"tlsCertificatePath": "/c.pem"},
         {"tlsClientAuthentication": True},
         {"zkTimeout": 0},
+        {"metadataRetryDeadlineMs": 0},
         {"maxPendingRequestsPerConnection": 0},
         {"maxConnections": 0},
     ],
@@ -832,6 +833,7 @@ _WRONG_TYPE = {"str": 5, "int": "7", "float": "fast", "bool": "yes", "list[str]"
 _OUT_OF_RANGE: dict[str, Any] = {
     "bookiePort": -1, "httpServerPort": 65536, "bindAddress": "", "httpServerAddress": "", "journalDirectory": "",
     "advertisedAddress": "0.0.0.0", "metadataServiceUri": "mysql://db/x", "zkTimeout": 0,
+    "metadataRetryDeadlineMs": -1,
     "journalAlignmentSize": 1000, "journalMaxGroupWaitMSec": float("nan"), "journalBufferedEntriesThreshold": -1,
     "journalMaxBackups": -1, "journalRecycleFiles": -1, "journalSyncWarnMillis": 0, "entryLogSizeLimit": 0,
     "diskUsageThreshold": 1.5, "diskUsageLwmThreshold": 0.0, "diskUsageWarnThreshold": float("inf"),

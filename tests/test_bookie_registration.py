@@ -8,11 +8,15 @@ from typing import Any
 
 import pytest
 
-from metadata_support import SESSION_TIMEOUT, Driver, ExpirableStore, StoreSpec, cluster_uri, driver, open_store, ready_child, store, wait_for
+from metadata_support import (
+    SESSION_TIMEOUT, Driver, ExpirableStore, LandsLater, StoreSpec, cluster_uri, driver, open_store, ready_child,
+    store, wait_for,
+)
 from walkit.errors import (
     BookieIdInUseError,
     ClusterLayoutError,
     InvalidArgumentError,
+    MetadataUnavailableError,
     MetadataVersionError,
     NodeExistsError,
     SessionExpiredError,
@@ -71,6 +75,35 @@ def test_register_switch_and_unregister(driver: Driver) -> None:
     wait_for(lambda: seen[-1] == BookieSet(frozenset(), frozenset()))
     watch.cancel()
     assert seen[0] == BookieSet(frozenset(), frozenset())
+
+
+def test_a_switch_whose_outcome_is_unknown_leaves_no_mode_known(driver: Driver) -> None:
+    """A switch to read-only gives up while its transaction is still on its way (it
+    lands before the store's next call): the registration no longer claims either mode,
+    so its owner switches again to whatever it wants by then - writable, the mode it was
+    in before - and that switch, reading the nodes as they are, puts the bookie back in
+    the writable list. (It used to say "writable": an owner wanting writable again did
+    nothing, and the late switch left the bookie listed read-only while taking writes.)"""
+    store, observer = driver.make_store(), driver.make_store()
+    info = cluster(store)
+    flaky = LandsLater(store)
+    reg = BookieRegistration(flaky, info, "b1")  # type: ignore[arg-type]
+    reg.register()
+    assert reg.registered_as(False) and not reg.registered_as(True)
+    flaky.give_up_next = True
+    with pytest.raises(MetadataUnavailableError):
+        reg.set_readonly(True)
+    assert not reg.registered_as(False) and not reg.registered_as(True)
+    reg.set_readonly(False)  # what the owner does for a mode not known to be registered
+    assert reg.registered_as(False)
+    assert list_bookies(observer, info) == BookieSet(frozenset({"b1"}), frozenset())
+    flaky.give_up_next = True
+    with pytest.raises(MetadataUnavailableError):
+        reg.set_readonly(True)
+    flaky.land()  # the store answers again: this switch landed too
+    reg.set_readonly(True)  # wanted after all: found made, nothing to do
+    assert reg.registered_as(True) and list_bookies(observer, info) == BookieSet(frozenset(), frozenset({"b1"}))
+    reg.close()
 
 
 @pytest.mark.parametrize("bad", ["", "readonly", "a/b", "..", "x" * 256])

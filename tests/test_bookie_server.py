@@ -497,3 +497,45 @@ def test_a_registration_lost_for_good_stops_the_bookie(tmp_path: Path) -> None:
             assert cluster.bookies().writable == frozenset()
 
     run(body)
+
+
+def test_a_switch_to_read_only_landing_late_is_undone_by_the_next_disk_check(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registration's switch to read-only gives up with its transaction still on its
+    way, and the bookie is writable again before it lands: the next disk check switches
+    the registration back (its mode is no longer known), so the bookie is listed as it
+    serves - writable - instead of read-only for as long as its disks stay as they are."""
+    import walkit.metadata
+    from metadata_support import LandsLater
+
+    uri = f"local://{tmp_path / 'md'}"
+    admin = open_metadata_store(parse_metadata_uri(uri))
+    init_cluster(admin, "/ledgers")
+    admin.close()
+    stores: list[LandsLater] = []
+    real_connect = walkit.metadata.connect
+
+    def connect_flaky(where: str, **options: object) -> walkit.metadata.Cluster:
+        cluster = real_connect(where, **options)  # type: ignore[arg-type]
+        cluster.store = LandsLater(cluster.store)  # type: ignore[assignment]
+        stores.append(cluster.store)  # type: ignore[arg-type]
+        return cluster
+
+    monkeypatch.setattr(walkit.metadata, "connect", connect_flaky)  # the server imports it when it starts
+
+    async def body() -> None:
+        async with in_process(config(tmp_path, metadata_service_uri=uri)) as server:
+            store = stores[0]
+            store.give_up_next = True
+            server.forced_readonly = True
+            await server.check_disks()  # the switch gives up (logged); adds are refused meanwhile
+            assert server.readonly
+            server.forced_readonly = False
+            await server.check_disks()
+            assert not server.readonly
+            store.land()  # what was still on its way lands (if the check did not make it land first)
+            with connect(uri) as cluster:
+                bookies = cluster.bookies()
+                assert (bookies.writable, bookies.readonly) == ({server.bookie_id}, set()), bookies
+
+    run(body)

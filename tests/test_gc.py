@@ -254,7 +254,8 @@ def test_usage_round_trip_and_refusals() -> None:
     assert decode_usage(encode_usage(LogUsage(9)), 9, "y.use") == LogUsage(9)
     refused: list[tuple[bytes, type[Exception] | tuple[type[Exception], ...]]] = [
         (raw[:10], CorruptionError), (raw[:-1], CorruptionError), (raw + b"\0", CorruptionError),
-        (b"X" + raw[1:], FormatError), (raw[:8] + b"\x09" + raw[9:], FormatError),
+        (b"X" + raw[1:], FormatError),
+        (raw[:8] + b"\x09" + raw[9:], CorruptionError),  # the CRC covers the version (intact: test_format_versions)
     ]
     for at in range(len(raw)):  # any flipped byte is caught (CRC, magic, version or count)
         refused.append((raw[:at] + bytes([raw[at] ^ 0x10]) + raw[at + 1:], (CorruptionError, FormatError)))
@@ -685,6 +686,32 @@ def test_store_error_during_overreplication_check_keeps_suspects(env: Env, metas
     check(s, data, {1, 5})
 
 
+def test_metadata_unavailable_ends_the_metadata_steps_of_the_pass(env: Env, metas: dict[str, LedgerMetadata]) -> None:
+    """The store gives up on the first listing: the over-replication check (due) is not
+    even tried - one retry deadline per pass, not one per step - nothing is removed,
+    one reason is given and the pass counted; the next pass, not forced, runs both
+    steps (the check stayed due) and counts nothing more."""
+    s, data, md = _over_setup(env, metas)
+    md.ledgers = {lid: m for lid, m in md.ledgers.items() if lid != 4}  # deleted: a candidate for step 1
+    clock = FakeClock()
+    gc = env.collector(s, md, clock=clock, gc_overreplicated_ledger_wait_time=60_000)
+    clock.now += 61
+    md.fail_after_ranges = 0
+    stats = gc.run_pass(1)
+    assert (stats.ledgers_removed, stats.overreplicated_removed) == (0, 0)
+    assert not any(c.startswith(("read", "exists")) for c in md.calls), md.calls
+    cut = last_pass(gc)["cut_short"]
+    assert len(cut) == 1 and cut[0].startswith("metadata unavailable: deleted ledgers") and "next pass" in cut[0]
+    assert last_pass(gc)["metadata_unavailable"] is True and gc.status()["metadata_unavailable_passes"] == 1
+    check(s, data)
+    md.fail_after_ranges, md.calls = None, []
+    stats = gc.run_pass(2)
+    assert stats.ledgers_removed == 1 and sum(c.startswith("read") for c in md.calls) == 5
+    assert last_pass(gc)["metadata_unavailable"] is False and last_pass(gc)["cut_short"] == []
+    assert gc.status()["metadata_unavailable_passes"] == 1
+    check(s, data, {4})
+
+
 # --- compaction ----------------------------------------------------------------------------------
 def test_minor_then_major_compaction(any_env: Env) -> None:
     env = any_env
@@ -1051,8 +1078,9 @@ def test_bookie_shutdown_during_slow_compaction_and_restart() -> None:
 
 
 # --- the ADMIN wire op -----------------------------------------------------------------------------
-STATUS_KEYS = {"bookie", "metadata", "running", "passes", "next_pass_in_seconds", "last_pass", "totals", "compaction",
-               "last_compaction", "entry_logs", "damaged_entry_logs", "disk_usage", "readonly"}
+STATUS_KEYS = {"bookie", "metadata", "running", "passes", "metadata_unavailable_passes", "next_pass_in_seconds",
+               "last_pass", "totals", "compaction", "last_compaction", "entry_logs", "damaged_entry_logs", "disk_usage",
+               "readonly"}
 
 
 def test_admin_gc_status_and_run(tmp_path: Path) -> None:

@@ -22,9 +22,6 @@ and one past the 30 s retry deadline.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -35,9 +32,13 @@ from typing import Any
 import pytest
 
 import walkit
+import walkit.metadata
+import walkit.recovery._autorecovery
+from gc_support import DiskView, admin, delete_ledgers, make_ledgers
+from metadata_support import StuckLocker
 from walkit import LSN, WriteAheadLog
-from walkit.errors import MetadataUnavailableError, WriterFencedError
-from walkit.metadata import connect
+from walkit.errors import InvalidArgumentError, MetadataUnavailableError, WriterFencedError
+from walkit.metadata import Cluster, connect, open_metadata_store
 from walkit.metadata._local import LocalMetadataStore
 from walkit.metadata._store import SessionState, SetData
 from walkit.metadata._zk import ZooKeeperStore
@@ -335,34 +336,83 @@ def test_metadata_fails_cleanly_past_the_retry_deadline(zk: ZooKeeperEnsemble, t
             zk.restore()
 
 
+# -- the retry deadline, configured ----------------------------------------------------------
+
+GC_DEADLINE = 4.0  # the GC test's metadataRetryDeadlineMs (and its client's deadline), in seconds
+
+
+def passes_ended(c: walkit.LocalCluster, numbers: list[int]) -> bool:
+    return all(admin(c, i, "gc.status")["passes"] >= n for i, n in enumerate(numbers))
+
+
+def force_passes(c: walkit.LocalCluster) -> list[int]:
+    """A forced GC pass on every bookie (ADMIN gc.run: no metadata needed); their numbers."""
+    return [admin(c, i, "gc.run")["pass"] for i in range(len(c.bookie_ids))]
+
+
+def store_answers(c: walkit.LocalCluster, i: int) -> bool:
+    """Whether in-process bookie ``i``'s own metadata session answers a call again."""
+    try:
+        c.server(i)._cluster.store.exists("/")
+    except MetadataUnavailableError:
+        return False
+    return True
+
+
+def test_a_gc_pass_stops_after_one_retry_deadline_while_zookeeper_is_down(zk: ZooKeeperEnsemble,
+                                                                          tmp_path: Path) -> None:
+    """Bookies with a short ``metadataRetryDeadlineMs`` and a client with the same
+    ``metadata_retry_deadline``; every ZooKeeper node stopped: a forced GC pass (both
+    steps that need the store due) ends after about one deadline - its first call that
+    gives up ends them all, where each step used to wait a deadline of its own - removes
+    no ledger, not even those deleted before, says why once and is counted; the client's
+    ledger creation fails within its deadline. Back, the next pass removes the deleted
+    ledgers and counts nothing more."""
+    uri = f"zk://{zk.hosts}{cluster_root(zk.hosts)}"
+    options = {"metadata_retry_deadline_ms": round(GC_DEADLINE * 1000), "flush_interval": 200}
+    with walkit.LocalCluster(tmp_path / "cluster", 3, metadata_uri=uri, session_timeout=SESSION,
+                             bookie_options=options) as c:
+        views = [DiskView.of(c, i) for i in range(3)]
+        bk = c.client(**CLIENT, metadata_retry_deadline=GC_DEADLINE)
+        try:
+            kept = make_ledgers(bk, 3, entries=3, threads=1)
+            gone = make_ledgers(bk, 3, entries=3, threads=1)
+            delete_ledgers(bk, gone, threads=1)
+            wait_until(lambda: all(set(kept + gone) <= v.indexed_ledgers() for v in views), 30, "every ledger indexed")
+
+            all_down(zk)
+            numbers = force_passes(c)
+            create = Background("create ledger", lambda: bk.create_ledger(3, 2, 2))
+            wait_until(lambda: passes_ended(c, numbers), 2 * GC_DEADLINE + SLACK, "the forced passes")
+            for i in range(3):
+                status = admin(c, i, "gc.status")
+                last = status["last_pass"]
+                assert GC_DEADLINE - 0.5 <= last["seconds"] < 1.5 * GC_DEADLINE, last
+                assert last["ledgers_removed"] == last["overreplicated_removed"] == 0, last
+                assert last["metadata_unavailable"] is True and status["metadata_unavailable_passes"] == 1, status
+                assert len(last["cut_short"]) == 1 and "metadata unavailable" in last["cut_short"][0], last
+            assert all(set(kept + gone) <= v.indexed_ledgers() for v in views), "a ledger left a bookie"
+            create.join(GC_DEADLINE + 2 * SLACK)
+            assert isinstance(create.error, MetadataUnavailableError), create.error or create.result
+            assert create.elapsed <= GC_DEADLINE + SLACK, create.elapsed
+            assert create.error.context.get("retry_deadline") == GC_DEADLINE, create.error
+
+            zk.restore()
+            wait_until(lambda: all(store_answers(c, i) for i in range(3)), 30, "the bookies' sessions back")
+            numbers = force_passes(c)
+            wait_until(lambda: passes_ended(c, numbers), 30, "the passes once ZooKeeper is back")
+            for i in range(3):
+                status = admin(c, i, "gc.status")
+                assert status["last_pass"]["ledgers_removed"] == len(gone), status["last_pass"]
+                assert status["last_pass"]["metadata_unavailable"] is False
+                assert status["metadata_unavailable_passes"] == 1
+            assert all(not set(gone) & v.indexed_ledgers() and set(kept) <= v.indexed_ledgers() for v in views)
+        finally:
+            bk.close()
+            zk.restore()
+
+
 # -- local:// --------------------------------------------------------------------------------
-
-LOCKER = """
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("BEGIN EXCLUSIVE")
-conn.execute("UPDATE meta SET value = value WHERE key = 'seq'")
-print("locked", flush=True)
-sys.stdin.readline()
-"""
-
-
-class StuckLocker:
-    """Another process holding the database's write lock, then SIGSTOPped (stuck);
-    :meth:`release` kills it, which releases the lock."""
-
-    def __init__(self, file: Path) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", LOCKER, str(file)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE)
-        assert self.proc.stdout is not None
-        assert self.proc.stdout.readline() == b"locked\n"
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def release(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()  # SIGKILL works on a stopped process
-            self.proc.wait()
-
 
 def test_a_locked_local_store_fails_writes_after_its_busy_timeout(tmp_path: Path) -> None:
     """A stuck process holds the SQLite write lock: writes from four threads at once all
@@ -440,3 +490,45 @@ def test_local_cluster_through_a_locked_store(tmp_path: Path) -> None:
         finally:
             bk.close()
             other.close()
+
+
+def test_the_configured_retry_deadline_reaches_every_metadata_session(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``metadataRetryDeadlineMs`` reaches a bookie's own session and its autorecovery
+    daemon's; a client's ``metadata_retry_deadline`` reaches its session, where on
+    local:// it is the busy timeout: a write to a store a stuck process locks fails
+    after it (not after the 30 s default)."""
+    seen: list[tuple[str, float | None]] = []
+    real = walkit.metadata.connect
+
+    def spy(name: str) -> Callable[..., Cluster]:
+        def connect_spied(uri: str, **options: Any) -> Cluster:
+            seen.append((name, options.get("retry_deadline")))
+            return real(uri, **options)
+        return connect_spied
+
+    monkeypatch.setattr(walkit.metadata, "connect", spy("bookie"))  # the server imports it when it starts
+    monkeypatch.setattr(walkit.recovery._autorecovery, "connect", spy("autorecovery"))
+    options = {"metadata_retry_deadline_ms": 1250, "auto_recovery_daemon_enabled": True}
+    with walkit.LocalCluster(tmp_path / "cluster", 1, bookie_options=options) as c:
+        assert ("bookie", 1.25) in seen and ("autorecovery", 1.25) in seen, seen
+        deadline = 1.0
+        with c.client(metadata_retry_deadline=deadline) as bk:
+            locker = StuckLocker(Path(c.metadata_uri.removeprefix("local://")) / "metadata.sqlite")
+            try:
+                delete = Background("delete ledger", lambda: bk.delete_ledger(12345))
+                delete.join(deadline + 2 * SLACK)
+            finally:
+                locker.release()
+            assert isinstance(delete.error, MetadataUnavailableError), delete.error
+            assert delete.elapsed <= deadline + SLACK, delete.elapsed
+
+
+@pytest.mark.parametrize("deadline", [0, -1.5])
+def test_a_retry_deadline_that_is_not_positive_is_refused(tmp_path: Path, deadline: float) -> None:
+    with pytest.raises(InvalidArgumentError) as err:
+        walkit.ClientConfig(metadata_retry_deadline=deadline)
+    assert err.value.context.get("option") == "metadata_retry_deadline"
+    for uri in (f"local://{tmp_path}", "zk://127.0.0.1:1/ledgers"):  # refused before any connection
+        with pytest.raises(InvalidArgumentError):
+            open_metadata_store(uri, retry_deadline=deadline)

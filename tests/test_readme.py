@@ -59,18 +59,30 @@ def test_readme_documents_every_garbage_collection_key_with_its_default() -> Non
                          "diskUsageWarnThreshold" else str(value)), (key, shown, value)
 
 
-def test_readme_documents_every_autorecovery_key_with_its_default() -> None:
+def _assert_key_table(heading: str, keys: set[str]) -> None:
+    """The first "| key | default |" table after ``heading`` shows each of ``keys`` (one
+    per row) with BookieConfig's default ("" for an empty string, units in parentheses)."""
     from bookie import BookieConfig
 
     text = README.read_text()
-    section = text[text.index("### Recovery of lost bookies"):]
+    section = text[text.index(heading):]
     section = section[section.index("| key |"):]
+    section = section[:section.index("\n\n")]
     rows = {re.findall(r"`(\w+)`", line.split("|")[1])[0]: line.split("|")[2].split(" (")[0].strip()
             for line in section.splitlines() if line.startswith("| `")}
     defaults = BookieConfig().to_dict()
-    keys = {"autoRecoveryDaemonEnabled", "lostBookieRecoveryDelay", "auditorPeriodicCheckInterval",
-            "auditorPeriodicBookieCheckInterval", "openLedgerRereplicationGracePeriod"}
     assert keys <= set(defaults) and keys <= set(rows), keys - set(rows)
     for key in keys:
         value = defaults[key]
-        assert rows[key] == (str(value).lower() if isinstance(value, bool) else str(value)), (key, rows[key], value)
+        shown = str(value).lower() if isinstance(value, bool) else '""' if value == "" else str(value)
+        assert rows[key] == shown, (key, rows[key], value)
+
+
+def test_readme_documents_every_autorecovery_key_with_its_default() -> None:
+    _assert_key_table("### Recovery of lost bookies", {
+        "autoRecoveryDaemonEnabled", "lostBookieRecoveryDelay", "auditorPeriodicCheckInterval",
+        "auditorPeriodicBookieCheckInterval", "openLedgerRereplicationGracePeriod"})
+
+
+def test_readme_documents_every_metadata_key_with_its_default() -> None:
+    _assert_key_table("### Metadata", {"metadataServiceUri", "zkTimeout", "metadataRetryDeadlineMs"})

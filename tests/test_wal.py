@@ -402,6 +402,33 @@ def test_a_change_that_surely_failed_deletes_its_ledger(bk: walkit.BookKeeper, m
     assert _every_segment_readable(bk, "refused") == segments
 
 
+def test_a_change_landing_after_it_was_settled_as_failed_is_refused(bk: walkit.BookKeeper) -> None:
+    """A roll's segment write gives up (MetadataUnavailableError: no answer within the
+    retry deadline) while still on its way, and reaches the store only after the writer
+    settled it as failed and deleted the segment's ledger: the settling write at the
+    version it read makes the late one a stale compare-and-set, so the log never names
+    the deleted ledger."""
+    from walkit.errors import MetadataUnavailableError, MetadataVersionError
+
+    late: list[tuple[object, ...]] = []
+    with WriteAheadLog.open(bk, "late-landing", roll_bytes=300) as wal:
+        acked = [wal.append(b"a" * 400)]
+        real = wal._node.write
+
+        def give_up(*args: object) -> int:
+            wal._node.write = real  # type: ignore[method-assign]  # the roll's write only
+            late.append(args)
+            raise MetadataUnavailableError("metadata unavailable (simulated): no answer within the retry deadline")
+
+        wal._node.write = give_up  # type: ignore[method-assign]
+        with pytest.raises(MetadataUnavailableError):
+            wal.append(b"b" * 400)  # rolls first
+    with pytest.raises(MetadataVersionError):
+        real(*late[0])  # type: ignore[arg-type]  # the write arrives at last
+    _every_segment_readable(bk, "late-landing")
+    assert [lsn for lsn, _ in WriteAheadLog.reader(bk, "late-landing").replay()] == acked
+
+
 def test_an_older_snapshot_landing_late_is_refused(bk: walkit.BookKeeper) -> None:
     with WriteAheadLog.open(bk, "snap-race") as wal:
         early = wal.append(b"1")

@@ -27,7 +27,13 @@ WARNING; nothing is cut short silently):
    bytes would not fit in the free space. A log that cannot be read whole or removed is
    reported (``damaged_entry_logs``) and left alone.
 
-Every metadata call is paced by ``gcMetadataOpRateLimit``. A pass that gave space back
+Every metadata call is paced by ``gcMetadataOpRateLimit``. A store that does not answer
+(``MetadataUnavailableError``: ZooKeeper unreachable, the ``local://`` database locked)
+fails a call after ``metadataRetryDeadlineMs``; the first such failure ends the metadata
+steps of the pass - the rest of step 1 and all of step 2, which stays due - so a pass
+waits at most one retry deadline for a store that is down. It is logged once (WARNING,
+why), counted (``metadata_unavailable_passes``), and the next pass tries again; steps 3
+and 4 need no metadata and run as usual. A pass that gave space back
 calls ``on_freed`` (the server re-checks its disks: a read-only bookie turns writable
 again as soon as it can). :meth:`GarbageCollector.request` asks for a pass now
 ("forced": compaction of the kind asked, even if not due); :meth:`status` reports the
@@ -52,7 +58,7 @@ from bookie.gc._compactor import compact_log
 from bookie.gc._policy import Kind, RateLimiter, candidates, compaction_rule, due_compaction, suspension
 from bookie.gc._scan import is_overreplicated, unlisted
 from bookie.storage import EntryLogInfo, LedgerStorage
-from walkit.errors import CorruptionError, FormatError, NoSuchLedgerError, WalkitError
+from walkit.errors import CorruptionError, FormatError, MetadataUnavailableError, NoSuchLedgerError, WalkitError
 from walkit.logs import context
 from walkit.metadata import LedgerMetadata
 
@@ -98,6 +104,7 @@ class _Pass:
     started: float
     stats: PassStats = field(default_factory=PassStats)
     cut_short: list[str] = field(default_factory=list)
+    metadata_unavailable: bool = False  # a store call gave up: the metadata steps ended there
     error: str | None = None
     seconds: float = 0.0
 
@@ -134,6 +141,7 @@ class GarbageCollector:
         self._requests: list[Kind | None] = []
         self._thread: threading.Thread | None = None
         self._passes = 0
+        self._metadata_unavailable_passes = 0
         self._running = False
         self._last: _Pass | None = None
         self._totals = PassStats()
@@ -210,9 +218,11 @@ class GarbageCollector:
         t0 = self._clock()
         try:
             self._collect_ledgers(p)
-            if forced or t0 - self._last_overreplication >= self._config.gc_overreplicated_ledger_wait_time / 1000:
+            due = t0 - self._last_overreplication >= self._config.gc_overreplicated_ledger_wait_time / 1000
+            if (forced or due) and not p.metadata_unavailable:
                 self._collect_overreplicated(p, t0)
-                self._last_overreplication = t0
+                if not p.metadata_unavailable:  # else it stays due: the next pass checks
+                    self._last_overreplication = t0
             if not self._stop.is_set():
                 self._delete_empty_logs(p)
             if not self._stop.is_set():
@@ -224,6 +234,7 @@ class GarbageCollector:
         p.seconds = self._clock() - t0
         self._last = p
         self._totals.add(p.stats)
+        self._metadata_unavailable_passes += p.metadata_unavailable
         s = p.stats
         log.info("bookie %s: GC pass %d%s in %.2fs: %d ledgers removed (+%d over-replicated), %d entry logs deleted,"
                  " %d compacted (%d entries, %d bytes copied), %d bytes reclaimed", self._bookie_id, number,
@@ -257,7 +268,9 @@ class GarbageCollector:
                     continue  # created while the listing ran past it: keep
                 if self._remove(ledger_id):
                     p.stats.ledgers_removed += 1
-        except WalkitError as exc:  # the store (down, session lost) or the storage failed
+        except MetadataUnavailableError as exc:
+            self._unavailable(p, "deleted ledgers", exc)
+        except WalkitError as exc:  # the store (session lost) or the storage failed
             p.cut_short.append(f"deleted ledgers: step stopped, undecided ledgers kept: {exc}")
 
     def _collect_overreplicated(self, p: _Pass, now: float) -> None:
@@ -288,11 +301,21 @@ class GarbageCollector:
                     p.stats.overreplicated_removed += 1
                 else:
                     suspects[ledger_id] = first
+        except MetadataUnavailableError as exc:
+            self._unavailable(p, "over-replicated ledgers", exc)
         except WalkitError as exc:
             p.cut_short.append(f"over-replicated ledgers: step stopped, undecided ledgers kept: {exc}")
         # ledgers this check did not reach keep their standing
         suspects |= {lid: t for lid, t in self._suspects.items() if lid not in checked}
         self._suspects = suspects
+
+    @staticmethod
+    def _unavailable(p: _Pass, step: str, exc: MetadataUnavailableError) -> None:
+        """The store gave up on a call of ``step``: no more metadata calls this pass
+        (one retry deadline waited is enough), said once with the reason."""
+        p.metadata_unavailable = True
+        p.cut_short.append(f"metadata unavailable: {step}: step stopped, undecided ledgers kept; no more metadata "
+                           f"steps this pass, the next pass tries again ({exc})")
 
     def _remove(self, ledger_id: int) -> bool:
         try:
@@ -398,11 +421,12 @@ class GarbageCollector:
             "metadata": self._metadata is not None,
             "running": running,
             "passes": passes,
+            "metadata_unavailable_passes": self._metadata_unavailable_passes,
             "next_pass_in_seconds": round(next_in, 3),
             "last_pass": None if last is None else {
                 "number": last.number, "started": _iso(last.started), "seconds": round(last.seconds, 3),
                 "forced": last.forced, **dataclasses.asdict(last.stats), "cut_short": last.cut_short,
-                "error": last.error,
+                "metadata_unavailable": last.metadata_unavailable, "error": last.error,
             },
             "totals": dataclasses.asdict(self._totals),
             "compaction": self._compaction,

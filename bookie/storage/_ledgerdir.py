@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from bookie.fs import FileSystem
+from bookie.fs import FileSystem, is_no_space
 import logging
 
 from bookie.storage._entrylog import EntryLogWriter, open_log_for_read
@@ -53,7 +53,7 @@ from bookie.storage._format import (
     unpack_location,
 )
 from bookie.storage._usage import LogUsage, read_usage_file, rebuild_usage, write_usage_file
-from walkit.errors import CorruptionError, FormatError, StorageError, WalkitError
+from walkit.errors import CorruptionError, FormatError, FormatVersionError, StorageError, WalkitError
 from walkit.logs import context
 
 log = logging.getLogger("bookie.storage")
@@ -157,7 +157,9 @@ class LedgerDir:
         """Seal every log found by :meth:`scan_logs`: read its usage file, or rebuild
         the usage from the log and write the file; drop the ledgers not in ``ledgers``
         (deleted before the restart). Leftovers are removed. A log whose header cannot
-        be read is left alone (never deleted or compacted) with a warning.
+        be read is left alone (never deleted or compacted) with a warning. A log or usage
+        file of a version this code does not read stops the open (FormatVersionError):
+        it is another walkit's, and nothing here may rebuild or remove it.
 
         A rebuilt log whose intact records end before its end of file has a torn tail
         only if it may have been written at the crash: its id is above every log with a
@@ -173,6 +175,7 @@ class LedgerDir:
                     changed = True
         logs = sorted(log_id for log_id, kinds in found.items() if "log" in kinds)
         read = {log_id: self._read_usage(log_id) if "use" in found[log_id] else None for log_id in logs}
+        self._refuse_other_versions(logs)
         sealed = max((log_id for log_id, usage in read.items() if usage is not None), default=0)
         for log_id in logs:
             usage = read[log_id]
@@ -188,9 +191,22 @@ class LedgerDir:
         if changed:
             self.fs.fsync_dir(self.logs_dir)
 
+    def _refuse_other_versions(self, logs: list[int]) -> None:
+        """FormatVersionError if a log is of a version this code does not read, before
+        anything is rebuilt; a damaged header is judged later (rebuild, or reads)."""
+        for log_id in logs:
+            try:
+                open_log_for_read(self.fs, self.log_path(log_id), log_id).close()
+            except FormatVersionError:
+                raise
+            except WalkitError:
+                continue
+
     def _read_usage(self, log_id: int) -> LogUsage | None:
         try:
             return read_usage_file(self.fs, self.usage_path(log_id), log_id)
+        except FormatVersionError:
+            raise  # another walkit's file: neither rebuilt nor overwritten
         except WalkitError as exc:
             log.warning("entry log %d in %s: usage file unreadable, rebuilding it: %s", log_id, self.root, exc,
                         extra=context(directory=self.root))
@@ -200,6 +216,8 @@ class LedgerDir:
         path = self.log_path(log_id)
         try:
             f = open_log_for_read(self.fs, path, log_id)
+        except FormatVersionError:
+            raise  # another walkit's log: never removed, never taken for a torn one
         except WalkitError as exc:
             if self._empty(path):  # created, never synced (a crash): nothing can point into it
                 self.fs.remove(path)
@@ -219,8 +237,19 @@ class LedgerDir:
         if usage.end < size:
             log.info("entry log %d in %s: torn tail after a crash at offset %d (%d bytes, never indexed)",
                      log_id, self.root, usage.end, size - usage.end, extra=context(directory=self.root))
-        write_usage_file(self.fs, self.usage_path(log_id), usage)
+        self._write_rebuilt_usage(log_id, usage)
         return usage
+
+    def _write_rebuilt_usage(self, log_id: int, usage: LogUsage) -> None:
+        """Keep a rebuilt usage in its file - only in memory on a full disk (rebuilt
+        again at the next start): opening the storage needs no new space."""
+        try:
+            write_usage_file(self.fs, self.usage_path(log_id), usage)
+        except OSError as exc:
+            if not is_no_space(exc):
+                raise
+            log.warning("entry log %d in %s: no space for its rebuilt usage file (kept in memory, rebuilt at the"
+                        " next start): %s", log_id, self.root, exc, extra=context(directory=self.root))
 
     def _empty(self, path: str) -> bool:
         f = self.fs.open(path)

@@ -40,6 +40,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--session-timeout", type=_seconds, default=10.0,
                      help="the daemon's metadata session timeout: how soon another takes over its seat and "
                           "locks once it dies (zkTimeout)")
+    run.add_argument("--metadata-retry-deadline", type=_seconds, default=30.0,
+                     help="seconds a metadata call waits for an unreachable ZooKeeper or a locked local:// store "
+                          "before it fails and is tried again later (metadataRetryDeadlineMs)")
     run.add_argument("--tls-ca", default="", help="CA file, for bookies that serve TLS")
     run.set_defaults(func=_run)
 
@@ -106,7 +109,8 @@ def _run(args: argparse.Namespace) -> int:
                                 auditor_periodic_bookie_check_interval=args.bookie_check_interval,
                                 open_ledger_rereplication_grace_period=args.open_ledger_grace_period)
     daemon = AutoRecovery(args.metadata, args.id or f"autorecovery-{os.getpid()}", config,
-                          session_timeout=args.session_timeout, tls_ca=args.tls_ca)
+                          session_timeout=args.session_timeout, retry_deadline=args.metadata_retry_deadline,
+                          tls_ca=args.tls_ca)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -137,7 +137,10 @@ def _human(bookie_id: str, r: dict[str, Any], forced: bool) -> str:
         lines += [f"  cut short      {reason}" for reason in last["cut_short"]]
         if last["error"]:
             lines.append(f"  failed         {last['error']}")
-    lines.append(f"  totals         {r['passes']} passes: {_pass_line(r['totals'])}")
+    unavailable = r.get("metadata_unavailable_passes", 0)  # an older bookie does not say
+    lines.append(f"  totals         {r['passes']} passes"
+                 + (f" ({unavailable} stopped short: metadata unavailable)" if unavailable else "")
+                 + f": {_pass_line(r['totals'])}")
     lc = r["last_compaction"]
     lines.append(f"  compaction     {r['compaction']} (last minor: {lc['minor'] or 'never'}, "
                  f"last major: {lc['major'] or 'never'})")

@@ -54,7 +54,8 @@ class BookKeeper:
     def __init__(self, metadata_uri: str, *, config: ClientConfig | None = None, **options: Any) -> None:
         self.config = ClientConfig.of(config, options)
         self.metadata_uri = metadata_uri
-        self._cluster = connect_metadata(metadata_uri, session_timeout=self.config.session_timeout)
+        self._cluster = connect_metadata(metadata_uri, session_timeout=self.config.session_timeout,
+                                         retry_deadline=self.config.metadata_retry_deadline)
         self._loop = LoopThread("walkit-client")
         self._core = ClientCore(self.config, self._cluster, self._loop)
         self._closed = False

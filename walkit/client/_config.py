@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from walkit.errors import InvalidArgumentError
+from walkit.metadata import RETRY_DEADLINE
 from walkit.protocol import DEFAULT_MAX_FRAME_SIZE, MIN_MAX_FRAME_SIZE
 
 __all__ = ["ClientConfig"]
@@ -32,6 +33,10 @@ class ClientConfig:
     explicit_lac_interval: float = 0.0
     # Metadata session timeout (seconds; zkTimeout).
     session_timeout: float = 10.0
+    # A metadata call (ledger create / open / delete, ensemble change, WAL open, roll,
+    # snapshot) waits this long for an unreachable ZooKeeper or a locked local:// store,
+    # then fails with MetadataUnavailableError (walkit; BookKeeper retries by count).
+    metadata_retry_deadline: float = RETRY_DEADLINE
     # Wire frames past this size are refused (nettyMaxFrameSizeBytes).
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     # Entries read at once by one read() / follow(), and looked ahead during recovery.
@@ -48,7 +53,7 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         for name in ("add_timeout", "read_timeout", "speculative_read_timeout", "connect_timeout",
-                     "session_timeout"):
+                     "session_timeout", "metadata_retry_deadline"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise InvalidArgumentError("client option must be a positive number of seconds", option=name,

@@ -37,6 +37,7 @@ from walkit.metadata._paths import (
 )
 from walkit.metadata._store import (
     ANY_VERSION,
+    RETRY_DEADLINE,
     Check,
     Create,
     Delete,
@@ -53,6 +54,7 @@ from walkit.metadata._uri import MetadataURI, open_metadata_store, parse_metadat
 
 __all__ = [
     "ANY_VERSION",
+    "RETRY_DEADLINE",
     "BookieRegistration",
     "BookieSet",
     "Check",

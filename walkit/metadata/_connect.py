@@ -16,7 +16,7 @@ from walkit.errors import ClusterLayoutError
 from walkit.metadata._cluster import ClusterInfo, read_cluster
 from walkit.metadata._ledgers import LedgerManager
 from walkit.metadata._registration import BookieRegistration, BookieSet, list_bookies, watch_bookies
-from walkit.metadata._store import MetadataStore, Watch
+from walkit.metadata._store import RETRY_DEADLINE, MetadataStore, Watch
 from walkit.metadata._uri import MetadataURI, open_metadata_store, parse_metadata_uri
 
 __all__ = ["Cluster", "connect"]
@@ -64,10 +64,12 @@ class Cluster:
         self.close()
 
 
-def connect(uri: str | MetadataURI, *, instance_id: str | None = None, session_timeout: float = 10.0) -> Cluster:
-    """Open the cluster at ``uri``; ClusterLayoutError when it cannot be used."""
+def connect(uri: str | MetadataURI, *, instance_id: str | None = None, session_timeout: float = 10.0,
+            retry_deadline: float = RETRY_DEADLINE) -> Cluster:
+    """Open the cluster at ``uri``; ClusterLayoutError when it cannot be used. Every
+    call of its store gives up after ``retry_deadline`` seconds (MetadataUnavailableError)."""
     parsed = parse_metadata_uri(uri) if isinstance(uri, str) else uri
-    store = open_metadata_store(parsed, session_timeout=session_timeout)
+    store = open_metadata_store(parsed, session_timeout=session_timeout, retry_deadline=retry_deadline)
     try:
         info = read_cluster(store, parsed.root)
         if parsed.layout is not None and parsed.layout != info.layout:

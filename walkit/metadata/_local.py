@@ -51,6 +51,8 @@ A database that stays locked (another process holds its write lock: stuck, stopp
 with SIGSTOP in the middle of a transaction) makes every write wait at most
 ``busy_timeout`` in all - for this store's write connection (one call at a time) and
 then for SQLite's lock - and then raise ``MetadataUnavailableError`` with the cause.
+``busy_timeout`` is this driver's retry deadline: :func:`~walkit.metadata.connect`
+passes its ``retry_deadline`` here as it does to the ZooKeeper driver (30 s by default).
 Reads go on meanwhile: they have a connection of their own, and in WAL mode readers
 never wait for the writer. Once the lock is
 released the next call goes through. While no write can pass, no lease is renewed: a
@@ -88,6 +90,7 @@ from walkit.metadata._store import (
     Create,
     Delete,
     Op,
+    RETRY_DEADLINE,
     SessionState,
     SetData,
     Stat,
@@ -101,7 +104,6 @@ _log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_BUSY_TIMEOUT = 10.0  # seconds a call waits for the database lock before giving up
 _BUSY_SLACK = 0.05  # waited less than this for our own lock: give SQLite the whole timeout
 
 _SCHEMA = """
@@ -332,7 +334,7 @@ class _Db:
     """Two connections: writes on one, reads on the other, so that reads (WAL mode: never
     blocked by a writer) go on while a write of this store waits for the database lock."""
 
-    def __init__(self, file: str, busy_timeout: float = _BUSY_TIMEOUT) -> None:
+    def __init__(self, file: str, busy_timeout: float = RETRY_DEADLINE) -> None:
         self._writer = _Conn(file, busy_timeout, ("journal_mode = WAL", "synchronous = FULL"))
         try:
             with self.write(reap=False) as tx:
@@ -377,7 +379,7 @@ class LocalMetadataStore:
     """A :class:`~walkit.metadata._store.MetadataStore` on ``<directory>/metadata.sqlite``."""
 
     def __init__(self, directory: str, *, session_timeout: float = 10.0, poll_interval: float = 0.05,
-                 busy_timeout: float = _BUSY_TIMEOUT) -> None:
+                 busy_timeout: float = RETRY_DEADLINE) -> None:
         if session_timeout <= 0 or poll_interval <= 0 or busy_timeout <= 0:
             raise InvalidArgumentError("timeouts must be positive", session_timeout=session_timeout,
                                        poll_interval=poll_interval, busy_timeout=busy_timeout)

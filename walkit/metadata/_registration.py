@@ -18,7 +18,11 @@ loses its session disappears from both lists by itself; clients list and watch t
   (a create retried across a connection loss may find it made).
 * Switching between writable and read-only is one transaction: create the new node and
   delete the old one, so a reader of the store never sees the bookie in both lists or in
-  neither.
+  neither. A switch that failed may still land later (MetadataUnavailableError: its
+  request may be on its way), so after any failure the mode is no longer known
+  (:meth:`BookieRegistration.registered_as` says False for both) until a ``register()``
+  succeeds: the owner makes it again, whichever mode it wants by then, and that call
+  reads the nodes as they are once the store answers.
 * A connection loss (SUSPENDED) needs nothing: the session, and with it the node,
   survives. A session expiry (LOST) removes the node; when the store's new session is
   CONNECTED a background thread registers again in the last wanted mode, retrying
@@ -190,6 +194,7 @@ class BookieRegistration:
         self._ops = threading.RLock()
         self._state = threading.Lock()
         self._wanted: bool | None = None  # None: not registered; else readonly?
+        self._settled = True  # False after a failed change (it may land later), until one succeeds
         self._closed = False
         self._lost = False  # the session that held our node expired; not restored yet
         self._reregistering = False
@@ -208,6 +213,12 @@ class BookieRegistration:
         with self._state:
             return bool(self._wanted)
 
+    def registered_as(self, readonly: bool) -> bool:
+        """Whether the bookie is known to be registered in this mode: the last change
+        succeeded (one that failed may still land) and asked for this mode."""
+        with self._state:
+            return self._settled and self._wanted is not None and self._wanted == readonly
+
     def register(self, readonly: bool = False) -> None:
         """Register (or switch to) writable / read-only. BookieIdInUseError when another
         live bookie holds this id (waiting up to ``wait_existing`` for it to go), or when
@@ -222,11 +233,13 @@ class BookieRegistration:
             except BaseException:
                 with self._state:
                     unclaim = self._wanted is None
+                    self._settled = False
                 if unclaim:
                     self._release()
                 raise
             with self._state:
                 self._wanted = readonly
+                self._settled = True
                 self._lost = False
                 self._reported = False
                 self._stop_watchdog()
@@ -359,6 +372,7 @@ class BookieRegistration:
                     self._apply(wanted, 0.0)
                     with self._state:
                         self._lost = False
+                        self._settled = True  # on the new session: nothing of the old one can land
                         self._stop_watchdog()
                     _log.info("bookie re-registered after session expiry bookie=%s readonly=%s", self.bookie_id,
                               wanted)

@@ -35,9 +35,14 @@ __all__ = [
     "Watch",
     "MetadataStore",
     "ANY_VERSION",
+    "RETRY_DEADLINE",
 ]
 
 ANY_VERSION = -1
+# Seconds a store call waits for the store (ZooKeeper unreachable, the local:// database
+# locked) before it fails with MetadataUnavailableError: long enough to wait out a
+# ZooKeeper leader election or a restart, short enough that callers see the outage.
+RETRY_DEADLINE = 30.0
 
 
 def check_path(path: str) -> str:

@@ -6,6 +6,12 @@
 - ``local:///path/to/dir`` - the embedded SQLite store in that directory; the cluster
   root inside it is ``/ledgers``. ``local+flat://`` chooses the flat layout.
 
+A store opened from a URI (:func:`open_metadata_store`) gives up on a call after
+``retry_deadline`` seconds with MetadataUnavailableError: ZooKeeper's retry deadline,
+and the ``local://`` store's busy timeout (its database locked by another process), the
+same setting for both (client option ``metadata_retry_deadline``, bookie key
+``metadataRetryDeadlineMs``).
+
 Without a layout in the scheme, ``layout`` is None: ``walkit init`` makes a hierarchical
 cluster (BookKeeper's default) and clients use whatever layout the cluster has. With
 one, init makes that layout and clients refuse a cluster laid out otherwise.
@@ -18,7 +24,7 @@ from urllib.parse import urlsplit
 
 from walkit.errors import InvalidArgumentError
 from walkit.metadata._paths import Layout
-from walkit.metadata._store import MetadataStore, check_path
+from walkit.metadata._store import RETRY_DEADLINE, MetadataStore, check_path
 
 __all__ = ["MetadataURI", "parse_metadata_uri", "open_metadata_store", "redact"]
 
@@ -57,13 +63,15 @@ def parse_metadata_uri(uri: str) -> MetadataURI:
     return MetadataURI("local", parts.path, _LOCAL_ROOT, layout)  # type: ignore[arg-type]
 
 
-def open_metadata_store(uri: str | MetadataURI, *, session_timeout: float = 10.0) -> MetadataStore:
-    """A store for the URI (kazoo is imported only for zk://)."""
+def open_metadata_store(uri: str | MetadataURI, *, session_timeout: float = 10.0,
+                        retry_deadline: float = RETRY_DEADLINE) -> MetadataStore:
+    """A store for the URI (kazoo is imported only for zk://) whose calls give up after
+    ``retry_deadline`` seconds."""
     parsed = parse_metadata_uri(uri) if isinstance(uri, str) else uri
     if parsed.driver == "zk":
         from walkit.metadata._zk import ZooKeeperStore
 
-        return ZooKeeperStore(parsed.location, session_timeout=session_timeout)
+        return ZooKeeperStore(parsed.location, session_timeout=session_timeout, retry_deadline=retry_deadline)
     from walkit.metadata._local import LocalMetadataStore
 
-    return LocalMetadataStore(parsed.location, session_timeout=session_timeout)
+    return LocalMetadataStore(parsed.location, session_timeout=session_timeout, busy_timeout=retry_deadline)

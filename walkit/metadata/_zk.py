@@ -9,7 +9,9 @@ opens a *new* session, and the listeners registered with
 recreate their ephemeral nodes. kazoo's ``transaction().commit()`` does not raise: every
 result is checked here.
 
-Every call ends within ``retry_deadline``. kazoo's blocking calls wait for their reply
+Every call ends within ``retry_deadline`` (30 s by default; set through
+:func:`~walkit.metadata.connect`'s ``retry_deadline``: the bookies'
+``metadataRetryDeadlineMs``, the clients' ``metadata_retry_deadline``). kazoo's blocking calls wait for their reply
 without a limit, and a request made while the client has no connection sits in kazoo's
 queue until one is back (its KazooRetry deadline only counts between attempts), so a
 call during an outage of every ZooKeeper server would wait for the whole outage. Here
@@ -70,7 +72,9 @@ from walkit.errors import (
     NotEmptyError,
     SessionExpiredError,
 )
-from walkit.metadata._store import ANY_VERSION, check_path, Create, Delete, Op, SessionState, SetData, Stat, Watch
+from walkit.metadata._store import (
+    ANY_VERSION, RETRY_DEADLINE, check_path, Create, Delete, Op, SessionState, SetData, Stat, Watch,
+)
 
 __all__ = ["ZooKeeperStore"]
 
@@ -114,7 +118,7 @@ class _Client(KazooClient):  # type: ignore[misc]  # kazoo is untyped
     timeout raises ``KazooTimeoutError`` out of the watch. The store's own calls use
     the async requests (:meth:`ZooKeeperStore._call`)."""
 
-    bound: float = 30.0
+    bound: float = RETRY_DEADLINE
 
     def get(self, path: str, watch: Any = None) -> Any:
         return self.get_async(path, watch).get(timeout=self.bound)
@@ -145,7 +149,7 @@ class ZooKeeperStore:
     """A session on a ZooKeeper ensemble (``hosts`` like "h1:2181,h2:2181")."""
 
     def __init__(self, hosts: str, *, session_timeout: float = 10.0, connect_timeout: float = 15.0,
-                 retry_deadline: float = 30.0) -> None:
+                 retry_deadline: float = RETRY_DEADLINE) -> None:
         # Calls give up after ``retry_deadline`` (an outage shorter than that is waited
         # out); the connection never does (kazoo's client would otherwise close for good
         # after an outage, and its session listeners would never hear CONNECTED again).

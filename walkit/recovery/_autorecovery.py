@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from walkit.errors import NoSuchLedgerError, WalkitError
 from walkit.logs import context
-from walkit.metadata import Cluster, LedgerMetadata, Marker, UnderReplication, connect
+from walkit.metadata import RETRY_DEADLINE, Cluster, LedgerMetadata, Marker, UnderReplication, connect
 from walkit.recovery._plan import choose_target, held_by_writer, held_entries, lost_fragments
 from walkit.recovery._replicator import Replicator, off
 
@@ -70,12 +70,15 @@ class AutoRecoveryConfig:
 
 
 class AutoRecovery:
-    """One daemon: ``start()``, ``stop()``. ``owner`` names it in the seat and the locks."""
+    """One daemon: ``start()``, ``stop()``. ``owner`` names it in the seat and the locks;
+    its metadata calls give up after ``retry_deadline`` seconds (and are tried again)."""
 
     def __init__(self, uri: str, owner: str, config: AutoRecoveryConfig = AutoRecoveryConfig(), *,
-                 session_timeout: float = 10.0, tls_ca: str = "", clock: Callable[[], float] = time.monotonic) -> None:
+                 session_timeout: float = 10.0, retry_deadline: float = RETRY_DEADLINE, tls_ca: str = "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.uri, self.owner, self.config = uri, owner, config
-        self._session_timeout, self._tls_ca, self._clock = session_timeout, tls_ca, clock
+        self._session_timeout, self._retry_deadline = session_timeout, retry_deadline
+        self._tls_ca, self._clock = tls_ca, clock
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: asyncio.Event | None = None
@@ -108,7 +111,8 @@ class AutoRecovery:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
-        cluster = await off(lambda: connect(self.uri, session_timeout=self._session_timeout))
+        cluster = await off(lambda: connect(self.uri, session_timeout=self._session_timeout,
+                                            retry_deadline=self._retry_deadline))
         replicator = Replicator(cluster, self._tls_ca)
         self._ready.set()
         try:
