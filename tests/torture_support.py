@@ -180,7 +180,7 @@ FSYNC_FAIL_FOR = (0.5, 3.0)  # seconds a bookie whose fsync failed stays read-on
 OUTAGE_CHANCE = 0.5  # of a plan of at least OUTAGE_MIN_SECONDS on zk3 or local having a metadata outage
 OUTAGE_MIN_SECONDS = 15.0
 ZK_OUTAGE_FOR = (5.0, 30.0)  # seconds every ZooKeeper node is down (at most 40 % of the run)
-LOCK_FOR = (2.0, 8.0)  # seconds the local:// database stays locked: under its 10 s busy timeout, calls wait
+LOCK_FOR = (2.0, 8.0)  # seconds the local:// database stays locked: under its busy timeout (the 30 s retry deadline), calls wait
 OUTAGE_QUIET = (3.0, 2.0)  # seconds before and after an outage without faults that need metadata
 #: Faults whose start or end needs metadata (a bookie's start or registration, a session
 #: expiry, a ZooKeeper node's restart, a writer's open - which also holds up the schedule
