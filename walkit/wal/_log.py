@@ -500,8 +500,7 @@ class WriteAheadLog(_LogView):
         if not batch:
             many.set_result([])
             return many
-        lock = self._lock
-        with lock:
+        with self._lock:  # append_async's steps, which it keeps inline: a call less per record
             if self._closing:
                 raise UsageError("log is closed", log=self.name)
             if self._error is not None:
