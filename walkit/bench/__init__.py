@@ -9,6 +9,10 @@ produced them are in docs/performance.md.
              sequential add latency, pipelined adds per second, CPU per entry
 ``wal``      ``walkit bench wal``: the WriteAheadLog's appends (100 B / 1 KiB records)
              against a fdatasync'd file and SQLite
+``read``     ``walkit bench read``: replay of a log written beforehand (cold and hot, batched
+             and one record per entry) and tail visibility
+``scale``    ``walkit bench scale``: cost as the data grows - rate over up to 10,000 ledgers,
+             bookie RSS per ledger, restart, recovery and WAL failover against size
 ``gc``       ``walkit bench gc``: a GC pass over up to 1,000,000 ledgers in metadata (time,
              peak memory) and compaction (MB/s rewritten, a writer's add latency meanwhile)
 ``recovery`` ``walkit bench recovery``: a lost bookie's share re-replicated by ``walkit recover``

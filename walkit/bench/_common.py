@@ -117,16 +117,18 @@ def journals_o_direct(cluster: LocalCluster, bookies: int) -> bool:
 
 
 @contextlib.contextmanager
-def bench_cluster(directory: str | None, name: str, bookies: int,
-                  bookie_options: Mapping[str, Any] | None = None) -> Iterator[tuple[LocalCluster, Path]]:
-    """``bookies`` bookie processes (``bookie_options``: LocalCluster's) in a fresh
-    ``walkit-bench-<name>-*`` directory under ``directory`` (created if missing; default:
-    here), and that directory; both go away at the end, also on an error or Ctrl-C."""
+def bench_cluster(directory: str | None, name: str, bookies: int, bookie_options: Mapping[str, Any] | None = None,
+                  session_timeout: float = 10.0) -> Iterator[tuple[LocalCluster, Path]]:
+    """``bookies`` bookie processes (``bookie_options``, ``session_timeout``: LocalCluster's,
+    with its default) in a fresh ``walkit-bench-<name>-*`` directory under
+    ``directory`` (created if missing; default: here), and that directory; both go away
+    at the end, also on an error or Ctrl-C."""
     if directory is not None:
         Path(directory).mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix=f"walkit-bench-{name}-", dir=directory or "."))
     try:
-        cluster = LocalCluster(base / "cluster", bookies, processes=True, bookie_options=bookie_options)
+        cluster = LocalCluster(base / "cluster", bookies, processes=True, bookie_options=bookie_options,
+                               session_timeout=session_timeout)
         try:
             yield cluster, base
         finally:

@@ -44,17 +44,14 @@ import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from array import array
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from walkit import aio
 from walkit._local_cluster import LocalCluster
-from walkit.bench._common import Meter, journals_o_direct, latency_percentiles
+from walkit.bench._common import Meter, bench_cluster, journals_o_direct, latency_percentiles
 from walkit.client import BookKeeper, LedgerHandle
 from walkit.errors import InvalidArgumentError, NotEnoughBookiesError, WalkitError
 from walkit.metadata import Cluster, connect
@@ -74,24 +71,6 @@ _TIMEOUT = 3600.0  # a recovery not done by then fails the run
 # A bookie starved of CPU long enough loses its session and re-registers: creating a
 # ledger waits that long for three writable bookies (seen with a 2 s timeout at load 30).
 _REGISTRATION_WAIT = 30.0
-
-
-@contextlib.contextmanager
-def _bench_cluster(directory: str | None, session_timeout: float) -> Iterator[LocalCluster]:
-    """Like ``_common.bench_cluster``, with the autorecovery options and session timeout."""
-    if directory is not None:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-    base = Path(tempfile.mkdtemp(prefix="walkit-bench-recovery-", dir=directory or "."))
-    try:
-        cluster = LocalCluster(base / "cluster", BOOKIES, processes=True, bookie_options=BOOKIE_OPTIONS,
-                               session_timeout=session_timeout)
-        try:
-            yield cluster
-        finally:
-            with contextlib.suppress(Exception):  # a bookie hit by the same Ctrl-C exits on its own
-                cluster.stop()
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 # --- the data -------------------------------------------------------------------------------
@@ -374,7 +353,7 @@ def run_recovery_bench(directory: str | None = None, seconds: float = 10.0, gib:
                                    seconds=seconds, gib=gib, ledgers=ledgers, entry_size=entry_size)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     load_before = os.getloadavg()
-    with _bench_cluster(directory, session_timeout) as cluster:
+    with bench_cluster(directory, "recovery", BOOKIES, BOOKIE_OPTIONS, session_timeout) as (cluster, _):
         o_direct = journals_o_direct(cluster, BOOKIES)  # before any bookie's directory is deleted
         result = _measure(cluster, seconds, gib, ledgers, entry_size)
     return {

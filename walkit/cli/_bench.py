@@ -1,4 +1,4 @@
-"""``walkit bench journal|bookie|ledger|wal|read|spark|gc|recovery``: the benchmarks of :mod:`walkit.bench`."""
+"""``walkit bench journal|bookie|ledger|wal|read|spark|gc|recovery|scale``: the benchmarks of :mod:`walkit.bench`."""
 
 from __future__ import annotations
 
@@ -81,6 +81,18 @@ def _recovery(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scale(args: argparse.Namespace) -> int:
+    from walkit.bench.scale import CASES, format_markdown, run_scale_bench
+
+    report = run_scale_bench(args.dir, ledgers=args.ledgers, entries=args.entries, concurrent=args.concurrent,
+                             seconds=args.seconds, in_flight=args.in_flight, gib=args.gib,
+                             max_ledger_entries=args.max_ledger_entries, segments=args.segments,
+                             snapshots=args.snapshots, checkpoint_interval=args.checkpoint_interval,
+                             session_timeout=args.session_timeout, cases=args.case or CASES)
+    _print_report(args, report, format_markdown)
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``walkit bench`` and its benchmarks."""
     bench = subparsers.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
@@ -159,3 +171,32 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="the bookies' metadata session timeout: how soon a lost bookie is seen gone (default 10)")
     brc.add_argument("--dir", default=None, help="where the cluster keeps its data (default: a temporary one here)")
     brc.set_defaults(func=_recovery)
+    bsc = bench.add_parser("scale", help="cost as the data grows: bookie RSS against ledgers and entries stored, "
+                           "throughput over 1..10,000 ledgers, bookie restart against GiB stored, recovery against "
+                           "ledger length, WAL failover against segments and snapshots")
+    bsc.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    bsc.add_argument("--case", action="append", choices=("memory", "throughput", "restart", "recovery", "wal"),
+                     help="run this case only (repeatable; default: all)")
+    bsc.add_argument("--ledgers", type=int, default=10_000, help="memory: ledgers stored at the largest point; "
+                     "1/10 and 1/100 are measured too (default 10,000; full size 100,000)")
+    bsc.add_argument("--entries", type=int, default=1_000_000, help="memory: 100 B entries stored in them "
+                     "(default 1,000,000; full size 10,000,000)")
+    bsc.add_argument("--concurrent", type=int, default=10_000, help="throughput: most ledgers written at once; "
+                     "1, 100, 1,000 below it are measured too (default 10,000)")
+    bsc.add_argument("--seconds", type=float, default=10.0, help="throughput: duration of each row after a 1 s "
+                     "warm-up (default 10)")
+    bsc.add_argument("--in-flight", type=int, default=1000, help="throughput: adds in flight (default 1000)")
+    bsc.add_argument("--gib", type=float, default=1.0, help="restart: GiB stored at the largest point; 0, 1/100 "
+                     "and 1/10 are measured too (default 1; full size 10)")
+    bsc.add_argument("--max-ledger-entries", type=int, default=100_000, help="recovery: length of the longest "
+                     "ledger recovered, from 1,000 by tens (default 100,000; full size 10,000,000)")
+    bsc.add_argument("--segments", type=int, default=100, help="WAL: segments at the largest point, from 1 by "
+                     "tens (default 100; full size 1,000)")
+    bsc.add_argument("--snapshots", type=int, default=10, help="WAL: snapshots taken at the largest point, from 0 "
+                     "(default 10)")
+    bsc.add_argument("--checkpoint-interval", type=float, default=10.0,
+                     help="the bookies' flushInterval in seconds (default 10, BookKeeper's)")
+    bsc.add_argument("--session-timeout", type=float, default=10.0, help="the bookies' metadata session timeout: "
+                     "how long a crashed bookie's registration outlives it (default 10)")
+    bsc.add_argument("--dir", default=None, help="where the clusters keep their data (default: a temporary one here)")
+    bsc.set_defaults(func=_scale)
