@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from walkit._local_cluster import LocalCluster
+from walkit.client import BookKeeper, LedgerHandle
+from walkit.errors import NotEnoughBookiesError
 
 T = TypeVar("T")
 
@@ -65,6 +67,20 @@ class Meter:
             "other_cpu_cores": round(max(0.0, busy - client - bookies) / elapsed, 2),
             "steal_cores": round(steal / elapsed, 2),
         }
+
+
+def create_ledger_waiting(bk: BookKeeper, ensemble: int, write_quorum: int, ack_quorum: int,
+                          timeout: float = 60.0) -> LedgerHandle:
+    """A new ledger, waiting up to ``timeout`` seconds for enough writable bookies (one
+    of a benchmark's bookies may be restarting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return bk.create_ledger(ensemble, write_quorum, ack_quorum)
+        except NotEnoughBookiesError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def latency_percentiles(samples_ns: list[int]) -> dict[str, float]:

@@ -51,8 +51,7 @@ from typing import Any
 
 from walkit import aio
 from walkit._local_cluster import LocalCluster
-from walkit.bench._common import Meter, bench_cluster, journals_o_direct, latency_percentiles
-from walkit.client import BookKeeper, LedgerHandle
+from walkit.bench._common import Meter, bench_cluster, create_ledger_waiting, journals_o_direct, latency_percentiles
 from walkit.errors import InvalidArgumentError, NotEnoughBookiesError, WalkitError
 from walkit.metadata import Cluster, connect
 from walkit.recovery import UnderReplication
@@ -127,18 +126,6 @@ def _named(md: Cluster, bookie: str) -> bool:
     return False
 
 
-def _create_ledger(bk: BookKeeper) -> LedgerHandle:
-    """A ledger of E=3 Qw=3 Qa=2, waiting up to ``_REGISTRATION_WAIT`` for three writable bookies."""
-    deadline = time.monotonic() + _REGISTRATION_WAIT
-    while True:
-        try:
-            return bk.create_ledger(ENSEMBLE, WRITE_QUORUM, ACK_QUORUM)
-        except NotEnoughBookiesError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(_POLL)
-
-
 # --- the writer -----------------------------------------------------------------------------
 class _Writer:
     """One thread appending ``WRITER_SIZE`` entries one at a time to a ledger of its own;
@@ -147,7 +134,7 @@ class _Writer:
     def __init__(self, cluster: LocalCluster) -> None:
         self._bk = cluster.client()
         try:
-            self.handle = _create_ledger(self._bk)
+            self.handle = create_ledger_waiting(self._bk, ENSEMBLE, WRITE_QUORUM, ACK_QUORUM, _REGISTRATION_WAIT)
         except BaseException:
             self._bk.close()
             raise

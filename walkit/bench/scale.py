@@ -82,9 +82,16 @@ from pathlib import Path
 from typing import Any
 
 from walkit._local_cluster import LocalCluster
-from walkit.bench._common import Meter, bench_cluster, cpu_seconds, latency_percentiles, window_loop
+from walkit.bench._common import (
+    Meter,
+    bench_cluster,
+    cpu_seconds,
+    create_ledger_waiting,
+    latency_percentiles,
+    window_loop,
+)
 from walkit.client import BookKeeper, LedgerHandle
-from walkit.errors import InvalidArgumentError, NotEnoughBookiesError, WalkitError
+from walkit.errors import InvalidArgumentError, WalkitError
 from walkit.metadata import Cluster, connect
 from walkit.wal import WriteAheadLog
 
@@ -206,15 +213,7 @@ def _create(bk: BookKeeper, count: int) -> list[LedgerHandle]:
 
 
 def _create_one(bk: BookKeeper) -> LedgerHandle:
-    """A ledger, waiting a while for three writable bookies (one may be restarting)."""
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            return bk.create_ledger(ENSEMBLE, WRITE_QUORUM, ACK_QUORUM)
-        except NotEnoughBookiesError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(_POLL)
+    return create_ledger_waiting(bk, ENSEMBLE, WRITE_QUORUM, ACK_QUORUM)
 
 
 def _fill(handles: Sequence[LedgerHandle], count: int, payload: bytes, window: int) -> None:
