@@ -424,19 +424,26 @@ PROCESS_BASE: dict[str, Any] = {
 @contextlib.contextmanager
 def _small_disks(case: str, root: Path) -> Iterator[Path]:
     """Bookie 0's journal and/or ledger directory on a small file system (symlinks into
-    its mount point, which also has room for another tenant's file); yields the mount."""
+    its mount point, which also has room for another tenant's file); yields the mount.
+    Where only the journal's disk is small, the ledgers get a roomy tmpfs of their own:
+    on the host's disk, a host more than ``disk_usage_lwm_threshold`` full would keep
+    the bookie read-only after the journal's disk is freed (as it did on CI)."""
     if case == "ledgers":
         disk, names = tmpfs(root / "disk", (48 if SLOW else 24) * MIB), ("ledgers",)
     elif case == "journal":
         disk, names = tmpfs(root / "disk", 16 * MIB), ("journal",)
     else:  # journal and ledgers on one ext4 image on a loop device
         disk, names = loop_ext4(root / "disk", (64 if SLOW else 32) * MIB, root / "ext4.img"), ("journal", "ledgers")
-    with disk as mnt:
+    with contextlib.ExitStack() as stack:
+        mnt = stack.enter_context(disk)
         bookie0 = root / "cluster" / "bookie-0"
         bookie0.mkdir(parents=True)
-        for name in names:
-            (mnt / name).mkdir()
-            (bookie0 / name).symlink_to(mnt / name)
+        targets = {name: mnt / name for name in names}
+        if case == "journal":
+            targets["ledgers"] = stack.enter_context(tmpfs(root / "ledger-disk", 512 * MIB)) / "ledgers"
+        for name, target in targets.items():
+            target.mkdir()
+            (bookie0 / name).symlink_to(target)
         yield mnt
 
 
