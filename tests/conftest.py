@@ -61,7 +61,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--torture-seed", type=int, action="append", default=None, metavar="N",
                     help="run only torture seed N (repeatable); default: seeds 0 .. --torture-seeds - 1")
     group.addoption("--torture-seeds", type=int, default=None, metavar="COUNT",
-                    help="how many seeds (default: $WALKIT_TORTURE_SEEDS or 20)")
+                    help="how many seeds (default: $WALKIT_TORTURE_SEEDS or 12)")
     group.addoption("--torture-first-seed", type=int, default=0, metavar="N",
                     help="the seeds run are N .. N + COUNT - 1 (default 0: the CI's seeds first)")
     group.addoption("--torture-seconds", type=float, default=None, metavar="S",
@@ -79,7 +79,7 @@ def torture_seeds(config: pytest.Config) -> list[int]:
         return chosen
     count = config.getoption("--torture-seeds")
     first: int = config.getoption("--torture-first-seed")
-    return list(range(first, first + (int(_env_number("WALKIT_TORTURE_SEEDS", 20)) if count is None else count)))
+    return list(range(first, first + (int(_env_number("WALKIT_TORTURE_SEEDS", 12)) if count is None else count)))
 
 
 def torture_seconds(config: pytest.Config) -> float:

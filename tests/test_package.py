@@ -252,12 +252,21 @@ def test_sdist_holds_what_the_wheel_needs(builds: Builds) -> None:
 
 
 @pytest.mark.parametrize("version", list(CPYTHONS))
-def test_installed_wheel_runs_the_demo(builds: Builds, version: str) -> None:
+def test_installed_wheel_runs_the_demo(builds: Builds, version: str, request: pytest.FixtureRequest) -> None:
+    """Every CPython found installs the wheel and imports it on the native backend; the
+    oldest and the newest also run the whole demo (~45 s each), the ones between only
+    with ``-m slow`` or WALKIT_SLOW (the CI's bound)."""
     bin_dir = venv(CPYTHONS[version], builds.work / f"venv-{version}", str(builds.wheel))
     cwd = workdir(builds.work, f"run-{version}")
     smoke(bin_dir, cwd, backend="native")
+    if version not in (min(CPYTHONS, key=_minor), max(CPYTHONS, key=_minor)) and not slow_selected(request.config):
+        return
     report = demo(bin_dir, cwd)
     assert report["bookies"] == 3
+
+
+def _minor(version: str) -> int:
+    return int(version.split(".")[1])
 
 
 def test_without_a_compiler_one_warning_and_the_python_backend(builds: Builds,
