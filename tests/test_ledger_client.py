@@ -770,3 +770,80 @@ def test_max_pending_adds_blocks_the_producer_until_an_add_completes(tmp_path: P
         assert isinstance(fut, concurrent.futures.Future) and fut.result(timeout=10) == 3
         assert lh.add_entry(b"four") == 4
         lh.close()
+
+
+# -- one wake-up of the client's loop for the adds of many ledgers ----------------------------------
+
+
+def test_adds_to_many_ledgers_share_one_wake_up_and_one_flush_per_bookie(tmp_path: Path, driver: Driver) -> None:
+    """While the client's loop is busy, adds submitted to 40 ledgers (round-robin, as an
+    application keeping many logs does) queue their writers once each: one wake-up of
+    the loop sends them all, and each bookie connection is flushed once for all of them
+    (it was one wake-up and one flush per ledger). Every add completes, in each ledger's
+    order, and reads back."""
+    if driver.spec.driver != "local":
+        pytest.skip("client logic: one driver is enough")
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        handles = [bk.create_ledger(3, 3, 2) for _ in range(40)]
+        core = bk._core
+        calls: list[Any] = []
+        flushed: list[set[str]] = []
+        real_call, real_flush = core.loop.call, core.pool.flush
+
+        def counting_call(fn: Any, *args: Any) -> None:
+            calls.append(fn)
+            real_call(fn, *args)
+
+        def counting_flush(bookies: Any) -> None:
+            flushed.append(set(bookies))
+            real_flush(bookies)
+
+        core.loop.call = counting_call  # type: ignore[method-assign]
+        core.pool.flush = counting_flush  # type: ignore[method-assign]
+        busy, release = threading.Event(), threading.Event()
+        real_call(lambda: (busy.set(), release.wait(10)))
+        assert busy.wait(10)
+        futures = [(h, r, h.add_entry_async(b"%d/%d" % (h.ledger_id, r))) for r in range(3) for h in handles]
+        release.set()
+        for h, r, fut in futures:
+            assert fut.result(30) == r
+        assert len(calls) == 1, f"{len(calls)} wake-ups of the loop for {len(futures)} adds to 40 ledgers"
+        assert flushed[0] == set(cluster.bookie_ids), f"first flush: {flushed[0]}"
+        assert len(flushed) == 1, f"{len(flushed)} flushes for one wake-up"
+        for h in handles:
+            assert [e.data for e in h.read(0, 2)] == [b"%d/%d" % (h.ledger_id, r) for r in range(3)]
+
+
+def test_adds_queued_when_the_loop_is_gone_fail_instead_of_hanging(tmp_path: Path, driver: Driver) -> None:
+    """If waking the loop fails (the client closed under a submitting thread), the add
+    that tried raises UsageError and every add queued with it by other threads fails
+    with it too - none is left waiting for a loop that will never take it - and each
+    gives its slot back."""
+    if driver.spec.driver != "local":
+        pytest.skip("client logic: one driver is enough")
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        first, second = bk.create_ledger(3, 3, 2), bk.create_ledger(3, 3, 2)
+        core = bk._core
+        real_call = core.loop.call
+        busy, release = threading.Event(), threading.Event()
+        real_call(lambda: (busy.set(), release.wait(10)))
+        assert busy.wait(10)
+        queued = first.add_entry_async(b"queued")  # wakes the (busy) loop: its wake-up is pending
+        with core._ready_lock:  # as if the loop had taken the wake-up but not yet the list
+            core._ready_scheduled = False
+
+        def closed(fn: Any, *args: Any) -> None:
+            raise walkit.errors.UsageError("client is closed")
+
+        core.loop.call = closed  # type: ignore[method-assign]
+        try:
+            with pytest.raises(walkit.errors.UsageError):
+                second.add_entry_async(b"refused")
+            with pytest.raises(walkit.errors.UsageError):
+                queued.result(5)
+            assert not core._ready and not core._ready_scheduled
+            assert first._writer.slots.free == first._writer.slots.limit
+            assert second._writer.slots.free == second._writer.slots.limit
+        finally:
+            core.loop.call = real_call  # type: ignore[method-assign]
+            release.set()

@@ -1,6 +1,13 @@
 """What every part of one client shares: options, the loop thread, the bookie pool, the
 metadata session, and what the client has learnt about bookies' health and endpoints.
 
+Submissions from the application's threads reach the loop through one queue for the
+whole client (:meth:`ClientCore.schedule`): a writer with new adds is queued once, and
+the loop is woken once for all the writers queued meanwhile, which then send their adds
+and flush each bookie connection once. An application that writes round-robin over
+thousands of ledgers thus pays one wake-up and one write per bookie per loop iteration,
+as one that writes a single ledger does, not one per add.
+
 Adds need no metadata, even during an outage of the store: the endpoints of the bookies
 a ledger is created on (or moved to) are read with the bookie list, while the store
 answers, so that the first connection to one of them is made from what was read; a
@@ -13,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 import time
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
@@ -40,6 +48,15 @@ class _Failable(Protocol):
     def fail_for_close(self, error: WalkitError) -> None: ...
 
 
+class _Sender(Protocol):
+    @property
+    def ensemble(self) -> Sequence[str]: ...
+
+    def take_incoming(self, flush: bool = True) -> None: ...
+
+    def abandon_incoming(self, error: WalkitError) -> None: ...
+
+
 class ClientCore:
     def __init__(self, config: ClientConfig, cluster: Cluster, loop: LoopThread) -> None:
         self.config = config
@@ -55,6 +72,46 @@ class ClientCore:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.writers: weakref.WeakSet[_Failable] = weakref.WeakSet()
         self.stats = CLIENTS.new(self)  # written on the loop thread only (walkit/client/_stats.py)
+        # writers with adds to send (any thread appends; the loop takes them all at once)
+        self._ready_lock = threading.Lock()
+        self._ready: list[_Sender] = []
+        self._ready_scheduled = False
+
+    def schedule(self, writer: _Sender) -> None:
+        """(Any thread) ``writer`` has adds queued: the loop sends them soon, with those
+        of every writer queued meanwhile (one wake-up for all). Raises UsageError when
+        the client is closed; the adds of writers queued with this one are then failed
+        (nothing would ever send them)."""
+        with self._ready_lock:
+            self._ready.append(writer)
+            if self._ready_scheduled:
+                return
+            self._ready_scheduled = True
+        try:
+            self.loop.call(self._send_ready)
+        except UsageError as exc:
+            with self._ready_lock:
+                writers, self._ready = self._ready, []
+                self._ready_scheduled = False
+            for other in writers:
+                if other is not writer:
+                    other.abandon_incoming(exc)
+            raise
+
+    def _send_ready(self) -> None:
+        """(Loop) every queued writer sends its adds; then each bookie they went to is
+        flushed once (now, not at the loop's next iteration)."""
+        with self._ready_lock:
+            writers, self._ready = self._ready, []
+            self._ready_scheduled = False
+        if len(writers) == 1:
+            writers[0].take_incoming()
+            return
+        bookies: set[str] = set()
+        for writer in writers:
+            writer.take_incoming(flush=False)
+            bookies.update(writer.ensemble)
+        self.pool.flush(bookies)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` as a task the core keeps (asyncio keeps only weak references) and

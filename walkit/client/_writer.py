@@ -166,7 +166,7 @@ class LedgerWriter:
             return fut
         if schedule:
             try:
-                self.core.loop.call(self._take_incoming)
+                self.core.schedule(self)
             except UsageError:  # the client is closed: nothing will ever take this add
                 with self._lock:
                     self._incoming.remove(add)
@@ -189,7 +189,9 @@ class LedgerWriter:
             self._arm_timer()
         return fut
 
-    def _take_incoming(self) -> None:
+    def take_incoming(self, flush: bool = True) -> None:
+        """(Loop) send the adds submitted since the last call; ``flush``: write them to
+        the bookies now (else the caller flushes, once for many writers)."""
         with self._lock:
             batch, self._incoming = self._incoming, []
             self._scheduled = False
@@ -199,9 +201,20 @@ class LedgerWriter:
                 continue
             self.pending.append(add)
             self._send(add)
-        if batch:
+        if batch and flush:
             self.core.pool.flush(self.ensemble)  # now, not at the loop's next iteration
         self._arm_timer()
+
+    def abandon_incoming(self, error: WalkitError) -> None:
+        """(Any thread) the client closed before the loop took the queued adds: each
+        fails with ``error`` (nothing was sent) and gives its slot back."""
+        with self._lock:
+            batch, self._incoming = self._incoming, []
+            self._scheduled = False
+        for add in batch:  # not _settle: the client's stats are the loop's
+            if add.slot:
+                self.slots.release()
+            self._finish(add, error)
 
     # -- sending and acks --------------------------------------------------------------
     def _send(self, add: _Add) -> None:
@@ -448,7 +461,7 @@ class LedgerWriter:
     async def drain(self) -> None:
         """Until no add is queued or pending (each completed or failed)."""
         while True:
-            self._take_incoming()
+            self.take_incoming()
             if not self.pending:
                 return
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
