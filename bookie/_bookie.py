@@ -494,10 +494,12 @@ class Bookie:
         :meth:`_check_entry`, which refuse it - or pass it, e.g. an ``int`` subclass).
         The key and fence of a ledger are looked up once per run of adds of that ledger
         with the same key (only this thread can add to them meanwhile: the bookie lock is
-        held)."""
+        held); a batch that spans ledgers looks them all up at once first."""
         admitted: list[A] = []
         entries: list[tuple[int, int, bytes]] = []
-        seen: dict[int, LedgerView] = {}
+        first = adds[0].ledger_id if adds else -1
+        seen: dict[int, LedgerView] = {} if all(add.ledger_id == first for add in adds) else \
+            self.records.look_many({add.ledger_id for add in adds if type(add.ledger_id) is int})
         max_size, header_ids = self._max_entry_size, _HEADER_IDS.unpack_from
         last_ledger, last_key, fenced = -1, b"", False
         for add in adds:

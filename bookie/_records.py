@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +85,21 @@ class LedgerRecords:
         if pending is not None:
             return pending.key, pending.durable, fenced
         return stored, stored is not None, fenced
+
+    def look_many(self, ledger_ids: Iterable[int]) -> dict[int, LedgerView]:
+        """:meth:`look` of several ledgers, taking each lock once (the distinct ledgers of
+        a batch of adds: round-robin writers send one add per ledger)."""
+        with self._lock:
+            stored = self._storage.keys_and_fences(ledger_ids)
+            keys, fences = self._keys, self._fences
+            if not (keys or fences):
+                return {lid: (key, key is not None, fenced) for lid, (key, fenced) in stored.items()}
+            views: dict[int, LedgerView] = {}
+            for lid, (key, fenced) in stored.items():
+                pending = keys.get(lid)
+                fenced = fenced or lid in fences
+                views[lid] = (key, key is not None, fenced) if pending is None else (pending.key, pending.durable, fenced)
+            return views
 
     # --- records ---------------------------------------------------------------------
     def key_record(self, ledger_id: int, key: bytes, *, with_entries: bool) -> Record:

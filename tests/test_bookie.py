@@ -1072,3 +1072,25 @@ def test_a_batch_is_called_back_once_for_its_durable_adds(place: Place) -> None:
     assert durable == [(None, [adds[0], adds[2], adds[4]])], "one call for the durable adds, in order"
     assert len(calls) == 3, calls
     assert b.read_entry(1, 1) == entry(1, 1) and b.read_entry(2, 1) == entry(2, 1)
+
+
+def test_a_batch_looks_up_all_its_ledgers_at_once_as_one_by_one(mem: Place) -> None:
+    """The key and fence state a batch of adds over many ledgers reads in one look
+    (``LedgerRecords.look_many``) is what one look per ledger reads: a stored ledger, a
+    fenced one, one never seen, one whose key is journaled but not yet settled, one with
+    a fence in flight."""
+    b = mem.bookie()
+    ok(b.add_entry(1, 0, b"k1", entry(1, 0)))
+    ok(b.add_entry(2, 0, b"k2", entry(2, 0)))
+    ok(b.fence(2, b"k2"))
+    records = b.records
+    ids = [1, 2, 3, 4, 5]
+    assert records.look_many(ids) == {i: records.look(i) for i in ids}
+    assert records.look_many(ids)[2] == (b"k2", True, True) and records.look_many(ids)[3] == (None, False, False)
+    key = records.key_record(4, b"k4", with_entries=False)  # made, not journaled: the key is pending
+    fence = records.fence_record(5, lambda err, ctx: None, None)
+    views = records.look_many(ids)
+    assert views == {i: records.look(i) for i in ids}
+    assert views[4] == (b"k4", False, False) and views[5][2], views
+    records.drop([key, fence], BookieShutdownError("test over"))
+    assert records.look_many(ids) == {i: records.look(i) for i in ids}

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 
 from bookie.fs import is_no_space
@@ -109,6 +109,17 @@ class LedgerStates:
         with self._lock:
             state = self._readable_state(ledger_id)
             return (None, False) if state is None else (state.master_key, state.fenced)
+
+    def keys_and_fences(self, ledger_ids: Iterable[int]) -> dict[int, tuple[bytes | None, bool]]:
+        """:meth:`key_and_fence` of several ledgers under one lock (a batch of adds)."""
+        with self._lock:
+            self._check_open()
+            get = self._states.get
+            out: dict[int, tuple[bytes | None, bool]] = {}
+            for ledger_id in ledger_ids:
+                state = get(ledger_id)
+                out[ledger_id] = (None, False) if state is None else (state.master_key, state.fenced)
+            return out
 
     def set_fenced(self, ledger_id: int) -> bool:
         """Fence the ledger; True if it was not fenced before."""
