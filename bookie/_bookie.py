@@ -438,7 +438,7 @@ class Bookie:
 
         self.add_batch_cb([_Add(*add) for add in adds], each)
 
-    def add_batch_cb(self, adds: list[A], cb: BatchCallback[A]) -> None:
+    def add_batch_cb(self, adds: list[A], cb: BatchCallback[A], *, defer: bool = False) -> None:
         """Store several entries (e.g. the adds of one received chunk; anything with the
         fields of an ADD_ENTRY request: ``ledger_id``, ``entry_id``, ``master_key``,
         ``data``, ``recovery``), taking the bookie, storage and journal locks once for
@@ -446,16 +446,19 @@ class Bookie:
         no other add; every add is handed to ``cb(err, group)`` exactly once: the
         admitted ones together, in order, once the journal's fdatasync covering them
         returned (``err`` None; or the journal's error), each refused one on its own
-        (``[add]``) at once, after the bookie lock is released."""
+        (``[add]``) at once, after the bookie lock is released. ``defer``: the caller
+        will call :meth:`kick_journal` once it has submitted what it has for now (the
+        event loop, once per iteration), instead of the journal thread being woken."""
         refused: list[tuple[BaseException, A]] = []
         with self._lock:
-            stored = self._store_batch(adds, refused, cb)
+            stored = self._store_batch(adds, refused, cb, defer)
         if stored:
             self._count_pending(stored)
         for err, add in refused:
             cb(err, [add])
 
-    def _store_batch(self, adds: list[A], refused: list[tuple[BaseException, A]], cb: BatchCallback[A]) -> int:
+    def _store_batch(self, adds: list[A], refused: list[tuple[BaseException, A]], cb: BatchCallback[A],
+                     defer: bool) -> int:
         """Under the bookie lock: admit each add (arguments, entry header, master key,
         fence), put the admitted ones in storage, then journal them - the master keys
         seen for the first time, then the entries, in order, all framed at once, with one
@@ -478,7 +481,7 @@ class Bookie:
             self.records.drop(records, BookieShutdownError("no add admitted: the key record was not journaled"))
             return 0
         try:
-            self.journal.log_entries(entries, cb, admitted, records)
+            self.journal.log_entries(entries, cb, admitted, records, defer=defer)
         except (WalkitError, OSError) as exc:
             err = _as_walkit_error(exc)
             self.records.drop(records, err)
@@ -545,6 +548,12 @@ class Bookie:
         fut: Future[None] = Future()
         self.fence_cb(ledger_id, master_key, _resolve, fut)
         return fut
+
+    def kick_journal(self, inline: bool) -> None:
+        """Flush the adds submitted with ``defer`` (:meth:`bookie.journal.Journal.kick`):
+        on this thread when the journal is idle and ``inline``, else by its threads.
+        Not under the bookie lock: an inline flush runs the adds' callbacks here."""
+        self.journal.kick(inline)
 
     def write_lac_cb(self, ledger_id: int, master_key: bytes, lac: int, cb: Callback, ctx: Any) -> None:
         """Record an explicit LAC (a writer's LAC that rode on no entry yet); it is in

@@ -13,8 +13,13 @@ responses for frames it could not accept) and dispatches each:
   call, which still checks each add on its own; any other request (or a refused add)
   first submits the adds collected before it, so submission order is arrival order.
   The adds the core admitted are framed into one journal batch with **one callback**
-  for the group, which the journal's sync thread calls once their fdatasync returned
-  (a refused add is called back on its own, at once). Callbacks are queued (a deque,
+  for the group, called once their fdatasync returned (a refused add is called back on
+  its own, at once). The journal is not woken per chunk: at the end of the loop
+  iteration (:meth:`BookieServer._kick_journal`, once, after every connection with
+  bytes was read) an idle journal writes, syncs and calls back on the loop's own thread
+  (``journalInlineFlush``; no thread switch between a lone add and its answer, which
+  are then answered at once), while a busy one groups them into its next batch, written
+  by its sync thread (:meth:`bookie.journal.Journal.kick`). Callbacks are queued (a deque,
   thread-safe) and the loop is woken once per journal flush (``call_soon_threadsafe``
   only when no drain is scheduled yet - a callback that sees the flag set does not even
   take the drain lock), so a group commit of a thousand entries costs a few queue
@@ -426,6 +431,8 @@ class BookieServer:
         self._done: collections.deque[tuple[int, _Connection, Any, BaseException | None]] = collections.deque()
         self._drain_lock = threading.Lock()
         self._drain_scheduled = False
+        self._kick_scheduled = False  # a journal kick is due at the end of this loop iteration
+        self._loop_thread = 0  # the loop's thread id (a callback there needs no self-pipe wake-up)
         self._pending_add_bytes = 0
         self._waiters: dict[int, SortedKeyList] = {}  # ledger -> parked polls by (previous LAC, seq)
         self._poll_seq = itertools.count()
@@ -473,6 +480,7 @@ class BookieServer:
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         c = self.config
         self._server = await self._loop.create_server(
             lambda: _Connection(self), host=c.bind_address, port=c.bookie_port, ssl=self._ssl,
@@ -795,9 +803,27 @@ class BookieServer:
 
     def _submit_adds(self, conn: _Connection, adds: list[AddEntry]) -> None:
         """Hand admitted adds to the core in one call; they are answered via
-        :meth:`_on_added` (once for those durable together, once per refusal)."""
+        :meth:`_on_added` (once for those durable together, once per refusal). The
+        journal is not woken now: :meth:`_kick_journal` runs once at the end of this
+        loop iteration, after every connection that had bytes was read, so the adds of
+        all of them share one flush."""
         assert self.bookie is not None
-        self.bookie.add_batch_cb(adds, conn.on_added)
+        self.bookie.add_batch_cb(adds, conn.on_added, defer=True)
+        if not self._kick_scheduled:
+            self._kick_scheduled = True
+            self._loop.call_soon(self._kick_journal)
+
+    def _kick_journal(self) -> None:
+        """The end of a loop iteration that submitted adds: an idle journal flushes them
+        here, on the loop's thread (``journalInlineFlush``; or hands them to its sync
+        thread), and what completed is answered at once; a busy journal groups them into
+        its next batch (:meth:`bookie.journal.Journal.kick`)."""
+        self._kick_scheduled = False
+        if self.bookie is None:
+            return
+        self.bookie.kick_journal(self.config.journal_inline_flush)
+        if self._done:
+            self._drain()
 
     def _on_added(self, conn: _Connection, err: BaseException | None, reqs: list[AddEntry]) -> None:
         """Journal callback for a group of adds (sync thread, or this thread on a refusal)."""
@@ -817,7 +843,10 @@ class BookieServer:
             if self._drain_scheduled:
                 return
             self._drain_scheduled = True
-        self._loop.call_soon_threadsafe(self._drain)
+        if threading.get_ident() == self._loop_thread:  # an inline flush, a refusal: no self-pipe
+            self._loop.call_soon(self._drain)
+        else:
+            self._loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:
         with self._drain_lock:

@@ -726,3 +726,196 @@ def test_the_settled_mark_passes_a_batch_only_after_its_callbacks(env: Env) -> N
     j.log_entry(1, 0, b"x")
     j.shutdown()
     assert j.settled_mark() == j.last_mark() > durable, "the settled mark follows once the callbacks returned"
+
+
+# --- kicks: a deferring producer flushes on its own thread when the journal is idle -----------
+
+
+class _OverlapFile:
+    """Counts write + syncs in progress at once on one journal file (at most one is allowed)."""
+
+    def __init__(self, inner: File, fs: "OverlapFS") -> None:
+        self._inner, self._fs = inner, fs
+
+    def pwritev_sync(self, buffers: list[Any], offset: int, datasync: bool = True) -> int:
+        fs = self._fs
+        with fs.lock:
+            fs.in_flight += 1
+            fs.most = max(fs.most, fs.in_flight)
+            fs.threads.add(threading.current_thread().name)
+        try:
+            time.sleep(fs.hold)  # widen the window a second flush would need
+            return self._inner.pwritev_sync(buffers, offset, datasync)
+        finally:
+            with fs.lock:
+                fs.in_flight -= 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class OverlapFS:
+    def __init__(self, inner: FileSystem, hold: float = 0.0) -> None:
+        self._inner, self.hold = inner, hold
+        self.lock = threading.Lock()
+        self.in_flight = self.most = 0
+        self.threads: set[str] = set()
+
+    def open(self, path: str, *, create: bool = False, direct: bool = False) -> _OverlapFile:
+        return _OverlapFile(self._inner.open(path, create=create, direct=direct), self)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class ThreadAcks(Acks):
+    """Acks that also remember the thread each callback ran on."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+        super().__init__(lambda err, ctx: self.threads.append(threading.current_thread().name))
+
+
+def test_a_deferred_group_waits_for_the_kick_and_an_idle_journal_flushes_it_inline(env: Env) -> None:
+    """``defer=True`` does not wake the parked journal thread: nothing is written until the
+    kick. On an idle journal the kick writes, syncs and calls back on the caller's thread
+    before it returns; ``inline=False`` hands the batch to the sync thread instead. Every
+    record replays, each flush has its layout, every ack followed its fdatasync."""
+    spy = SpyFS(env.fs)
+    j = Journal(spy, JournalConfig(env.dir, prealloc_size=64 * KIB))  # type: ignore[arg-type]
+    j.start()
+    env.journals.append(j)
+    acks = ThreadAcks()
+    j.log_entries([(3, 0, payload(100, 0))], lambda e, c: (spy.events.append(("ack", 0)), acks(e, c)), "a",
+                  defer=True)
+    time.sleep(0.05)
+    assert acks.calls == [] and j.stats.flushes == 0, "a deferred record was flushed before the kick"
+    j.kick(inline=True)
+    assert acks.calls == [("a", None)], "an idle journal's inline kick returns after the callback"
+    assert acks.threads == [threading.current_thread().name]
+    assert j.stats.records == 1 and j.stats.flushes == 1 and j.stats.reasons == {"max_wait": 1}  # it waited 50 ms
+    j.log_entries([(3, 1, payload(200, 1)), (3, 2, payload(5000, 2))],
+                  lambda e, c: (spy.events.append(("ack", 1)), spy.events.append(("ack", 2)), acks(e, c)), "b",
+                  defer=True)
+    j.kick(inline=False)
+    acks.wait(2)
+    assert acks.calls[1] == ("b", None) and acks.threads[1] == "bookie-journal-sync", acks.threads
+    j.kick(inline=True)  # nothing framed: nothing happens
+    j.shutdown()
+    assert j.stats.flushes == 2, f"one flush per kick: {j.stats}"
+    want = [("entry", 3, 0, payload(100, 0)), ("entry", 3, 1, payload(200, 1)), ("entry", 3, 2, payload(5000, 2))]
+    assert replayed(env.fs, env.dir) == want
+    frames = frames_of(env.fs, env.dir)
+    check_flush_layout(frames, 2)
+    check_acks_follow_sync(spy.events, frames, env.dir)
+
+
+def test_a_kick_while_a_flush_is_in_flight_leaves_the_batch_to_group_commit(mem: Env) -> None:
+    """With a flush in flight the kick returns at once: the deferred records join the
+    next batch, written by the journal's threads after the first one's sync, in order."""
+    j = mem.journal()
+    acks = ThreadAcks()
+    j.sync_delay = 0.5
+    j.log_entry(1, 0, b"first", acks, "first")  # wakes the journal thread as ever
+    deadline = time.monotonic() + 5
+    while j.stats.flushes == 0 and not j._sync_busy and time.monotonic() < deadline:
+        time.sleep(0.001)
+    j.sync_delay = 0.0  # only the flush in flight is slow now
+    j.log_entries([(1, 1, b"second")], acks, "second", defer=True)
+    started = time.monotonic()
+    j.kick(inline=True)
+    assert time.monotonic() - started < 0.3, "the kick waited for the flush in flight"
+    assert acks.calls == [], "a kick flushed while another flush was in flight"
+    acks.wait(2)
+    assert acks.calls == [("first", None), ("second", None)]
+    assert acks.threads == ["bookie-journal-sync"] * 2, acks.threads
+    assert j.stats.flushes == 2
+    j.shutdown()
+    assert replayed(mem.fs, mem.dir) == [("entry", 1, 0, b"first"), ("entry", 1, 1, b"second")]
+
+
+def test_a_slow_disk_sends_kicked_batches_to_the_sync_thread(mem: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An inline flush blocks its caller for a write + sync: after one slower than
+    INLINE_MAX_SYNC (here: any), kicks hand their batches to the sync thread."""
+    from bookie.journal import _writer
+
+    j = mem.journal()
+    acks = ThreadAcks()
+    j.log_entries([(1, 0, b"a")], acks, "a", defer=True)
+    j.kick()
+    assert acks.threads == [threading.current_thread().name]
+    monkeypatch.setattr(_writer, "INLINE_MAX_SYNC", 0.0)
+    j.log_entries([(1, 1, b"b")], acks, "b", defer=True)
+    j.kick()
+    acks.wait(2)
+    assert acks.threads[1] == "bookie-journal-sync", acks.threads
+
+
+def test_a_kick_under_a_group_wait_wakes_the_journal_thread(mem: Env) -> None:
+    """When the policy says wait (journalFlushWhenQueueEmpty off), the kick wakes the
+    journal thread, which times the group wait and flushes for MAX_WAIT."""
+    j = mem.journal(policy=GroupCommitPolicy(max_group_wait=0.05, flush_when_queue_empty=False))
+    acks = ThreadAcks()
+    started = time.monotonic()
+    j.log_entries([(1, 0, b"a")], acks, "a", defer=True)
+    j.kick()
+    assert acks.calls == [], "the kick flushed inline although the policy said wait"
+    acks.wait(1)
+    assert time.monotonic() - started >= 0.04
+    assert acks.threads == ["bookie-journal-sync"] and j.stats.reasons == {"max_wait": 1}
+
+
+@pytest.mark.parametrize("producers", [0, 4])
+def test_kicks_racing_producers_never_overlap_two_flushes(env: Env, producers: int) -> None:
+    """A kicking thread that defers, like the bookie's loop - alone (its hand-offs to the
+    sync thread race its next kicks) or beside four producer threads waking the journal
+    as ever: at most one write + sync is ever in progress, every record is acknowledged
+    once and in its thread's order, and replay has them all."""
+    ofs = OverlapFS(env.fs, hold=0.001)  # one segment per batch: check_flush_layout reads padding as a flush's end
+    j = Journal(ofs, JournalConfig(env.dir, prealloc_size=1 * MIB, buffer_size=8 * MIB))  # type: ignore[arg-type]
+    j.start()
+    env.journals.append(j)
+    acks = Acks()
+    per_thread = 1500
+    start = threading.Barrier(producers + 1)
+    errors: list[BaseException] = []
+
+    def produce(t: int) -> None:
+        try:
+            start.wait()
+            for i in range(per_thread):
+                j.log_entry(10 + t, i, payload(i % 300, i), acks, (t, i))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def kicker() -> None:
+        try:
+            start.wait()
+            for i in range(0, per_thread, 3):
+                group = [(10 + producers, k, payload(k % 300, k)) for k in range(i, i + 3)]
+                j.log_entries(group, lambda e, c: [acks(e, (producers, k)) for k in c], list(range(i, i + 3)),
+                              defer=True)
+                j.kick(inline=i % 2 == 0)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=produce, args=(t,)) for t in range(producers)]
+    workers.append(threading.Thread(target=kicker, name="kicker"))
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors, errors
+    total = (producers + 1) * per_thread
+    acks.wait(total, timeout=60)
+    j.shutdown()
+    assert ofs.most == 1, f"{ofs.most} write + syncs were in progress at once"
+    assert "kicker" in ofs.threads, f"no kick ever flushed inline (flushes by {ofs.threads})"
+    assert all(e is None for _, e in acks.calls) and len(acks.calls) == total
+    for t in range(producers + 1):
+        assert [i for (tt, i), _ in acks.calls if tt == t] == list(range(per_thread)), f"thread {t}: order"
+    got = replayed(env.fs, env.dir)
+    for t in range(producers + 1):
+        assert [r for r in got if r[1] == 10 + t] == [("entry", 10 + t, i, payload(i % 300, i))
+                                                      for i in range(per_thread)], f"thread {t}: replay"
+    check_flush_layout(frames_of(env.fs, env.dir), j.stats.flushes)

@@ -577,11 +577,11 @@ def hold_entry(cluster: Any, members: Sequence[str], entry_id: int, release: thr
         assert bookie is not None
         real = bookie.add_batch_cb
 
-        def held(adds: list, cb: object, real=real) -> None:  # type: ignore[no-untyped-def,type-arg]
-            if any(a.entry_id == entry_id for a in adds):
+        def held(adds: list, cb: object, defer: bool = False, real=real) -> None:  # type: ignore[no-untyped-def,type-arg]
+            if any(a.entry_id == entry_id for a in adds):  # submitted later from another thread: not deferred
                 threading.Thread(target=lambda: (release.wait(30), real(adds, cb))).start()
             else:
-                real(adds, cb)
+                real(adds, cb, defer=defer)
 
         bookie.add_batch_cb = held
 
@@ -615,7 +615,7 @@ def test_closing_the_client_fails_adds_in_flight_and_later_use(tmp_path: Path, d
         for member in lh.metadata.ensembles[0][1]:  # no bookie answers the next adds (yet)
             server = cluster.server(index_of(cluster, member))
             assert server.bookie is not None
-            server.bookie.add_batch_cb = lambda adds, cb: held.append((adds, cb))  # type: ignore[method-assign,assignment,misc]
+            server.bookie.add_batch_cb = lambda adds, cb, defer=False: held.append((adds, cb))  # type: ignore[method-assign,assignment,misc]
         pending = [lh.add_entry_async(b"never acknowledged") for _ in range(3)]
         wait_for(lambda: len(held) >= 3, 10)
         bk.close()

@@ -33,9 +33,27 @@ where every thread shares one core's worth of bytecode, that is what throughput 
   idle (and wakes the journal thread) when the batch is empty, when the policy says wait,
   or when the batch could fill the file: rolls stay on the journal thread.
 
+* The **caller's thread** may take the journal thread's part - or both parts - when the
+  journal is idle (:meth:`Journal.kick`). A producer that frames records with
+  ``defer=True`` (the bookie's event loop, for the adds of one loop iteration) does not
+  wake the parked journal thread; it calls :meth:`Journal.kick` once it has framed all
+  it will frame for now. If the journal thread is parked with nothing to do and no flush
+  is in flight, the caller claims the flush, closes the batch and either hands it to the
+  sync thread itself (one thread switch fewer) or - ``inline`` - writes, syncs and calls
+  back on its own thread: no thread switch at all between the request and its answer,
+  which is what one append at a time waits for. Otherwise it wakes the journal thread
+  exactly as the producer would have, and group commit goes on as above: while a flush
+  is in flight, later records join the next batch. An inline flush blocks its caller
+  for one write + fdatasync, so it is only taken while the disk is quick (the last
+  write + sync took less than :data:`INLINE_MAX_SYNC`); a slow disk sends batches back
+  to the sync thread until a flush is quick again.
+
 Only one flush is ever in flight: a batch is closed either by the journal thread while
-the sync thread is idle, or by the sync thread itself between two of its flushes - never
-both, since the sync thread is busy from the hand-off until it goes idle. So every batch,
+the sync thread is idle, or by the sync thread itself between two of its flushes, or by
+a kicking caller that found the journal thread parked and the sync thread idle - never
+two of them, since the flush is claimed (``_sync_busy``, set under the producer lock by
+the journal thread's hand-off and by a kick, and only released after the flush's
+callbacks) before a batch is closed and kept until the flush went idle. So every batch,
 and its FLUSH_START frame, is written after the previous batch's fdatasync returned.
 
 A batch that leaves the file past ``max_size`` makes the journal roll to the next id.
@@ -188,6 +206,9 @@ class _Batch:
 
 
 _IDLE, _UNTIMED, _TIMED = 0, 1, 2  # what the journal thread is waiting for
+#: A kick flushes on its caller's thread only while the last write + fdatasync took less
+#: than this (seconds): an inline flush blocks the caller (the bookie's event loop) for it.
+INLINE_MAX_SYNC = 0.002
 _POOL = 16  # spare buffers kept: 16 x buffer_size of memory at most when idle
 
 
@@ -226,8 +247,9 @@ class Journal:
         self._zero_block = fs.alloc_buffer(a)
         self._terminator: memoryview | None = None
         self._handoff: _Batch | None = None
-        self._sync_busy = False
+        self._sync_busy = False  # a flush is claimed: in flight, or about to be
         self._sync_stop = False
+        self._last_sync = 0.0  # seconds the last write + sync took (:meth:`kick` reads it)
         self._threads: list[threading.Thread] = []
         self.stats = JournalStats()
         self.direct = False
@@ -347,7 +369,7 @@ class Journal:
         self._add(records)
 
     def log_entries(self, entries: list[tuple[int, int, bytes]], callback: Callback, ctx: Any,
-                    records: list[Record] | None = None) -> None:
+                    records: list[Record] | None = None, *, defer: bool = False) -> None:
         """Frame ``records`` (checked as :meth:`log_records` checks them; e.g. the master
         keys of ledgers seen for the first time), then the ENTRY records ``(ledger id,
         entry id, payload)``, in order, under one lock acquisition; ``callback(error,
@@ -356,15 +378,19 @@ class Journal:
         them all). The hot path: the bookie checked the entries (ids in range, payload
         bytes), so they are not checked again; a value that cannot be framed fails the
         group's callback with its error (the entries framed before it are written but
-        not acknowledged). A dead or shut-down journal raises and takes nothing."""
+        not acknowledged). A dead or shut-down journal raises and takes nothing.
+
+        ``defer``: do not wake a parked journal thread - the caller promises to call
+        :meth:`kick` soon (after framing whatever else it has), which may flush on its
+        own thread."""
         if not entries:
             raise InvalidArgumentError("log_entries needs at least one entry")
         if records:
             _check_records(records)
-        self._add(records or [], entries, (callback, ctx))
+        self._add(records or [], entries, (callback, ctx), defer)
 
     def _add(self, records: list[Record], entries: list[tuple[int, int, bytes]] | None = None,
-             group: tuple[Callback, Any] | None = None) -> None:
+             group: tuple[Callback, Any] | None = None, defer: bool = False) -> None:
         # Under the lock: a record is either refused here or called back later exactly
         # once, even when the journal dies or shuts down at this very moment.
         failed: list[tuple[Callback, Any]] = []
@@ -401,13 +427,58 @@ class Journal:
                 self._entries += taken
                 if self._oldest is None:
                     self._oldest = self._clock()
-                if self._waiting == _UNTIMED or (self._waiting == _TIMED and self._reason() is not None):
+                if (self._waiting == _UNTIMED and not defer) or (
+                        self._waiting == _TIMED and self._reason() is not None):
                     self._waiting = _IDLE
                     self._cond.notify()
         finally:
             lock.release()
         if failed:
             _call_back(failed, error)
+
+    def kick(self, inline: bool = True) -> None:
+        """Flush what deferred producers framed (``log_entries(..., defer=True)``). If the
+        journal thread is parked with nothing to do, no flush is in flight and the
+        policy says the batch must go now, this thread claims the flush and closes the
+        batch: with ``inline`` (and a quick disk, see :data:`INLINE_MAX_SYNC`) it writes,
+        syncs and runs the callbacks itself before returning; otherwise it hands the
+        batch to the sync thread. In any other case it wakes the journal thread, as a
+        producer without ``defer`` would have. Never raises: a failure kills the journal
+        as it would on the journal's threads."""
+        now = self._clock()
+        batch: _Batch | None = None
+        with self._lock:
+            if self._waiting != _UNTIMED or self._entries == 0:
+                return  # the journal thread is awake, or times a group wait; or nothing to do
+            if not self._closed and self._error is None and self._current is not None and (
+                    self._file_pos + self._frames.size + 2 * self._cfg.alignment < self._cfg.max_size):
+                reason = flush_reason(self._cfg.policy, now, self._oldest, self._frames.size, self._entries)
+                if reason is not None:
+                    with self._sync_cond:  # lock order: _lock, then _sync_cond (nobody nests them the other way)
+                        if not self._sync_busy:
+                            self._sync_busy = True  # the flush is ours: the journal thread waits for it
+                            batch = self._close_batch(reason)
+            if batch is None:  # a roll, a shutdown, a group wait or a flush in flight: the journal thread's
+                self._waiting = _IDLE
+                self._cond.notify()
+                return
+        ready = False
+        try:
+            ready = self._reserve(batch)  # False: refused for lack of space (its records failed)
+        except BaseException as exc:  # noqa: BLE001 - any failure kills the journal
+            log.error("journal %d: reserving space for %d records failed: %s", batch.journal_id,
+                      len(batch.records), exc, extra=context(journal=batch.journal_id))
+            self._fail(exc)
+        if ready and not (inline and self.sync_delay == 0 and self._last_sync < INLINE_MAX_SYNC):
+            with self._sync_cond:  # the sync thread writes it, then releases the flush
+                self._handoff = batch
+                self._sync_cond.notify_all()
+            return
+        if ready:
+            self._write_batch(batch)  # a failure killed the journal (and woke its thread)
+        with self._sync_cond:  # records framed meanwhile woke the journal thread, which waits for this
+            self._sync_busy = False
+            self._sync_cond.notify_all()
 
     def _reason(self) -> FlushReason | None:
         """The policy's verdict on the batch being built (producers, lock held)."""
@@ -580,7 +651,8 @@ class Journal:
     def _sync_run(self) -> None:
         while True:
             with self._sync_cond:
-                while not self._sync_busy and not self._sync_stop:
+                # busy without a hand-off: a kicking caller flushes on its own thread
+                while self._handoff is None and not self._sync_stop:
                     self._sync_cond.wait()
                 batch = self._handoff
                 if batch is None:
@@ -660,7 +732,7 @@ class Journal:
             self._fail(exc)
             _call_back(b.records, exc)
             return True
-        took = time.monotonic() - started
+        took = self._last_sync = time.monotonic() - started
         self._durable = LogMark(b.journal_id, b.offset + b.length)
         st = self.stats
         st.flushes += 1
