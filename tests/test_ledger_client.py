@@ -847,3 +847,29 @@ def test_adds_queued_when_the_loop_is_gone_fail_instead_of_hanging(tmp_path: Pat
         finally:
             core.loop.call = real_call  # type: ignore[method-assign]
             release.set()
+
+
+def test_a_stopped_client_does_not_time_out_the_adds_it_sent_before_the_stop(tmp_path: Path, driver: Driver) -> None:
+    """The client's loop does not run for longer than add_timeout (as when the process is
+    SIGSTOPped) while an add is out and its answers are not in yet: when it runs again,
+    that add is not timed out on the bookies that have not answered - it gets
+    add_timeout afresh - so the answers arriving just after count, no bookie is dropped
+    and the add completes (before: both were dropped, and with no spare bookie the
+    writer failed with NotEnoughBookiesError)."""
+    if driver.spec.driver != "local":
+        pytest.skip("writer logic: one driver is enough")
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster, add_timeout=1.0) as bk:
+        lh = bk.create_ledger(3, 3, 2)
+        lh.add_entry(b"first")
+        ensemble = list(lh.metadata.ensembles[0][1])
+        release = threading.Event()
+        hold_entry(cluster, ensemble, 1, release)  # entry 1's answers wait on every bookie
+        fut = lh.add_entry_async(b"second")
+        time.sleep(0.2)  # sent, unanswered
+        core = bk._core
+        core.loop.call(time.sleep, 2.5)  # the loop stops for 2.5 s (add_timeout: 1 s)
+        threading.Timer(2.9, release.set).start()  # the answers come just after it runs again
+        assert fut.result(10) == 1
+        assert lh.add_entry(b"third") == 2
+        assert list(lh.metadata.ensembles[-1][1]) == ensemble and len(lh.metadata.ensembles) == 1, \
+            "a bookie was dropped for an add timed out while the client was stopped"

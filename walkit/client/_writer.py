@@ -61,6 +61,10 @@ __all__ = ["LedgerWriter"]
 log = logging.getLogger(__name__)
 
 _SAMPLE = 7  # adds whose entry id is a multiple of 8 are timed: the latency histogram's sample
+#: A timeout check that runs this much later than planned (or one check interval, if
+#: longer) means this process did not run meanwhile (SIGSTOP, a suspended VM, a starved
+#: machine): the bookies' answers may be waiting unread, so no add is timed out by it.
+STALL = 0.5
 
 
 class _Add:
@@ -105,6 +109,7 @@ class LedgerWriter:
         self._changing = False
         self._drained: list[asyncio.Future[None]] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0.0  # when the timeout check was planned to run (time.monotonic())
         self._lac_timer: asyncio.TimerHandle | None = None
         self._piggybacked = lac  # the highest LAC that went out on an entry or WRITE_LAC
         self.explicit_lac_interval = core.config.explicit_lac_interval  # a WAL sets its own
@@ -417,7 +422,9 @@ class LedgerWriter:
     # -- timeouts and explicit LAC -----------------------------------------------------
     def _arm_timer(self) -> None:
         if self._timer is None and self.pending:
-            self._timer = asyncio.get_running_loop().call_later(self._check_every(), self._check_timeouts)
+            every = self._check_every()
+            self._timer_due = time.monotonic() + every
+            self._timer = asyncio.get_running_loop().call_later(every, self._check_timeouts)
         if self._lac_timer is None and self.explicit_lac_interval > 0 and not self.recovery:
             self._lac_timer = asyncio.get_running_loop().call_later(self.explicit_lac_interval,
                                                                     self._send_lac)
@@ -426,8 +433,24 @@ class LedgerWriter:
         return max(0.05, self.core.config.add_timeout / 4)
 
     def _check_timeouts(self) -> None:
+        """Fail, as timed out, the bookies that have not answered an add sent more than
+        ``add_timeout`` ago - unless this check runs so late that the process itself
+        was stopped (:data:`STALL`): then every pending add gets ``add_timeout`` afresh,
+        from now. Answers that came in during the stop are read first, but an add sent
+        just before it (its bytes maybe still in this process) would look timed out on
+        every bookie at once: after a SIGSTOP longer than ``add_timeout``, the resumed
+        writer would drop its whole ensemble instead of hearing that it was fenced."""
         self._timer = None
-        deadline = time.monotonic() - self.core.config.add_timeout
+        now = time.monotonic()
+        if now - self._timer_due > max(STALL, self._check_every()):
+            log.warning("ledger %d: the add-timeout check ran %.1f s late (was this process stopped?): %d pending "
+                        "adds get %.1f s more", self.ledger_id, now - self._timer_due, len(self.pending),
+                        self.core.config.add_timeout, extra=context(ledger=self.ledger_id))
+            for add in self.pending:
+                add.sent_at = max(add.sent_at, now)
+            self._arm_timer()
+            return
+        deadline = now - self.core.config.add_timeout
         for add in list(self.pending):
             if add.sent_at < deadline and not add.done:
                 waiting = add.sent - add.acked
