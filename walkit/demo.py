@@ -43,6 +43,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import tempfile
 import time
 from collections import deque
@@ -107,15 +108,22 @@ def _freeze_on_sigusr1(store: Any) -> None:
     of the cluster; a process frozen inside a write transaction would hold the file's
     lock and stall everyone's metadata until it is resumed (a ZooKeeper client frozen
     mid-request just loses its session). So the freeze takes the lock the store holds
-    around each transaction (private; the demo reaches in, as LocalCluster's crash
-    does) and stops with it held: appends in flight, open segment, session and all are
-    frozen as they were; only the SQLite lock is free."""
+    around each write transaction (``write_lock``; the demo reaches into the store's
+    private database, as LocalCluster's crash does) and stops with it held: appends in
+    flight, open segment, session and all are frozen as they were; only the SQLite lock
+    is free. It takes it on a thread of its own: the handler runs on the main thread,
+    which may be inside a transaction, and the lock is re-entrant (taken there, it would
+    freeze the process mid-transaction with SQLite's lock held, and every other process's
+    metadata call would fail after its busy timeout)."""
     db = getattr(getattr(store.wal._bk._cluster, "store", None), "_db", None)
-    lock: contextlib.AbstractContextManager[Any] = getattr(db, "_lock", None) or contextlib.nullcontext()
+    lock: contextlib.AbstractContextManager[Any] = db.write_lock if db is not None else contextlib.nullcontext()
+
+    def freeze_when_no_transaction() -> None:
+        with lock:  # a thread of its own: the lock is re-entrant, and the main thread may be inside one
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     def freeze(signum: int, frame: FrameType | None) -> None:
-        with lock:
-            os.kill(os.getpid(), signal.SIGSTOP)
+        threading.Thread(target=freeze_when_no_transaction, name="demo-freeze", daemon=True).start()
 
     signal.signal(signal.SIGUSR1, freeze)
 

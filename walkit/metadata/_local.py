@@ -348,6 +348,13 @@ class _Db:
     def read(self) -> contextlib.AbstractContextManager[_Txn]:
         return self._reader.txn("BEGIN", reap=False)
 
+    @property
+    def write_lock(self) -> threading.RLock:
+        """Held around every write transaction of this store: whoever holds it (from a
+        thread that is in no transaction) knows none is open - the demo freezes a
+        process with it held, so the frozen process leaves SQLite's lock free."""
+        return self._writer.lock
+
     def write(self, reap: bool = True) -> contextlib.AbstractContextManager[_Txn]:
         return self._writer.txn("BEGIN IMMEDIATE", reap=reap)
 
