@@ -17,7 +17,8 @@ them all durable). The single-add and per-add-callback forms are built on it.
 *Fence*: journal a FENCE record, answer when it is durable; from the moment it is framed
 normal adds are refused, for good once it is durable (the flag survives restarts by
 replay or checkpoint). A ledger's state - fence, explicit LAC, master key - reaches
-ledger storage only once its record is durable (a master key that comes with entries:
+ledger storage only once its record is durable (but an explicit LAC published by
+:meth:`Bookie.publish_lac`, which is true whatever becomes of its record) (a master key that comes with entries:
 with them, taken back if its record is refused), so memory and journal agree even when
 the journal refuses the record for a full disk: the requester gets the error and the
 ledger's state is as if the request never came (:mod:`bookie._records`).
@@ -69,6 +70,7 @@ from bookie.journal import (
     GroupCommitPolicy,
     Journal,
     JournalConfig,
+    LAC_RECORD,
     LogMark,
     Record,
     ReplayReport,
@@ -558,7 +560,34 @@ class Bookie:
     def write_lac_cb(self, ledger_id: int, master_key: bytes, lac: int, cb: Callback, ctx: Any) -> None:
         """Record an explicit LAC (a writer's LAC that rode on no entry yet); it is in
         storage (``read_lac``) once durable, before ``cb``."""
+        try:
+            self._check_lac(ledger_id, lac)
+        except InvalidArgumentError as exc:
+            cb(exc, ctx)
+            return
         self._keyed_write(ledger_id, master_key, lambda: self.records.lac_record(ledger_id, lac, cb, ctx), cb, ctx)
+
+    def publish_lac(self, ledger_id: int, master_key: bytes, lac: int) -> bool:
+        """Record an explicit LAC without waiting for the journal: it is in storage
+        (``read_lac``) when this returns and its record rides on the next flush
+        (:meth:`bookie._records.LedgerRecords.publish_lac` says why that is safe). Only
+        for a ledger whose key is durable here: False, with nothing done, for any other
+        (the caller takes :meth:`write_lac_cb`, which journals the key first). Raises
+        UnauthorizedError for another key, InvalidArgumentError for an id or LAC out of
+        range, BookieShutdownError (or the journal's error) when it cannot take the record."""
+        self._check_ledger(ledger_id, master_key)
+        self._check_lac(ledger_id, lac)
+        self._check_running()
+        key, durable, _ = self.records.look(ledger_id)
+        if key is None or not durable:
+            return False
+        if key != master_key:
+            raise UnauthorizedError("master key does not match", ledger=ledger_id)
+        with self._lock:
+            self._check_running()
+            self.journal.log_records([(LAC_RECORD, ledger_id, lac, b"", None, None)], defer=True)
+        self.records.publish_lac(ledger_id, lac)
+        return True
 
     def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> Future[None]:
         fut: Future[None] = Future()
@@ -629,12 +658,36 @@ class Bookie:
         s = self.storage
         if not s.has_ledger(ledger_id):
             raise NoSuchLedgerError("ledger not on this bookie", ledger=ledger_id, bookie=self.config.effective_bookie_id)
-        explicit = s.explicit_lac(ledger_id)
-        lac = -1 if explicit is None else explicit
         last = s.last_entry_id(ledger_id)
-        if last >= 0:
-            lac = max(lac, parse_entry_header(s.get_entry(ledger_id, last)).lac)
-        return lac
+        return self._lac(ledger_id, s.get_entry(ledger_id, last) if last >= 0 else None)
+
+    def _lac(self, ledger_id: int, last_entry: bytes | None) -> int:
+        explicit = self.storage.explicit_lac(ledger_id)
+        lac = -1 if explicit is None else explicit
+        return lac if last_entry is None else max(lac, parse_entry_header(last_entry).lac)
+
+    def read_recent(self, ledger_id: int, entry_id: int) -> tuple[int, bytes, int] | None:
+        """``(entry id, entry, LAC)`` from memory alone - when the entry (``LAST_ENTRY`` or
+        one not stored yet: the last one stored) and the ledger's last entry, which carries the LAC, are both
+        still in their entry log's write buffer, as a just-written one is - else None:
+        :meth:`read_entry` and :meth:`read_lac`, which may wait for the disk, answer it.
+        For an event loop answering a tailing reader without a thread hand-off."""
+        s = self.storage
+        try:
+            last = s.last_entry_id(ledger_id)
+            if entry_id == LAST_ENTRY or entry_id > last:  # one not here yet: the last, as the slow path
+                entry_id = last
+            if last < 0:
+                return None
+            data = s.buffered_entry(ledger_id, entry_id)
+            if data is None:
+                return None
+            last_data = data if entry_id == last else s.buffered_entry(ledger_id, last)
+            if last_data is None:
+                return None
+            return entry_id, data, self._lac(ledger_id, last_data)
+        except WalkitError:  # not stored, storage closed: the slow path gives the answer
+            return None
 
     def is_fenced(self, ledger_id: int) -> bool:
         """Whether normal adds are refused: a fence of the ledger is durable, or on its
@@ -723,6 +776,11 @@ class Bookie:
             raise InvalidArgumentError("ledger id out of range", ledger=ledger_id)
         if not isinstance(master_key, bytes) or not 0 < len(master_key) <= _MAX_KEY:
             raise InvalidArgumentError("master key must be 1..64 bytes", ledger=ledger_id)
+
+    @staticmethod
+    def _check_lac(ledger_id: int, lac: int) -> None:
+        if not isinstance(lac, int) or not -1 <= lac <= _MAX_LEDGER_ID:
+            raise InvalidArgumentError("explicit LAC out of range", ledger=ledger_id, lac=lac)
 
     def _check_entry(self, ledger_id: int, entry_id: int, payload: bytes) -> None:
         if not isinstance(entry_id, int) or not 0 <= entry_id <= MAX_ENTRY_ID:

@@ -16,6 +16,10 @@ record the journal refuses (a full disk: ENOSPC) or fails leaves the ledger's st
 it was: the requester gets the error, and a restart finds the same state. (Entries of
 a refused add may stay in storage, unacknowledged, as any unacknowledged entry may.)
 
+An explicit LAC that comes for a ledger whose key is durable is the exception: it is
+published (:meth:`LedgerRecords.publish_lac`) as soon as its record is framed, without
+waiting for a flush - see that method for why this is safe.
+
 From framing to settling, a master key or a fence is *pending* here, and admission
 (:meth:`LedgerRecords.look`) sees it:
 
@@ -157,8 +161,19 @@ class LedgerRecords:
     def _lac_done(self, err: BaseException | None, ctx: tuple[int, int, Callback, Any]) -> None:
         ledger_id, lac, cb, cb_ctx = ctx
         if err is None:
-            self._apply(self._raise_lac, ledger_id, lac)
+            with self._lock:  # read-modify-write, as :meth:`publish_lac` does on another thread
+                self._apply(self._raise_lac, ledger_id, lac)
         cb(err, cb_ctx)
+
+    def publish_lac(self, ledger_id: int, lac: int) -> None:
+        """Raise the ledger's explicit LAC in storage now, before its LAC record is
+        durable. Unlike a key or a fence, an explicit LAC is no state of this bookie's
+        own: it says which entries Qa bookies acknowledged, which stays true whatever
+        becomes of its record. A checkpoint may persist it before its record is durable,
+        and a crash before either leaves the LAC the last stored entry carries, both
+        true; readers keep the highest LAC they saw."""
+        with self._lock:
+            self._apply(self._raise_lac, ledger_id, lac)
 
     def _raise_lac(self, ledger_id: int, lac: int) -> None:
         current = self._storage.explicit_lac(ledger_id)

@@ -31,10 +31,15 @@ responses for frames it could not accept) and dispatches each:
   the garbage collector's ``gc.status`` and ``gc.run``, recovery's ``ledger.replicate``).
 * A fencing READ_ENTRY first fences (the FENCE record is journaled and synced), then
   reads: once the reader hears the answer, the fence is durable and later normal adds
-  are refused with EFENCED; RECOVERY_ADD still passes. WRITE_LAC is journaled like an add.
+  are refused with EFENCED; RECOVERY_ADD still passes.
+* WRITE_LAC for a ledger whose key is durable here is published at once (storage, long
+  polls, the answer) and its record rides on the next flush: an explicit LAC needs no
+  fsync (:meth:`bookie.Bookie.publish_lac`). For a ledger new to this bookie it is
+  journaled like an add, after the ledger's key.
 * A long-poll READ_ENTRY (previous LAC + timeout) waits until the ledger's LAC passes
   the previous one (an add whose entry carries a higher LAC, or a WRITE_LAC) or the
-  timeout ends (then ENOENTRY).
+  timeout ends (then ENOENTRY). Its answer carries the entry the poller named when
+  this bookie holds it (a follower names the next one it needs), else the last entry.
 
 Responses are appended to the connection's output list; one ``transport.write`` per
 connection per loop iteration carries all of them (coalescing), in completion order -
@@ -93,7 +98,7 @@ from sortedcontainers import SortedKeyList
 
 from bookie._admin import run_command
 from bookie._metrics import ServerStats
-from bookie._bookie import Bookie, BookieFailure
+from bookie._bookie import LAST_ENTRY, Bookie, BookieFailure
 from bookie._config import BookieConfig
 from bookie.cookie import Cookie
 from bookie.fs import FileSystem
@@ -775,8 +780,11 @@ class BookieServer:
                 if self.readonly:
                     raise BookieReadOnlyError("bookie is read-only", bookie=self.bookie_id)
                 assert self.bookie is not None
-                self.bookie.write_lac_cb(req.ledger_id, req.master_key, req.lac, self._on_done,
-                                         (_LAC_WRITTEN, conn, req))
+                if self.bookie.publish_lac(req.ledger_id, req.master_key, req.lac):
+                    self._lac_written(conn, req, None)  # published: no fsync to wait for
+                else:  # a ledger new to this bookie: its key is journaled first
+                    self.bookie.write_lac_cb(req.ledger_id, req.master_key, req.lac, self._on_done,
+                                             (_LAC_WRITTEN, conn, req))
             elif isinstance(req, AdminRequest):
                 self._in_pool(conn, req, self._do_admin, req)
             else:
@@ -1002,8 +1010,31 @@ class BookieServer:
         self._poll_count -= 1
 
     def _answer_poll(self, waiter: _LongPoll) -> None:
+        """Answer a poll whose LAC moved: here when the entry is still in memory (a
+        tailing reader's is: just written), else from the read pool."""
         self._unpark(waiter)
-        self._in_pool(waiter.conn, waiter.req, self._do_read_entry, waiter.req)
+        req = waiter.req
+        assert self.bookie is not None
+        recent = self.bookie.read_recent(req.ledger_id, req.entry_id)
+        if recent is None:
+            self._in_pool(waiter.conn, req, self._do_poll_read, req)
+            return
+        entry_id, data, lac = recent
+        if self.read_hook is not None:
+            data = self.read_hook(req.ledger_id, entry_id, data)
+        waiter.conn.respond(ReadEntryResponse(req.ledger_id, entry_id, lac, data, req.request_id))
+
+    def _do_poll_read(self, req: ReadEntry) -> Response:
+        """A long poll's answer once the LAC passed the previous one: the entry the
+        poller named (a follower names the one after its previous LAC: the entry it reads
+        next, spared a second round trip) when this bookie holds it, else the last entry
+        it stores - the LAC is what the poller waits for."""
+        if req.entry_id != LAST_ENTRY:
+            try:
+                return self._do_read_entry(req)
+            except NoSuchEntryError:
+                pass
+        return self._do_read_entry(dataclasses.replace(req, entry_id=LAST_ENTRY))
 
     def _lac_advanced(self, ledger_id: int, lac: int) -> None:
         """Answer the waiters whose previous LAC is below ``lac`` (the lowest first:

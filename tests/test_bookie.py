@@ -375,6 +375,59 @@ def test_write_lac_survives_a_power_cut(mem: Place, seed: int | None) -> None:
     assert mem.bookie().read_lac(2) == 17, "an acknowledged explicit LAC must survive a power cut"
 
 
+def test_a_published_lac_is_read_at_once_and_journaled_with_the_next_flush(mem: Place) -> None:
+    """publish_lac (the server's WRITE_LAC for a ledger it knows) waits for no fsync: the
+    LAC is read at once, and its record rides on the next flush, so it survives a power
+    cut after that flush; a power cut before any flush leaves the LAC that flush kept
+    (an explicit LAC is a hint that stays true: readers keep the highest they saw)."""
+    b = mem.bookie()
+    ok(b.add_entry(2, 0, KEY, entry(2, 0, lac=-1)))
+    assert b.publish_lac(2, KEY, 0) is True and b.read_lac(2) == 0
+    ok(b.add_entry(2, 1, KEY, entry(2, 1, lac=0)))
+    assert b.publish_lac(2, KEY, 1) is True and b.read_lac(2) == 1  # above the LAC entry 1 carries
+    ok(b.add_entry(5, 0, KEY, entry(5, 0, lac=-1)))  # a flush: ledger 2's LAC record goes with it
+    assert b.publish_lac(2, KEY, 1) is True and b.publish_lac(2, KEY, 0) is True and b.read_lac(2) == 1
+    assert b.publish_lac(2, KEY, 7) is True and b.read_lac(2) == 7  # rides on no flush: lost below
+    power_off(mem, b, None)
+    after = mem.bookie()
+    assert after.read_lac(2) == 1, "the LAC record that rode on a flush must survive the power cut"
+    after.shutdown()
+
+
+def test_read_recent_serves_just_written_entries_from_memory_only(place: Place) -> None:
+    """What a long poll is answered with on the bookie's loop: the entry and the LAC while
+    both are in the entry log's buffer; None (the read pool answers) once they are not."""
+    b = place.bookie()
+    ok(b.add_entry(2, 0, KEY, entry(2, 0, b"zero", lac=-1)))
+    ok(b.add_entry(2, 1, KEY, entry(2, 1, b"one", lac=0)))
+    assert b.read_recent(2, 0) == (0, entry(2, 0, b"zero", lac=-1), 0)
+    assert b.read_recent(2, LAST_ENTRY) == (1, entry(2, 1, b"one", lac=0), 0)
+    assert b.read_recent(2, 7) == (1, entry(2, 1, b"one", lac=0), 0), "not stored yet: the last one"
+    assert b.publish_lac(2, KEY, 1)
+    assert b.read_recent(2, 1) == (1, entry(2, 1, b"one", lac=0), 1), "the explicit LAC counts"
+    assert b.read_recent(9, 0) is None  # a ledger not here: the slow path says so
+    b.checkpoint()  # the buffer is written out: reads need the disk now
+    assert b.read_recent(2, 1) is None
+    assert (b.read_entry(2, 1), b.read_lac(2)) == (entry(2, 1, b"one", lac=0), 1)
+
+
+def test_publish_lac_leaves_ledgers_it_does_not_know_and_bad_input_alone(place: Place) -> None:
+    b = place.bookie()
+    ok(b.add_entry(2, 0, KEY, entry(2, 0, lac=-1)))
+    assert b.publish_lac(3, KEY, 5) is False, "a ledger new to this bookie needs its key journaled first"
+    with pytest.raises(NoSuchLedgerError):
+        b.read_lac(3)
+    with pytest.raises(UnauthorizedError):
+        b.publish_lac(2, OTHER_KEY, 1)
+    for ledger, key, lac in ((-1, KEY, 1), (2, b"", 1), (2, KEY, -2), (2, KEY, 1 << 63)):
+        with pytest.raises(InvalidArgumentError):
+            b.publish_lac(ledger, key, lac)
+    assert b.read_lac(2) == -1 and b.ledgers() == [2]
+    b.shutdown()
+    with pytest.raises(BookieShutdownError):
+        b.publish_lac(2, KEY, 0)
+
+
 # --- bad input -------------------------------------------------------------------------------------
 
 
@@ -423,6 +476,15 @@ def test_bad_fence_and_write_lac_are_refused(place: Place, ledger: int, key: byt
         err = error_of(fut)
         assert isinstance(err, InvalidArgumentError), f"expected InvalidArgumentError, got {err!r}"
     assert b.ledgers() == []
+
+
+def test_a_write_lac_out_of_range_is_refused(place: Place) -> None:
+    b = place.bookie()
+    ok(b.add_entry(1, 0, KEY, entry(1, 0, lac=-1)))
+    for lac in (-2, 1 << 63):
+        err = error_of(b.write_lac(1, KEY, lac))
+        assert isinstance(err, InvalidArgumentError), f"LAC {lac}: expected InvalidArgumentError, got {err!r}"
+    assert b.read_lac(1) == -1
 
 
 def test_calls_on_a_bookie_that_is_shut_down_fail(place: Place) -> None:

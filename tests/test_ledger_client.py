@@ -26,6 +26,7 @@ from walkit.errors import (
     NotEnoughBookiesError,
     UnauthorizedError,
 )
+from walkit.client._read import LedgerReader
 from walkit.metadata import LedgerState
 
 pytestmark = pytest.mark.timeout(120)
@@ -456,7 +457,8 @@ def test_two_recoverers_at_once_agree(tmp_path: Path, driver: Driver) -> None:
 
 
 def test_reader_without_recovery_tails_the_writer(tmp_path: Path, driver: Driver) -> None:
-    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk, client(cluster) as reader_bk:
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster, idle_lac=False) as bk, \
+            client(cluster) as reader_bk:
         lh = bk.create_ledger()
         lh.add_entry(b"first")
         lh.add_entry(b"second")
@@ -479,7 +481,7 @@ def test_reader_without_recovery_tails_the_writer(tmp_path: Path, driver: Driver
 
 
 def test_wait_for_lac_times_out_without_news(tmp_path: Path, driver: Driver) -> None:
-    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster, idle_lac=False) as bk:
         lh = bk.create_ledger()
         lh.add_entry(b"a")
         lh.add_entry(b"b")
@@ -490,8 +492,69 @@ def test_wait_for_lac_times_out_without_news(tmp_path: Path, driver: Driver) -> 
         assert rh.read_last_add_confirmed() == 1
 
 
+def _write_lacs(cluster: walkit.LocalCluster) -> int:
+    """WRITE_LAC requests the cluster's 3 bookies answered."""
+    return sum(cluster.server(i).stats.responses[("write_lac", "EOK")] for i in range(3))
+
+
+def test_an_idle_writer_publishes_its_lac_at_once(tmp_path: Path, driver: Driver) -> None:
+    """The last entry of a burst is visible to a reader on another client without a
+    later append or a timer: the writer sends WRITE_LAC the moment it goes idle, once."""
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk, \
+            client(cluster) as reader_bk:
+        lh = bk.create_ledger()
+        lh.add_entry(b"a")
+        rh = reader_bk.open_ledger(lh.ledger_id, recovery=False)
+        for i in range(1, 4):
+            time.sleep(0.3)  # idle: nothing after this entry will carry its LAC
+            lh.add_entry(b"%d" % i)
+            assert rh.wait_for_lac(i - 1, 5.0) == i, "the idle writer's last entry is not visible"
+            assert [e.data for e in rh.read(i, i)] == [b"%d" % i]
+        time.sleep(0.3)
+        sent = _write_lacs(cluster)
+        assert sent >= 3 * 3, f"one WRITE_LAC per bookie per idle period: {sent}"
+        time.sleep(0.5)
+        assert _write_lacs(cluster) == sent, "an idle writer kept sending its LAC"
+
+
+def test_a_follower_gets_the_entry_with_the_poll(tmp_path: Path, driver: Driver,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long poll names the entry after the poller's LAC and a bookie that holds it
+    sends it along: a follower of a writer that appends one entry at a time reads each
+    one without a READ_ENTRY of its own."""
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk, \
+            client(cluster) as reader_bk:
+        lh = bk.create_ledger()
+        lh.add_entry(b"0")
+        rh = reader_bk.open_ledger(lh.ledger_id, recovery=False)
+        follower = rh.follow(0, poll_timeout=5.0)
+        assert next(follower).data == b"0"
+        own_reads: list[int] = []
+        real = LedgerReader.read_entry
+
+        def spy(self: LedgerReader, entry_id: int, **kw: Any) -> Any:
+            own_reads.append(entry_id)
+            return real(self, entry_id, **kw)
+
+        monkeypatch.setattr(LedgerReader, "read_entry", spy)
+        reads = reader_bk._core.stats.reads
+        for i in range(1, 6):
+            waiting = threading.Timer(0.2, lh.add_entry, (b"%d" % i,))
+            waiting.start()
+            assert next(follower).data == b"%d" % i
+            waiting.join()
+        assert own_reads == [], f"entries read on their own after the poll: {own_reads}"
+        assert reader_bk._core.stats.reads - reads == 5  # each counted as a read
+        monkeypatch.undo()
+        lh.add_entry(b"6")  # a burst: the poll brings the first entry, a read the rest
+        lh.add_entry(b"7")
+        lh.close()
+        assert [e.data for e in follower] == [b"6", b"7"]
+
+
 def test_explicit_lac_makes_the_last_entry_visible(tmp_path: Path, driver: Driver) -> None:
-    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster, explicit_lac_interval=0.05) as bk:
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, \
+            client(cluster, explicit_lac_interval=0.05, idle_lac=False) as bk:
         lh = bk.create_ledger()
         for i in range(3):
             lh.add_entry(b"%d" % i)
@@ -656,8 +719,9 @@ def test_a_follower_of_a_dead_ensemble_waits_instead_of_spinning(tmp_path: Path,
             return real(ledger_id)
 
         ledgers.read = counted  # type: ignore[method-assign,assignment]
+        lac = rh.last_add_confirmed  # 1, or 0 if the writer's idle LAC came after the open
         for _ in range(3):
-            assert rh.wait_for_lac(0, 0.3) == 0
+            assert rh.wait_for_lac(lac, 0.3) == lac
         assert reads <= 3  # one metadata look per poll that brought nothing, not hundreds
 
 

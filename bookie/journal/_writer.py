@@ -358,15 +358,17 @@ class Journal:
     def log_lac(self, ledger_id: int, lac: int, callback: Callback | None = None, ctx: Any = None) -> None:
         self.log_records([(LAC_RECORD, ledger_id, lac, b"", callback, ctx)])
 
-    def log_records(self, records: list[Record]) -> None:
+    def log_records(self, records: list[Record], *, defer: bool = False) -> None:
         """Frame several records, in order, under one lock acquisition (one wake-up of
         the journal thread at most). A record is ``(type, ledger id, arg, data, callback,
         ctx)``: ``ENTRY`` (arg: entry id, data: payload), ``KEY_RECORD`` (data: the key),
         ``FENCE_RECORD``, ``LAC_RECORD`` (arg: the LAC). Either the call raises and no
         record is taken (a record out of range, a dead or shut-down journal), or every
-        callback is called exactly once later - with ``None`` once durable."""
+        callback is called exactly once later - with ``None`` once durable. ``defer``: as
+        for :meth:`log_entries`; without a :meth:`kick` the records ride on whatever
+        flush comes next."""
         _check_records(records)
-        self._add(records)
+        self._add(records, defer=defer)
 
     def log_entries(self, entries: list[tuple[int, int, bytes]], callback: Callback, ctx: Any,
                     records: list[Record] | None = None, *, defer: bool = False) -> None:

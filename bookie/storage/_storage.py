@@ -225,6 +225,16 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         raise CorruptionError("index points at a missing entry log", ledger=ledger_id, entry=entry_id,
                               log=log_id, offset=offset)
 
+    def buffered_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """The entry's data, verified, when it is still in its entry log's write buffer
+        (memory only: no I/O, fit for an event loop), else None (:meth:`get_entry` reads
+        it). Raises NoSuchLedgerError for a ledger not stored."""
+        d = self._dir(ledger_id)
+        with self._lock:
+            self._existing_state(ledger_id)
+            location = self._memory_slot(ledger_id, entry_id)
+            return d.read_buffered(location, ledger_id, entry_id) if location else None
+
     def _locate(self, d: LedgerDir, ledger_id: int, entry_id: int) -> tuple[int, bytes | None]:
         """The entry's location, with its data when it is still in a log's buffer."""
         with self._lock:

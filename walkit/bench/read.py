@@ -20,12 +20,14 @@ logs on ledgers of E=3, Qw=3, Qa=2.
   this process: one clock) follows the log with ``tail()``; the time from ``append``
   returning (durable on a quorum) to the tail handing the record over, with appends back
   to back, one every 20 ms and one every 250 ms (``samples`` records each, fewer for the
-  slower rates so that a case stays under ~15 s).
+  slower rates so that a case stays under ~15 s), counted once the reader is open and
+  following (a first record it saw): its open is not the steady state measured.
 
 Reported beside them: the write rate of each log (so a replay rate is read against it),
 and CPU per record of this process and of the bookies, as the other benchmarks report it.
 Targets (issue: performance, second round): replay >= 1,000,000 records/s of 100 B and
->= 300 MB/s of 1 KiB from three bookies; tail visibility p50 <= 1 ms.
+>= 300 MB/s of 1 KiB from three bookies; tail visibility p50 <= 1 ms (issue: reads as fast as
+writes: p99 <= 5 ms).
 
 Everything is removed at the end, also after an error or Ctrl-C.
 """
@@ -54,7 +56,8 @@ BATCH = 1000  # records per append_many call while writing the batched logs
 WINDOW = 8  # append_many calls in flight while writing
 INTERVALS = (0.0, 0.020, 0.250)  # seconds between appends in the tail-visibility cases
 CASE_SECONDS = 15.0  # the most a tail-visibility case takes: fewer samples at slow rates
-TARGETS = {"replay_100B_records_per_s": 1_000_000, "replay_1KiB_mb_per_s": 300, "tail_p50_ms": 1.0}
+TARGETS = {"replay_100B_records_per_s": 1_000_000, "replay_1KiB_mb_per_s": 300, "tail_p50_ms": 1.0,
+           "tail_p99_ms": 5.0}
 BOOKIE_OPTIONS = {"flush_interval": 1000}  # checkpoints every second: written entries reach the entry logs soon
 
 
@@ -163,6 +166,8 @@ def _visibility(writer_bk: BookKeeper, reader_bk: BookKeeper, name: str, interva
         start = wal.append(b"start")
         tail = _Tail(reader_bk, name, start)
         try:
+            wal.append(b"warm-up")  # measured once the reader is open and following (not its open)
+            tail.wait_for(b"warm-up", 30)
             returned: dict[bytes, int] = {}
             for i in range(count):
                 record = b"visible %d" % i
@@ -207,6 +212,7 @@ def _checks(results: dict[str, Any]) -> dict[str, bool]:
         "replay_100B_rate_met": replay["100"]["hot"]["records_per_s"] >= TARGETS["replay_100B_records_per_s"],
         "replay_1KiB_mb_met": replay["1024"]["hot"]["mb_per_s"] >= TARGETS["replay_1KiB_mb_per_s"],
         "tail_p50_met": all(case["p50_ms"] <= TARGETS["tail_p50_ms"] for case in results["tail"]),
+        "tail_p99_met": all(case["p99_ms"] <= TARGETS["tail_p99_ms"] for case in results["tail"]),
     }
 
 
@@ -259,5 +265,5 @@ def format_markdown(report: dict[str, Any]) -> str:
     lines += ["", f"targets: replay 100 B >= {TARGETS['replay_100B_records_per_s']:,} records/s: "
                   f"{met(checks['replay_100B_rate_met'])}; replay 1 KiB >= {TARGETS['replay_1KiB_mb_per_s']} MB/s: "
                   f"{met(checks['replay_1KiB_mb_met'])}; tail visibility p50 <= {TARGETS['tail_p50_ms']} ms: "
-                  f"{met(checks['tail_p50_met'])}"]
+                  f"{met(checks['tail_p50_met'])}, p99 <= {TARGETS['tail_p99_ms']} ms: {met(checks['tail_p99_met'])}"]
     return "\n".join(lines)

@@ -58,6 +58,7 @@ class ReadState:
         self.version = version
         self.lac = lac
         self.length = reader.metadata.length
+        self._polled: Entry | None = None  # the entry a long poll brought along (confirmed)
 
     @property
     def metadata(self) -> LedgerMetadata:
@@ -98,12 +99,17 @@ class ReadState:
         (at most ``limit``); ``[]`` after a long poll that brought nothing yet; None once
         the ledger is closed and read to its end. (Shared by the sync, asyncio and WAL
         followers.)"""
-        if next_id <= self.lac:
-            return await self.read(next_id, min(self.lac, next_id + limit - 1))
-        if self.closed:
-            return None
-        await self.wait_lac(self.lac, poll_timeout)
-        return []
+        if next_id > self.lac:
+            if self.closed:
+                return None
+            await self.wait_lac(self.lac, poll_timeout)
+            if next_id > self.lac:
+                return []
+        last = min(self.lac, next_id + limit - 1)
+        polled, self._polled = self._polled, None
+        if polled is not None and polled.entry_id == next_id:  # the poll brought it: no read
+            return [polled] if last == next_id else [polled, *await self.read(next_id + 1, last)]
+        return await self.read(next_id, last)
 
     async def read_lac(self) -> int:
         if not self.closed:
@@ -115,7 +121,10 @@ class ReadState:
     async def wait_lac(self, previous: int, timeout: float) -> int:
         if self.closed or self.lac > previous:
             return self.lac
-        self._saw(await self.reader.wait_lac(previous, timeout))
+        lac, entry = await self.reader.wait_lac(previous, timeout)
+        self._saw(lac)
+        if entry is not None:
+            self._polled = entry
         if self.lac <= previous:
             await self.refresh()  # no news from bookies: maybe the ledger was closed
         return self.lac

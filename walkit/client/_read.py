@@ -271,14 +271,18 @@ class LedgerReader:
             request_with_timeout(self.core, bookie, ReadLac(self.ledger_id), answer, index)
         return await done
 
-    async def wait_lac(self, previous: int, timeout: float) -> int:
+    async def wait_lac(self, previous: int, timeout: float) -> tuple[int, Entry | None]:
         """Long poll: the LAC once some bookie of the last ensemble knows one above
-        ``previous``, or ``previous`` after ``timeout`` seconds."""
+        ``previous``, or ``previous`` after ``timeout`` seconds - and entry
+        ``previous + 1`` when the first answer carried it (the poll names it; a bookie
+        that holds it sends it along, checked as any read is), so a follower needs no
+        second round trip for the entry it waited for."""
         loop = asyncio.get_running_loop()
         bookies = self.metadata.ensembles[-1][1]
-        result: asyncio.Future[int] = loop.create_future()
+        result: asyncio.Future[tuple[int, Entry | None]] = loop.create_future()
         remaining = [len(bookies)]
         timeout_ms = max(0, int(timeout * 1000))
+        wanted = previous + 1
 
         polled = [False]  # some bookie really waited (answered, or timed the poll out)
 
@@ -289,21 +293,27 @@ class LedgerReader:
             if result.done():
                 return
             if isinstance(response, ReadEntryResponse) and response.lac > previous:
-                result.set_result(response.lac)
+                entry = None
+                if response.entry_id == wanted:  # confirmed: wanted <= the LAC it came with
+                    checked = self.verified(response, None, wanted)
+                    if not isinstance(checked, WalkitError):
+                        entry = Entry(self.ledger_id, wanted, checked[1])
+                        self.core.stats.reads += 1
+                result.set_result((response.lac, entry))
             elif remaining[0] == 0:
-                result.set_result(previous)
+                result.set_result((previous, None))
 
-        request = ReadEntry(self.ledger_id, -1, previous_lac=previous, timeout_ms=timeout_ms)
+        request = ReadEntry(self.ledger_id, wanted, previous_lac=previous, timeout_ms=timeout_ms)
         for bookie in bookies:
             self.core.pool.request_cb(bookie, request, answered, None)
         deadline = loop.time() + timeout
         try:
-            lac = await asyncio.wait_for(result, timeout + self.core.config.read_timeout)
+            lac, entry = await asyncio.wait_for(result, timeout + self.core.config.read_timeout)
         except asyncio.TimeoutError:
-            return previous
+            return previous, None
         if lac == previous and not polled[0]:
             # every bookie failed at once (down, busy): wait out the poll rather than
             # let a follower spin on errors
             await asyncio.sleep(max(0.0, deadline - loop.time()))
-        return lac
+        return lac, entry
 

@@ -113,6 +113,7 @@ class LedgerWriter:
         self._lac_timer: asyncio.TimerHandle | None = None
         self._piggybacked = lac  # the highest LAC that went out on an entry or WRITE_LAC
         self.explicit_lac_interval = core.config.explicit_lac_interval  # a WAL sets its own
+        self.idle_lac = core.config.idle_lac and not recovery  # a recoverer's LAC is the close's business
         self._set_ensemble()
         # submission (any thread)
         self._lock = threading.Lock()
@@ -289,6 +290,8 @@ class LedgerWriter:
         if not self.recovery:  # a recoverer's re-adds are not the application's
             stats.adds += len(ready)
         if not pending:
+            if self.idle_lac and not self._incoming and ready:
+                self._publish_lac()  # idle: no later entry will carry this LAC soon
             self._wake_drained()
 
     def _settle(self, add: _Add, error: WalkitError | None) -> None:
@@ -425,7 +428,8 @@ class LedgerWriter:
             every = self._check_every()
             self._timer_due = time.monotonic() + every
             self._timer = asyncio.get_running_loop().call_later(every, self._check_timeouts)
-        if self._lac_timer is None and self.explicit_lac_interval > 0 and not self.recovery:
+        if self._lac_timer is None and self.explicit_lac_interval > 0 and not self.recovery and (
+                self.pending or self.lac > self._piggybacked):  # an idle writer with nothing to send: no timer
             self._lac_timer = asyncio.get_running_loop().call_later(self.explicit_lac_interval,
                                                                     self._send_lac)
 
@@ -466,13 +470,21 @@ class LedgerWriter:
         self._lac_timer = None
         if self.error is not None or self.meta.state is LedgerState.CLOSED:
             return
+        self._publish_lac()
+        self._arm_timer()
+
+    def _publish_lac(self) -> None:
+        """Send the LAC on its own (WRITE_LAC) to the ensemble, unless an entry already
+        carried it: when the writer goes idle (``idle_lac``) and from the timer
+        (``explicit_lac_interval``). A WRITE_LAC needs no fsync on the bookies (it only
+        says which entries Qa bookies acknowledged), so it is cheap; it is best effort,
+        since the next entry carries the LAC anyway."""
         if self.lac > self._piggybacked:
             self._piggybacked = self.lac
             request = WriteLac(self.ledger_id, self.lac, self.key)
             for bookie in self.ensemble:
                 if bookie not in self.failed:
                     self.core.pool.request_cb(bookie, request, _ignore, None)
-        self._arm_timer()
 
     # -- drain and close ---------------------------------------------------------------
     def _wake_drained(self) -> None:

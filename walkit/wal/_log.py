@@ -22,8 +22,8 @@ in order, so do records. The segment rolls (close, new ledger, CAS) when it reac
 ``roll_bytes`` or ``roll_seconds``; records wait meanwhile.
 
 Readers (``WriteAheadLog.reader``) never fence: they read closed segments to the end
-and the open one up to its LAC, which the writer keeps fresh with explicit LAC writes
-when it is idle; ``tail`` follows the open segment by long poll and moves to the next
+and the open one up to its LAC, which the writer publishes (an explicit LAC write) the
+moment it goes idle; ``tail`` follows the open segment by long poll and moves to the next
 segment once its ledger is closed (by a roll, a writer's close, or a new writer's
 recovery).
 """
@@ -74,7 +74,9 @@ __all__ = ["WriteAheadLog", "LogReader", "Snapshot", "list_logs", "delete_log", 
 log = logging.getLogger(__name__)
 
 SNAPSHOT_CHUNK = 1 << 20
-EXPLICIT_LAC_INTERVAL = 0.1  # seconds: how stale an idle log's last record may look to readers
+#: Seconds an idle log's last record may look stale to readers when the client's
+#: ``idle_lac`` is off (on, the default, the writer publishes its LAC the moment it goes idle).
+EXPLICIT_LAC_INTERVAL = 0.1
 _READ_CHUNK = 256  # entries per read on the client loop
 _POLL = 0.5  # seconds between looks at the log metadata while tailing an idle log
 
@@ -439,7 +441,8 @@ class WriteAheadLog(_LogView):
         except BaseException:
             await _discard_segment(bk, node, writer, segment)
             raise
-        writer.explicit_lac_interval = bk.config.explicit_lac_interval or EXPLICIT_LAC_INTERVAL
+        if not writer.idle_lac:
+            writer.explicit_lac_interval = bk.config.explicit_lac_interval or EXPLICIT_LAC_INTERVAL
         wal = cls(bk, owned, node, password, epoch=epoch, settings=settings, segment=segment, writer=writer,
                   max_entry_bytes=max_entry_bytes, max_inflight_entries=max_inflight)
         log.info("log %s/%s: writer epoch %d, segment %d (ledger %d)", node.namespace, node.name, epoch, seq,
