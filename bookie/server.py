@@ -191,6 +191,7 @@ class _Connection(asyncio.Protocol):
         self.out_bytes = 0
         self.flush_scheduled = False
         self.reading_paused = False
+        self.pumping = False  # inside _pump: answers given meanwhile do not pump again
         self.closed = False
         self.eof = False
         self.peer = "?"
@@ -261,7 +262,19 @@ class _Connection(asyncio.Protocol):
         Consecutive adds are admitted here (the server's checks, inlined: this loop runs
         once per add) and handed to the core together; anything else - another request,
         a refused add - first submits the adds collected before it, so submission order
-        is arrival order."""
+        is arrival order. Not re-entered: a request answered while it is dispatched (a
+        refused add, a published WRITE_LAC) leaves the rest of the backlog to this loop,
+        which sees the answer's freed slot - a nested pump per answer would recurse once
+        per such request in the backlog."""
+        if self.pumping:
+            return
+        self.pumping = True
+        try:
+            self._pump_backlog()
+        finally:
+            self.pumping = False
+
+    def _pump_backlog(self) -> None:
         server = self.server
         c = server.config
         limit, budget = c.max_pending_requests_per_connection, 2 * c.netty_max_frame_size_bytes

@@ -211,6 +211,29 @@ def test_too_many_adds_are_refused_and_a_full_connection_pauses(tmp_path: Path) 
     run(pausing)
 
 
+def test_requests_answered_while_dispatched_do_not_recurse(tmp_path: Path) -> None:
+    """A published WRITE_LAC and a refused add are answered inside the dispatch loop;
+    thousands of them in one connection's backlog are each answered once, in a loop (a
+    nested dispatch per answer overflowed the stack, and the error answered a request a
+    second time, which made the client drop the connection)."""
+    slow = {"journal_max_group_wait_msec": 300.0, "journal_flush_when_queue_empty": False}
+
+    async def body() -> None:
+        async with in_process(config(tmp_path, max_pending_add_requests=1, **slow)) as server:
+            client = await client_of(server)
+            await client.add_entry(1, 0, KEY, entry(1, 0))  # its key is durable: WRITE_LACs are published
+            await asyncio.gather(*(client.write_lac(1, lac, KEY) for lac in range(5000)))
+            assert await client.read_lac(1) == 4999
+            results = await asyncio.gather(*(client.add_entry(2, e, KEY, entry(2, e)) for e in range(3000)),
+                                           return_exceptions=True)
+            busy = [r for r in results if isinstance(r, BookieBusyError)]
+            assert len(busy) >= 2900 and all(r is None or isinstance(r, BookieBusyError) for r in results)
+            assert await client.read_lac(1) == 4999  # the connection is still in use
+            await client.close()
+
+    run(body)
+
+
 def test_stop_answers_every_add_in_flight(tmp_path: Path) -> None:
     async def body() -> None:
         cfg = config(tmp_path, journal_max_group_wait_msec=500.0, journal_flush_when_queue_empty=False)
