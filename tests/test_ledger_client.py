@@ -4,6 +4,7 @@ and tailing (issue 5)."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 import time
@@ -876,6 +877,56 @@ def test_adds_to_many_ledgers_share_one_wake_up_and_one_flush_per_bookie(tmp_pat
         assert len(flushed) == 1, f"{len(flushed)} flushes for one wake-up"
         for h in handles:
             assert [e.data for e in h.read(0, 2)] == [b"%d/%d" % (h.ledger_id, r) for r in range(3)]
+
+
+def test_one_timeout_sweep_watches_every_writer_with_adds_in_flight(tmp_path: Path, driver: Driver) -> None:
+    """Add timeouts of all writers are checked by one timer of the client, armed once
+    while any writer has adds in flight (it was a timer per writer, armed again for
+    nearly every add once writers idle between adds); a writer leaves it once idle, the
+    timer stops with the last one, and an add still times out: a bookie that stops
+    answering is replaced in every ledger it was in."""
+    if driver.spec.driver != "local":
+        pytest.skip("client logic: one driver is enough")
+    with local_cluster(tmp_path, driver, bookies=4) as cluster, client(cluster, add_timeout=1.0) as bk:
+        handles = [bk.create_ledger(3, 3, 3) for _ in range(40)]
+        core = bk._core
+        armed: list[Any] = []
+
+        def count_timers() -> None:
+            loop = asyncio.get_running_loop()
+            real = loop.call_later
+
+            def counting(delay: float, fn: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
+                armed.append(getattr(fn, "__name__", fn))
+                return real(delay, fn, *args, **kw)
+
+            loop.call_later = counting  # type: ignore[method-assign]
+
+        core.loop.run(_in_loop(count_timers))
+        for r in range(5):  # each ledger idle between its adds: round-robin, one at a time
+            for h in handles:
+                assert h.add_entry(b"%d" % r) == r
+        sweeps = armed.count("_sweep_timeouts")
+        writers = [name for name in armed if name in ("check_timeouts", "_check_timeouts", "_send_lac")]
+        assert 1 <= sweeps <= 20 and not writers, f"timers armed for 200 adds: {sweeps} sweeps, writers' {writers}"
+        deadline = time.monotonic() + 5
+        while (core._sweep is not None or core._watched) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert core._sweep is None and not core._watched, "the sweep outlived the adds in flight"
+        silent = handles[0].metadata.ensembles[0][1][0]
+        release = threading.Event()
+        hold_entry(cluster, [silent], 5, release)  # it answers no add of entry 5
+        try:
+            with_silent = [h for h in handles if silent in h.metadata.ensembles[-1][1]]
+            futures = [h.add_entry_async(b"after") for h in with_silent]  # each needs 3 acks: a new ensemble
+            assert [f.result(20) for f in futures] == [5] * len(with_silent)
+            assert all(silent not in h.metadata.ensembles[-1][1] for h in with_silent)
+        finally:
+            release.set()
+
+
+async def _in_loop(fn: Any) -> None:
+    fn()
 
 
 def test_adds_queued_when_the_loop_is_gone_fail_instead_of_hanging(tmp_path: Path, driver: Driver) -> None:

@@ -8,6 +8,10 @@ and flush each bookie connection once. An application that writes round-robin ov
 thousands of ledgers thus pays one wake-up and one write per bookie per loop iteration,
 as one that writes a single ledger does, not one per add.
 
+Add timeouts are checked the same way: one sweep of the client, every
+``add_timeout / 4`` while any writer has adds in flight (:meth:`ClientCore.watch_adds`),
+not a timer per writer.
+
 Adds need no metadata, even during an outage of the store: the endpoints of the bookies
 a ledger is created on (or moved to) are read with the bookie list, while the store
 answers, so that the first connection to one of them is made from what was read; a
@@ -23,7 +27,7 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence, Sized
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
@@ -42,10 +46,21 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 FAILURE_MEMORY = 60.0  # seconds a failed bookie is picked last (BookKeeper's failure history)
+#: A timeout sweep that runs this much later than planned (or one sweep interval, if
+#: longer) means this process did not run meanwhile (SIGSTOP, a suspended VM, a starved
+#: machine): the bookies' answers may be waiting unread, so no add is timed out by it.
+STALL = 0.5
 
 
 class _Failable(Protocol):
     def fail_for_close(self, error: WalkitError) -> None: ...
+
+
+class _Timed(Protocol):
+    @property
+    def pending(self) -> Sized: ...
+
+    def check_timeouts(self, now: float, stalled: bool) -> None: ...
 
 
 class _Sender(Protocol):
@@ -76,6 +91,11 @@ class ClientCore:
         self._ready_lock = threading.Lock()
         self._ready: list[_Sender] = []
         self._ready_scheduled = False
+        # writers with adds in flight, for the one add-timeout sweep (loop only)
+        self._watched: set[_Timed] = set()
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_due = 0.0  # when the sweep was planned to run (time.monotonic())
+        self._sweep_every = max(0.05, config.add_timeout / 4)
 
     def schedule(self, writer: _Sender) -> None:
         """(Any thread) ``writer`` has adds queued: the loop sends them soon, with those
@@ -112,6 +132,33 @@ class ClientCore:
             writer.take_incoming(flush=False)
             bookies.update(writer.ensemble)
         self.pool.flush(bookies)
+
+    def watch_adds(self, writer: _Timed) -> None:
+        """(Loop) ``writer`` has adds in flight: the client's timeout sweep, one timer
+        for every writer, looks at it every ``add_timeout / 4`` until it has none (a
+        timer per writer, armed again whenever an idle writer got an add, cost as much
+        as the add itself once thousands of ledgers were written round-robin)."""
+        self._watched.add(writer)
+        if self._sweep is None:
+            self._sweep_due = time.monotonic() + self._sweep_every
+            self._sweep = asyncio.get_running_loop().call_later(self._sweep_every, self._sweep_timeouts)
+
+    def _sweep_timeouts(self) -> None:
+        self._sweep = None
+        now = time.monotonic()
+        late = now - self._sweep_due
+        stalled = late > max(STALL, self._sweep_every)
+        if stalled:
+            log.warning("the add-timeout check ran %.1f s late (was this process stopped?): the adds in flight of %d "
+                        "writers get %.1f s more", late, len(self._watched), self.config.add_timeout)
+        for writer in list(self._watched):
+            if writer.pending:
+                writer.check_timeouts(now, stalled)
+            if not writer.pending:
+                self._watched.discard(writer)
+        if self._watched and not self.closing:
+            self._sweep_due = now + self._sweep_every
+            self._sweep = asyncio.get_running_loop().call_later(self._sweep_every, self._sweep_timeouts)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` as a task the core keeps (asyncio keeps only weak references) and
@@ -196,6 +243,9 @@ class ClientCore:
         """Fail what writers still have in flight (their outcome is unknown), stop the
         core's tasks, close every connection."""
         self.closing = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         error = UsageError("client closed with adds in flight: their outcome is unknown")
         for writer in list(self.writers):
             writer.fail_for_close(error)

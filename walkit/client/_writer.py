@@ -61,10 +61,6 @@ __all__ = ["LedgerWriter"]
 log = logging.getLogger(__name__)
 
 _SAMPLE = 7  # adds whose entry id is a multiple of 8 are timed: the latency histogram's sample
-#: A timeout check that runs this much later than planned (or one check interval, if
-#: longer) means this process did not run meanwhile (SIGSTOP, a suspended VM, a starved
-#: machine): the bookies' answers may be waiting unread, so no add is timed out by it.
-STALL = 0.5
 
 
 class _Add:
@@ -108,8 +104,6 @@ class LedgerWriter:
         self.pending: collections.deque[_Add] = collections.deque()
         self._changing = False
         self._drained: list[asyncio.Future[None]] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_due = 0.0  # when the timeout check was planned to run (time.monotonic())
         self._lac_timer: asyncio.TimerHandle | None = None
         self._piggybacked = lac  # the highest LAC that went out on an entry or WRITE_LAC
         self.explicit_lac_interval = core.config.explicit_lac_interval  # a WAL sets its own
@@ -424,35 +418,26 @@ class LedgerWriter:
 
     # -- timeouts and explicit LAC -----------------------------------------------------
     def _arm_timer(self) -> None:
-        if self._timer is None and self.pending:
-            every = self._check_every()
-            self._timer_due = time.monotonic() + every
-            self._timer = asyncio.get_running_loop().call_later(every, self._check_timeouts)
+        if self.pending:
+            self.core.watch_adds(self)  # the client's one timeout sweep looks at this writer
         if self._lac_timer is None and self.explicit_lac_interval > 0 and not self.recovery and (
                 self.pending or self.lac > self._piggybacked):  # an idle writer with nothing to send: no timer
             self._lac_timer = asyncio.get_running_loop().call_later(self.explicit_lac_interval,
                                                                     self._send_lac)
 
-    def _check_every(self) -> float:
-        return max(0.05, self.core.config.add_timeout / 4)
-
-    def _check_timeouts(self) -> None:
-        """Fail, as timed out, the bookies that have not answered an add sent more than
-        ``add_timeout`` ago - unless this check runs so late that the process itself
-        was stopped (:data:`STALL`): then every pending add gets ``add_timeout`` afresh,
-        from now. Answers that came in during the stop are read first, but an add sent
-        just before it (its bytes maybe still in this process) would look timed out on
-        every bookie at once: after a SIGSTOP longer than ``add_timeout``, the resumed
-        writer would drop its whole ensemble instead of hearing that it was fenced."""
-        self._timer = None
-        now = time.monotonic()
-        if now - self._timer_due > max(STALL, self._check_every()):
-            log.warning("ledger %d: the add-timeout check ran %.1f s late (was this process stopped?): %d pending "
-                        "adds get %.1f s more", self.ledger_id, now - self._timer_due, len(self.pending),
-                        self.core.config.add_timeout, extra=context(ledger=self.ledger_id))
+    def check_timeouts(self, now: float, stalled: bool) -> None:
+        """(The client's timeout sweep) fail, as timed out, the bookies that have not
+        answered an add sent more than ``add_timeout`` ago - unless the sweep ran so late
+        that the process itself was stopped (``stalled``,
+        :data:`walkit.client._core.STALL`): then every pending add gets ``add_timeout``
+        afresh, from now. Answers that came in during the stop are read first, but an
+        add sent just before it (its bytes maybe still in this process) would look timed
+        out on every bookie at once: after a SIGSTOP longer than ``add_timeout``, the
+        resumed writer would drop its whole ensemble instead of hearing that it was
+        fenced."""
+        if stalled:
             for add in self.pending:
                 add.sent_at = max(add.sent_at, now)
-            self._arm_timer()
             return
         deadline = now - self.core.config.add_timeout
         for add in list(self.pending):
@@ -464,7 +449,6 @@ class LedgerWriter:
                 if not waiting and not add.quorum and not self._changing and self.error is None:
                     self._fail(NotEnoughBookiesError("an add can no longer reach its quorum", ledger=self.ledger_id,
                                                      entry=add.entry_id, acked=len(add.acked)))
-        self._arm_timer()
 
     def _send_lac(self) -> None:
         self._lac_timer = None
@@ -511,10 +495,9 @@ class LedgerWriter:
         await self.drain()
         while self._changing:  # an ensemble change already under way lands first
             await asyncio.sleep(0.01)
-        for timer in (self._timer, self._lac_timer):
-            if timer is not None:
-                timer.cancel()
-        self._timer = self._lac_timer = None
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
         if self.recovery:
             self.meta, self.version = await self.core.md(self._write_recovered, self.meta, self.lac, self.lac_length)
         else:
