@@ -85,6 +85,25 @@ def bk(tmp_path: Path, driver: Driver) -> Iterator[walkit.BookKeeper]:
         yield bk
 
 
+def test_replay_after_any_lsn_gives_exactly_the_records_after_it(bk: walkit.BookKeeper) -> None:
+    """Entries of several records, across two segments: replay(after=x) for every LSN x
+    (and for points between and past them) is the suffix after x, with its LSNs."""
+    with WriteAheadLog.open(bk, "suffixes", roll_bytes=60, roll_seconds=3600) as wal:
+        lsns = wal.append_many([b"a%d" % i for i in range(4)]).result(30)
+        lsns += wal.append_many([b"b%d" % i for i in range(3)]).result(30)
+        lsns.append(wal.append(b"c"))
+        lsns += wal.append_many([b"d%d" % i for i in range(3)]).result(30)
+        records = [b"a%d" % i for i in range(4)] + [b"b%d" % i for i in range(3)] + [b"c"] + \
+            [b"d%d" % i for i in range(3)]
+        assert len({(lsn.segment, lsn.entry) for lsn in lsns}) >= 4 and len({lsn.segment for lsn in lsns}) >= 2
+        assert list(wal.replay()) == list(zip(lsns, records))
+        for i, lsn in enumerate(lsns):
+            assert list(wal.replay(after=lsn)) == list(zip(lsns, records))[i + 1:], f"after {lsn}"
+            between = LSN(lsn.segment, lsn.entry, lsn.slot + 100)  # past the entry's last slot
+            assert [r for _, r in wal.replay(after=between)] == \
+                [r for later, r in zip(lsns, records) if (later.segment, later.entry) > (lsn.segment, lsn.entry)]
+
+
 def test_append_replay_and_batching(bk: walkit.BookKeeper) -> None:
     with WriteAheadLog.open(bk, "orders") as wal:
         first = [wal.append(b"r%d" % i) for i in range(20)]

@@ -236,10 +236,13 @@ class _LogView:
         stats = self.stats
         stats.replayed_entries += 1
         stats.replayed_records += len(records)
-        for slot, record in enumerate(records):
-            lsn = LSN._trusted(segment.seq, entry.entry_id, slot)
-            if after is None or lsn > after:
-                yield lsn, record
+        seq, entry_id, count = segment.seq, entry.entry_id, len(records)
+        first = 0  # the first slot after ``after``
+        if after is not None and (after.segment, after.entry) >= (seq, entry_id):
+            first = after.slot + 1 if (after.segment, after.entry) == (seq, entry_id) else count
+        if first == 0:  # the (lsn, record) pairs are made in C: replay hands out millions a second
+            return zip(LSN._slots(seq, entry_id, count), records)
+        return zip(LSN._slots_between(seq, entry_id, first, count), records[first:])
 
     def _own_lac(self, segment: Segment) -> int | None:
         """The writer's LAC for its own open segment (None for readers)."""
