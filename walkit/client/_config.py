@@ -31,11 +31,13 @@ class ClientConfig:
     # Send the LAC on its own (WRITE_LAC) when it advanced and no entry carried it for
     # this long; 0 = off, as in BookKeeper (explicitLacInterval).
     explicit_lac_interval: float = 0.0
-    # When a writer's last pending add completes (it goes idle), send that LAC to the
-    # bookies at once (WRITE_LAC: the bookies publish it without an fsync), so a tailing
-    # reader sees the last entry without waiting for the next one (walkit; BookKeeper
-    # has only the timer above). Off: the LAC rides on the next entry.
-    idle_lac: bool = True
+    # When a writer's last pending add completes (it goes idle), send that LAC at once
+    # (WRITE_LAC to one bookie that acknowledged the entry, which publishes it without an
+    # fsync), so a tailing reader sees the last entry without waiting for the next one
+    # (walkit; BookKeeper has only the timer above). Off: the LAC rides on the next
+    # entry. None: on for WriteAheadLog writers (tailing is what a log is for), off for
+    # plain ledgers - one more request per add for a writer that idles between adds.
+    idle_lac: bool | None = None
     # Metadata session timeout (seconds; zkTimeout).
     session_timeout: float = 10.0
     # A metadata call (ledger create / open / delete, ensemble change, WAL open, roll,
@@ -65,8 +67,8 @@ class ClientConfig:
                                            value=value)
         if not isinstance(self.explicit_lac_interval, (int, float)) or self.explicit_lac_interval < 0:
             raise InvalidArgumentError("explicit_lac_interval must be >= 0 (0: off)", value=self.explicit_lac_interval)
-        if not isinstance(self.idle_lac, bool):
-            raise InvalidArgumentError("idle_lac is True or False", value=self.idle_lac)
+        if self.idle_lac is not None and not isinstance(self.idle_lac, bool):
+            raise InvalidArgumentError("idle_lac is True, False or None", value=self.idle_lac)
         for name in ("read_parallelism", "recovery_read_parallelism", "max_pending_adds"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -124,9 +124,6 @@ class ClientCore:
         with self._ready_lock:
             writers, self._ready = self._ready, []
             self._ready_scheduled = False
-        if len(writers) == 1:
-            writers[0].take_incoming()
-            return
         bookies: set[str] = set()
         for writer in writers:
             writer.take_incoming(flush=False)

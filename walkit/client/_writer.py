@@ -107,7 +107,8 @@ class LedgerWriter:
         self._lac_timer: asyncio.TimerHandle | None = None
         self._piggybacked = lac  # the highest LAC that went out on an entry or WRITE_LAC
         self.explicit_lac_interval = core.config.explicit_lac_interval  # a WAL sets its own
-        self.idle_lac = core.config.idle_lac and not recovery  # a recoverer's LAC is the close's business
+        # a WAL turns it on unless the client said False; a recoverer's LAC is the close's business
+        self.idle_lac = bool(core.config.idle_lac) and not recovery
         self._set_ensemble()
         # submission (any thread)
         self._lock = threading.Lock()
@@ -284,8 +285,9 @@ class LedgerWriter:
         if not self.recovery:  # a recoverer's re-adds are not the application's
             stats.adds += len(ready)
         if not pending:
-            if self.idle_lac and not self._incoming and ready:
-                self._publish_lac()  # idle: no later entry will carry this LAC soon
+            if self.idle_lac and not self._incoming and ready:  # idle: no entry will carry this LAC soon
+                last = ready[-1].acked
+                self._publish_lac([next(b for b in self.ensemble if b in last)] if last & set(self.ensemble) else None)
             self._wake_drained()
 
     def _settle(self, add: _Add, error: WalkitError | None) -> None:
@@ -457,16 +459,19 @@ class LedgerWriter:
         self._publish_lac()
         self._arm_timer()
 
-    def _publish_lac(self) -> None:
-        """Send the LAC on its own (WRITE_LAC) to the ensemble, unless an entry already
-        carried it: when the writer goes idle (``idle_lac``) and from the timer
-        (``explicit_lac_interval``). A WRITE_LAC needs no fsync on the bookies (it only
-        says which entries Qa bookies acknowledged), so it is cheap; it is best effort,
-        since the next entry carries the LAC anyway."""
+    def _publish_lac(self, to: list[str] | None = None) -> None:
+        """Send the LAC on its own (WRITE_LAC) to ``to`` (None: the ensemble), unless an
+        entry already carried it: from the timer (``explicit_lac_interval``: every
+        bookie, as BookKeeper) and when the writer goes idle (``idle_lac``: one bookie
+        that acknowledged the LAC's entry - a tailing reader polls every bookie of the
+        ensemble and the first answer wins, and that bookie holds the entry, which the
+        answer carries along). A WRITE_LAC needs no fsync on the bookies (it only says
+        which entries Qa bookies acknowledged); it is best effort, since the next entry
+        carries the LAC anyway."""
         if self.lac > self._piggybacked:
             self._piggybacked = self.lac
             request = WriteLac(self.ledger_id, self.lac, self.key)
-            for bookie in self.ensemble:
+            for bookie in self.ensemble if to is None else to:
                 if bookie not in self.failed:
                     self.core.pool.request_cb(bookie, request, _ignore, None)
 

@@ -75,7 +75,7 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_CHUNK = 1 << 20
 #: Seconds an idle log's last record may look stale to readers when the client's
-#: ``idle_lac`` is off (on, the default, the writer publishes its LAC the moment it goes idle).
+#: ``idle_lac`` is False (otherwise the writer publishes its LAC the moment it goes idle).
 EXPLICIT_LAC_INTERVAL = 0.1
 _READ_CHUNK = 256  # entries per read on the client loop
 _POLL = 0.5  # seconds between looks at the log metadata while tailing an idle log
@@ -444,6 +444,7 @@ class WriteAheadLog(_LogView):
         except BaseException:
             await _discard_segment(bk, node, writer, segment)
             raise
+        writer.idle_lac = bk.config.idle_lac is not False  # on unless the client turned it off
         if not writer.idle_lac:
             writer.explicit_lac_interval = bk.config.explicit_lac_interval or EXPLICIT_LAC_INTERVAL
         wal = cls(bk, owned, node, password, epoch=epoch, settings=settings, segment=segment, writer=writer,
@@ -694,6 +695,7 @@ class WriteAheadLog(_LogView):
                 await _discard_segment(self._bk, self._node, writer, segment)
                 raise
             writer.explicit_lac_interval = self._writer.explicit_lac_interval
+            writer.idle_lac = self._writer.idle_lac
             self._writer, self._segment = writer, segment
             self._segment_bytes, self._segment_started = 0, time.monotonic()
             self.stats.rolls += 1
