@@ -66,8 +66,12 @@ class LoopThread:
             coro.close()
             raise UsageError("a blocking walkit call was made from the client's own event loop thread "
                              "(from a callback?); use the asyncio API or another thread")
+        return self.result(self.submit(coro), timeout)
+
+    def result(self, fut: concurrent.futures.Future[T], timeout: float | None = None) -> T:
+        """Wait for what :meth:`submit` started (never on the loop itself)."""
         try:
-            return self.submit(coro).result(timeout)
+            return fut.result(timeout)
         except concurrent.futures.TimeoutError:
             raise WalkitError("the client's loop did not finish in time", timeout=timeout) from None
         except concurrent.futures.CancelledError:

@@ -67,6 +67,7 @@ from walkit.metadata._registration import check_bookie_id
 from walkit.wal._format import LogMetadata, LogSettings, Segment, SnapshotRef, pack_records, unpack_records
 from walkit.wal._lsn import LSN
 from walkit.wal._many import ManyFuture, complete_entry, fail_all
+from walkit.wal._readahead import read_ahead
 from walkit.wal._stats import LOGS
 
 __all__ = ["WriteAheadLog", "LogReader", "Snapshot", "list_logs", "delete_log", "set_namespace_defaults"]
@@ -216,15 +217,14 @@ class _LogView:
 
     def _records(self, segment: Segment, state: ReadState, first: int, last: int,
                  after: LSN | None) -> Iterator[tuple[LSN, bytes]]:
-        start = first
-        while start <= last:
-            end = min(last, start + _READ_CHUNK - 1)
-            began = time.monotonic()
-            entries = self._bk._loop.run(state.read(start, end))
-            self.stats.replay_read_seconds += time.monotonic() - began
+        if first > last:
+            return
+        for entries in read_ahead(self._bk._loop, state, first, last, self._waited):
             for entry in entries:
                 yield from self._unpack(segment, entry, after)
-            start = end + 1
+
+    def _waited(self, seconds: float) -> None:
+        self.stats.replay_read_seconds += seconds
 
     def _unpack(self, segment: Segment, entry: Entry, after: LSN | None) -> Iterator[tuple[LSN, bytes]]:
         """The records of one entry of ``segment`` that come after ``after``."""

@@ -1,0 +1,112 @@
+"""Replay's read-ahead (walkit/wal/_readahead.py): chunks in order, sized by bytes, the
+next one read while the current one is handed out, never more than one ahead; errors
+at their chunk; an abandoned replay cancels its read."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from walkit.client import Entry, LoopThread
+from walkit.errors import BookieUnavailableError
+from walkit.wal._readahead import CHUNK_BYTES, FIRST_CHUNK, MAX_CHUNK, read_ahead
+
+
+class _Ledger:
+    """A stand-in for ReadState: entries of the sizes given, reads logged and slowed."""
+
+    def __init__(self, size_of: Callable[[int], int], fail_at: int | None = None, delay: float = 0.0) -> None:
+        self.size_of = size_of
+        self.fail_at = fail_at
+        self.delay = delay
+        self.reads: list[tuple[int, int]] = []
+        self.running = 0
+        self.most_running = 0
+        self.cancelled = 0
+
+    async def read(self, first: int, last: int) -> list[Entry]:
+        self.reads.append((first, last))
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        try:
+            await asyncio.sleep(self.delay)
+            if self.fail_at is not None and first <= self.fail_at <= last:
+                raise BookieUnavailableError("no replica", entry=self.fail_at)
+            return [Entry(1, e, bytes(self.size_of(e))) for e in range(first, last + 1)]
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.running -= 1
+
+
+@pytest.fixture
+def loop() -> Iterator[LoopThread]:
+    thread = LoopThread("readahead-test")
+    yield thread
+    thread.stop()
+
+
+def _ids(chunks: list[list[Entry]]) -> list[int]:
+    return [e.entry_id for chunk in chunks for e in chunk]
+
+
+def test_chunks_cover_the_range_in_order_sized_by_bytes(loop: LoopThread) -> None:
+    big = CHUNK_BYTES // 4  # four of these make a chunk
+    ledger = _Ledger(lambda e: big if e >= 100 else 10)
+    waits: list[float] = []
+    chunks = list(read_ahead(loop, ledger, 3, 600, waits.append))  # type: ignore[arg-type]
+    assert _ids(chunks) == list(range(3, 601))
+    assert [first for first, _ in ledger.reads[1:]] == [last + 1 for _, last in ledger.reads[:-1]]
+    assert len(waits) == len(chunks) == len(ledger.reads)
+    sizes = [last - first + 1 for first, last in ledger.reads]
+    assert sizes[:2] == [FIRST_CHUNK, MAX_CHUNK], f"small entries: the most a chunk takes {sizes}"
+    assert ledger.reads[1][1] >= 100  # the chunk in which entries grew (read before they were seen)
+    assert set(sizes[2:]) == {4} or set(sizes[2:-1]) == {4}, f"big entries: ~{CHUNK_BYTES} bytes a chunk {sizes}"
+
+
+def test_the_next_chunk_is_read_while_this_one_is_handed_out(loop: LoopThread) -> None:
+    ledger = _Ledger(lambda e: 1000, delay=0.01)
+    handed = 0
+    for chunk in read_ahead(loop, ledger, 0, 2000):  # type: ignore[arg-type]
+        handed += 1
+        if chunk[-1].entry_id == 2000:
+            break
+        for _ in range(500):  # while this chunk is ours, the next one's read starts
+            if len(ledger.reads) == handed + 1:
+                break
+            time.sleep(0.002)
+        assert len(ledger.reads) == handed + 1, f"chunk {handed}: the next read did not start"
+    assert ledger.most_running == 1, "never more than one chunk read ahead"
+
+
+def test_a_failed_read_raises_at_its_chunk(loop: LoopThread) -> None:
+    ledger = _Ledger(lambda e: 10, fail_at=40)
+    got: list[int] = []
+    with pytest.raises(BookieUnavailableError):
+        for chunk in read_ahead(loop, ledger, 0, 1000):  # type: ignore[arg-type]
+            got += [e.entry_id for e in chunk]
+    assert got == list(range(len(got))) and 0 < len(got) <= 40
+
+
+def test_an_abandoned_replay_cancels_the_read_under_way(loop: LoopThread) -> None:
+    ledger = _Ledger(lambda e: 10, delay=0.5)
+    chunks = read_ahead(loop, ledger, 0, 10_000)  # type: ignore[arg-type]
+    assert [e.entry_id for e in next(chunks)] == list(range(FIRST_CHUNK))
+    chunks.close()
+    for _ in range(100):
+        if ledger.cancelled:
+            break
+        time.sleep(0.01)
+    assert ledger.cancelled == 1 and ledger.running == 0
+
+
+def test_one_entry_range_and_empty_entries(loop: LoopThread) -> None:
+    ledger = _Ledger(lambda e: 0)
+    assert _ids(list(read_ahead(loop, ledger, 5, 5))) == [5]  # type: ignore[arg-type]
+    assert _ids(list(read_ahead(loop, ledger, 0, 999))) == list(range(1000))  # type: ignore[arg-type]
+    assert max(last - first + 1 for first, last in ledger.reads) == MAX_CHUNK
+
