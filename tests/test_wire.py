@@ -538,6 +538,29 @@ def test_frame_decoder_many_small_frames_and_one_big_frame_in_small_chunks() -> 
     assert out == [big[4:]] and decoder.buffered == 0
 
 
+def test_a_client_gathers_a_large_answer_read_by_read_then_cuts_it_once() -> None:
+    """A ~1 MiB READ_ENTRY answer arriving in 1 KiB reads, between two small answers:
+    until it is whole, each read is only gathered (join gives nothing to cut - it copied
+    the whole frame held back again on every read, quadratic in the frame's size); then
+    it comes out intact, and so does what follows it in the same read."""
+    client, server = ClientConnection(), ServerConnection()
+    rids = [client.send(ReadEntry(5, e))[0] for e in range(3)]
+    body = bytes(range(256)) * 4096
+    answers = [ReadEntryResponse(5, 0, -1, b"small", rids[0]), ReadEntryResponse(5, 1, 0, body, rids[1]),
+               ReadEntryResponse(5, 2, 1, b"after", rids[2])]
+    stream = b"".join(server.send(a) for a in answers)
+    small = len(server.send(answers[0]))
+    got = client.receive(stream[:small + 2000])
+    assert got == answers[:1]
+    decoder = client._decoder
+    pos = small + 2000
+    while pos + 1024 < small + 4 + 36 + len(body) - 4:  # the big frame still incomplete after this read
+        assert decoder.join(stream[pos:pos + 1024]) == b"", "an incomplete frame was handed out to be cut"
+        pos += 1024
+    assert client.receive(stream[pos:]) == answers[1:]
+    assert client.pending == 0 and decoder.buffered == 0
+
+
 def test_max_frame_size_is_the_whole_frame_and_is_checked_before_the_body() -> None:
     decoder = FrameDecoder(MIN_MAX_FRAME_SIZE)
     assert decoder.feed(struct.pack(">I", MIN_MAX_FRAME_SIZE - 4)) == []  # a 4096-byte frame is fine

@@ -866,10 +866,17 @@ class FrameDecoder:
         """The bytes held back followed by ``data``, as one ``bytes`` (no copy when
         nothing was held back and ``data`` is bytes); the buffer is emptied. For a
         reader that cuts frames itself: it hands back what it did not use with
-        :meth:`keep` and a bad length prefix with :meth:`refuse`."""
+        :meth:`keep` and a bad length prefix with :meth:`refuse`. While the frame held
+        back is still incomplete with ``data``, ``data`` is held back too and the result
+        is empty (nothing to cut yet)."""
         buf = self._buf
         if not buf:
             return data if type(data) is bytes else bytes(data)
+        if len(buf) >= 4:  # a frame of a known length is held back: until it is whole, only gather
+            (length,) = _LENGTH.unpack_from(buf)
+            if HEADER_SIZE <= length <= self._limit and len(buf) + len(data) < 4 + length:
+                buf += data  # a large answer comes in many reads: each is copied once, not the
+                return b""  # whole frame again on every read (that was quadratic in its size)
         buf += data
         src = bytes(buf)
         buf.clear()
