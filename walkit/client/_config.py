@@ -32,7 +32,7 @@ class ClientConfig:
     # this long; 0 = off, as in BookKeeper (explicitLacInterval).
     explicit_lac_interval: float = 0.0
     # When a writer's last pending add completes (it goes idle), send that LAC at once
-    # (WRITE_LAC to one bookie that acknowledged the entry, which publishes it without an
+    # (WRITE_LAC to the bookies that acknowledged the entry, which publish it without an
     # fsync), so a tailing reader sees the last entry without waiting for the next one
     # (walkit; BookKeeper has only the timer above). Off: the LAC rides on the next
     # entry. None: on for WriteAheadLog writers (tailing is what a log is for), off for

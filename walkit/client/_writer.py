@@ -286,8 +286,8 @@ class LedgerWriter:
             stats.adds += len(ready)
         if not pending:
             if self.idle_lac and not self._incoming and ready:  # idle: no entry will carry this LAC soon
-                last = ready[-1].acked
-                self._publish_lac([next(b for b in self.ensemble if b in last)] if last & set(self.ensemble) else None)
+                acked = [b for b in self.ensemble if b in ready[-1].acked]
+                self._publish_lac(acked or None)
             self._wake_drained()
 
     def _settle(self, add: _Add, error: WalkitError | None) -> None:
@@ -462,10 +462,12 @@ class LedgerWriter:
     def _publish_lac(self, to: list[str] | None = None) -> None:
         """Send the LAC on its own (WRITE_LAC) to ``to`` (None: the ensemble), unless an
         entry already carried it: from the timer (``explicit_lac_interval``: every
-        bookie, as BookKeeper) and when the writer goes idle (``idle_lac``: one bookie
-        that acknowledged the LAC's entry - a tailing reader polls every bookie of the
-        ensemble and the first answer wins, and that bookie holds the entry, which the
-        answer carries along). A WRITE_LAC needs no fsync on the bookies (it only says
+        bookie, as BookKeeper) and when the writer goes idle (``idle_lac``: the Qa or so
+        bookies that acknowledged the LAC's entry. They hold the entry, which their
+        answer to a long poll carries along, and they are enough for every reader: a
+        long poll takes the first answer of any bookie, and READ_LAC waits for
+        Qw - Qa + 1 answers of the entry's write set, which cannot all come from its
+        other Qw - Qa bookies). A WRITE_LAC needs no fsync on the bookies (it only says
         which entries Qa bookies acknowledged); it is best effort, since the next entry
         carries the LAC anyway."""
         if self.lac > self._piggybacked:
