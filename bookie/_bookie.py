@@ -17,10 +17,10 @@ them all durable). The single-add and per-add-callback forms are built on it.
 *Fence*: journal a FENCE record, answer when it is durable; from the moment it is framed
 normal adds are refused, for good once it is durable (the flag survives restarts by
 replay or checkpoint). A ledger's state - fence, explicit LAC, master key - reaches
-ledger storage only once its record is durable (but an explicit LAC published by
-:meth:`Bookie.publish_lac`, which is true whatever becomes of its record) (a master key that comes with entries:
-with them, taken back if its record is refused), so memory and journal agree even when
-the journal refuses the record for a full disk: the requester gets the error and the
+ledger storage only once its record is durable (a master key that comes with entries:
+with them, taken back if its record is refused; an explicit LAC published by
+:meth:`Bookie.publish_lac`: at once, since it is true whatever becomes of its record),
+so memory and journal agree even when the journal refuses the record for a full disk: the requester gets the error and the
 ledger's state is as if the request never came (:mod:`bookie._records`).
 
 *Checkpoint* (every ``flushInterval`` ms, when ``flushEntriesThreshold`` entries wait in
@@ -569,7 +569,8 @@ class Bookie:
 
     def publish_lac(self, ledger_id: int, master_key: bytes, lac: int) -> bool:
         """Record an explicit LAC without waiting for the journal: it is in storage
-        (``read_lac``) when this returns and its record rides on the next flush
+        (``read_lac``) when this returns (unless the storage failed) and its record rides
+        on the next flush
         (:meth:`bookie._records.LedgerRecords.publish_lac` says why that is safe). Only
         for a ledger whose key is durable here: False, with nothing done, for any other
         (the caller takes :meth:`write_lac_cb`, which journals the key first). Raises

@@ -782,6 +782,7 @@ class BookieServer:
     def _dispatch(self, conn: _Connection, req: ReadEntry | ReadLac | WriteLac | GetBookieInfo | AdminRequest) -> None:
         """Every request but ADD_ENTRY (adds are admitted by :meth:`_Connection._pump`
         and go through :meth:`_submit_adds`, a chunk at a time)."""
+        published = False
         try:
             if self._stopping:
                 raise BookieShutdownError("bookie is stopping", bookie=self.bookie_id)
@@ -793,9 +794,8 @@ class BookieServer:
                 if self.readonly:
                     raise BookieReadOnlyError("bookie is read-only", bookie=self.bookie_id)
                 assert self.bookie is not None
-                if self.bookie.publish_lac(req.ledger_id, req.master_key, req.lac):
-                    self._lac_written(conn, req, None)  # published: no fsync to wait for
-                else:  # a ledger new to this bookie: its key is journaled first
+                published = self.bookie.publish_lac(req.ledger_id, req.master_key, req.lac)
+                if not published:  # a ledger new to this bookie: its key is journaled first
                     self.bookie.write_lac_cb(req.ledger_id, req.master_key, req.lac, self._on_done,
                                              (_LAC_WRITTEN, conn, req))
             elif isinstance(req, AdminRequest):
@@ -805,6 +805,10 @@ class BookieServer:
         except Exception as exc:  # answered, never lost: the connection keeps its count
             conn.respond(_error(_op_of(req), getattr(req, "ledger_id", 0), getattr(req, "entry_id", -1),
                                 req.request_id, exc))
+            return
+        if published:  # no fsync to wait for: answered now (outside the try: answered once)
+            assert isinstance(req, WriteLac)
+            self._lac_written(conn, req, None)
 
     def _add_refusal(self, req: AddEntry) -> ErrorResponse:
         """The answer to an add the server's checks refuse (stopping, read-only, adds in
@@ -900,7 +904,11 @@ class BookieServer:
         if err is None:
             conn.respond(WriteLacResponse(req.ledger_id, req.request_id))
             if req.ledger_id in self._waiters:
-                self._lac_advanced(req.ledger_id, req.lac)
+                try:
+                    self._lac_advanced(req.ledger_id, req.lac)
+                except Exception:  # the WRITE_LAC is answered; a poll left parked times out
+                    log.exception("bookie %s: waking the long polls of ledger %d failed", self.bookie_id,
+                                  req.ledger_id, extra=context(bookie=self.bookie_id, ledger=req.ledger_id))
         else:
             conn.respond(_error(Op.WRITE_LAC, req.ledger_id, -1, req.request_id, err))
 
@@ -1028,14 +1036,19 @@ class BookieServer:
         self._unpark(waiter)
         req = waiter.req
         assert self.bookie is not None
-        recent = self.bookie.read_recent(req.ledger_id, req.entry_id)
+        try:
+            recent = self.bookie.read_recent(req.ledger_id, req.entry_id)
+            if recent is not None:
+                entry_id, data, lac = recent
+                if self.read_hook is not None:
+                    data = self.read_hook(req.ledger_id, entry_id, data)
+                answer = ReadEntryResponse(req.ledger_id, entry_id, lac, data, req.request_id)
+        except Exception:  # the pool's path answers it, errors included
+            recent = None
         if recent is None:
             self._in_pool(waiter.conn, req, self._do_poll_read, req)
             return
-        entry_id, data, lac = recent
-        if self.read_hook is not None:
-            data = self.read_hook(req.ledger_id, entry_id, data)
-        waiter.conn.respond(ReadEntryResponse(req.ledger_id, entry_id, lac, data, req.request_id))
+        waiter.conn.respond(answer)
 
     def _do_poll_read(self, req: ReadEntry) -> Response:
         """A long poll's answer once the LAC passed the previous one: the entry the

@@ -144,6 +144,53 @@ def test_long_poll(tmp_path: Path) -> None:
     run(body)
 
 
+def test_long_poll_answers_survive_failures_on_the_loop(tmp_path: Path) -> None:
+    """A poll names the entry it wants (one not stored yet: the last comes instead); a
+    failure while answering a poll from memory on the loop falls back to the read pool,
+    and one while waking polls after a published WRITE_LAC leaves that WRITE_LAC answered
+    once - the connection goes on (a second answer would make the client drop it)."""
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            client = await client_of(server)
+            await client.add_entry(1, 0, KEY, entry(1, 0, lac=-1))
+            await client.add_entry(1, 1, KEY, entry(1, 1, lac=0))
+            later = await client.read_entry(1, 9, previous_lac=-1, timeout_ms=5000)
+            assert (later.entry_id, later.data) == (1, entry(1, 1, lac=0))  # 9 is not here: the last
+            calls: list[int] = []
+
+            def flaky(ledger: int, entry_id: int, data: bytes) -> bytes:
+                calls.append(entry_id)
+                if len(calls) == 1:
+                    raise RuntimeError("fails on the loop's fast path")
+                return data
+
+            server.read_hook = flaky
+            poll = asyncio.ensure_future(client.read_entry(1, 1, previous_lac=0, timeout_ms=10_000))
+            await asyncio.sleep(0.1)
+            await client.write_lac(1, 1, KEY)  # published: wakes the poll, answered from memory
+            answered = await poll
+            assert (answered.entry_id, answered.lac, answered.data) == (1, 1, entry(1, 1, lac=0))
+            assert calls == [1, 1], "the pool answered what the loop could not"
+            server.read_hook = None
+
+            def broken(ledger_id: int, lac: int) -> None:
+                raise RuntimeError("waking the polls failed")
+
+            poll = asyncio.ensure_future(client.read_entry(1, 2, previous_lac=1, timeout_ms=300))
+            await asyncio.sleep(0.1)
+            real, server._lac_advanced = server._lac_advanced, broken  # type: ignore[method-assign]
+            try:
+                await client.write_lac(1, 5, KEY)
+            finally:
+                server._lac_advanced = real  # type: ignore[method-assign]
+            with pytest.raises(NoSuchEntryError, match="long poll"):
+                await poll  # not woken: it timed out, answered once
+            assert await client.read_lac(1) == 5  # the connection goes on
+            await client.close()
+
+    run(body)
+
+
 def test_read_only_mode_follows_disk_usage(tmp_path: Path) -> None:
     usage = {"now": 0.5}
     md = tmp_path / "md"

@@ -729,7 +729,7 @@ def test_a_follower_of_a_dead_ensemble_waits_instead_of_spinning(tmp_path: Path,
             return real(ledger_id)
 
         ledgers.read = counted  # type: ignore[method-assign,assignment]
-        lac = rh.last_add_confirmed  # 1, or 0 if the writer's idle LAC came after the open
+        lac = rh.last_add_confirmed
         for _ in range(3):
             assert rh.wait_for_lac(lac, 0.3) == lac
         assert reads <= 3  # one metadata look per poll that brought nothing, not hundreds

@@ -153,7 +153,7 @@ class ClientCore:
                 writer.check_timeouts(now, stalled)
             if not writer.pending:
                 self._watched.discard(writer)
-        if self._watched and not self.closing:
+        if self._watched and not self.closing and self._sweep is None:
             self._sweep_due = now + self._sweep_every
             self._sweep = asyncio.get_running_loop().call_later(self._sweep_every, self._sweep_timeouts)
 
