@@ -65,7 +65,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--torture-first-seed", type=int, default=0, metavar="N",
                     help="the seeds run are N .. N + COUNT - 1 (default 0: the CI's seeds first)")
     group.addoption("--torture-seconds", type=float, default=None, metavar="S",
-                    help="seconds of faults per seed (default: $WALKIT_TORTURE_SECONDS or 30)")
+                    help="seconds of faults per seed (default: $WALKIT_TORTURE_SECONDS or 20)")
     group.addoption("--torture-record", default=None, metavar="FILE",
                     help="append one line per seed run to FILE (docs/torture-record.jsonl: the project's record; "
                          "python tests/torture_record.py then rewrites docs/reliability.md's table)")
@@ -84,7 +84,7 @@ def torture_seeds(config: pytest.Config) -> list[int]:
 
 def torture_seconds(config: pytest.Config) -> float:
     seconds: float | None = config.getoption("--torture-seconds")
-    return _env_number("WALKIT_TORTURE_SECONDS", 30.0) if seconds is None else seconds
+    return _env_number("WALKIT_TORTURE_SECONDS", 20.0) if seconds is None else seconds
 
 
 def torture_jobs(config: pytest.Config) -> int:

@@ -3,7 +3,7 @@ judged by the history checker; and the checker itself, fed histories with each a
 Since issue 16 autorecovery runs in every bookie, half the long plans lose a bookie for
 good, and every run ends with every ledger back to its write quorum.
 
-``pytest -m torture`` runs only the seeded runs (12 seeds of 30 s, two at a time, each in a
+``pytest -m torture`` runs only the seeded runs (12 seeds of 20 s, two at a time, each in a
 process of its own: tests/torture_run.py); ``--torture-seed N`` reproduces one
 (docs/reliability.md)."""
 
