@@ -142,18 +142,22 @@ def _fill_journal(j: Journal, ledger: int, size: int) -> tuple[list[tuple[int, i
     raise AssertionError("the journal never found the disk full")
 
 
-@pytest.mark.parametrize("where", ["batch", "roll"])
+@pytest.mark.parametrize("where", ["batch", "roll", "end"])
 def test_journal_refuses_what_the_disk_has_no_room_for_and_lives_on(where: str) -> None:
     fs = MemFS()
     if where == "batch":  # a 1 MiB preallocation step never fits; the batches do, until the disk is full
         j = _journal(fs)
         fs.capacity = fs.used_bytes() + 200 * KIB
-    else:  # the file fills (max_size) and the next file's header does not fit
+    elif where == "roll":  # the file fills (max_size) and the next file's header does not fit
         j = _journal(fs, max_size=64 * KIB, prealloc_size=64 * KIB)
         fs.capacity = fs.used_bytes() + 64 * KIB
+    else:  # 8 KiB batches after the 4 KiB header: the 8th, which would end the file past max_size, does
+        # not fit - refused, and framing goes back to this file's seed (replay reads what follows it)
+        j = _journal(fs, max_size=64 * KIB, prealloc_size=16 * KIB)
+        fs.capacity = fs.used_bytes() + 60 * KIB
     told: list[BaseException] = []
     j.on_no_space = told.append
-    acked, err = _fill_journal(j, 1, 10 * KIB)
+    acked, err = _fill_journal(j, 1, 7 * KIB if where == "end" else 10 * KIB)
     assert is_no_space(err), f"refused with {err!r}, not ENOSPC"
     assert j.failed is None, f"a full disk killed the journal: {j.failed!r}"
     assert told and j.stats.no_space >= 1

@@ -405,6 +405,10 @@ class Cluster(Protocol):
 
     def live(self) -> set[str]: ...
 
+    def why(self, bookie_id: str) -> str:
+        """What the bookie says of its mode (for a ``stuck-read-only`` report)."""
+        ...
+
     def stop(self) -> None: ...
 
 
@@ -546,6 +550,10 @@ class HookCluster:
         """The ids of the bookies running now."""
         return {b for i, b in enumerate(self.cluster.bookie_ids) if self.cluster.is_running(i)}
 
+    def why(self, bookie_id: str) -> str:
+        server = self.cluster.server(self.cluster.bookie_ids.index(bookie_id))
+        return f"read-only {server.readonly}, forced {server.forced_readonly}, failure {server.failure}"
+
     def stop(self) -> None:
         self.losses.stop()
         self.cluster.stop()
@@ -610,6 +618,16 @@ class ProcessCluster:
     def live(self) -> set[str]:
         """The ids of the bookies running now."""
         return {b for i, b in enumerate(self.cluster.bookie_ids) if self.cluster.is_running(i)}
+
+    def why(self, bookie_id: str) -> str:
+        """The last lines of the bookie's log that speak of its mode or an error."""
+        log = self._directory / f"bookie-{self.cluster.bookie_ids.index(bookie_id)}" / "bookie.log"
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError as exc:
+            return f"no log: {exc}"
+        said = [line for line in lines if " ERROR " in line or "read-only" in line or "writable" in line]
+        return " | ".join(line[:300] for line in said[-4:]) or "its log says nothing of its mode"
 
     def _registration(self, i: int) -> str:
         """How bookie ``i`` is registered now: writable, read-only or not at all."""
@@ -730,6 +748,9 @@ class EnsembleFaults:
     def live(self) -> set[str]:
         return self.cluster.live()
 
+    def why(self, bookie_id: str) -> str:
+        return self.cluster.why(bookie_id)
+
     def stop(self) -> None:
         self.cluster.stop()
 
@@ -770,6 +791,9 @@ class LockFaults:
 
     def live(self) -> set[str]:
         return self.cluster.live()
+
+    def why(self, bookie_id: str) -> str:
+        return self.cluster.why(bookie_id)
 
     def stop(self) -> None:
         for locker in self._lockers.values():
@@ -918,11 +942,13 @@ def await_write_quorum(uri: str, gone: dict[str, str], timeout: float = REPAIR_W
     return [Anomaly("under-replicated", f"cluster: {detail}")], f"not every ledger at its write quorum: {detail}"
 
 
-def await_writable(uri: str, expected: set[str], timeout: float = WRITABLE_WAIT) -> tuple[list[Anomaly], str]:
+def await_writable(uri: str, expected: set[str], why: Callable[[str], str],
+                   timeout: float = WRITABLE_WAIT) -> tuple[list[Anomaly], str]:
     """After the run, every fault lifted: wait until every bookie of ``expected`` (those
     running and not gone for good) is registered writable again - a bookie read-only
     for a full disk must come back once space is freed, one whose fsync failed once it
-    was restarted; a ``stuck-read-only`` anomaly if one is not after ``timeout`` s."""
+    was restarted; a ``stuck-read-only`` anomaly if one is not after ``timeout`` s, with
+    what each such bookie says of itself (``why``)."""
     started, state = time.monotonic(), ""
     while True:
         try:
@@ -937,9 +963,17 @@ def await_writable(uri: str, expected: set[str], timeout: float = WRITABLE_WAIT)
         if not missing:
             return [], f"every bookie writable after {waited:.1f} s"
         if waited > timeout:
-            detail = f"after {timeout:g} s, not writable: {missing} ({state})"
+            said = "; ".join(f"{b} says: {_said(why, b)}" for b in missing)
+            detail = f"after {timeout:g} s, not writable: {missing} ({state}); {said}"
             return [Anomaly("stuck-read-only", f"cluster: {detail}")], detail
         time.sleep(0.5)
+
+
+def _said(why: Callable[[str], str], bookie_id: str) -> str:
+    try:
+        return why(bookie_id)
+    except Exception as exc:  # noqa: BLE001 - a report, whatever the bookie's state
+        return f"unknown ({exc!r})"
 
 
 def _under_replicated(cluster: MetadataCluster, markers: UnderReplication,
@@ -1474,7 +1508,7 @@ def _run(plan: Plan, directory: Path, uri: str | None, ensemble: ZooKeeperEnsemb
             len(follower.read.errors) if follower is not None else 0)
         repair_anomalies, verdict = await_write_quorum(cluster.metadata_uri, cluster.gone())
         report.anomalies += repair_anomalies
-        stuck, writable = await_writable(cluster.metadata_uri, cluster.live() - set(cluster.gone()))
+        stuck, writable = await_writable(cluster.metadata_uri, cluster.live() - set(cluster.gone()), cluster.why)
         report.anomalies += stuck
         verdict = f"{verdict}; {writable}"
         cluster.losses.stop()

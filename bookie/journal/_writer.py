@@ -80,7 +80,9 @@ is really on disk, knows what is durable.
 A full disk is not an I/O error: before a batch is written its space is reserved
 (fallocate), and when even the batch's own size does not fit the batch is refused - its
 records fail with ENOSPC, nothing of it reaches the file, the next batch is written where
-it would have gone - and ``on_no_space`` is told (the bookie turns read-only). The journal
+it would have gone - and ``on_no_space`` is told (the bookie turns read-only). A batch
+that was to end the file is refused the same way, with the records framed after it (they
+carry the next file's seed), and framing goes back to this file's seed. The journal
 goes on, so once space is freed the bookie can be writable again without a restart.
 The same holds at a roll: when the next file cannot be made, the records framed for it
 are refused and the next batch tries the roll again - and at :meth:`Journal.start`: when
@@ -550,27 +552,42 @@ class Journal:
         is full (:func:`~bookie.fs.is_no_space`): the batch is refused - nothing of it
         was written, its records fail with the ENOSPC, the next batch takes its place
         in the file - and the journal lives on. Any other error fails the batch's
-        records and is raised (it kills the journal); so does a full disk under a batch
-        that ends the file, as the records framed after it carry the next file's seed."""
+        records and is raised (it kills the journal)."""
         end = batch.offset + batch.length + (len(batch.terminator) if batch.terminator is not None else 0)
         try:
             assert self._current is not None
             self._current.reserve(end)
             return True
         except BaseException as exc:  # these records left the batch: fail them here
-            if is_no_space(exc) and batch.offset + batch.length < self._cfg.max_size:
+            if is_no_space(exc):
                 self._refuse(batch, exc)
                 return False
             _call_back(batch.records, exc)
             raise
 
     def _refuse(self, batch: _Batch, exc: BaseException) -> None:
-        """Drop a batch the disk has no room for (see :meth:`_reserve`)."""
+        """Drop a batch the disk has no room for (see :meth:`_reserve`). When it was to
+        end the file, the records framed since carry the next file's seed: they are
+        refused with it, and framing goes on with this file's seed (nobody else closes a
+        batch meanwhile: the file looks full to the inline and sync-thread flushes)."""
+        later: list[tuple[Callback, Any]] = []
         with self._lock:
             self._file_pos = batch.offset  # only the thread that closed a batch moves it
             for buf, _ in batch.segments:
                 self._put_buffer(buf)
-        self._refused(batch.records, exc, f"{batch.length} bytes at offset {batch.offset}")
+            if batch.offset + batch.length >= self._cfg.max_size:
+                later = self._drop_framed()
+                self._frames.seed = frame_seed(batch.journal_id)
+        self._refused(batch.records + later, exc, f"{batch.length} bytes at offset {batch.offset}")
+
+    def _drop_framed(self) -> list[tuple[Callback, Any]]:
+        """Take the records framed since the last batch closed out of the journal (lock
+        held): their buffers go back to the pool; the caller fails them."""
+        segments, records = self._frames.take(), self._records
+        self._records, self._entries, self._oldest = [], 0, None
+        for buf, _ in segments:
+            self._put_buffer(buf)
+        return records
 
     def _refused(self, records: list[tuple[Callback, Any]], exc: BaseException, what: str) -> None:
         """Records the disk had no room for fail with its ENOSPC; the bookie is told."""
@@ -610,10 +627,7 @@ class Journal:
             if not is_no_space(exc):
                 raise
             with self._lock:
-                segments, records = self._frames.take(), self._records
-                self._records, self._entries, self._oldest = [], 0, None
-                for buf, _ in segments:
-                    self._put_buffer(buf)
+                records = self._drop_framed()
             self._refused(records, exc, f"no room for journal {self._next_file_id()}")
             return False
 
