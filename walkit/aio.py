@@ -21,10 +21,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mappin
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
-from walkit.client._bookkeeper import BookKeeper
-from walkit.client._handles import ReadState, check_payload, check_range
-from walkit.client._read import Entry, LedgerReader
-from walkit.client._writer import LedgerWriter
+from walkit.client import BookKeeper, Entry, LedgerReader, LedgerWriter, ReadState, check_payload, check_range
 from walkit.errors import InvalidArgumentError, LedgerClosedError, UsageError
 from walkit.metadata import LedgerMetadata
 from walkit.wal import LSN, LogReader, Snapshot, WriteAheadLog

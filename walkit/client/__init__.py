@@ -1,13 +1,22 @@
 """walkit's client side: the ledger client (:class:`BookKeeper` and its handles) and the
-connection to one bookie (:class:`BookieClient`)."""
+connection to one bookie (:class:`BookieClient`).
+
+The layers above it (``walkit.wal``, ``walkit.aio``, ``walkit.spark``) import from this
+package only, never from its private modules: what they build on is exported here - the
+writer and reader a handle wraps (:class:`LedgerWriter`, :class:`LedgerReader`), the
+future an add returns (:class:`QuickFuture`) and the argument checks a handle applies
+(:func:`check_payload`, :func:`check_range`)."""
 
 from walkit.client._bookie_client import BookieClient, client_ssl_context
 from walkit.client._bookkeeper import BookKeeper, connect
 from walkit.client._config import ClientConfig
-from walkit.client._handles import LedgerHandle, ReadHandle, ReadState
+from walkit.client._handles import LedgerHandle, ReadHandle, ReadState, check_payload, check_range
 from walkit.client._loop import LoopThread
 from walkit.client._pool import Endpoint, parse_endpoint
-from walkit.client._read import Entry
+from walkit.client._read import Entry, LedgerReader
+from walkit.client._submit import QuickFuture
+from walkit.client._writer import LedgerWriter
 
-__all__ = ["BookKeeper", "BookieClient", "ClientConfig", "Endpoint", "Entry", "LedgerHandle", "LoopThread", "ReadHandle",
-           "ReadState", "client_ssl_context", "connect", "parse_endpoint"]
+__all__ = ["BookKeeper", "BookieClient", "ClientConfig", "Endpoint", "Entry", "LedgerHandle", "LedgerReader",
+           "LedgerWriter", "LoopThread", "QuickFuture", "ReadHandle", "ReadState", "check_payload", "check_range",
+           "client_ssl_context", "connect", "parse_endpoint"]

@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
-from walkit.client._bookkeeper import BookKeeper
+from walkit.client import BookKeeper
 from walkit.errors import InvalidArgumentError
 from walkit.wal._lsn import LSN
 from walkit.spark._plan import ReadOptions

@@ -15,8 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from walkit.client._bookkeeper import BookKeeper
-from walkit.client._handles import ReadHandle
+from walkit.client import BookKeeper, ReadHandle
 from walkit.errors import NoSuchEntryError, NoSuchLedgerError
 from walkit.wal._format import Segment, unpack_records
 from walkit.wal._log import WriteAheadLog

@@ -27,7 +27,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, SupportsTriggerAvailableNow
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
-from walkit.client._bookkeeper import BookKeeper
+from walkit.client import BookKeeper
 from walkit.errors import InvalidArgumentError
 from walkit.wal._lsn import LSN
 from walkit.spark._plan import (

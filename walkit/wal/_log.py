@@ -43,11 +43,7 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import IO, Any
 
-from walkit.client._bookkeeper import BookKeeper
-from walkit.client._handles import ReadState
-from walkit.client._read import Entry
-from walkit.client._submit import QuickFuture
-from walkit.client._writer import LedgerWriter
+from walkit.client import BookKeeper, Entry, LedgerWriter, QuickFuture, ReadState
 from walkit.errors import (
     InvalidArgumentError,
     LedgerFencedError,

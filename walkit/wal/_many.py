@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from walkit.client._submit import QuickFuture
+from walkit.client import QuickFuture
 from walkit.wal._lsn import LSN
 
 __all__ = ["ManyFuture", "complete_entry"]
