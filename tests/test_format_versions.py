@@ -217,15 +217,15 @@ def _reframe(data: bytes, *, version: int = 1, body: dict[str, Any] | None = Non
 
 def test_ledger_metadata_of_a_newer_version_is_neither_read_nor_written(manager: LedgerManager) -> None:
     manager.create(_ledger(5))
-    newer = _reframe(manager.read(5)[0].encode(), version=2)
+    newer = _reframe(manager.read(5)[0].encode(), version=3)
     manager._store.set(manager.path(5), newer)  # noqa: SLF001 - a newer walkit's write
     attempts: list[Callable[[], object]] = [lambda: manager.read(5),
                                             lambda: manager.update(5, lambda m: m.closed(-1, 0))]
     for attempt in attempts:
         with pytest.raises(FormatVersionError) as info:
             attempt()
-        assert "ledger metadata version 2 is not one this walkit reads (reads: 1)" in str(info.value)
-        assert info.value.context["ledger"] == 5 and info.value.version == 2
+        assert "ledger metadata version 3 is not one this walkit reads (reads: 1, 2)" in str(info.value)
+        assert info.value.context["ledger"] == 5 and info.value.version == 3
     assert manager._store.get(manager.path(5))[0] == newer  # noqa: SLF001
 
 

@@ -15,6 +15,7 @@ never regenerate or edit a golden file to make this test pass.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import struct
 import threading
@@ -105,6 +106,7 @@ FILES = {
     "wal/batch-v2.bin": 38,
     "wal/log-metadata-v1.json": 211,
     "metadata/ledger-v1-closed.bin": 420,
+    "metadata/ledger-v2-closed.bin": 420,
     "metadata/ledger-v1-open-long-id.bin": 332,
     "metadata/LAYOUT-v1-hierarchical": 37,
     "metadata/LAYOUT-v1-flat": 29,
@@ -393,10 +395,23 @@ def test_closed_ledger_metadata() -> None:
         ledger_id=7, ensemble_size=3, write_quorum=2, ack_quorum=2, digest="crc32c", password_salt=SALT_7,
         password_hash=bytes.fromhex("01e16ac953ed5dcb6790085a542b8658cdefaebd1000c8f7672a88200bf0a20a"), state=LedgerState.CLOSED, last_entry_id=1, length=11,
         ensembles=((0, ("bk1:3181", "bk2:3181", "bk3:3181")), (1, ("bk1:3181", "bk2:3181", "bk4:3181"))),
-        ctime=CTIME, custom_metadata=(("walkit.log", b"orders/main"),),
+        ctime=CTIME, custom_metadata=(("walkit.log", b"orders/main"),), format_version=1,
     )
-    assert meta.format_version == 1
     assert meta.check_password(b"ledger-7-password")  # salt + PBKDF2 parameters unchanged
+    assert meta.encode() == raw
+
+
+def test_closed_ledger_metadata_version_2() -> None:
+    """The same ledger as version 2 writes it: only the version and the password
+    verifier (HMAC-SHA256 keyed with the password over a context and the salt) differ."""
+    raw = golden("metadata/ledger-v2-closed.bin")
+    assert raw[:10] == b"WKLEDGER\x02\x00"
+    meta = LedgerMetadata.decode(raw)
+    v1 = LedgerMetadata.decode(golden("metadata/ledger-v1-closed.bin"))
+    assert meta == dataclasses.replace(
+        v1, password_hash=bytes.fromhex("e49e81a9583670c24642b21e36e6721ded94f438b3feefc83eb4fdf558dc3396"),
+        format_version=2)
+    assert meta.check_password(b"ledger-7-password") and not meta.check_password(b"ledger-7-passwore")
     assert meta.encode() == raw
 
 
@@ -406,7 +421,7 @@ def test_open_ledger_metadata_with_a_long_id() -> None:
     assert meta == LedgerMetadata(
         ledger_id=LONG_ID, ensemble_size=1, write_quorum=1, ack_quorum=1, digest="mac", password_salt=SALT_LONG,
         password_hash=bytes.fromhex("33b413ddaef3a8c9895cd11226d0968a44df68aad82924446e77d5677cf112b0"), state=LedgerState.OPEN, last_entry_id=-1, length=0,
-        ensembles=((0, ("bk1:3181",)),), ctime=CTIME + 1,
+        ensembles=((0, ("bk1:3181",)),), ctime=CTIME + 1, format_version=1,
     )
     assert meta.check_password(b"long-id-password")
     assert meta.encode() == raw

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
+import hmac
 import json
 import struct
 from typing import Any
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 
 from walkit.errors import FormatError, FormatVersionError, InvalidArgumentError, LedgerClosedError
 from walkit.metadata._ledger import MAX_BODY, LedgerMetadata, LedgerState
+from walkit.protocol import master_key
 
 SALT = bytes(range(16))
 HASH = bytes(range(32))
@@ -53,7 +56,8 @@ BAD_CASES: list[tuple[str, dict[str, Any]]] = [
     ("hash too short", {"password_hash": b"x" * 31}),
     ("hash str", {"password_hash": "x" * 32}),
     ("state int", {"state": 1}),
-    ("format version 2", {"format_version": 2}),
+    ("format version 3", {"format_version": 3}),
+    ("format version 0", {"format_version": 0}),
     ("ctime negative", {"ctime": -1}),
     ("length negative", {**CLOSED, "last_entry_id": 3, "length": -1}),
     ("last entry < -1", {**CLOSED, "last_entry_id": -2}),
@@ -213,7 +217,7 @@ def with_body(**changes: Any) -> bytes:
 
 
 STRICT_CASES: list[tuple[str, bytes]] = [
-    ("unknown version", frame(dump(body_of(make())), version=2)),
+    ("unknown version", frame(dump(body_of(make())), version=3)),
     ("version 0", frame(dump(body_of(make())), version=0)),
     ("foreign magic", frame(dump(body_of(make())), magic=b"WKCOOKIE")),
     ("length over bound", frame(b"{}", length=MAX_BODY + 1)),
@@ -253,8 +257,9 @@ def test_decode_is_strict(name: str, data: bytes) -> None:
 def test_decode_error_names_the_problem() -> None:
     with pytest.raises(FormatError, match="missing=ctime"):
         LedgerMetadata.decode(with_body(ctime=...))
-    with pytest.raises(FormatVersionError, match=r"ledger metadata version 2 is not one this walkit reads \(reads: 1\)"):
-        LedgerMetadata.decode(frame(dump(body_of(make())), version=2))
+    with pytest.raises(FormatVersionError,
+                       match=r"ledger metadata version 3 is not one this walkit reads \(reads: 1, 2\)"):
+        LedgerMetadata.decode(frame(dump(body_of(make())), version=3))
 
 
 # -- passwords ---------------------------------------------------------------------
@@ -275,12 +280,41 @@ def test_password_is_hashed_salted_and_checked() -> None:
     assert LedgerMetadata.decode(data).check_password(password)
 
 
-def test_hash_password_depends_on_salt_and_password() -> None:
-    a = LedgerMetadata.hash_password(b"pw", b"s" * 16)
-    assert a == LedgerMetadata.hash_password(b"pw", b"s" * 16)
-    assert a != LedgerMetadata.hash_password(b"pw", b"t" * 16)
-    assert a != LedgerMetadata.hash_password(b"px", b"s" * 16)
+@pytest.mark.parametrize("version", [1, 2])
+def test_hash_password_depends_on_salt_and_password(version: int) -> None:
+    a = LedgerMetadata.hash_password(b"pw", b"s" * 16, version)
+    assert a == LedgerMetadata.hash_password(b"pw", b"s" * 16, version)
+    assert a != LedgerMetadata.hash_password(b"pw", b"t" * 16, version)
+    assert a != LedgerMetadata.hash_password(b"px", b"s" * 16, version)
     assert len(a) == 32
+
+
+def test_each_version_has_its_own_verifier() -> None:
+    """Version 2 (new ledgers): HMAC-SHA256 keyed with the password over a context and
+    the salt; version 1: PBKDF2-HMAC-SHA256, 100,000 rounds. Neither is the other, nor
+    the master key the bookies keep."""
+    salt = b"s" * 16
+    v2 = hmac.digest(b"pw", b"walkit ledger password\x00" + salt, "sha256")
+    assert LedgerMetadata.hash_password(b"pw", salt) == LedgerMetadata.hash_password(b"pw", salt, 2) == v2
+    assert LedgerMetadata.hash_password(b"pw", salt, 1) == hashlib.pbkdf2_hmac("sha256", b"pw", salt, 100_000, 32)
+    assert master_key(b"pw") not in (v2, LedgerMetadata.hash_password(b"pw", salt, 1))
+    with pytest.raises(InvalidArgumentError, match="unknown ledger metadata version"):
+        LedgerMetadata.hash_password(b"pw", salt, 3)
+
+
+def test_a_new_ledger_is_version_2_and_an_old_one_keeps_version_1() -> None:
+    """Created ledgers are version 2; a version-1 value is read, checked (PBKDF2) and
+    updated as version 1 - its verifier stays valid - and encodes with its version."""
+    new = LedgerMetadata.create(5, BOOKIES, write_quorum=2, ack_quorum=2, password=b"pw", ctime=1)
+    assert new.format_version == 2 and new.encode()[8:10] == b"\x02\x00"
+    assert LedgerMetadata.decode(new.encode()).check_password(b"pw")
+    old = make(password_hash=LedgerMetadata.hash_password(b"pw", SALT, 1))
+    assert old.format_version == 1 and old.check_password(b"pw") and not old.check_password(b"px")
+    closed = LedgerMetadata.decode(old.encode()).with_ensemble(1, BOOKIES[::-1]).closed(3, 30)
+    assert closed.format_version == 1 and closed.encode()[8:10] == b"\x01\x00"
+    assert LedgerMetadata.decode(closed.encode()).check_password(b"pw")
+    assert not make(password_hash=LedgerMetadata.hash_password(b"pw", SALT, 2)).check_password(b"pw"), \
+        "a version-1 value is checked with version 1's verifier only"
 
 
 def test_create_is_open_from_entry_zero() -> None:

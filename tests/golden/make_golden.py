@@ -182,18 +182,23 @@ def pack_records_v1(records: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def write_metadata(out: Path) -> None:
-    closed = LedgerMetadata(
+def closed_ledger_7(version: int) -> LedgerMetadata:
+    """Ledger 7, closed after an ensemble change, as ledger metadata ``version``."""
+    return LedgerMetadata(
         ledger_id=7, ensemble_size=3, write_quorum=2, ack_quorum=2, digest="crc32c", password_salt=SALT_7,
-        password_hash=LedgerMetadata.hash_password(b"ledger-7-password", SALT_7), state=LedgerState.OPEN,
+        password_hash=LedgerMetadata.hash_password(b"ledger-7-password", SALT_7, version), state=LedgerState.OPEN,
         last_entry_id=-1, length=0, ensembles=((0, ("bk1:3181", "bk2:3181", "bk3:3181")),), ctime=CTIME,
-        custom_metadata=(("walkit.log", b"orders/main"),),
+        custom_metadata=(("walkit.log", b"orders/main"),), format_version=version,
     ).with_ensemble(1, ("bk1:3181", "bk2:3181", "bk4:3181")).closed(1, 11)
-    write_new(out / "metadata/ledger-v1-closed.bin", closed.encode())
+
+
+def write_metadata(out: Path) -> None:
+    write_new(out / "metadata/ledger-v1-closed.bin", closed_ledger_7(1).encode())
+    write_new(out / "metadata/ledger-v2-closed.bin", closed_ledger_7(2).encode())
     long_open = LedgerMetadata(
         ledger_id=LONG_ID, ensemble_size=1, write_quorum=1, ack_quorum=1, digest="mac", password_salt=SALT_LONG,
-        password_hash=LedgerMetadata.hash_password(b"long-id-password", SALT_LONG), state=LedgerState.OPEN,
-        last_entry_id=-1, length=0, ensembles=((0, ("bk1:3181",)),), ctime=CTIME + 1,
+        password_hash=LedgerMetadata.hash_password(b"long-id-password", SALT_LONG, 1), state=LedgerState.OPEN,
+        last_entry_id=-1, length=0, ensembles=((0, ("bk1:3181",)),), ctime=CTIME + 1, format_version=1,
     )
     write_new(out / "metadata/ledger-v1-open-long-id.bin", long_open.encode())
     with tempfile.TemporaryDirectory() as tmp:

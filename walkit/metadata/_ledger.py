@@ -1,10 +1,23 @@
 """Ledger metadata: the record the metadata store keeps for every ledger.
 
 A ledger's metadata names its state (OPEN, IN_RECOVERY, CLOSED), its quorums
-(E ≥ Qw ≥ Qa ≥ 1), its digest type, a salted hash of its password (never the clear
+(E ≥ Qw ≥ Qa ≥ 1), its digest type, a salted verifier of its password (never the clear
 password, unlike BookKeeper's v3 field 8), where its entries are (fragments: the
 ensemble in use from a first entry id on) and, once closed, its last entry id and
-length. :class:`LedgerMetadata` is immutable and checks every invariant when built, so
+length.
+
+The password verifier depends on the format version, and each value keeps its own
+version through updates (a ledger created as version 1 is closed as version 1):
+
+* version 2 (what new ledgers are written as): HMAC-SHA256 keyed with the password
+  over a context string and the salt - about a microsecond, so creating and opening a
+  ledger costs no CPU worth counting. A ledger password is an access secret the
+  application draws, not a human password: a slow hash buys nothing against someone who
+  can read the metadata store, who can also read a bookie's disks, where every ledger's
+  master key (SHA-256 of the password, unsalted) is kept (docs/architecture.md, "Who
+  can do what with the metadata store").
+* version 1: PBKDF2-HMAC-SHA256, 100,000 rounds (~19 ms); still read and checked, each
+  (password, salt) derived once per process (an LRU of :data:`_PBKDF2_CACHE` entries). :class:`LedgerMetadata` is immutable and checks every invariant when built, so
 a value that exists is valid; updates build new values (read–modify–CAS on the store's
 version happens above this module).
 
@@ -28,6 +41,7 @@ import binascii
 import bisect
 import dataclasses
 import enum
+import functools
 import hashlib
 import hmac
 import json
@@ -48,17 +62,21 @@ __all__ = [
     "Fragment",
     "MAGIC",
     "FORMAT_VERSION",
+    "VERSIONS",
     "MAX_BODY",
     "MAX_LEDGER_ID",
 ]
 
 MAGIC = b"WKLEDGER"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what new ledgers are written as
+VERSIONS = (1, 2)  # what this walkit reads, and writes back unchanged
 MAX_BODY = 1 << 20  # ZooKeeper's default jute.maxbuffer: no znode can hold more
 MAX_LEDGER_ID = (1 << 63) - 1
 SALT_SIZE = 16
 HASH_SIZE = 32
-_PBKDF2_ROUNDS = 100_000  # slow enough to make guessing costly, fast enough per open
+_PBKDF2_ROUNDS = 100_000  # version 1's verifier
+_PBKDF2_CACHE = 4096  # version-1 verifiers remembered per process
+_VERIFIER_CONTEXT = b"walkit ledger password\x00"  # version 2's: HMAC(password, context + salt)
 _HEADER = struct.Struct("<8sHI")
 _CRC = struct.Struct("<I")
 _DIGESTS = ("crc32c", "mac", "none")
@@ -143,13 +161,19 @@ class LedgerMetadata:
         )
 
     @staticmethod
-    def hash_password(password: bytes, salt: bytes) -> bytes:
-        """PBKDF2-HMAC-SHA256 of ``password`` with ``salt`` (32 bytes)."""
-        return hashlib.pbkdf2_hmac("sha256", password, salt, _PBKDF2_ROUNDS, HASH_SIZE)
+    def hash_password(password: bytes, salt: bytes, version: int = FORMAT_VERSION) -> bytes:
+        """The 32-byte verifier of ``password`` with ``salt`` that format ``version``
+        stores: HMAC-SHA256(key=password, context + salt) for 2, PBKDF2-HMAC-SHA256 at
+        100,000 rounds for 1 (remembered per process)."""
+        if version == 1:
+            return _pbkdf2(bytes(password), bytes(salt))
+        if version == 2:
+            return hmac.digest(password, _VERIFIER_CONTEXT + salt, "sha256")
+        raise InvalidArgumentError("unknown ledger metadata version", version=version, known=str(VERSIONS))
 
     def check_password(self, password: bytes) -> bool:
         """True if ``password`` is the ledger's password (constant-time comparison)."""
-        candidate = self.hash_password(password, self.password_salt)
+        candidate = self.hash_password(password, self.password_salt, self.format_version)
         return hmac.compare_digest(candidate, self.password_hash)
 
     # -- validation ---------------------------------------------------------------
@@ -162,8 +186,8 @@ class LedgerMetadata:
                 raise InvalidArgumentError("field must be an int", field=name, value=repr(getattr(self, name)))
         if not 0 <= self.ledger_id <= MAX_LEDGER_ID:
             raise InvalidArgumentError("ledger id out of range", ledger=self.ledger_id)
-        if self.format_version != FORMAT_VERSION:
-            raise _bad("unknown format version", self.ledger_id, version=self.format_version)
+        if self.format_version not in VERSIONS:
+            raise _bad("unknown format version", self.ledger_id, version=self.format_version, known=str(VERSIONS))
         if self.digest not in _DIGESTS:
             raise _bad("unknown digest type", self.ledger_id, digest=self.digest)
         if self.ctime < 0 or self.length < 0 or self.last_entry_id < -1:
@@ -336,10 +360,16 @@ def _unframe(data: bytes) -> tuple[int, bytes]:
     return version, data[_HEADER.size:end]
 
 
-def _decode_v1(data: bytes, body: bytes) -> LedgerMetadata:
-    """Version 1: exactly the documented keys, canonical (re-encoding gives ``data``)."""
+@functools.lru_cache(maxsize=_PBKDF2_CACHE)
+def _pbkdf2(password: bytes, salt: bytes) -> bytes:
+    return hashlib.pbkdf2_hmac("sha256", password, salt, _PBKDF2_ROUNDS, HASH_SIZE)
+
+
+def _decode_body(version: int, data: bytes, body: bytes) -> LedgerMetadata:
+    """Versions 1 and 2 (the same keys; the password verifier differs): exactly the
+    documented keys, canonical (re-encoding gives ``data``)."""
     try:
-        meta = LedgerMetadata(**_from_json(_parse_json(body)))
+        meta = LedgerMetadata(**_from_json(_parse_json(body)), format_version=version)
     except InvalidArgumentError as exc:
         raise FormatError("invalid ledger metadata", reason=str(exc)) from exc
     if meta.encode() != data:
@@ -415,4 +445,5 @@ def _from_json(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 #: Ledger-metadata version -> the decoder of an intact value (the whole value, its body).
-_READERS: dict[int, Callable[[bytes, bytes], LedgerMetadata]] = {1: _decode_v1}
+_READERS: dict[int, Callable[[bytes, bytes], LedgerMetadata]] = {
+    version: functools.partial(_decode_body, version) for version in VERSIONS}
