@@ -110,6 +110,26 @@ def test_full_bucket_moves_every_generator_to_the_next(driver: Driver) -> None:
     assert len(hobs) > 3 and all(h.startswith("HOB-") for h in hobs)
 
 
+def test_spent_id_nodes_are_deleted_in_batches_and_go_with_the_session(driver: Driver) -> None:
+    """An id's node is deleted SPENT_BATCH at a time (one transaction), never left to
+    grow the bucket; those not deleted yet are ephemeral and go with the session; one
+    deleted meanwhile (an expired session) does not fail the batch."""
+    from walkit.metadata._ledgers import SPENT_BATCH
+
+    s = driver.make_store()
+    m = manager_on(s)
+    bucket = f"{ROOT}/idgen/HOB-0000000000"
+    ids = [m.new_ledger_id() for _ in range(SPENT_BATCH - 1)]
+    assert len(s.children(bucket)) == SPENT_BATCH - 1, "nothing deleted before a batch is full"
+    s.delete(f"{bucket}/{s.children(bucket)[0]}")  # as an expiry would have
+    ids.append(m.new_ledger_id())
+    assert s.children(bucket) == [], "a full batch deleted in one go, the missing node tolerated"
+    ids += [m.new_ledger_id() for _ in range(3)]
+    assert len(set(ids)) == len(ids) == SPENT_BATCH + 3 and ids == sorted(ids)
+    s.close()
+    assert driver.make_store().children(bucket) == [], "the rest went with the session"
+
+
 def test_bad_low_limit_is_refused(store: ExpirableStore) -> None:
     with pytest.raises(InvalidArgumentError):
         manager_on(store, low_limit=0)

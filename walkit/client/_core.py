@@ -12,6 +12,13 @@ Add timeouts are checked the same way: one sweep of the client, every
 ``add_timeout / 4`` while any writer has adds in flight (:meth:`ClientCore.watch_adds`),
 not a timer per writer.
 
+Placement reads no metadata in the common case: the writable bookies are watched from
+the first choice on (the store calls back on every change of the lists), and a choice is
+made from what the watch last said; only when that is too few for the choice is the
+store read (a bookie may have just registered and its event not be here yet). A bookie
+gone but not yet reported is handled as any failed bookie: the writer's first add to it
+fails and an ensemble change replaces it (BookKeeper's watched bookie list does the same).
+
 Adds need no metadata, even during an outage of the store: the endpoints of the bookies
 a ledger is created on (or moved to) are read with the bookie list, while the store
 answers, so that the first connection to one of them is made from what was read; a
@@ -37,7 +44,7 @@ from walkit.client._pool import BookiePool, Endpoint, parse_endpoint
 from walkit.client._stats import CLIENTS
 from walkit.errors import MetadataUnavailableError, NotEnoughBookiesError, UsageError, WalkitError
 from walkit.logs import context
-from walkit.metadata import Cluster, read_registration
+from walkit.metadata import BookieSet, Cluster, Watch, read_registration
 
 __all__ = ["ClientCore"]
 
@@ -83,6 +90,10 @@ class ClientCore:
         self._endpoints: dict[str, Endpoint] = {}  # what each bookie registered, when last read
         self._unused: set[str] = set()  # endpoints read ahead (with a choice), no connection made yet
         self._failed_at: dict[str, float] = {}
+        # the writable bookies as the store's watch last told (None: no watch yet)
+        self._writable: frozenset[str] | None = None
+        self._bookie_watch: Watch | None = None
+        self._watch_lock = threading.Lock()
         self.closing = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self.writers: weakref.WeakSet[_Failable] = weakref.WeakSet()
@@ -225,8 +236,13 @@ class ClientCore:
     async def choose_bookies(self, count: int, exclude: set[str]) -> list[str]:
         """``count`` distinct writable bookies not in ``exclude``, at random, bookies
         that failed lately only when no others are left (NotEnoughBookiesError)."""
-        writable = (await self.md(self.cluster.bookies)).writable
+        writable = self._writable
+        if writable is None:
+            writable = await self.md(self._watch_bookies)
         candidates = [b for b in writable if b not in exclude]
+        if len(candidates) < count:  # the watch may lag a bookie that just registered: ask the store
+            writable = (await self.md(self.cluster.bookies)).writable
+            candidates = [b for b in writable if b not in exclude]
         if len(candidates) < count:
             raise NotEnoughBookiesError("not enough writable bookies", needed=count, available=len(candidates),
                                         excluded=len(exclude & writable) or None)
@@ -236,10 +252,26 @@ class ClientCore:
         await self._learn_endpoints(chosen)
         return chosen
 
+    def _watch_bookies(self) -> frozenset[str]:
+        """(Metadata thread) start watching the bookie lists (once); the writable ones."""
+        with self._watch_lock:
+            if self._bookie_watch is None and not self.closing:
+                self._bookie_watch = self.cluster.watch_bookies(self._bookies_changed)  # calls back at once
+            writable = self._writable
+        return writable if writable is not None else self.cluster.bookies().writable
+
+    def _bookies_changed(self, bookies: BookieSet) -> None:
+        """(The store's thread) the lists changed."""
+        self._writable = bookies.writable
+
     async def close(self) -> None:
         """Fail what writers still have in flight (their outcome is unknown), stop the
         core's tasks, close every connection."""
         self.closing = True
+        with self._watch_lock:
+            if self._bookie_watch is not None:
+                self._bookie_watch.cancel()
+                self._bookie_watch = None
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None

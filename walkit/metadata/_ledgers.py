@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 Ids. :meth:`LedgerManager.new_ledger_id` creates an ephemeral sequential node
-``<root>/idgen/HOB-<hob:010d>/ID-<seq>`` and deletes it again; the store makes the
+``<root>/idgen/HOB-<hob:010d>/ID-<seq>`` (deleted later, 64 in one transaction, or
+with the session: the number is what counts, not the node); the store makes the
 sequence number unique under its parent, so ``hob * LOW_LIMIT + seq`` is unique across
 all processes and all clients of the cluster (BookKeeper's long id generator works the
 same way). A sequence number at or past ``LOW_LIMIT`` (2^31 - 1, where ZooKeeper's
@@ -32,6 +33,8 @@ NoSuchLedgerError.
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 from collections.abc import Callable, Iterator
 
 from walkit.errors import (
@@ -48,7 +51,7 @@ from walkit.errors import (
 from walkit.metadata._cluster import ClusterInfo, cluster_path
 from walkit.metadata._ledger import LedgerMetadata
 from walkit.metadata._paths import MAX_LEDGER_ID, iter_ledger_ids, iter_ledger_ranges, ledger_path
-from walkit.metadata._store import ANY_VERSION, MetadataStore, Stat, Watch
+from walkit.metadata._store import ANY_VERSION, Delete, MetadataStore, Stat, Watch
 
 __all__ = ["LedgerManager", "LOW_LIMIT"]
 
@@ -56,6 +59,9 @@ LOW_LIMIT = (1 << 31) - 1  # sequence numbers per high-order bucket
 _HOB = "HOB-"
 _ID = "ID-"
 UPDATE_ATTEMPTS = 100
+SPENT_BATCH = 64  # id nodes deleted in one transaction
+
+_log = logging.getLogger(__name__)
 
 
 class LedgerManager:
@@ -72,6 +78,8 @@ class LedgerManager:
         self._idgen = cluster_path(cluster.root, "idgen")
         self._low_limit = low_limit
         self._hob: int | None = None  # the bucket ids come from; found on first use
+        self._spent_lock = threading.Lock()
+        self._spent: list[str] = []  # id nodes whose sequence number was used, not deleted yet
 
     @property
     def cluster(self) -> ClusterInfo:
@@ -83,7 +91,11 @@ class LedgerManager:
     # -- ids ----------------------------------------------------------------------
 
     def new_ledger_id(self) -> int:
-        """A ledger id no other call, in any process, has been or will be given."""
+        """A ledger id no other call, in any process, has been or will be given: the
+        sequence number of an ephemeral node created in the current bucket. The node has
+        done its work once created; such nodes are deleted :data:`SPENT_BATCH` at a time
+        in one transaction (one commit, not one per id), and any left go with the
+        session."""
         hob = self._current_hob()
         while True:
             bucket = f"{self._idgen}/{_HOB}{hob:010d}"
@@ -93,8 +105,7 @@ class LedgerManager:
                 with contextlib.suppress(NodeExistsError):
                     self._store.create(bucket)
                 continue
-            with contextlib.suppress(NoNodeError):
-                self._store.delete(node)
+            self._spend(node)
             seq = int(node.rsplit("/", 1)[1].removeprefix(_ID))
             if 0 <= seq < self._low_limit:
                 self._hob = hob
@@ -103,6 +114,21 @@ class LedgerManager:
                     raise MetadataError("ledger ids exhausted", root=self._root, hob=hob)
                 return ledger_id
             hob = max(hob + 1, self._highest_hob())  # this bucket is full: on to the next
+
+    def _spend(self, node: str) -> None:
+        with self._spent_lock:
+            self._spent.append(node)
+            if len(self._spent) < SPENT_BATCH:
+                return
+            spent, self._spent = self._spent, []
+        try:
+            self._store.transaction([Delete(path) for path in spent])
+        except NoNodeError:  # one went with an expired session: the others one by one
+            for path in spent:
+                with contextlib.suppress(NoNodeError):
+                    self._store.delete(path)
+        except MetadataError as exc:  # ephemeral: they go with the session at the latest
+            _log.debug("id nodes not deleted (%d): %s", len(spent), exc)
 
     def _current_hob(self) -> int:
         if self._hob is None:
