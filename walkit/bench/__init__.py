@@ -17,6 +17,8 @@ produced them are in docs/performance.md.
              peak memory) and compaction (MB/s rewritten, a writer's add latency meanwhile)
 ``recovery`` ``walkit bench recovery``: a lost bookie's share re-replicated by ``walkit recover``
              and by autorecovery (MB/s), a concurrent writer's latency meanwhile
+``metadata`` ``walkit bench metadata``: ledger creates, closes, opens and deletes per second on
+             ``local://`` and ZooKeeper beside the store's own, WriteAheadLogs opened for writing
 ``spark``    ``walkit bench spark``: records/s read by Spark vs. the WAL's own replay()
              (needs walkit[spark]; imported only when that benchmark runs)
 

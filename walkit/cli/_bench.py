@@ -1,4 +1,5 @@
-"""``walkit bench journal|bookie|ledger|wal|read|spark|gc|recovery|scale``: the benchmarks of :mod:`walkit.bench`."""
+"""``walkit bench journal|bookie|ledger|wal|read|spark|gc|recovery|scale|metadata``: the benchmarks of
+:mod:`walkit.bench`."""
 
 from __future__ import annotations
 
@@ -89,6 +90,14 @@ def _scale(args: argparse.Namespace) -> int:
                              max_ledger_entries=args.max_ledger_entries, segments=args.segments,
                              snapshots=args.snapshots, checkpoint_interval=args.checkpoint_interval,
                              session_timeout=args.session_timeout, cases=args.case or CASES)
+    _print_report(args, report, format_markdown)
+    return 0
+
+
+def _metadata(args: argparse.Namespace) -> int:
+    from walkit.bench.metadata import format_markdown, run_metadata_bench
+
+    report = run_metadata_bench(args.dir, ledgers=args.ledgers, logs=args.logs, threads=args.threads, zk=args.zk)
     _print_report(args, report, format_markdown)
     return 0
 
@@ -200,3 +209,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      "how long a crashed bookie's registration outlives it (default 10)")
     bsc.add_argument("--dir", default=None, help="where the clusters keep their data (default: a temporary one here)")
     bsc.set_defaults(func=_scale)
+    bmd = bench.add_parser("metadata", help="ledger creates, closes, opens and deletes per second (local:// and "
+                           "ZooKeeper, beside the store's own), and WriteAheadLogs opened for writing")
+    bmd.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bmd.add_argument("--ledgers", type=int, default=2000, help="ledgers created, closed, opened and deleted per "
+                     "store (default 2,000)")
+    bmd.add_argument("--logs", type=int, default=1000, help="WriteAheadLogs opened for writing, then again "
+                     "(default 1,000; 0 skips them)")
+    bmd.add_argument("--threads", type=int, default=4, help="threads sharing one client (default 4)")
+    bmd.add_argument("--zk", default="auto", help="ZooKeeper: auto (start Debian's package on 127.0.0.1 if "
+                     "installed), none, or HOST:PORT of a server to use under a fresh root (default auto)")
+    bmd.add_argument("--dir", default=None, help="where the clusters keep their data (default: a temporary one here)")
+    bmd.set_defaults(func=_metadata)
