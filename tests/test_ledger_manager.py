@@ -110,24 +110,48 @@ def test_full_bucket_moves_every_generator_to_the_next(driver: Driver) -> None:
     assert len(hobs) > 3 and all(h.startswith("HOB-") for h in hobs)
 
 
-def test_spent_id_nodes_are_deleted_in_batches_and_go_with_the_session(driver: Driver) -> None:
-    """An id's node is deleted SPENT_BATCH at a time (one transaction), never left to
-    grow the bucket; those not deleted yet are ephemeral and go with the session; one
-    deleted meanwhile (an expired session) does not fail the batch."""
-    from walkit.metadata._ledgers import SPENT_BATCH
+class CountingStore:
+    """Counts the store calls a manager makes."""
 
+    def __init__(self, store: ExpirableStore) -> None:
+        self._store = store
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if callable(attr) and name in ("create", "get", "set", "delete", "exists", "children", "transaction"):
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                self.calls += 1
+                return attr(*args, **kwargs)
+            return counted
+        return attr
+
+
+def test_ids_come_in_ranges_one_transaction_each(driver: Driver) -> None:
+    """``id_range`` ids per store call, ascending; the previous range's nodes go with the
+    next range's transaction (one deleted meanwhile, as an expiry would, is tolerated);
+    the rest go with the session. A taker of one number at a time (an older walkit)
+    drawing between two ranges gets a number no range holds."""
     s = driver.make_store()
-    m = manager_on(s)
+    counting = CountingStore(s)
+    m = LedgerManager(counting, init_cluster(s, ROOT), id_range=8)  # type: ignore[arg-type]
     bucket = f"{ROOT}/idgen/HOB-0000000000"
-    ids = [m.new_ledger_id() for _ in range(SPENT_BATCH - 1)]
-    assert len(s.children(bucket)) == SPENT_BATCH - 1, "nothing deleted before a batch is full"
-    s.delete(f"{bucket}/{s.children(bucket)[0]}")  # as an expiry would have
+    ids = [m.new_ledger_id() for _ in range(8)]
+    first_calls = counting.calls
+    assert first_calls <= 4 and len(s.children(bucket)) == 8, \
+        "one range: one transaction (and, on first use, the bucket found and made)"
+    single = s.create(f"{bucket}/ID-", ephemeral=True, sequential=True)  # an older taker, between two ranges
+    s.delete(f"{bucket}/{s.children(bucket)[0]}")  # one of the first range's nodes, gone with an expiry
+    ids += [m.new_ledger_id() for _ in range(8)]
+    assert len(s.children(bucket)) == 8 + 1, "the first range's nodes deleted with the second's creation"
+    assert int(single.rsplit("-", 1)[1]) not in ids
+    assert len(set(ids)) == 16 and ids == sorted(ids) and ids[8] > ids[7] + 1
+    before = counting.calls
     ids.append(m.new_ledger_id())
-    assert s.children(bucket) == [], "a full batch deleted in one go, the missing node tolerated"
-    ids += [m.new_ledger_id() for _ in range(3)]
-    assert len(set(ids)) == len(ids) == SPENT_BATCH + 3 and ids == sorted(ids)
+    assert counting.calls - before == 1 and len(s.children(bucket)) == 8 + 1
+    s.delete(single)
     s.close()
-    assert driver.make_store().children(bucket) == [], "the rest went with the session"
+    assert driver.make_store().children(bucket) == [], "the last range's nodes went with the session"
 
 
 def test_bad_low_limit_is_refused(store: ExpirableStore) -> None:
@@ -374,21 +398,32 @@ class SequenceAt:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    def create(self, path: str, data: bytes = b"", **kwargs: Any) -> str:
-        made = self._store.create(path, data, **kwargs)
-        if kwargs.get("sequential") and "/idgen/" in path and self._seqs:
-            self._store.delete(made)
-            made = self._store.create(path + f"{self._seqs.pop(0):010d}", ephemeral=True)
-        return made
+    def transaction(self, ops: list[Any]) -> list[Any]:
+        results = self._store.transaction(ops)
+        for i, op in enumerate(ops):
+            if isinstance(op, Create) and op.sequential and "/idgen/" in op.path and self._seqs:
+                self._store.delete(results[i])
+                results[i] = self._store.create(op.path + f"{self._seqs.pop(0):010d}", ephemeral=True)
+        return results
 
 
-@pytest.mark.parametrize("seq", [-(1 << 31), LEGACY_LIMIT])
-def test_a_spent_or_wrapped_counter_moves_to_the_next_bucket(store: ExpirableStore, seq: int) -> None:
-    """ZooKeeper's counter ends at 2^31 - 1 and wraps to negative numbers."""
-    m = LedgerManager(SequenceAt(store, [seq]), init_cluster(store, ROOT))  # type: ignore[arg-type]
-    ledger_id = m.new_ledger_id()
-    assert ledger_id >= LEGACY_LIMIT, "the id comes from bucket 1"
+@pytest.mark.parametrize(("start", "in_bucket_0"), [(-(1 << 31), 0), (LEGACY_LIMIT, 0), (LEGACY_LIMIT - 2, 2)])
+def test_a_spent_or_wrapped_counter_moves_to_the_next_bucket(store: ExpirableStore, start: int,
+                                                             in_bucket_0: int) -> None:
+    """ZooKeeper's counter ends at 2^31 - 1 and wraps to negative numbers; a range that
+    reaches the end gives the numbers before it, then the next bucket's."""
+    m = LedgerManager(SequenceAt(store, [start + k for k in range(8)]), init_cluster(store, ROOT),  # type: ignore[arg-type]
+                      id_range=4)
+    ids = [m.new_ledger_id() for _ in range(in_bucket_0 + 1)]
+    assert ids[:in_bucket_0] == [LEGACY_LIMIT - 2, LEGACY_LIMIT - 1][:in_bucket_0]
+    assert ids[-1] >= LEGACY_LIMIT, "then the ids come from bucket 1"
     assert "HOB-0000000001" in store.children(f"{ROOT}/idgen")
+
+
+def test_a_bad_id_range_is_refused(store: ExpirableStore) -> None:
+    for bad in (0, 1025):
+        with pytest.raises(InvalidArgumentError, match="id_range"):
+            LedgerManager(store, init_cluster(store, ROOT), id_range=bad)
 
 
 def test_exhausted_id_space_is_a_clear_error(store: ExpirableStore) -> None:

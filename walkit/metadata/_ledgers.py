@@ -2,12 +2,15 @@
 
 Theory of operation
 -------------------
-Ids. :meth:`LedgerManager.new_ledger_id` creates an ephemeral sequential node
-``<root>/idgen/HOB-<hob:010d>/ID-<seq>`` (deleted later, 64 in one transaction, or
-with the session: the number is what counts, not the node); the store makes the
-sequence number unique under its parent, so ``hob * LOW_LIMIT + seq`` is unique across
-all processes and all clients of the cluster (BookKeeper's long id generator works the
-same way). A sequence number at or past ``LOW_LIMIT`` (2^31 - 1, where ZooKeeper's
+Ids. An id is the sequence number of an ephemeral sequential node
+``<root>/idgen/HOB-<hob:010d>/ID-<seq>``: the store makes the number unique under its
+parent, so ``hob * LOW_LIMIT + seq`` is unique across all processes and all clients of
+the cluster (BookKeeper's long id generator works the same way). A manager takes
+``id_range`` (64) numbers at once - one transaction of that many creates, which the
+store applies together, so they are consecutive and no other taker's number falls
+between them - and hands them out from memory: one store call per 64 ledgers, not two
+per ledger. The nodes are deleted with the next range's transaction (or go with the
+session); a taker of one number at a time (an older walkit) shares the bucket safely. A sequence number at or past ``LOW_LIMIT`` (2^31 - 1, where ZooKeeper's
 32-bit counter ends) moves every generator to the next "high-order bucket": the ids
 cover the whole 63-bit space and only grow within a bucket. The ``HOB-`` parents hold
 nothing but ``ID-`` nodes, so another child can never take a number.
@@ -32,8 +35,8 @@ NoSuchLedgerError.
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import logging
 import threading
 from collections.abc import Callable, Iterator
 
@@ -51,7 +54,7 @@ from walkit.errors import (
 from walkit.metadata._cluster import ClusterInfo, cluster_path
 from walkit.metadata._ledger import LedgerMetadata
 from walkit.metadata._paths import MAX_LEDGER_ID, iter_ledger_ids, iter_ledger_ranges, ledger_path
-from walkit.metadata._store import ANY_VERSION, Delete, MetadataStore, Stat, Watch
+from walkit.metadata._store import ANY_VERSION, Create, Delete, MetadataStore, Stat, Watch
 
 __all__ = ["LedgerManager", "LOW_LIMIT"]
 
@@ -59,27 +62,31 @@ LOW_LIMIT = (1 << 31) - 1  # sequence numbers per high-order bucket
 _HOB = "HOB-"
 _ID = "ID-"
 UPDATE_ATTEMPTS = 100
-SPENT_BATCH = 64  # id nodes deleted in one transaction
-
-_log = logging.getLogger(__name__)
+ID_RANGE = 64  # ledger ids taken from the store at a time
 
 
 class LedgerManager:
     """Ids and metadata of the ledgers of one cluster (thread-safe, as its store)."""
 
-    def __init__(self, store: MetadataStore, cluster: ClusterInfo, *, low_limit: int = LOW_LIMIT) -> None:
+    def __init__(self, store: MetadataStore, cluster: ClusterInfo, *, low_limit: int = LOW_LIMIT,
+                 id_range: int = ID_RANGE) -> None:
         """``low_limit`` (sequence numbers per bucket) exists for tests that cross
-        buckets quickly; every manager of one cluster must use the same value."""
+        buckets quickly; every manager of one cluster must use the same value.
+        ``id_range``: ids taken from the store at a time (1: one store call per id)."""
         if not 1 <= low_limit <= LOW_LIMIT:
             raise InvalidArgumentError("low_limit out of range", low_limit=low_limit, max=LOW_LIMIT)
+        if not 1 <= id_range <= 1024:
+            raise InvalidArgumentError("id_range out of range", id_range=id_range, min=1, max=1024)
+        self.id_range = id_range
         self._store = store
         self._cluster = cluster
         self._root = cluster.root
         self._idgen = cluster_path(cluster.root, "idgen")
         self._low_limit = low_limit
         self._hob: int | None = None  # the bucket ids come from; found on first use
-        self._spent_lock = threading.Lock()
-        self._spent: list[str] = []  # id nodes whose sequence number was used, not deleted yet
+        self._ids_lock = threading.Lock()
+        self._ids: collections.deque[int] = collections.deque()  # taken from the store, not handed out
+        self._spent: list[str] = []  # the last range's id nodes, deleted with the next range's creation
 
     @property
     def cluster(self) -> ClusterInfo:
@@ -91,44 +98,55 @@ class LedgerManager:
     # -- ids ----------------------------------------------------------------------
 
     def new_ledger_id(self) -> int:
-        """A ledger id no other call, in any process, has been or will be given: the
-        sequence number of an ephemeral node created in the current bucket. The node has
-        done its work once created; such nodes are deleted :data:`SPENT_BATCH` at a time
-        in one transaction (one commit, not one per id), and any left go with the
-        session."""
+        """A ledger id no other call, in any process, has been or will be given. Ids are
+        taken :attr:`id_range` at a time (:meth:`_take_range`, one store transaction) and
+        handed out from memory, in ascending order; those not handed out when the manager
+        is dropped are never used by anyone (gaps, as BookKeeper's id ranges leave)."""
+        with self._ids_lock:
+            while not self._ids:
+                self._take_range()
+            return self._ids.popleft()
+
+    def _take_range(self) -> None:
+        """(``_ids_lock`` held) ``id_range`` sequence numbers of the current bucket in one
+        transaction: that many ephemeral sequential creates, which the store applies
+        together, so their numbers are consecutive; the previous range's nodes are
+        deleted in the same transaction (a number, once drawn, is never drawn again:
+        the nodes are not needed after that, and any left go with the session)."""
         hob = self._current_hob()
         while True:
             bucket = f"{self._idgen}/{_HOB}{hob:010d}"
+            spent = [Delete(path) for path in self._spent]
+            ops: list[Create | Delete] = [*spent, *[Create(f"{bucket}/{_ID}", ephemeral=True, sequential=True)]
+                                          * self.id_range]
             try:
-                node = self._store.create(f"{bucket}/{_ID}", ephemeral=True, sequential=True)
-            except NoNodeError:
-                with contextlib.suppress(NodeExistsError):
-                    self._store.create(bucket)
+                created = self._store.transaction(ops)[len(spent):]
+            except NoNodeError as exc:
+                if exc.context.get("op_index", len(spent)) < len(spent):  # one went with an expired session
+                    self._drop_spent()
+                else:  # a new bucket
+                    with contextlib.suppress(NodeExistsError):
+                        self._store.create(bucket)
                 continue
-            self._spend(node)
-            seq = int(node.rsplit("/", 1)[1].removeprefix(_ID))
-            if 0 <= seq < self._low_limit:
+            self._spent = [str(path) for path in created]
+            seqs = [int(str(path).rsplit("/", 1)[1].removeprefix(_ID)) for path in created]
+            usable = [hob * self._low_limit + seq for seq in seqs if 0 <= seq < self._low_limit]
+            if usable:
+                if usable[-1] > MAX_LEDGER_ID:
+                    usable = [i for i in usable if i <= MAX_LEDGER_ID]
+                    if not usable:
+                        raise MetadataError("ledger ids exhausted", root=self._root, hob=hob)
                 self._hob = hob
-                ledger_id = hob * self._low_limit + seq
-                if ledger_id > MAX_LEDGER_ID:
-                    raise MetadataError("ledger ids exhausted", root=self._root, hob=hob)
-                return ledger_id
+                self._ids.extend(usable)
+                return
             hob = max(hob + 1, self._highest_hob())  # this bucket is full: on to the next
 
-    def _spend(self, node: str) -> None:
-        with self._spent_lock:
-            self._spent.append(node)
-            if len(self._spent) < SPENT_BATCH:
-                return
-            spent, self._spent = self._spent, []
-        try:
-            self._store.transaction([Delete(path) for path in spent])
-        except NoNodeError:  # one went with an expired session: the others one by one
-            for path in spent:
-                with contextlib.suppress(NoNodeError):
-                    self._store.delete(path)
-        except MetadataError as exc:  # ephemeral: they go with the session at the latest
-            _log.debug("id nodes not deleted (%d): %s", len(spent), exc)
+    def _drop_spent(self) -> None:
+        """The previous range's nodes one by one (some are gone already)."""
+        for path in self._spent:
+            with contextlib.suppress(NoNodeError):
+                self._store.delete(path)
+        self._spent = []
 
     def _current_hob(self) -> int:
         if self._hob is None:
