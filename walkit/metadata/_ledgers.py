@@ -122,7 +122,8 @@ class LedgerManager:
             try:
                 created = self._store.transaction(ops)[len(spent):]
             except NoNodeError as exc:
-                if exc.context.get("op_index", len(spent)) < len(spent):  # one went with an expired session
+                failed = exc.context.get("op_index")
+                if isinstance(failed, int) and failed < len(spent):  # one went with an expired session
                     self._drop_spent()
                 else:  # a new bucket
                     with contextlib.suppress(NodeExistsError):
