@@ -997,3 +997,42 @@ def test_a_stopped_client_does_not_time_out_the_adds_it_sent_before_the_stop(tmp
         assert lh.add_entry(b"third") == 2
         assert list(lh.metadata.ensembles[-1][1]) == ensemble and len(lh.metadata.ensembles) == 1, \
             "a bookie was dropped for an add timed out while the client was stopped"
+
+
+def test_placement_chooses_from_the_watched_bookie_list(tmp_path: Path, driver: Driver,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the first choice a client chooses from the bookie lists it watches: no store
+    read per create; a bookie turned read-only leaves the choice once the watch tells; a
+    bookie that just joined is chosen at once when the list without it is too short; a
+    list older than BOOKIE_LIST_MAX_AGE is read from the store again."""
+    from walkit.client import _core
+
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        bk.create_ledger(3, 3, 2).close()
+        core = bk._core
+        reads: list[int] = []
+        listing = core.cluster.bookies
+
+        def counted() -> Any:
+            reads.append(1)
+            return listing()
+
+        monkeypatch.setattr(core.cluster, "bookies", counted)
+        for _ in range(5):
+            bk.create_ledger(3, 3, 2).close()
+        assert reads == [], "creates chose from the watched list"
+        added = cluster.add_bookie()
+        joined = cluster.bookie_ids[added]
+        lh = bk.create_ledger(4, 4, 2)  # needs the new bookie, watch event or not
+        assert joined in lh.metadata.ensembles[0][1]
+        lh.close()
+        cluster.set_read_only(0)
+        wait_for(lambda: core._writable is not None and cluster.bookie_ids[0] not in core._writable)
+        for _ in range(10):
+            lh = bk.create_ledger(3, 3, 2)
+            assert cluster.bookie_ids[0] not in lh.metadata.ensembles[0][1]
+            lh.close()
+        reads.clear()
+        monkeypatch.setattr(_core, "BOOKIE_LIST_MAX_AGE", 0.0)
+        bk.create_ledger(3, 3, 2).close()
+        assert reads, "a list older than the maximum age is read again"

@@ -14,10 +14,12 @@ not a timer per writer.
 
 Placement reads no metadata in the common case: the writable bookies are watched from
 the first choice on (the store calls back on every change of the lists), and a choice is
-made from what the watch last said; only when that is too few for the choice is the
-store read (a bookie may have just registered and its event not be here yet). A bookie
-gone but not yet reported is handled as any failed bookie: the writer's first add to it
-fails and an ensemble change replaces it (BookKeeper's watched bookie list does the same).
+made from what the watch last said. The store is read instead when that is too few for
+the choice (a bookie may have just registered and its event not be here yet) or older
+than :data:`BOOKIE_LIST_MAX_AGE` (a watch may lag, or stop until the session comes
+back). A bookie gone but not yet reported is handled as any failed bookie: the writer's
+first add to it fails and an ensemble change replaces it (BookKeeper's watched bookie
+list does the same).
 
 Adds need no metadata, even during an outage of the store: the endpoints of the bookies
 a ledger is created on (or moved to) are read with the bookie list, while the store
@@ -53,6 +55,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 FAILURE_MEMORY = 60.0  # seconds a failed bookie is picked last (BookKeeper's failure history)
+BOOKIE_LIST_MAX_AGE = 5.0  # seconds a watched bookie list is chosen from before the store is read again
 #: A timeout sweep that runs this much later than planned (or one sweep interval, if
 #: longer) means this process did not run meanwhile (SIGSTOP, a suspended VM, a starved
 #: machine): the bookies' answers may be waiting unread, so no add is timed out by it.
@@ -90,10 +93,12 @@ class ClientCore:
         self._endpoints: dict[str, Endpoint] = {}  # what each bookie registered, when last read
         self._unused: set[str] = set()  # endpoints read ahead (with a choice), no connection made yet
         self._failed_at: dict[str, float] = {}
-        # the writable bookies as the store's watch last told (None: no watch yet)
+        # the writable bookies as the store's watch or a read last told, and when (None: not yet)
         self._writable: frozenset[str] | None = None
+        self._writable_at = 0.0
         self._bookie_watch: Watch | None = None
-        self._watch_lock = threading.Lock()
+        self._watch_starting = False
+        self._watch_lock = threading.Lock()  # never held across a store call
         self.closing = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self.writers: weakref.WeakSet[_Failable] = weakref.WeakSet()
@@ -237,12 +242,14 @@ class ClientCore:
         """``count`` distinct writable bookies not in ``exclude``, at random, bookies
         that failed lately only when no others are left (NotEnoughBookiesError)."""
         writable = self._writable
-        if writable is None:
-            writable = await self.md(self._watch_bookies)
-        candidates = [b for b in writable if b not in exclude]
-        if len(candidates) < count:  # the watch may lag a bookie that just registered: ask the store
-            writable = (await self.md(self.cluster.bookies)).writable
+        if writable is None or time.monotonic() - self._writable_at > BOOKIE_LIST_MAX_AGE:
+            writable = await self.md(self._read_bookies)
             candidates = [b for b in writable if b not in exclude]
+        else:
+            candidates = [b for b in writable if b not in exclude]
+            if len(candidates) < count:  # the watch may lag a bookie that just registered: ask the store
+                writable = await self.md(self._read_bookies)
+                candidates = [b for b in writable if b not in exclude]
         if len(candidates) < count:
             raise NotEnoughBookiesError("not enough writable bookies", needed=count, available=len(candidates),
                                         excluded=len(exclude & writable) or None)
@@ -252,26 +259,45 @@ class ClientCore:
         await self._learn_endpoints(chosen)
         return chosen
 
-    def _watch_bookies(self) -> frozenset[str]:
-        """(Metadata thread) start watching the bookie lists (once); the writable ones."""
+    def _read_bookies(self) -> frozenset[str]:
+        """(Metadata thread) the writable bookies, read from the store; the lists are
+        watched from now on (a watch that could not be started is tried again next time)."""
+        self._start_watch()
+        writable = self.cluster.bookies().writable
+        self._writable, self._writable_at = writable, time.monotonic()
+        return writable
+
+    def _start_watch(self) -> None:
         with self._watch_lock:
-            if self._bookie_watch is None and not self.closing:
-                self._bookie_watch = self.cluster.watch_bookies(self._bookies_changed)  # calls back at once
-            writable = self._writable
-        return writable if writable is not None else self.cluster.bookies().writable
+            if self._bookie_watch is not None or self._watch_starting or self.closing:
+                return
+            self._watch_starting = True
+        watch: Watch | None = None
+        try:
+            watch = self.cluster.watch_bookies(self._bookies_changed)
+        except WalkitError as exc:  # the read that follows says whether the store answers
+            log.debug("bookie lists not watched: %s", exc)
+        finally:
+            with self._watch_lock:
+                self._watch_starting = False
+                late = watch is not None and self.closing
+                if watch is not None and not late:
+                    self._bookie_watch = watch
+        if late and watch is not None:
+            watch.cancel()
 
     def _bookies_changed(self, bookies: BookieSet) -> None:
         """(The store's thread) the lists changed."""
-        self._writable = bookies.writable
+        self._writable, self._writable_at = bookies.writable, time.monotonic()
 
     async def close(self) -> None:
         """Fail what writers still have in flight (their outcome is unknown), stop the
         core's tasks, close every connection."""
         self.closing = True
         with self._watch_lock:
-            if self._bookie_watch is not None:
-                self._bookie_watch.cancel()
-                self._bookie_watch = None
+            watch, self._bookie_watch = self._bookie_watch, None
+        if watch is not None:
+            watch.cancel()
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None

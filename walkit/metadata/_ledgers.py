@@ -10,7 +10,10 @@ the cluster (BookKeeper's long id generator works the same way). A manager takes
 store applies together, so they are consecutive and no other taker's number falls
 between them - and hands them out from memory: one store call per 64 ledgers, not two
 per ledger. The nodes are deleted with the next range's transaction (or go with the
-session); a taker of one number at a time (an older walkit) shares the bucket safely. A sequence number at or past ``LOW_LIMIT`` (2^31 - 1, where ZooKeeper's
+session: a range whose reply was lost - the driver retried, or gave up and it landed
+later - leaves its nodes until then, which costs nothing but their rows; the numbers
+are never handed out); a taker of one number at a time (an older walkit) shares the
+bucket safely. A sequence number at or past ``LOW_LIMIT`` (2^31 - 1, where ZooKeeper's
 32-bit counter ends) moves every generator to the next "high-order bucket": the ids
 cover the whole 63-bit space and only grow within a bucket. The ``HOB-`` parents hold
 nothing but ``ID-`` nodes, so another child can never take a number.

@@ -138,8 +138,12 @@ def watch_bookies(store: MetadataStore, cluster: ClusterInfo, callback: Callable
                 callback(BookieSet(writable - readonly, readonly))
 
     watch = _BookieWatch()
-    watch.parts.append(store.watch_children(available, lambda names: update("writable", names)))
-    watch.parts.append(store.watch_children(f"{available}/{READONLY}", lambda names: update("readonly", names)))
+    try:
+        watch.parts.append(store.watch_children(available, lambda names: update("writable", names)))
+        watch.parts.append(store.watch_children(f"{available}/{READONLY}", lambda names: update("readonly", names)))
+    except BaseException:
+        watch.cancel()  # the half already made
+        raise
     return watch
 
 
