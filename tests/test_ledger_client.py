@@ -1036,3 +1036,9 @@ def test_placement_chooses_from_the_watched_bookie_list(tmp_path: Path, driver: 
         monkeypatch.setattr(_core, "BOOKIE_LIST_MAX_AGE", 0.0)
         bk.create_ledger(3, 3, 2).close()
         assert reads, "a list older than the maximum age is read again"
+        watch = core._bookie_watch
+        assert watch is not None
+        cancelled: list[int] = []
+        cancel = watch.cancel
+        monkeypatch.setattr(watch, "cancel", lambda: (cancelled.append(1), cancel()))
+    assert core._bookie_watch is None and cancelled == [1], "closing the client cancels its watch"

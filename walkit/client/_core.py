@@ -242,14 +242,10 @@ class ClientCore:
         """``count`` distinct writable bookies not in ``exclude``, at random, bookies
         that failed lately only when no others are left (NotEnoughBookiesError)."""
         writable = self._writable
-        if writable is None or time.monotonic() - self._writable_at > BOOKIE_LIST_MAX_AGE:
+        if (writable is None or time.monotonic() - self._writable_at > BOOKIE_LIST_MAX_AGE
+                or len(writable.difference(exclude)) < count):  # (the watch may lag a bookie that just joined)
             writable = await self.md(self._read_bookies)
-            candidates = [b for b in writable if b not in exclude]
-        else:
-            candidates = [b for b in writable if b not in exclude]
-            if len(candidates) < count:  # the watch may lag a bookie that just registered: ask the store
-                writable = await self.md(self._read_bookies)
-                candidates = [b for b in writable if b not in exclude]
+        candidates = [b for b in writable if b not in exclude]
         if len(candidates) < count:
             raise NotEnoughBookiesError("not enough writable bookies", needed=count, available=len(candidates),
                                         excluded=len(exclude & writable) or None)

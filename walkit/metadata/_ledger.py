@@ -14,10 +14,12 @@ version through updates (a ledger created as version 1 is closed as version 1):
   ledger costs no CPU worth counting. A ledger password is an access secret the
   application draws, not a human password: a slow hash buys nothing against someone who
   can read the metadata store, who can also read a bookie's disks, where every ledger's
-  master key (SHA-256 of the password, unsalted) is kept (docs/architecture.md, "Who
-  can do what with the metadata store").
+  master key (SHA-256 of the password, unsalted) is kept (docs/architecture.md,
+  "Metadata": "Ledger passwords, and who can do what with the metadata store").
 * version 1: PBKDF2-HMAC-SHA256, 100,000 rounds (~19 ms); still read and checked, each
-  (password, salt) derived once per process (an LRU of :data:`_PBKDF2_CACHE` entries). :class:`LedgerMetadata` is immutable and checks every invariant when built, so
+  (password, salt) derived once per process (an LRU of :data:`_PBKDF2_CACHE` entries).
+
+:class:`LedgerMetadata` is immutable and checks every invariant when built, so
 a value that exists is valid; updates build new values (read–modify–CAS on the store's
 version happens above this module).
 

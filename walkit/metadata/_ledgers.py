@@ -136,12 +136,10 @@ class LedgerManager:
             seqs = [int(str(path).rsplit("/", 1)[1].removeprefix(_ID)) for path in created]
             usable = [hob * self._low_limit + seq for seq in seqs if 0 <= seq < self._low_limit]
             if usable:
-                if usable[-1] > MAX_LEDGER_ID:
-                    usable = [i for i in usable if i <= MAX_LEDGER_ID]
-                    if not usable:
-                        raise MetadataError("ledger ids exhausted", root=self._root, hob=hob)
                 self._hob = hob
-                self._ids.extend(usable)
+                self._ids.extend(i for i in usable if i <= MAX_LEDGER_ID)
+                if not self._ids:
+                    raise MetadataError("ledger ids exhausted", root=self._root, hob=hob)
                 return
             hob = max(hob + 1, self._highest_hob())  # this bucket is full: on to the next
 
