@@ -654,6 +654,16 @@ class Bookie:
             entry_id = s.last_entry_id(ledger_id)
         return s.get_entry(ledger_id, entry_id)
 
+    def read_entries(self, ledger_id: int, first: int, count: int, max_bytes: int) -> list[bytes]:
+        """The stored entries ``first``, ``first + 1``, ... as they were added: at most
+        ``count``, ending before the first one not stored and before the one that would
+        take their bytes past ``max_bytes`` (the first always;
+        :meth:`bookie.storage.LedgerStorage.get_entries`)."""
+        s = self.storage
+        if not s.has_ledger(ledger_id):
+            raise NoSuchLedgerError("ledger not on this bookie", ledger=ledger_id, bookie=self.config.effective_bookie_id)
+        return s.get_entries(ledger_id, first, count, max_bytes)
+
     def read_lac(self, ledger_id: int) -> int:
         """max(explicit LAC, the LAC carried by the last stored entry); -1 when none."""
         s = self.storage

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
-from walkit.metrics import registry_of
-from walkit.protocol import AddEntryResponse, ErrorResponse, Op, Response, Status
+from walkit.metrics import COUNT_BUCKETS, Histogram, registry_of
+from walkit.protocol import AddEntryResponse, ErrorResponse, Op, ReadRangeResponse, Response, Status
 
 if TYPE_CHECKING:
     from bookie.server import BookieServer
@@ -31,7 +31,7 @@ __all__ = ["ServerStats", "BookieCollector", "bookie_registry"]
 class ServerStats:
     """The server's counts (its event loop writes them)."""
 
-    __slots__ = ("responses", "adds_ok", "refused", "bytes_in", "bytes_out")
+    __slots__ = ("responses", "adds_ok", "refused", "bytes_in", "bytes_out", "range_entries")
 
     def __init__(self) -> None:
         #: (op, status) -> answers sent, adds answered together excepted (``adds_ok``)
@@ -40,9 +40,14 @@ class ServerStats:
         self.refused: collections.Counter[str] = collections.Counter()  # adds refused at once, by reason
         self.bytes_in = 0
         self.bytes_out = 0
+        #: entries per READ_RANGE answer: its count is the range reads answered with
+        #: entries, its sum the entries they carried (entries per request = sum / count)
+        self.range_entries = Histogram(COUNT_BUCKETS)
 
     def answered(self, response: Response) -> None:
         self.responses[_labels(response)] += 1
+        if type(response) is ReadRangeResponse:
+            self.range_entries.observe(len(response.entries))
 
 
 _LABELS: dict[tuple[type, int, int], tuple[str, str]] = {}
@@ -66,7 +71,8 @@ def _labels(response: Response) -> tuple[str, str]:
 
 
 _SUCCESS_OPS = {"AddEntryResponse": "add_entry", "ReadEntryResponse": "read_entry", "ReadLacResponse": "read_lac",
-                "WriteLacResponse": "write_lac", "BookieInfoResponse": "get_bookie_info", "AdminResponse": "admin"}
+                "WriteLacResponse": "write_lac", "BookieInfoResponse": "get_bookie_info", "AdminResponse": "admin",
+                "ReadRangeResponse": "read_range"}
 assert AddEntryResponse.__name__ in _SUCCESS_OPS
 
 
@@ -100,6 +106,8 @@ class BookieCollector:
         yield GaugeMetricFamily("walkit_bookie_connections", "Client connections open", value=len(connections))
         yield CounterMetricFamily("walkit_bookie_received_bytes", "Bytes received from clients", value=st.bytes_in)
         yield CounterMetricFamily("walkit_bookie_sent_bytes", "Bytes sent to clients", value=st.bytes_out)
+        yield st.range_entries.family("walkit_bookie_range_read_entries",
+                                      "Entries in one READ_RANGE answer (count: range reads answered with entries)")
         yield GaugeMetricFamily("walkit_bookie_readonly", "1 while the bookie is read-only",
                                 value=1 if server.readonly else 0)
         yield GaugeMetricFamily("walkit_bookie_failed",

@@ -26,9 +26,15 @@ responses for frames it could not accept) and dispatches each:
   items and one wake-up. The answers of a group are encoded straight from the requests
   and joined once (:meth:`~walkit.protocol.ServerConnection.send_added_many`, the bytes
   of an AddEntryResponse each).
-* Reads (READ_ENTRY, READ_LAC, GET_BOOKIE_INFO) may touch the disk: they run on a small
-  thread pool and answer through the loop, as do ADMIN requests (:mod:`bookie._admin`:
-  the garbage collector's ``gc.status`` and ``gc.run``, recovery's ``ledger.replicate``).
+* Reads (READ_ENTRY, READ_RANGE, READ_LAC, GET_BOOKIE_INFO) may touch the disk: they run
+  on a small thread pool and answer through the loop, as do ADMIN requests
+  (:mod:`bookie._admin`: the garbage collector's ``gc.status`` and ``gc.run``, recovery's
+  ``ledger.replicate``).
+* A READ_RANGE is answered with the consecutive entries the bookie stores from the first
+  one asked for (:meth:`bookie.storage.LedgerStorage.get_entries`: a few preads for the
+  whole range), within the request's byte limit and ``nettyMaxFrameSizeBytes`` for the
+  whole answer; the first entry is always sent (EIO when it alone does not fit a frame,
+  as READ_ENTRY answers an entry too big to return).
 * A fencing READ_ENTRY first fences (the FENCE record is journaled and synced), then
   reads: once the reader hears the answer, the fence is durable and later normal adds
   are refused with EFENCED; RECOVERY_ADD still passes.
@@ -127,12 +133,15 @@ from walkit.protocol import (
     ReadEntryResponse,
     ReadLac,
     ReadLacResponse,
+    ReadRange,
+    ReadRangeResponse,
     Request,
     Response,
     ServerConnection,
     WriteLac,
     WriteLacResponse,
     parse_entry_header,
+    range_response_size,
     status_for,
 )
 
@@ -468,8 +477,9 @@ class BookieServer:
         #: ``endpoint_hook(port)``: the "host:port" registered for clients instead of
         #: ``<advertised host>:<port>`` - a proxy in front of the bookie. Set before start().
         self.endpoint_hook: Callable[[int], str] | None = None
-        #: ``read_hook(ledger, entry, data)``: the bytes a READ_ENTRY is answered with
-        #: instead of ``data`` (what the bookie stored) - a corrupted replica.
+        #: ``read_hook(ledger, entry, data)``: the bytes a READ_ENTRY (and each entry of a
+        #: READ_RANGE) is answered with instead of ``data`` (what the bookie stored) - a
+        #: corrupted replica.
         self.read_hook: Callable[[int, int, bytes], bytes] | None = None
 
     @property
@@ -779,7 +789,8 @@ class BookieServer:
             log.exception("bookie %s: disk check failed", self.bookie_id, extra=context(bookie=self.bookie_id))
 
     # -- requests ----------------------------------------------------------------------
-    def _dispatch(self, conn: _Connection, req: ReadEntry | ReadLac | WriteLac | GetBookieInfo | AdminRequest) -> None:
+    def _dispatch(self, conn: _Connection,
+                  req: ReadEntry | ReadRange | ReadLac | WriteLac | GetBookieInfo | AdminRequest) -> None:
         """Every request but ADD_ENTRY (adds are admitted by :meth:`_Connection._pump`
         and go through :meth:`_submit_adds`, a chunk at a time)."""
         published = False
@@ -788,6 +799,8 @@ class BookieServer:
                 raise BookieShutdownError("bookie is stopping", bookie=self.bookie_id)
             if isinstance(req, ReadEntry):
                 self._read_entry(conn, req)
+            elif isinstance(req, ReadRange):
+                self._in_pool(conn, req, self._do_read_range, req)
             elif isinstance(req, ReadLac):
                 self._in_pool(conn, req, self._do_read_lac, req)
             elif isinstance(req, WriteLac):
@@ -959,6 +972,20 @@ class BookieServer:
             data = self.read_hook(req.ledger_id, entry_id, data)
         return ReadEntryResponse(req.ledger_id, entry_id, self.bookie.read_lac(req.ledger_id), data, req.request_id)
 
+    def _do_read_range(self, req: ReadRange) -> Response:
+        """The stored entries from ``req.first_entry`` on, consecutive: at most ``req.count``
+        and ``req.max_bytes`` of entries, in a frame of at most nettyMaxFrameSizeBytes (the
+        first entry always: alone too big for a frame, it is answered EIO by
+        :meth:`~walkit.protocol.ServerConnection.send`, as a READ_ENTRY of it would be)."""
+        assert self.bookie is not None
+        max_frame = self.config.netty_max_frame_size_bytes
+        entries = self.bookie.read_entries(req.ledger_id, req.first_entry, req.count,
+                                           min(req.max_bytes, max_frame - range_response_size(0, 1)))
+        if self.read_hook is not None:
+            entries = [self.read_hook(req.ledger_id, req.first_entry + i, data) for i, data in enumerate(entries)]
+        return ReadRangeResponse(req.ledger_id, req.first_entry, self.bookie.read_lac(req.ledger_id),
+                                 _within_frame(entries, max_frame), req.request_id)
+
     def _read_entry(self, conn: _Connection, req: ReadEntry) -> None:
         if req.fence:
             assert self.bookie is not None
@@ -1092,7 +1119,18 @@ def _poll_order(waiter: _LongPoll) -> tuple[int, int]:
 
 def _op_of(req: Request) -> Op:
     return {AddEntry: Op.ADD_ENTRY, ReadEntry: Op.READ_ENTRY, ReadLac: Op.READ_LAC, WriteLac: Op.WRITE_LAC,
-            GetBookieInfo: Op.GET_BOOKIE_INFO, AdminRequest: Op.ADMIN}[type(req)]
+            GetBookieInfo: Op.GET_BOOKIE_INFO, AdminRequest: Op.ADMIN, ReadRange: Op.READ_RANGE}[type(req)]
+
+
+def _within_frame(entries: list[bytes], max_frame: int) -> tuple[bytes, ...]:
+    """The longest prefix of ``entries`` whose READ_RANGE answer fits ``max_frame`` bytes
+    (the first entry always)."""
+    size = len(entries[0])
+    for n in range(1, len(entries)):
+        size += len(entries[n])
+        if range_response_size(size, n + 1) > max_frame:
+            return tuple(entries[:n])
+    return tuple(entries)
 
 
 def _error(op: Op, ledger_id: int, entry_id: int, request_id: int, exc: BaseException) -> ErrorResponse:

@@ -1,5 +1,5 @@
 """The bookie server in this process (real sockets on 127.0.0.1): the request semantics,
-read-only mode, back-pressure, graceful shutdown, registration and TLS."""
+range reads, read-only mode, back-pressure, graceful shutdown, registration and TLS."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bookie._metrics import BookieCollector
 from bookie.cookie import Cookie
 from bookie.server import _READS_IN_FLIGHT, BookieServer
 from bookie_support import KEY, client_of, config, entry, in_process, make_certificates, run
@@ -26,7 +27,22 @@ from walkit.errors import (
     NoSuchLedgerError,
     UnauthorizedError,
 )
-from walkit.protocol import AddEntry, AddEntryResponse, ClientConnection, ReadEntry, encode_request
+from walkit.protocol import (
+    AddEntry,
+    AddEntryResponse,
+    ClientConnection,
+    ErrorResponse,
+    Op,
+    ReadEntry,
+    ReadEntryResponse,
+    ReadRange,
+    ReadRangeResponse,
+    Request,
+    Response,
+    Status,
+    encode_request,
+    range_response_size,
+)
 from walkit.metadata import SessionState, connect, init_cluster, open_metadata_store, parse_metadata_uri, read_cookie, write_cookie
 
 
@@ -607,5 +623,107 @@ def test_a_switch_to_read_only_landing_late_is_undone_by_the_next_disk_check(tmp
             with connect(uri) as cluster:
                 bookies = cluster.bookies()
                 assert (bookies.writable, bookies.readonly) == ({server.bookie_id}, set()), bookies
+
+    run(body)
+
+
+# --- READ_RANGE -----------------------------------------------------------------------------
+async def ask(server: BookieServer, *requests: Request) -> list[Response]:
+    """The answers to ``requests``, in their order, over a connection of their own (the
+    bare protocol: no client library between the test and the bookie's bytes)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    wire = ClientConnection()
+    ids = []
+    for req in requests:
+        rid, frame = wire.send(req)
+        ids.append(rid)
+        writer.write(frame)
+    answers: dict[int, Response] = {}
+    while len(answers) < len(ids):
+        data = await reader.read(1 << 16)
+        assert data, "the bookie closed the connection"
+        answers.update((resp.request_id, resp) for resp in wire.receive(data))
+    writer.close()
+    return [answers[rid] for rid in ids]
+
+
+def errors_of(answers: list[Response]) -> list[tuple[Op, Status, int]]:
+    return [(a.op, a.status, a.entry_id) for a in answers if isinstance(a, ErrorResponse)]
+
+
+def test_read_range_answers_consecutive_entries_with_the_lac(tmp_path: Path) -> None:
+    stored = [e for e in range(30) if e != 20]  # entry 20 never came to this bookie
+
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            added = await ask(server, *(AddEntry(1, e, KEY, entry(1, e)) for e in stored))
+            assert all(isinstance(a, AddEntryResponse) for a in added)
+            size = len(entry(1, 0))
+            answers = await ask(server, ReadRange(1, 0, 100), ReadRange(1, 5, 3), ReadRange(1, 21, 65536),
+                                ReadRange(1, 0, 100, max_bytes=2 * size + 1), ReadRange(1, 3, 100, max_bytes=1),
+                                ReadRange(1, 20, 5), ReadRange(1, 30, 5), ReadRange(99, 0, 5))
+            ranges = [a for a in answers if isinstance(a, ReadRangeResponse)]
+            assert [(r.ledger_id, r.first_entry, r.lac) for r in ranges] == [(1, 0, 28), (1, 5, 28), (1, 21, 28),
+                                                                                (1, 0, 28), (1, 3, 28)]
+            assert [list(r.entries) for r in ranges] == [
+                [entry(1, e) for e in range(20)],  # stops before the missing entry
+                [entry(1, e) for e in range(5, 8)],  # count
+                [entry(1, e) for e in range(21, 30)],  # the last one stored
+                [entry(1, 0), entry(1, 1)],  # max bytes
+                [entry(1, 3)],  # the first always
+            ]
+            assert errors_of(answers) == [(Op.READ_RANGE, Status.ENOENTRY, 20), (Op.READ_RANGE, Status.ENOENTRY, 30),
+                                          (Op.READ_RANGE, Status.ENOLEDGER, 0)]
+            stats = server.stats
+            assert (stats.range_entries.count, stats.range_entries.sum) == (5, 20 + 3 + 9 + 2 + 1)
+            assert stats.responses[("read_range", "EOK")] == 5 and stats.responses[("read_range", "ENOENTRY")] == 2
+            (family,) = [m for m in BookieCollector(server).collect() if m.name == "walkit_bookie_range_read_entries"]
+            samples = {sample.name: sample.value for sample in family.samples}
+            assert (samples["walkit_bookie_range_read_entries_count"],
+                    samples["walkit_bookie_range_read_entries_sum"]) == (5, 35)
+
+    run(body)
+
+
+def test_read_range_answers_fit_the_bookies_frame(tmp_path: Path) -> None:
+    frame = 64 << 10
+
+    async def body() -> None:
+        async with in_process(config(tmp_path, netty_max_frame_size_bytes=frame)) as server:
+            payload = b"p" * (10 << 10)
+            added = await ask(server, *(AddEntry(1, e, KEY, entry(1, e, payload)) for e in range(20)))
+            assert all(isinstance(a, AddEntryResponse) for a in added)
+            assert server.bookie is not None  # an entry as large as a frame: no answer can carry it
+            await asyncio.wrap_future(server.bookie.add_entry(2, 0, KEY, entry(2, 0, b"b" * (frame - 36))))
+            await asyncio.wrap_future(server.bookie.add_entry(2, 1, KEY, entry(2, 1)))
+            whole, capped, big, big_alone = await ask(server, ReadRange(1, 0, 20), ReadRange(1, 2, 20, 25 << 10),
+                                                      ReadRange(2, 0, 2), ReadEntry(2, 0))
+            assert isinstance(whole, ReadRangeResponse) and isinstance(capped, ReadRangeResponse)
+            n = len(whole.entries)
+            sizes = [len(entry(1, e, payload)) for e in range(20)]
+            assert whole.entries == tuple(entry(1, e, payload) for e in range(n))
+            assert range_response_size(sum(sizes[:n]), n) <= frame < range_response_size(sum(sizes[:n + 1]), n + 1)
+            assert capped.entries == (entry(1, 2, payload), entry(1, 3, payload))  # a third would pass 25 KiB
+            assert errors_of([big, big_alone]) == [(Op.READ_RANGE, Status.EIO, 0), (Op.READ_ENTRY, Status.EIO, 0)]
+
+    run(body)
+
+
+def test_the_read_hook_applies_to_every_entry_of_a_range(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            await ask(server, *(AddEntry(1, e, KEY, entry(1, e)) for e in range(6)))
+            seen: list[tuple[int, int]] = []
+
+            def corrupt_entry_3(ledger: int, entry_id: int, data: bytes) -> bytes:
+                seen.append((ledger, entry_id))
+                return data[:-1] + bytes([data[-1] ^ 1]) if entry_id == 3 else data
+
+            server.read_hook = corrupt_entry_3
+            ranged, single = await ask(server, ReadRange(1, 1, 4), ReadEntry(1, 3))
+            assert isinstance(ranged, ReadRangeResponse) and isinstance(single, ReadEntryResponse)
+            assert seen == [(1, 1), (1, 2), (1, 3), (1, 4), (1, 3)]
+            flipped = entry(1, 3)[:-1] + bytes([entry(1, 3)[-1] ^ 1])
+            assert ranged.entries == (entry(1, 1), entry(1, 2), flipped, entry(1, 4)) and single.data == flipped
 
     run(body)

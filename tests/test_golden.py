@@ -61,6 +61,8 @@ from walkit.protocol import (
     ReadEntryResponse,
     ReadLac,
     ReadLacResponse,
+    ReadRange,
+    ReadRangeResponse,
     Request,
     Response,
     Status,
@@ -113,6 +115,7 @@ FILES = {
     "metadata/INSTANCEID": 36,
     "wire/v1/requests.bin": 363,
     "wire/v1/responses.bin": 310,
+    "wire/v1/read-range.bin": 415,
 }
 
 
@@ -489,11 +492,41 @@ RESPONSE_HEADS = [(28, 1, 0x81, 0, 1), (78, 1, 0x82, 0, 2), (39, 1, 0x82, 1, 3),
 ])
 def test_wire_frames(name: str, messages: list[Any], heads: list[tuple[int, ...]], decode: Any, encode: Any) -> None:
     stream = golden(name)
+    assert frame_heads(stream) == heads
+    frames = FrameDecoder().feed(stream)
+    assert [decode(f) for f in frames] == messages
+    assert b"".join(encode(m) for m in messages) == stream
+
+
+def frame_heads(stream: bytes) -> list[tuple[int, ...]]:
+    """(length field, version, kind, flags or status, request id) of every frame of ``stream``."""
     pos, found = 0, []
     while pos < len(stream):
         found.append(struct.unpack_from(">IBBHQ", stream, pos))
         pos += 4 + found[-1][0]
-    assert found == heads
+    return found
+
+
+#: READ_RANGE (op 7, added to version 1): the requests, then the answers, in one stream.
+RANGE_REQUESTS: list[Request] = [
+    ReadRange(7, 0, 100, 1 << 20, request_id=1),
+    ReadRange(9, 1, 65536, 2**32 - 1, request_id=2),
+    ReadRange(7, 5, 1, 1, request_id=3),
+]
+RANGE_RESPONSES: list[Response] = [
+    ReadRangeResponse(7, 0, 1, (E7_0, E7_1), request_id=1),
+    ReadRangeResponse(9, 1, 0, (E9_1,), request_id=2),
+    ErrorResponse(Op.READ_RANGE, Status.ENOENTRY, 7, 5, "no entry 5", request_id=3),
+]
+RANGE_HEADS = [(36, 1, 7, 0, 1), (36, 1, 7, 0, 2), (36, 1, 7, 0, 3), (131, 1, 0x87, 0, 1), (114, 1, 0x87, 0, 2),
+               (38, 1, 0x87, 2, 3)]
+
+
+def test_wire_read_range_frames() -> None:
+    stream = golden("wire/v1/read-range.bin")
+    assert frame_heads(stream) == RANGE_HEADS
     frames = FrameDecoder().feed(stream)
-    assert [decode(f) for f in frames] == messages
-    assert b"".join(encode(m) for m in messages) == stream
+    assert [decode_request(f) for f in frames[:3]] == RANGE_REQUESTS
+    assert [decode_response(f) for f in frames[3:]] == RANGE_RESPONSES
+    assert b"".join([encode_request(m) for m in RANGE_REQUESTS] + [encode_response(m) for m in RANGE_RESPONSES]) \
+        == stream

@@ -1,5 +1,5 @@
-"""The bookie wire protocol (walkit/protocol/_wire.py, docs/format.md "Wire protocol"):
-round trips, refusals, fuzzing, framing, connection state machines, pinned bytes."""
+"""The bookie wire protocol (walkit/protocol/_wire.py and _range.py, docs/format.md "Wire
+protocol"): round trips, refusals, fuzzing, framing, connection state machines, pinned bytes."""
 
 from __future__ import annotations
 
@@ -32,8 +32,10 @@ from walkit.errors import (
 from walkit.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     MAX_ADMIN_BODY,
+    MAX_RANGE_ENTRIES,
     MIN_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
+    RANGE_RESPONSE_OVERHEAD,
     AddEntry,
     AddEntryResponse,
     AdminRequest,
@@ -48,6 +50,8 @@ from walkit.protocol import (
     ReadEntryResponse,
     ReadLac,
     ReadLacResponse,
+    ReadRange,
+    ReadRangeResponse,
     Request,
     Response,
     ServerConnection,
@@ -59,12 +63,14 @@ from walkit.protocol import (
     encode_request,
     encode_response,
     error_for,
+    range_response_size,
     status_for,
 )
 
 FAST = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 I63 = 2**63 - 1
 KEY = b"\xaa" * 4
+REQUESTS = AddEntry | ReadEntry | ReadLac | WriteLac | GetBookieInfo | AdminRequest | ReadRange
 
 # --- strategies ------------------------------------------------------------------------
 
@@ -88,6 +94,20 @@ def read_entries(draw: st.DrawFn) -> ReadEntry:
     )
 
 
+@st.composite
+def read_ranges(draw: st.DrawFn) -> ReadRange:
+    first = draw(st.one_of(ids, st.just(I63)))
+    count = draw(st.integers(1, min(MAX_RANGE_ENTRIES, I63 - first + 1)))
+    return ReadRange(draw(ids), first, count, draw(st.integers(1, 2**32 - 1)), draw(request_ids))
+
+
+@st.composite
+def range_responses(draw: st.DrawFn, data: st.SearchStrategy[bytes]) -> ReadRangeResponse:
+    entries = tuple(draw(st.lists(data, min_size=1, max_size=4)))
+    first = draw(st.integers(0, I63 - len(entries) + 1))
+    return ReadRangeResponse(draw(ids), first, draw(ids_or_last), entries, draw(request_ids))
+
+
 def requests(data: st.SearchStrategy[bytes] = datas) -> st.SearchStrategy[Request]:
     return st.one_of(
         st.builds(AddEntry, ids, ids, keys, data, st.booleans(), request_ids),
@@ -97,6 +117,7 @@ def requests(data: st.SearchStrategy[bytes] = datas) -> st.SearchStrategy[Reques
         st.builds(GetBookieInfo, request_ids),
         st.builds(AdminRequest, st.from_regex(r"[a-z0-9._-]{1,64}", fullmatch=True), st.binary(max_size=300),
                   request_ids),
+        read_ranges(),
     )
 
 
@@ -109,6 +130,7 @@ def responses(data: st.SearchStrategy[bytes] = datas) -> st.SearchStrategy[Respo
         st.builds(WriteLacResponse, ids, request_ids),
         st.builds(BookieInfoResponse, u64, u64, st.booleans(), request_ids),
         st.builds(AdminResponse, data, request_ids),
+        range_responses(data),
         st.builds(ErrorResponse, st.sampled_from(Op), st.sampled_from([s for s in Status if s]), ids, ids_or_last,
                   st.text(max_size=256), request_ids),  # 256 chars <= 1024 UTF-8 bytes
     )
@@ -191,18 +213,22 @@ PINNED: list[tuple[Request | Response, str]] = [
      "0000000e 01 86 0000 000000000000000b  7b7d"),
     (ErrorResponse(Op.ADD_ENTRY, Status.EFENCED, 7, 12, "fenced", request_id=5),
      "00000022 01 81 0007 0000000000000005  0000000000000007 000000000000000c 66656e636564"),
+    (ReadRange(7, 12, 100, 1048576, request_id=6),
+     "00000024 01 07 0000 0000000000000006  0000000000000007 000000000000000c 00000064 00100000"),
+    (ReadRangeResponse(7, 12, 11, (b"entry", b""), request_id=6),
+     "00000035 01 87 0000 0000000000000006  0000000000000007 000000000000000c 000000000000000b 00000002"
+     " 00000005 656e747279 00000000"),
 ]
 
 
 @pytest.mark.parametrize(("msg", "hexed"), PINNED, ids=lambda v: type(v).__name__ if not isinstance(v, str) else "")
 def test_frames_are_byte_exact(msg: Request | Response, hexed: str) -> None:
     expected = bytes.fromhex(hexed.replace(" ", ""))
-    is_request = isinstance(msg, AddEntry | ReadEntry | ReadLac | WriteLac | GetBookieInfo | AdminRequest)
-    if is_request:
-        assert encode_request(msg) == expected  # type: ignore[arg-type]
+    if isinstance(msg, REQUESTS):
+        assert encode_request(msg) == expected
         assert decode_request(expected[4:]) == msg
     else:
-        assert encode_response(msg) == expected  # type: ignore[arg-type]
+        assert encode_response(msg) == expected
         assert decode_response(expected[4:]) == msg
 
 
@@ -210,9 +236,10 @@ def test_the_examples_in_format_md_are_these_frames() -> None:
     text = (Path(__file__).resolve().parent.parent / "docs" / "format.md").read_text()
     section = text[text.index("## Wire protocol"):]
     squashed = "".join(section.replace("|", " ").split())
-    documented = [m for m, _ in PINNED if isinstance(m, AddEntry | AddEntryResponse | ReadEntryResponse | ErrorResponse)
+    documented = [m for m, _ in PINNED if isinstance(m, AddEntry | AddEntryResponse | ReadEntryResponse | ErrorResponse
+                                                       | ReadRange | ReadRangeResponse)
                   or (isinstance(m, ReadEntry) and m.fence)]
-    assert len(documented) == 5
+    assert len(documented) == 7
     for msg, hexed in PINNED:
         if msg in documented:
             assert hexed.replace(" ", "") in squashed, msg
@@ -271,6 +298,25 @@ INVALID_MESSAGES: list[Callable[[], object]] = [
     lambda: ErrorResponse(Op.ADD_ENTRY, Status.EIO, entry_id=-2),
     lambda: ErrorResponse(Op.ADD_ENTRY, Status.EIO, ledger_id=-1),
     lambda: ErrorResponse(Op.ADD_ENTRY, Status.EIO, message=b"x"),  # type: ignore[arg-type]
+    lambda: ReadRange(0, 0, 0),
+    lambda: ReadRange(0, 0, MAX_RANGE_ENTRIES + 1),
+    lambda: ReadRange(0, 0, True),  # a bool is not a count
+    lambda: ReadRange(-1, 0, 1),
+    lambda: ReadRange(2**63, 0, 1),
+    lambda: ReadRange(0, -1, 1),
+    lambda: ReadRange(0, I63, 2),  # past the largest entry id
+    lambda: ReadRange(0, 0, 1, max_bytes=0),
+    lambda: ReadRange(0, 0, 1, max_bytes=2**32),
+    lambda: ReadRange(0, 0, 1, request_id=2**64),
+    lambda: ReadRangeResponse(0, 0, 0, ()),
+    lambda: ReadRangeResponse(0, 0, 0, [b"x"]),  # type: ignore[arg-type]
+    lambda: ReadRangeResponse(0, 0, 0, (b"x", "y")),  # type: ignore[arg-type]
+    lambda: ReadRangeResponse(0, 0, 0, (b"",) * (MAX_RANGE_ENTRIES + 1)),
+    lambda: ReadRangeResponse(0, 0, -2, (b"",)),
+    lambda: ReadRangeResponse(0, -1, 0, (b"",)),
+    lambda: ReadRangeResponse(0, I63, 0, (b"", b"")),  # past the largest entry id
+    lambda: ReadRangeResponse(-1, 0, 0, (b"",)),
+    lambda: ReadRangeResponse(0, 0, 0, (b"",), request_id=-1),
 ]
 
 
@@ -301,6 +347,10 @@ def add_body(ledger: int = 1, entry: int = 2, key: bytes = KEY, klen: int | None
 
 def read_body(entry: int = 2, key: bytes = b"", poll: bytes = b"") -> bytes:
     return struct.pack(">QqB", 1, entry, len(key)) + key + poll
+
+
+def range_body(ledger: int = 1, first: int = 2, count: int = 3, max_bytes: int = 1000) -> bytes:
+    return struct.pack(">QQII", ledger, first, count, max_bytes)
 
 
 POLL = struct.pack(">qI", 5, 100)
@@ -339,7 +389,17 @@ BAD_REQUESTS: dict[str, bytes] = {
     "write lac trailing": frame(4, 0, struct.pack(">QqB", 1, 0, 4) + KEY + b"\0"),
     "bookie info with body": frame(5, 0, b"\0"),
     "op 0": frame(0, 0, b""),
-    "op 7": frame(7, 0, b""),
+    "op 8": frame(8, 0, b""),
+    "flag on read range": frame(7, 0x1, range_body()),
+    "read range empty body": frame(7, 0, b""),
+    "read range body short": frame(7, 0, range_body()[:-1]),
+    "read range trailing": frame(7, 0, range_body() + b"\0"),
+    "read range count 0": frame(7, 0, range_body(count=0)),
+    "read range count over the maximum": frame(7, 0, range_body(count=MAX_RANGE_ENTRIES + 1)),
+    "read range max bytes 0": frame(7, 0, range_body(max_bytes=0)),
+    "read range ledger 2^63": frame(7, 0, range_body(ledger=2**63)),
+    "read range first 2^63": frame(7, 0, range_body(first=2**63)),
+    "read range past the largest entry id": frame(7, 0, range_body(first=I63, count=2)),
     "admin empty body": frame(6, 0, b""),
     "admin with a flag": frame(6, 1, b"\x01a"),
     "admin command longer than the body": frame(6, 0, b"\x05ab"),
@@ -373,14 +433,19 @@ def resp_frame(kind: int, status: int, body: bytes, rid: int = 42) -> bytes:
     return frame(kind, status, body, rid=rid)
 
 
+def range_head(count: int, first: int = 2, lac: int = 1) -> bytes:
+    """A READ_RANGE answer's body up to its first entry."""
+    return struct.pack(">QQqI", 1, first, lac, count)
+
+
 BAD_RESPONSES: dict[str, bytes] = {
     "unknown status": resp_frame(0x81, 10, struct.pack(">Qq", 1, 2)),
     "status 0xffff": resp_frame(0x81, 0xFFFF, struct.pack(">Qq", 1, 2)),
     "EOK for no op": resp_frame(0x80, 0, b""),
     "EOK on a request kind": resp_frame(0x01, 0, struct.pack(">QQ", 1, 2)),
     "error on a request kind": resp_frame(0x01, 3, struct.pack(">Qq", 1, 2)),
-    "response op 7": resp_frame(0x87, 0, b""),
-    "error op 7": resp_frame(0x87, 4, struct.pack(">Qq", 1, 2)),
+    "response op 8": resp_frame(0x88, 0, b""),
+    "error op 8": resp_frame(0x88, 4, struct.pack(">Qq", 1, 2)),
     "add response trailing": resp_frame(0x81, 0, struct.pack(">QQ", 1, 2) + b"\0"),
     "add response short": resp_frame(0x81, 0, struct.pack(">QQ", 1, 2)[:-1]),
     "add response entry 2^63": resp_frame(0x81, 0, struct.pack(">QQ", 1, 2**63)),
@@ -396,6 +461,16 @@ BAD_RESPONSES: dict[str, bytes] = {
     "error entry -2": resp_frame(0x81, 7, struct.pack(">Qq", 1, -2)),
     "error ledger 2^63": resp_frame(0x81, 7, struct.pack(">Qq", 2**63, 0)),
     "header short": b"\x01\x81\x00",
+    "range response shorter than its fixed part": resp_frame(0x87, 0, struct.pack(">QQq", 1, 2, 3)),
+    "range response count 0": resp_frame(0x87, 0, range_head(0)),
+    "range response count over the maximum": resp_frame(0x87, 0, range_head(MAX_RANGE_ENTRIES + 1)),
+    "range response entry past the frame": resp_frame(0x87, 0, range_head(1) + struct.pack(">I", 6) + b"entry"),
+    "range response entry length cut": resp_frame(0x87, 0, range_head(2) + struct.pack(">I", 5) + b"entry\0\0"),
+    "range response fewer entries than counted": resp_frame(0x87, 0, range_head(2) + struct.pack(">I", 5) + b"entry"),
+    "range response trailing": resp_frame(0x87, 0, range_head(1) + struct.pack(">I", 5) + b"entry\0"),
+    "range response lac -2": resp_frame(0x87, 0, range_head(1, lac=-2) + struct.pack(">I", 0)),
+    "range response first 2^63": resp_frame(0x87, 0, range_head(1, first=2**63) + struct.pack(">I", 0)),
+    "range response past the largest entry id": resp_frame(0x87, 0, range_head(2, first=I63) + bytes(8)),
 }
 
 
@@ -418,8 +493,7 @@ def _canonical(event: Request | Response, raw: bytes) -> None:
     """Decoding accepts only canonical encodings (valid UTF-8 messages aside)."""
     if isinstance(event, ErrorResponse):
         return
-    requests = AddEntry | ReadEntry | ReadLac | WriteLac | GetBookieInfo | AdminRequest
-    again = encode_request(event) if isinstance(event, requests) else encode_response(event)
+    again = encode_request(event) if isinstance(event, REQUESTS) else encode_response(event)
     assert again[4:] == raw
 
 
@@ -608,6 +682,33 @@ def test_server_answers_an_entry_too_big_to_return_with_eio() -> None:
     out = decode_response(server.send(ReadEntryResponse(3, 4, 4, bytes(MIN_MAX_FRAME_SIZE), request_id=8))[4:])
     assert isinstance(out, ErrorResponse)
     assert (out.op, out.status, out.ledger_id, out.entry_id, out.request_id) == (Op.READ_ENTRY, Status.EIO, 3, 4, 8)
+    fits = MIN_MAX_FRAME_SIZE - range_response_size(0, 1)  # one entry of this size fills the frame exactly
+    assert len(server.send(ReadRangeResponse(3, 4, 4, (bytes(fits),), request_id=9))) == MIN_MAX_FRAME_SIZE
+    out = decode_response(server.send(ReadRangeResponse(3, 4, 4, (bytes(fits + 1),), request_id=9))[4:])
+    assert isinstance(out, ErrorResponse)
+    assert (out.op, out.status, out.ledger_id, out.entry_id, out.request_id) == (Op.READ_RANGE, Status.EIO, 3, 4, 9)
+
+
+@FAST
+@given(range_responses(datas))
+def test_range_response_size_is_the_size_of_the_frame(resp: ReadRangeResponse) -> None:
+    frame = encode_response(resp)
+    assert len(frame) == range_response_size(sum(map(len, resp.entries)), len(resp.entries))
+    count, size = struct.unpack_from(">II", frame, RANGE_RESPONSE_OVERHEAD - 4)  # the first entry's length is next
+    first = resp.entries[0]
+    assert (count, size) == (len(resp.entries), len(first))
+    assert frame[RANGE_RESPONSE_OVERHEAD + 4 : RANGE_RESPONSE_OVERHEAD + 4 + size] == first
+
+
+def test_a_range_answer_is_matched_to_its_request() -> None:
+    client, server = ClientConnection(), ServerConnection()
+    rid, wire = client.send(ReadRange(5, 10, 3, request_id=77))
+    assert server.receive(wire) == [ReadRange(5, 10, 3, request_id=rid)]
+    answer = ReadRangeResponse(5, 10, 11, (b"a", b"b"), request_id=rid)
+    assert client.receive(server.send(answer)) == [answer] and client.pending == 0
+    rid, _ = client.send(ReadRange(5, 12, 3))
+    with pytest.raises(ProtocolError, match="does not match"):
+        client.receive(server.send(ReadEntryResponse(5, 12, 11, b"c", request_id=rid)))
 
 
 # --- versions --------------------------------------------------------------------------

@@ -36,14 +36,19 @@ from bookie.storage._format import (
 )
 from bookie.storage._usage import LogUsage
 
-__all__ = ["EntryLogWriter", "open_log_for_read", "read_record"]
+__all__ = ["FIRST_READ", "EntryLogWriter", "LogGone", "finish_record", "open_log_for_read", "read_record",
+           "record_where"]
 
 _RECORD_HEADER_PACK = RECORD_HEADER.pack
 _CRC_HEAD_PACK = RECORD_CRC_HEAD.pack
 _IDS_SIZE = RECORD_HEADER.size - 8  # ledger and entry id: counted in a record's length
 
 #: First read of a record: its header and, for most entries, all of its data.
-_FIRST_READ = 4096
+FIRST_READ = 4096
+
+
+class LogGone(Exception):
+    """The entry log a location names is not there (compaction removed it, or damage)."""
 
 
 class EntryLogWriter:
@@ -113,7 +118,7 @@ class EntryLogWriter:
         self.file.close()
 
     def _where(self, offset: int, ledger_id: int, entry_id: int) -> dict[str, object]:
-        return {"ledger": ledger_id, "entry": entry_id, "log": self.log_id, "offset": offset}
+        return record_where(self.log_id, offset, ledger_id, entry_id)
 
 
 def open_log_for_read(fs: FileSystem, path: str, log_id: int) -> File:
@@ -129,11 +134,19 @@ def open_log_for_read(fs: FileSystem, path: str, log_id: int) -> File:
 
 def read_record(f: File, log_id: int, offset: int, ledger_id: int, entry_id: int) -> bytes:
     """Read, verify and return the data of the record at ``offset`` of log ``log_id``."""
-    where: dict[str, object] = {
-        "ledger": ledger_id, "entry": entry_id, "log": log_id, "offset": offset
-    }
-    raw = f.pread(_FIRST_READ, offset)
-    total = record_length(raw, where)
-    if len(raw) < total:
-        raw += f.pread(total - len(raw), offset + len(raw))
-    return check_record(raw, ledger_id, entry_id, where)
+    where = record_where(log_id, offset, ledger_id, entry_id)
+    return finish_record(f, f.pread(FIRST_READ, offset), offset, ledger_id, entry_id, where)
+
+
+def finish_record(f: File, head: bytes, offset: int, ledger_id: int, entry_id: int, where: dict[str, object]) -> bytes:
+    """The verified data of the record at ``offset`` whose first bytes, read already, are
+    ``head`` (the rest is read when the record is longer)."""
+    total = record_length(head, where)
+    if len(head) < total:
+        head += f.pread(total - len(head), offset + len(head))
+    return check_record(head, ledger_id, entry_id, where)
+
+
+def record_where(log_id: int, offset: int, ledger_id: int, entry_id: int) -> dict[str, object]:
+    """The key=value context of an error about one record."""
+    return {"ledger": ledger_id, "entry": entry_id, "log": log_id, "offset": offset}

@@ -49,6 +49,8 @@ from walkit.protocol import (  # noqa: E402
     ReadEntryResponse,
     ReadLac,
     ReadLacResponse,
+    ReadRange,
+    ReadRangeResponse,
     Request,
     Response,
     Status,
@@ -236,6 +238,23 @@ def write_wire(out: Path) -> None:
     write_new(out / "wire/v1/responses.bin", b"".join(encode_response(r) for r in responses))
 
 
+def write_wire_range(out: Path) -> None:
+    """READ_RANGE (op 7, added to version 1 on 2026-11-27): a client's requests, then the
+    bookie's answers, in one stream."""
+    requests: list[Request] = [
+        ReadRange(7, 0, 100, 1 << 20, request_id=1),
+        ReadRange(9, 1, 65536, request_id=2),  # max bytes: the default, 2^32 - 1
+        ReadRange(7, 5, 1, 1, request_id=3),
+    ]
+    responses: list[Response] = [
+        ReadRangeResponse(7, 0, 1, (E7_0, E7_1), request_id=1),
+        ReadRangeResponse(9, 1, 0, (E9_1,), request_id=2),
+        ErrorResponse(Op.READ_RANGE, Status.ENOENTRY, 7, 5, "no entry 5", request_id=3),
+    ]
+    write_new(out / "wire/v1/read-range.bin",
+              b"".join([encode_request(r) for r in requests] + [encode_response(r) for r in responses]))
+
+
 def write_entries(out: Path) -> None:
     write_new(out / "entry/crc32c.bin", E7_0)
     write_new(out / "entry/mac.bin", E9_0)
@@ -256,7 +275,7 @@ def copy_file(src: Path, dst: Path) -> None:
 
 WRITERS: list[Callable[[Path], None]] = [
     write_entries, write_journal, write_mark_file, write_ledger_dir, write_cookie, write_wal, write_metadata,
-    write_wire,
+    write_wire, write_wire_range,
 ]
 
 

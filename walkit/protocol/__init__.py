@@ -12,6 +12,7 @@ from walkit.protocol._entry import (
     parse_entry_header,
 )
 from walkit.protocol._admin import MAX_ADMIN_BODY
+from walkit.protocol._range import MAX_RANGE_ENTRIES, RANGE_RESPONSE_OVERHEAD, range_response_size
 from walkit.protocol._wire import (
     DEFAULT_MAX_FRAME_SIZE,
     HEADER_SIZE,
@@ -34,6 +35,8 @@ from walkit.protocol._wire import (
     ReadEntryResponse,
     ReadLac,
     ReadLacResponse,
+    ReadRange,
+    ReadRangeResponse,
     Request,
     Response,
     ServerConnection,
@@ -80,6 +83,11 @@ __all__ = [
     "ReadEntryResponse",
     "ReadLac",
     "ReadLacResponse",
+    "ReadRange",
+    "ReadRangeResponse",
+    "MAX_RANGE_ENTRIES",
+    "RANGE_RESPONSE_OVERHEAD",
+    "range_response_size",
     "Request",
     "Response",
     "ServerConnection",

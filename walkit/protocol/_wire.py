@@ -51,6 +51,7 @@ from walkit.errors import (
     WalkitError,
 )
 from walkit.protocol._admin import AdminRequest, AdminResponse, dec_admin, dec_admin_resp, enc_admin, enc_admin_resp
+from walkit.protocol._range import ReadRange, ReadRangeResponse, dec_range, dec_range_resp, enc_range, enc_range_resp
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -69,6 +70,8 @@ __all__ = [
     "GetBookieInfo",
     "AdminRequest",
     "AdminResponse",
+    "ReadRange",
+    "ReadRangeResponse",
     "Request",
     "AddEntryResponse",
     "ReadEntryResponse",
@@ -111,6 +114,7 @@ class Op(IntEnum):
     WRITE_LAC = 4
     GET_BOOKIE_INFO = 5
     ADMIN = 6  # operator commands with JSON bodies (walkit.protocol._admin)
+    READ_RANGE = 7  # consecutive entries of one ledger in one frame (walkit.protocol._range)
 
 
 class Flag(IntFlag):
@@ -401,10 +405,10 @@ class ErrorResponse:
         _int("request_id", self.request_id, 0, _U64)
 
 
-Request: TypeAlias = AddEntry | ReadEntry | ReadLac | WriteLac | GetBookieInfo | AdminRequest
+Request: TypeAlias = AddEntry | ReadEntry | ReadLac | WriteLac | GetBookieInfo | AdminRequest | ReadRange
 Response: TypeAlias = (
     AddEntryResponse | ReadEntryResponse | ReadLacResponse | WriteLacResponse | BookieInfoResponse | AdminResponse
-    | ErrorResponse
+    | ReadRangeResponse | ErrorResponse
 )
 
 _REQUEST_OP: dict[type[Any], Op] = {
@@ -414,6 +418,7 @@ _REQUEST_OP: dict[type[Any], Op] = {
     WriteLac: Op.WRITE_LAC,
     GetBookieInfo: Op.GET_BOOKIE_INFO,
     AdminRequest: Op.ADMIN,
+    ReadRange: Op.READ_RANGE,
 }
 _RESPONSE_OP: dict[type[Any], Op] = {
     AddEntryResponse: Op.ADD_ENTRY,
@@ -422,6 +427,7 @@ _RESPONSE_OP: dict[type[Any], Op] = {
     WriteLacResponse: Op.WRITE_LAC,
     BookieInfoResponse: Op.GET_BOOKIE_INFO,
     AdminResponse: Op.ADMIN,
+    ReadRangeResponse: Op.READ_RANGE,
 }
 
 
@@ -526,6 +532,7 @@ _REQUEST_ENCODERS: dict[type[Any], _Encoder] = {
     WriteLac: _enc_write_lac,
     GetBookieInfo: _enc_info,
     AdminRequest: lambda r, rid: enc_admin(r, rid, _V),
+    ReadRange: lambda r, rid: enc_range(r, rid, _V),
 }
 _RESPONSE_ENCODERS: dict[type[Any], _Encoder] = {
     AddEntryResponse: _enc_add_resp,
@@ -534,6 +541,7 @@ _RESPONSE_ENCODERS: dict[type[Any], _Encoder] = {
     WriteLacResponse: _enc_write_lac_resp,
     BookieInfoResponse: _enc_info_resp,
     AdminResponse: lambda r, rid: enc_admin_resp(r, rid, _V),
+    ReadRangeResponse: lambda r, rid: enc_range_resp(r, rid, _V),
     ErrorResponse: _enc_error,
 }
 
@@ -708,6 +716,7 @@ _REQUEST_DECODERS: dict[int, _RequestDecoder] = {
     Op.WRITE_LAC: _dec_write_lac,
     Op.GET_BOOKIE_INFO: _dec_info,
     Op.ADMIN: dec_admin,
+    Op.READ_RANGE: dec_range,
 }
 _ResponseDecoder: TypeAlias = Callable[[bytes, int, int], Response]
 _RESPONSE_DECODERS: dict[int, _ResponseDecoder] = {
@@ -717,6 +726,7 @@ _RESPONSE_DECODERS: dict[int, _ResponseDecoder] = {
     0x80 | Op.WRITE_LAC: _dec_write_lac_resp,
     0x80 | Op.GET_BOOKIE_INFO: _dec_info_resp,
     0x80 | Op.ADMIN: dec_admin_resp,
+    0x80 | Op.READ_RANGE: dec_range_resp,
 }
 
 
