@@ -15,31 +15,34 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_short_run_reports_every_case_and_cleans_up(tmp_path: Path) -> None:
-    report = run_read_bench(str(tmp_path), gib=0.005, one_per_entry=200, samples=20)
+    report = run_read_bench(str(tmp_path), gib=0.005, one_per_entry=200, ledger_entries=500, samples=20)
     replay = report["replay"]
-    assert set(replay) == {"100", "1024", "1024-one-per-entry"}
+    assert set(replay) == {"100", "1024", "1024-one-per-entry", "ledger-1024"}
+    assert replay["ledger-1024"]["written"]["records"] == 500
     for key, case in replay.items():
         written = case["written"]["records"]
         assert written > 0 and case["written"]["records_per_s"] > 0, key
-        for phase in ("cold", "hot"):
-            if phase in case or key != "1024-one-per-entry":
-                r = case[phase]
-                assert r["records"] == written and r["records_per_s"] > 0 and r["mb_per_s"] > 0, (key, phase, r)
+        phases = ("cold", "hot") if key in ("100", "1024") else ("cold", "hot", "hot, entry by entry")
+        assert set(case) == {"written", *phases}, key
+        for phase in phases:
+            r = case[phase]
+            assert r["records"] == written and r["records_per_s"] > 0 and r["mb_per_s"] > 0, (key, phase, r)
     assert replay["100"]["cold"]["files_dropped"] > 0  # the bookies' files were dropped from the page cache
     assert [case["interval_ms"] for case in report["tail"]] == [i * 1000 for i in INTERVALS]
     for case in report["tail"]:
         assert case["samples"] >= 10 and 0 <= case["p50_ms"] <= case["p99_ms"] <= case["p999_ms"], case
     assert all(isinstance(ok, bool) for ok in report["checks"].values())
     table = format_markdown(report)
-    assert "1 KiB records, one per entry, hot" in table and "one every 250 ms" in table and "targets:" in table
+    assert "1 KiB records, one per entry, hot, entry by entry" in table and "ledger of 1 KiB entries" in table
+    assert "one every 250 ms" in table and "targets:" in table
     assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_json_and_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "read", "--json", "--gib", "0.002", "--one-per-entry", "20", "--samples", "10",
-                 "--dir", str(tmp_path)]) == 0
+    assert main(["bench", "read", "--json", "--gib", "0.002", "--one-per-entry", "20", "--ledger-entries", "50",
+                 "--samples", "10", "--dir", str(tmp_path)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["replay"]["100"]["hot"]["records"] > 0 and len(report["tail"]) == len(INTERVALS)
-    for bad in ({"gib": 0}, {"one_per_entry": 0}, {"samples": 5}):
+    for bad in ({"gib": 0}, {"one_per_entry": 0}, {"ledger_entries": 0}, {"samples": 5}):
         with pytest.raises(InvalidArgumentError):
             run_read_bench(str(tmp_path), **bad)  # type: ignore[arg-type]

@@ -136,17 +136,10 @@ def test_digests_and_passwords(tmp_path: Path, driver: Driver, digest: str) -> N
 
 
 def _corrupt_reads(cluster: walkit.LocalCluster, bookie_id: str) -> None:
-    """Make an in-process bookie return its entries with one payload byte flipped."""
-    bookie = cluster.server(index_of(cluster, bookie_id)).bookie
-    assert bookie is not None
-    real = bookie.read_entry
-
-    def corrupted(ledger_id: int, entry_id: int) -> bytes:
-        data = bytearray(real(ledger_id, entry_id))
-        data[-1] ^= 0xFF
-        return bytes(data)
-
-    bookie.read_entry = corrupted  # type: ignore[method-assign]
+    """Make an in-process bookie return its entries (READ_ENTRY and READ_RANGE) with one
+    payload byte flipped."""
+    cluster.server(index_of(cluster, bookie_id)).read_hook = lambda ledger, entry, data: data[:-1] + bytes(
+        [data[-1] ^ 0xFF])
 
 
 def test_a_corrupting_bookie_is_skipped_and_all_corrupt_is_an_error(tmp_path: Path, driver: Driver) -> None:
@@ -167,11 +160,11 @@ def test_a_corrupting_bookie_is_skipped_and_all_corrupt_is_an_error(tmp_path: Pa
 
 def test_speculative_read_goes_to_the_next_replica(tmp_path: Path, driver: Driver) -> None:
     with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster, read_timeout=30.0) as bk:
-        lh = bk.create_ledger()
+        lh = bk.create_ledger(3, 2, 2)  # striped: read entry by entry
         lh.add_entry(b"zero")
         lh.close()
         release = threading.Event()
-        for bookie_id in lh.metadata.ensembles[0][1]:
+        for bookie_id in lh.metadata.write_set(0):
             bookie = cluster.server(index_of(cluster, bookie_id)).bookie
             assert bookie is not None
             real = bookie.read_entry
@@ -547,13 +540,14 @@ def test_a_follower_gets_the_entry_with_the_poll(tmp_path: Path, driver: Driver,
             return real(self, entry_id, **kw)
 
         monkeypatch.setattr(LedgerReader, "read_entry", spy)
-        reads = reader_bk._core.stats.reads
+        reads, runs = reader_bk._core.stats.reads, reader_bk._core.stats.range_reads
         for i in range(1, 6):
             waiting = threading.Timer(0.2, lh.add_entry, (b"%d" % i,))
             waiting.start()
             assert next(follower).data == b"%d" % i
             waiting.join()
         assert own_reads == [], f"entries read on their own after the poll: {own_reads}"
+        assert reader_bk._core.stats.range_reads == runs, "entries read in runs after the poll"
         assert reader_bk._core.stats.reads - reads == 5  # each counted as a read
         monkeypatch.undo()
         lh.add_entry(b"6")  # a burst: the poll brings the first entry, a read the rest

@@ -51,6 +51,7 @@ def test_client_metrics_follow_adds_reads_speculation_ensemble_changes_and_recov
         cluster: walkit.LocalCluster) -> None:
     names = ("walkit_client_adds_total", "walkit_client_add_seconds_count", "walkit_client_add_seconds_sum",
              "walkit_client_reads_total", "walkit_client_read_seconds_count", "walkit_client_read_failures_total",
+             "walkit_client_range_reads_total",
              "walkit_client_speculative_reads_total", "walkit_client_ensemble_changes_total",
              "walkit_client_recoveries_total", "walkit_client_add_failures_total")
     delta = _Delta(*names)
@@ -62,11 +63,17 @@ def test_client_metrics_follow_adds_reads_speculation_ensemble_changes_and_recov
     assert delta("walkit_client_add_seconds_count") == 13  # sampled: entries 0, 8, ..., 96
     assert 0 < delta("walkit_client_add_seconds_sum") < 13 * 30
     assert [e.data for e in lh.read(0, 9)] == [b"e%d" % i for i in range(10)]
-    assert delta("walkit_client_reads_total") == 10 and delta("walkit_client_read_seconds_count") == 10
+    # read in one run (READ_RANGE): ten entries, one request; the latency histogram times single reads
+    assert delta("walkit_client_reads_total") == 10 and delta("walkit_client_range_reads_total") == 1
+    assert delta("walkit_client_read_seconds_count") == 0
+    assert [e.data for e in lh.read(0, 1)] == [b"e0", b"e1"]
+    assert delta("walkit_client_reads_total") == 12 and delta("walkit_client_range_reads_total") == 2
 
-    # a speculative read: the first replica of entry 0 hangs
+    # a speculative read: the first replica of entry 0 of a striped ledger (read entry by entry) hangs
+    striped = bk.create_ledger(3, 2, 2)
+    striped.add_entry(b"e0")
     release = threading.Event()
-    first = lh.metadata.write_set(0)[0]
+    first = striped.metadata.write_set(0)[0]
     bookie = cluster.server(index_of(cluster, first)).bookie
     assert bookie is not None
     real = bookie.read_entry
@@ -77,7 +84,8 @@ def test_client_metrics_follow_adds_reads_speculation_ensemble_changes_and_recov
 
     bookie.read_entry = stuck  # type: ignore[method-assign]
     try:
-        assert [e.data for e in lh.read(0, 0)] == [b"e0"]
+        assert [e.data for e in striped.read(0, 0)] == [b"e0"]
+        assert delta("walkit_client_read_seconds_count") == 1
     finally:
         release.set()
         bookie.read_entry = real  # type: ignore[method-assign]
@@ -103,7 +111,7 @@ def test_client_metrics_follow_adds_reads_speculation_ensemble_changes_and_recov
     adds = delta("walkit_client_adds_total")
     bk.close()  # a closed client's counts stay in the totals
     other.close()
-    assert delta("walkit_client_adds_total") == adds == 151
+    assert delta("walkit_client_adds_total") == adds == 152
 
 
 def test_write_ahead_log_metrics_follow_appends_rolls_snapshots_and_replay(cluster: walkit.LocalCluster) -> None:

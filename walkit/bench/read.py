@@ -14,8 +14,12 @@ logs on ledgers of E=3, Qw=3, Qa=2.
   ``posix_fadvise(DONTNEED)`` after the bookies checkpointed, so the entries come from the
   disk), then **hot** (the same replay again: the page cache holds them);
 * **replay, one record per entry**: ``one_per_entry`` records of 1 KiB appended one at a
-  time (the log of a database that logs each change), replayed hot - the case where a
-  reader pays per entry, not per record;
+  time (the log of a database that logs each change), replayed cold, hot, and hot again
+  by a client reading entry by entry (``range_reads=False``: READ_ENTRY, as before runs
+  existed) - the case where a reader pays per entry, not per record;
+* **ledger read**: a closed ledger of ``ledger_entries`` entries of 1 KiB (written
+  pipelined), read with ``ReadHandle.read`` from its first entry to its last: cold, hot,
+  and hot entry by entry - entries/s and CPU per entry of the client and the bookies;
 * **tail visibility**: a writer appends on one client; a reader on another client (in
   this process: one clock) follows the log with ``tail()``; the time from ``append``
   returning (durable on a quorum) to the tail handing the record over, with appends back
@@ -27,7 +31,8 @@ Reported beside them: the write rate of each log (so a replay rate is read again
 and CPU per record of this process and of the bookies, as the other benchmarks report it.
 Targets (issue: performance, second round): replay >= 1,000,000 records/s of 100 B and
 >= 300 MB/s of 1 KiB from three bookies; tail visibility p50 <= 1 ms (issue: reads as fast as
-writes: p99 <= 5 ms).
+writes: p99 <= 5 ms; a ledger read >= 150,000 entries/s of 1 KiB; a log written one record
+per entry replayed at >= 150,000 records/s).
 
 Everything is removed at the end, also after an error or Ctrl-C.
 """
@@ -57,7 +62,8 @@ WINDOW = 8  # append_many calls in flight while writing
 INTERVALS = (0.0, 0.020, 0.250)  # seconds between appends in the tail-visibility cases
 CASE_SECONDS = 15.0  # the most a tail-visibility case takes: fewer samples at slow rates
 TARGETS = {"replay_100B_records_per_s": 1_000_000, "replay_1KiB_mb_per_s": 300, "tail_p50_ms": 1.0,
-           "tail_p99_ms": 5.0}
+           "tail_p99_ms": 5.0, "ledger_entries_per_s": 150_000, "one_per_entry_records_per_s": 150_000}
+LEDGER_WINDOW = 1000  # adds in flight while writing the ledger read back
 BOOKIE_OPTIONS = {"flush_interval": 1000}  # checkpoints every second: written entries reach the entry logs soon
 
 
@@ -109,6 +115,37 @@ def _replay(bk: BookKeeper, name: str, meter: Meter) -> dict[str, Any]:
             size += len(record)
     report = meter.stop(records)
     return {"records": records, "seconds": report["seconds"], "records_per_s": report["entries_per_s"],
+            "mb_per_s": round(size / 1e6 / report["seconds"], 1) if report["seconds"] else 0.0,
+            "client_cpu_us_per_record": report["client_cpu_us_per_entry"],
+            "bookie_cpu_us_per_record": report["bookie_cpu_us_per_entry"],
+            "other_cpu_cores": report["other_cpu_cores"], "steal_cores": report["steal_cores"]}
+
+
+def _write_ledger(bk: BookKeeper, count: int, size: int) -> tuple[int, dict[str, Any]]:
+    """A closed ledger of ``count`` entries of ``size`` bytes; its id and write rate."""
+    data = os.urandom(size)
+    started = time.perf_counter()
+    lh = bk.create_ledger(ENSEMBLE, WRITE_QUORUM, ACK_QUORUM)
+    pending = []
+    for _ in range(count):
+        pending.append(lh.add_entry_async(data))
+        if len(pending) >= LEDGER_WINDOW:
+            pending.pop(0).result()
+    for fut in pending:
+        fut.result()
+    lh.close()
+    return lh.ledger_id, _written(count, started, size)
+
+
+def _read_ledger(bk: BookKeeper, ledger_id: int, meter: Meter) -> dict[str, Any]:
+    entries = size = 0
+    meter.start()
+    rh = bk.open_ledger(ledger_id, recovery=False)
+    for entry in rh.read(0, rh.last_add_confirmed):
+        entries += 1
+        size += len(entry.data)
+    report = meter.stop(entries)
+    return {"records": entries, "seconds": report["seconds"], "records_per_s": report["entries_per_s"],
             "mb_per_s": round(size / 1e6 / report["seconds"], 1) if report["seconds"] else 0.0,
             "client_cpu_us_per_record": report["client_cpu_us_per_entry"],
             "bookie_cpu_us_per_record": report["bookie_cpu_us_per_entry"],
@@ -182,8 +219,8 @@ def _visibility(writer_bk: BookKeeper, reader_bk: BookKeeper, name: str, interva
     return {"interval_ms": round(interval * 1000, 1), "samples": count} | latency_percentiles(delays)
 
 
-def _measure(bk: BookKeeper, reader_bk: BookKeeper, data: Path, meter: Meter, gib: float, one_per_entry: int,
-             samples: int) -> dict[str, Any]:
+def _measure(bk: BookKeeper, reader_bk: BookKeeper, each_bk: BookKeeper, data: Path, meter: Meter, gib: float,
+             one_per_entry: int, ledger_entries: int, samples: int) -> dict[str, Any]:
     out: dict[str, Any] = {"replay": {}, "tail": []}
     for size in SIZES:
         name = f"batched-{size}"
@@ -200,7 +237,17 @@ def _measure(bk: BookKeeper, reader_bk: BookKeeper, data: Path, meter: Meter, gi
                             ack_quorum=ACK_QUORUM) as wal:
         started = time.perf_counter()
         written = _written(_write_one_per_entry(wal, 1024, one_per_entry), started, 1024)
-    out["replay"]["1024-one-per-entry"] = {"written": written, "hot": _replay(reader_bk, "one-per-entry", meter)}
+    time.sleep(2 * BOOKIE_OPTIONS["flush_interval"] / 1000)
+    dropped = _drop_page_cache(data)
+    out["replay"]["1024-one-per-entry"] = {
+        "written": written, "cold": _replay(reader_bk, "one-per-entry", meter) | {"files_dropped": dropped},
+        "hot": _replay(reader_bk, "one-per-entry", meter), "hot, entry by entry": _replay(each_bk, "one-per-entry", meter)}
+    ledger_id, written = _write_ledger(bk, ledger_entries, 1024)
+    time.sleep(2 * BOOKIE_OPTIONS["flush_interval"] / 1000)
+    dropped = _drop_page_cache(data)
+    out["replay"]["ledger-1024"] = {
+        "written": written, "cold": _read_ledger(reader_bk, ledger_id, meter) | {"files_dropped": dropped},
+        "hot": _read_ledger(reader_bk, ledger_id, meter), "hot, entry by entry": _read_ledger(each_bk, ledger_id, meter)}
     for interval in INTERVALS:
         out["tail"].append(_visibility(bk, reader_bk, f"tail-{int(interval * 1000)}ms", interval, samples))
     return out
@@ -213,33 +260,37 @@ def _checks(results: dict[str, Any]) -> dict[str, bool]:
         "replay_1KiB_mb_met": replay["1024"]["hot"]["mb_per_s"] >= TARGETS["replay_1KiB_mb_per_s"],
         "tail_p50_met": all(case["p50_ms"] <= TARGETS["tail_p50_ms"] for case in results["tail"]),
         "tail_p99_met": all(case["p99_ms"] <= TARGETS["tail_p99_ms"] for case in results["tail"]),
+        "ledger_rate_met": replay["ledger-1024"]["hot"]["records_per_s"] >= TARGETS["ledger_entries_per_s"],
+        "one_per_entry_rate_met": replay["1024-one-per-entry"]["hot"]["records_per_s"]
+        >= TARGETS["one_per_entry_records_per_s"],
     }
 
 
 def run_read_bench(directory: str | None = None, *, gib: float = 1.0, one_per_entry: int = 20_000,
-                   samples: int = 2000) -> dict[str, Any]:
+                   ledger_entries: int = 100_000, samples: int = 2000) -> dict[str, Any]:
     """Every case on a fresh cluster of three bookie processes; the report (a dict)."""
-    if not gib > 0 or one_per_entry < 1 or samples < 10:
-        raise InvalidArgumentError("need gib > 0, one_per_entry >= 1, samples >= 10", gib=gib,
-                                   one_per_entry=one_per_entry, samples=samples)
+    if not gib > 0 or one_per_entry < 1 or ledger_entries < 1 or samples < 10:
+        raise InvalidArgumentError("need gib > 0, one_per_entry >= 1, ledger_entries >= 1, samples >= 10", gib=gib,
+                                   one_per_entry=one_per_entry, ledger_entries=ledger_entries, samples=samples)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     with bench_cluster(directory, "read", BOOKIES, bookie_options=BOOKIE_OPTIONS) as (cluster, base):
         meter = Meter([cluster.bookie_pid(i) for i in range(BOOKIES)])
-        with cluster.client() as bk, cluster.client() as reader_bk:
-            results = _measure(bk, reader_bk, cluster.data_dir, meter, gib, one_per_entry, samples)
+        with cluster.client() as bk, cluster.client() as reader_bk, cluster.client(range_reads=False) as each_bk:
+            results = _measure(bk, reader_bk, each_bk, cluster.data_dir, meter, gib, one_per_entry, ledger_entries,
+                               samples)
     return {"started": started, "cpus": os.cpu_count(), "bookies": BOOKIES, "ensemble": ENSEMBLE,
             "write_quorum": WRITE_QUORUM, "ack_quorum": ACK_QUORUM, "gib": gib, "one_per_entry": one_per_entry,
-            **results, "targets": TARGETS, "checks": _checks(results)}
+            "ledger_entries": ledger_entries, **results, "targets": TARGETS, "checks": _checks(results)}
 
 
 _LABELS = {"100": "100 B records, batched", "1024": "1 KiB records, batched",
-           "1024-one-per-entry": "1 KiB records, one per entry"}
+           "1024-one-per-entry": "1 KiB records, one per entry", "ledger-1024": "ledger of 1 KiB entries (records = entries)"}
 
 
 def _rows(report: dict[str, Any]) -> Iterator[str]:
     for key, case in report["replay"].items():
         w = case["written"]
-        for phase in ("cold", "hot"):
+        for phase in ("cold", "hot", "hot, entry by entry"):
             if phase in case:
                 r = case[phase]
                 yield (f"| {_LABELS[key]}, {phase} | {r['records']:,} | {r['records_per_s']:,} | {r['mb_per_s']} "
@@ -254,7 +305,8 @@ def format_markdown(report: dict[str, Any]) -> str:
     checks = report["checks"]
     lines = [f"{report['started']}; {report['bookies']} bookie processes, E={report['ensemble']} "
              f"Qw={report['write_quorum']} Qa={report['ack_quorum']}, {report['cpus']} CPUs; batched logs of "
-             f"{report['gib']:g} GiB, {report['one_per_entry']:,} records one per entry", "",
+             f"{report['gib']:g} GiB, {report['one_per_entry']:,} records one per entry, a ledger of "
+             f"{report['ledger_entries']:,} entries", "",
              "| replay | records | records/s | MB/s | written records/s | client CPU µs/record "
              "| bookies CPU µs/record | other cores | steal cores |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|", *_rows(report), "",
@@ -265,5 +317,8 @@ def format_markdown(report: dict[str, Any]) -> str:
     lines += ["", f"targets: replay 100 B >= {TARGETS['replay_100B_records_per_s']:,} records/s: "
                   f"{met(checks['replay_100B_rate_met'])}; replay 1 KiB >= {TARGETS['replay_1KiB_mb_per_s']} MB/s: "
                   f"{met(checks['replay_1KiB_mb_met'])}; tail visibility p50 <= {TARGETS['tail_p50_ms']} ms: "
-                  f"{met(checks['tail_p50_met'])}, p99 <= {TARGETS['tail_p99_ms']} ms: {met(checks['tail_p99_met'])}"]
+                  f"{met(checks['tail_p50_met'])}, p99 <= {TARGETS['tail_p99_ms']} ms: {met(checks['tail_p99_met'])}; "
+                  f"ledger read >= {TARGETS['ledger_entries_per_s']:,} entries/s: {met(checks['ledger_rate_met'])}; "
+                  f"one record per entry >= {TARGETS['one_per_entry_records_per_s']:,} records/s: "
+                  f"{met(checks['one_per_entry_rate_met'])}"]
     return "\n".join(lines)

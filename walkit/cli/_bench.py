@@ -49,7 +49,8 @@ def _wal(args: argparse.Namespace) -> int:
 def _read(args: argparse.Namespace) -> int:
     from walkit.bench.read import format_markdown, run_read_bench
 
-    report = run_read_bench(args.dir, gib=args.gib, one_per_entry=args.one_per_entry, samples=args.samples)
+    report = run_read_bench(args.dir, gib=args.gib, one_per_entry=args.one_per_entry,
+                            ledger_entries=args.ledger_entries, samples=args.samples)
     _print_report(args, report, format_markdown)
     return 0
 
@@ -133,11 +134,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "(default: a temporary one here)")
     bw.set_defaults(func=_wal)
     brd = bench.add_parser("read", help="replay of a log written beforehand (cold and hot, 100 B / 1 KiB records, "
-                           "batched and one record per entry) and tail visibility")
+                           "batched and one record per entry), a ledger's entries read back (in runs and entry by entry) "
+                           "and tail visibility")
     brd.add_argument("--json", action="store_true", help="print JSON instead of tables")
     brd.add_argument("--gib", type=float, default=1.0, help="GiB in each batched log (default 1)")
     brd.add_argument("--one-per-entry", type=int, default=20_000,
                      help="1 KiB records appended one at a time for the per-entry replay (default 20,000)")
+    brd.add_argument("--ledger-entries", type=int, default=100_000,
+                     help="1 KiB entries of the ledger read back (default 100,000)")
     brd.add_argument("--samples", type=int, default=2000,
                      help="records per tail-visibility case, fewer at slow rates (default 2,000)")
     brd.add_argument("--dir", default=None, help="where the cluster keeps its data (default: a temporary one here)")

@@ -4,8 +4,9 @@ connection to one bookie (:class:`BookieClient`).
 The layers above it (``walkit.wal``, ``walkit.aio``, ``walkit.spark``) import from this
 package only, never from its private modules: what they build on is exported here - the
 writer and reader a handle wraps (:class:`LedgerWriter`, :class:`LedgerReader`), the
-future an add returns (:class:`QuickFuture`) and the argument checks a handle applies
-(:func:`check_payload`, :func:`check_range`)."""
+future an add returns (:class:`QuickFuture`), the argument checks a handle applies
+(:func:`check_payload`, :func:`check_range`) and the chunked sequential read a replay
+uses (:func:`read_ahead`)."""
 
 from walkit.client._bookie_client import BookieClient, client_ssl_context
 from walkit.client._bookkeeper import BookKeeper, connect
@@ -14,9 +15,10 @@ from walkit.client._handles import LedgerHandle, ReadHandle, ReadState, check_pa
 from walkit.client._loop import LoopThread
 from walkit.client._pool import Endpoint, parse_endpoint
 from walkit.client._read import Entry, LedgerReader
+from walkit.client._readahead import read_ahead
 from walkit.client._submit import QuickFuture
 from walkit.client._writer import LedgerWriter
 
 __all__ = ["BookKeeper", "BookieClient", "ClientConfig", "Endpoint", "Entry", "LedgerHandle", "LedgerReader",
            "LedgerWriter", "LoopThread", "QuickFuture", "ReadHandle", "ReadState", "check_payload", "check_range",
-           "client_ssl_context", "connect", "parse_endpoint"]
+           "client_ssl_context", "connect", "parse_endpoint", "read_ahead"]

@@ -49,6 +49,15 @@ class ClientConfig:
     # Entries read at once by one read() / follow(), and looked ahead during recovery.
     read_parallelism: int = 64
     recovery_read_parallelism: int = 16
+    # Sequential reads of a ledger whose bookies each hold every entry (E = Qw) ask for
+    # runs of entries (READ_RANGE): each run at most this many bytes of entries (and what
+    # fits in max_frame_size), this many runs in flight per read (walkit; BookKeeper's
+    # batch reads, BP-62, bound a batch by count and bytes too).
+    read_batch_bytes: int = 1 << 20
+    read_batches_in_flight: int = 4
+    # False: read entry by entry (READ_ENTRY) even where runs could be used (a benchmark's
+    # A/B; bookies that do not know READ_RANGE are found out without it).
+    range_reads: bool = True
     # Adds of one handle in flight at most: add_entry_async blocks the caller (sync API)
     # or waits (asyncio API) past it, so memory stays bounded under a fast producer.
     max_pending_adds: int = 10_000
@@ -67,9 +76,12 @@ class ClientConfig:
                                            value=value)
         if not isinstance(self.explicit_lac_interval, (int, float)) or self.explicit_lac_interval < 0:
             raise InvalidArgumentError("explicit_lac_interval must be >= 0 (0: off)", value=self.explicit_lac_interval)
+        if not isinstance(self.range_reads, bool):
+            raise InvalidArgumentError("range_reads is True or False", value=self.range_reads)
         if self.idle_lac is not None and not isinstance(self.idle_lac, bool):
             raise InvalidArgumentError("idle_lac is True, False or None", value=self.idle_lac)
-        for name in ("read_parallelism", "recovery_read_parallelism", "max_pending_adds"):
+        for name in ("read_parallelism", "recovery_read_parallelism", "max_pending_adds", "read_batch_bytes",
+                     "read_batches_in_flight"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidArgumentError("client option must be an int >= 1", option=name, value=value)

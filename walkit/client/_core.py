@@ -93,6 +93,8 @@ class ClientCore:
         self._endpoints: dict[str, Endpoint] = {}  # what each bookie registered, when last read
         self._unused: set[str] = set()  # endpoints read ahead (with a choice), no connection made yet
         self._failed_at: dict[str, float] = {}
+        #: bookies that answered READ_RANGE "unknown op" (an older walkit): read entry by entry
+        self.no_range_reads: set[str] = set()
         # the writable bookies as the store's watch or a read last told, and when (None: not yet)
         self._writable: frozenset[str] | None = None
         self._writable_at = 0.0

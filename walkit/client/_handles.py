@@ -10,6 +10,8 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from walkit.client._ranges import read_entries
+from walkit.client._readahead import read_ahead
 from walkit.client._read import Entry, LedgerReader
 from walkit.client._writer import LedgerWriter
 from walkit.errors import (
@@ -77,10 +79,12 @@ class ReadState:
             if meta.state is LedgerState.CLOSED:
                 self.lac, self.length = meta.last_entry_id, meta.length
 
-    async def read(self, first: int, last: int) -> list[Entry]:
+    async def read(self, first: int, last: int, max_bytes: int | None = None) -> list[Entry]:
+        """Entries ``first``..``last``; with ``max_bytes``, a prefix of them (one entry at
+        least) holding about that many bytes (:func:`walkit.client._ranges.read_entries`)."""
         check_range(self.reader.ledger_id, first, last, self.lac)
         try:
-            return await self.reader.read_range(first, last)
+            return await read_entries(self.reader, first, last, max_bytes)
         except WalkitError:
             if self.closed:
                 raise
@@ -88,7 +92,7 @@ class ReadState:
             await self.refresh()  # an ensemble change may have moved entries: try once more
             if self.version == old:
                 raise
-            return await self.reader.read_range(first, last)
+            return await read_entries(self.reader, first, last, max_bytes)
 
     def _saw(self, lac: int) -> None:
         if lac > self.lac and not self.closed:
@@ -137,12 +141,8 @@ class _Handle:
 
     def _iter_read(self, state: ReadState, first: int, last: int) -> Iterator[Entry]:
         check_range(state.reader.ledger_id, first, last, state.lac)
-        chunk = self._bk.config.read_parallelism * 4
-        start = first
-        while start <= last:
-            end = min(last, start + chunk - 1)
-            yield from self._loop.run(state.read(start, end))
-            start = end + 1
+        for entries in read_ahead(self._loop, state, first, last):
+            yield from entries
 
 
 class LedgerHandle(_Handle):

@@ -187,6 +187,8 @@ class LedgerReader:
         self.metadata = metadata
         self.ledger_id = metadata.ledger_id
         self.key = key
+        #: bytes of the entries read in runs lately (None: none yet): sizes the next run
+        self.entry_size: int | None = None
 
     def check(self, entry_id: int, data: bytes) -> tuple[EntryHeader, bytes]:
         """Digest and ids of an entry a bookie returned (DigestMismatchError)."""
@@ -216,8 +218,9 @@ class LedgerReader:
             replicas = self.core.read_order(self.metadata.write_set(entry_id))
         return _EntryRead(self, entry_id, replicas, fence).start()
 
-    async def read_range(self, first: int, last: int) -> list[Entry]:
-        """Entries ``first``..``last`` in order, ``read_parallelism`` in flight."""
+    async def read_each(self, first: int, last: int) -> list[Entry]:
+        """Entries ``first``..``last`` in order, one READ_ENTRY each, ``read_parallelism``
+        in flight (:func:`walkit.client._ranges.read_entries` reads in runs where it can)."""
         window = self.core.config.read_parallelism
         results: list[Entry] = []
         pending: list[tuple[int, asyncio.Future[tuple[EntryHeader, bytes, int]]]] = []

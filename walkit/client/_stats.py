@@ -26,6 +26,7 @@ class ClientStats(Stats):
     read_failures: int = 0  # entry reads that failed (no valid copy, or no such entry)
     read_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))  # one entry's read
     speculative_reads: int = 0  # reads sent to another replica because one was slow
+    range_reads: int = 0  # READ_RANGE requests answered (runs of entries; their entries count in reads)
     ensemble_changes: int = 0
     recoveries: int = 0  # ledgers this client recovered and closed
 
@@ -44,6 +45,9 @@ def _describe(s: ClientStats) -> Iterator[Metric]:
     yield counter("walkit_client_speculative_reads",
                   "Reads sent to the next replica because the first stayed silent for speculative_read_timeout",
                   s.speculative_reads)
+    yield counter("walkit_client_range_reads",
+                  "READ_RANGE requests answered: runs of consecutive entries read in one request (their entries "
+                  "count in walkit_client_reads)", s.range_reads)
     yield counter("walkit_client_ensemble_changes", "Ensemble changes (a bookie of a writer's ensemble replaced)",
                   s.ensemble_changes)
     yield counter("walkit_client_recoveries", "Ledgers recovered (fenced and closed) by this process",

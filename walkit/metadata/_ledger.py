@@ -299,12 +299,15 @@ class LedgerMetadata:
             return self.ensembles[index + 1][0] - 1
         return self.last_entry_id if self.state is LedgerState.CLOSED else None
 
-    def ensemble_for(self, entry_id: int) -> tuple[str, ...]:
-        """The bookies of the fragment that holds ``entry_id``."""
+    def fragment_index(self, entry_id: int) -> int:
+        """The index (in ``ensembles``) of the fragment that holds ``entry_id``."""
         if entry_id < 0:
             raise _bad("entry id must be >= 0", self.ledger_id, entry=entry_id)
-        starts = [first for first, _ in self.ensembles]
-        return self.ensembles[bisect.bisect_right(starts, entry_id) - 1][1]
+        return bisect.bisect_right(self.ensembles, entry_id, key=lambda fragment: fragment[0]) - 1
+
+    def ensemble_for(self, entry_id: int) -> tuple[str, ...]:
+        """The bookies of the fragment that holds ``entry_id``."""
+        return self.ensembles[self.fragment_index(entry_id)][1]
 
     def write_set(self, entry_id: int) -> tuple[str, ...]:
         """Where ``entry_id`` is stored: ensemble[(e + i) mod E] for i < Qw."""

@@ -30,8 +30,6 @@ LSN_KEY_FORMAT = "{{:0{}d}}/{{:0{}d}}/{{:0{}d}}".format(*LSN_KEY_WIDTHS)  # "{:0
 END_SLOT = (1 << 32) - 1
 DEFAULT_PARTITION_BYTES = 64 << 20  # like Spark's file splits: enough work per task to pay for its start
 DEFAULT_ENTRY_BYTES = 1 << 20  # the WAL's largest entry: the estimate when a segment's size is unknown
-READ_CHUNK_BYTES = 8 << 20  # entries read per request to the bookies, in bytes (bounds executor memory)
-_MAX_READ_CHUNK = 256  # entries per request at most (the client's own chunk)
 
 
 def lsn_key(lsn: LSN) -> str:
@@ -146,7 +144,6 @@ class LogRange:
     ledger_id: int
     first: int
     last: int
-    chunk: int
     after: LSN | None = None
     until: LSN | None = None
 
@@ -161,17 +158,12 @@ class LedgerRange:
     ledger_id: int
     first: int
     last: int
-    chunk: int
 
 
 def _entries_per_task(entry_bytes: float, partition_bytes: int, entries_per_partition: int | None) -> int:
     if entries_per_partition is not None:
         return entries_per_partition
     return max(1, int(partition_bytes // max(entry_bytes, 1.0)))
-
-
-def _chunk(entry_bytes: float) -> int:
-    return max(1, min(_MAX_READ_CHUNK, int(READ_CHUNK_BYTES // max(entry_bytes, 1.0))))
 
 
 def _split(first: int, last: int, per_task: int) -> list[tuple[int, int]]:
@@ -206,7 +198,7 @@ def plan_log(extents: Sequence[SegmentExtent], *, after: LSN | None = None, unti
         entry_bytes = size if size is not None else fallback
         per_task = _entries_per_task(entry_bytes, partition_bytes, entries_per_partition)
         for lo, hi in _split(first, last, per_task):
-            tasks.append(LogRange(extent.seq, extent.ledger_id, lo, hi, _chunk(entry_bytes), after, until))
+            tasks.append(LogRange(extent.seq, extent.ledger_id, lo, hi, after, until))
     return tasks
 
 
@@ -217,5 +209,4 @@ def plan_ledger(ledger_id: int, last: int, length: int | None, *, partition_byte
         return []
     entry_bytes = length / (last + 1) if length else DEFAULT_ENTRY_BYTES
     per_task = _entries_per_task(entry_bytes, partition_bytes, entries_per_partition)
-    return [LedgerRange(ledger_id, lo, hi, _chunk(entry_bytes)) for lo, hi in _split(first=0, last=last,
-                                                                                      per_task=per_task)]
+    return [LedgerRange(ledger_id, lo, hi) for lo, hi in _split(first=0, last=last, per_task=per_task)]

@@ -110,10 +110,12 @@ def _open_for(bk: BookKeeper, ledger_id: int, password: bytes, last: int) -> Rea
     return handle
 
 
-def _entries(handle: ReadHandle, first: int, last: int, chunk: int) -> Iterator[tuple[int, bytes]]:
-    for start in range(first, last + 1, chunk):
-        for entry in handle.read(start, min(last, start + chunk - 1)):
-            yield entry.entry_id, entry.data
+def _entries(handle: ReadHandle, first: int, last: int) -> Iterator[tuple[int, bytes]]:
+    """The range's entries: read in runs, in chunks bounded by bytes, the next one read
+    ahead while this one becomes rows (``ReadHandle.read``), so an executor holds about
+    two chunks (``walkit.client.read_ahead``)."""
+    for entry in handle.read(first, last):
+        yield entry.entry_id, entry.data
 
 
 class _LogColumns:
@@ -168,7 +170,7 @@ def log_batches(metadata_uri: str, password: bytes, namespace: str, log: str, ta
     with BookKeeper(metadata_uri) as bk:
         handle = _open_for(bk, task.ledger_id, password, task.last)
         columns = _LogColumns(namespace, log, task.seq)
-        for entry_id, data in _entries(handle, task.first, task.last, task.chunk):
+        for entry_id, data in _entries(handle, task.first, task.last):
             columns.add_entry(entry_id, unpack_records(data), task)
             if len(columns) >= BATCH_ROWS:
                 yield columns.batch()
@@ -182,7 +184,7 @@ def ledger_batches(metadata_uri: str, password: bytes, task: LedgerRange) -> Ite
         handle = _open_for(bk, task.ledger_id, password, task.last)
         ids: list[int] = []
         payloads: list[bytes] = []
-        for entry_id, data in _entries(handle, task.first, task.last, task.chunk):
+        for entry_id, data in _entries(handle, task.first, task.last):
             ids.append(entry_id)
             payloads.append(data)
             if len(ids) >= BATCH_ROWS // 16:

@@ -43,7 +43,7 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import IO, Any
 
-from walkit.client import BookKeeper, Entry, LedgerWriter, QuickFuture, ReadState
+from walkit.client import BookKeeper, Entry, LedgerWriter, QuickFuture, ReadState, read_ahead
 from walkit.errors import (
     InvalidArgumentError,
     LedgerFencedError,
@@ -63,7 +63,6 @@ from walkit.metadata._registration import check_bookie_id
 from walkit.wal._format import LogMetadata, LogSettings, Segment, SnapshotRef, pack_records, unpack_records
 from walkit.wal._lsn import LSN
 from walkit.wal._many import ManyFuture, complete_entry, fail_all
-from walkit.wal._readahead import read_ahead
 from walkit.wal._stats import LOGS
 
 __all__ = ["WriteAheadLog", "LogReader", "Snapshot", "list_logs", "delete_log", "set_namespace_defaults"]

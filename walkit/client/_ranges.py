@@ -1,0 +1,204 @@
+"""Reading runs of entries with READ_RANGE (client loop only).
+
+Theory of operation
+-------------------
+A sequential read (``read()``, a replay, a tail catching up, the Spark source) wants many
+consecutive entries. Read one READ_ENTRY at a time, every entry costs a request, a
+bookie task and a future; :func:`read_batched` asks for them in runs instead
+(:mod:`walkit.protocol._range`: one request, one frame of consecutive entries back).
+
+* **Where.** Only ledgers whose every bookie holds every entry (E = Qw, the default
+  3/3/2) are read in runs: then any replica of a fragment can answer any run of it.
+  A striped ledger (E > Qw) is read entry by entry, as before. A run never crosses a
+  fragment's end (an ensemble change): each fragment's runs go to its own bookies.
+* **Sticky.** Every run of one reader goes to the same replica of the fragment (the
+  ledger id picks which, so readers of different ledgers spread over the bookies),
+  keeping that bookie's caches and read-ahead on one stream. A replica that failed
+  lately goes last (:meth:`ClientCore.read_order`), so a reader moves on for good once
+  its bookie fails and others move away from it too.
+* **Pipelined by bytes and count.** A read is cut into spans of consecutive entries; at
+  most ``read_batches_in_flight`` spans are under way, each asking for at most
+  ``read_batch_bytes`` of entries (and at most :data:`~walkit.protocol.MAX_RANGE_ENTRIES`).
+  A span's count comes from the size of the entries the reader saw last (its first span,
+  before any is known, asks for :data:`FIRST_SPAN`), so a read holds about
+  ``read_batches_in_flight * read_batch_bytes`` in flight whatever the entry size.
+* **Short answers.** A bookie answers with the stored entries from the span's next one
+  on and stops where it must (an entry it does not hold, its byte or frame limit): the
+  span asks again from where the answer stopped - the same bookie after progress, the
+  next replica when this one has nothing to give (an error, the entry not held, a bad
+  digest). When every replica of the fragment failed at one entry, that entry is read
+  by :meth:`LedgerReader.read_entry` (speculation, timeouts, the error that entry
+  deserves: NoSuchEntryError only when every replica says it is not there), and the
+  span goes on in runs after it.
+* **Checked as single reads are.** Every entry of an answer is checked (digest, ledger
+  and entry ids); the entries before a bad one are kept, the rest is asked of another
+  replica. A bookie that does not know READ_RANGE (an older walkit answers EBADREQ) is
+  remembered by the client; spans whose replicas all are such bookies are read entry by
+  entry, ``read_parallelism`` in flight.
+* **Not speculative.** A run waits ``read_timeout`` for its bookie (then the next
+  replica), not ``speculative_read_timeout``: a large run may take longer than one entry
+  legitimately, and a failed bookie is left after its first timeout anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from walkit.client._read import Entry, LedgerReader, request_with_timeout
+from walkit.errors import BookieUnavailableError, DigestMismatchError, ProtocolError, WalkitError
+from walkit.protocol import MAX_RANGE_ENTRIES, RANGE_RESPONSE_OVERHEAD, ReadRange, ReadRangeResponse, Response
+
+__all__ = ["read_entries", "read_batched", "FIRST_SPAN", "EACH_CHUNK", "ENTRY_COST"]
+
+FIRST_SPAN = 64  # entries asked for in a reader's first span, before any entry's size is known
+EACH_CHUNK = 256  # entries read one by one per bounded read at most (read_entries with max_bytes)
+_LENGTH_FIELD = 4  # bytes an answer spends on each entry's length
+ENTRY_COST = 64  # bytes a returned entry counts for beyond its data (its Entry), in a bounded read
+
+
+def _span_count(reader: LedgerReader) -> int:
+    """Entries a span asks for: as many as fit in ``read_batch_bytes`` at the size of
+    the entries this reader saw last."""
+    config = reader.core.config
+    limit = min(config.read_batch_bytes, config.max_frame_size - RANGE_RESPONSE_OVERHEAD)
+    size = reader.entry_size
+    if size is None:
+        return FIRST_SPAN
+    return max(1, min(MAX_RANGE_ENTRIES, limit // (size + _LENGTH_FIELD)))
+
+
+async def read_entries(reader: LedgerReader, first: int, last: int, max_bytes: int | None = None) -> list[Entry]:
+    """Entries ``first``..``last`` in order: in runs where every bookie holds every entry
+    (E = Qw; unless the client's ``range_reads`` is off), else entry by entry. With
+    ``max_bytes``, a prefix of them instead (one entry at least): the read stops once the entries returned hold ``max_bytes`` (each
+    counting :data:`ENTRY_COST` more than its data), or read entry by entry, after
+    :data:`EACH_CHUNK` entries at most (or fewer, by the size of the entries seen lately)."""
+    if reader.metadata.ensemble_size == reader.metadata.write_quorum and reader.core.config.range_reads:
+        return await read_batched(reader, first, last, max_bytes)
+    if max_bytes is not None:
+        size = reader.entry_size
+        count = EACH_CHUNK if size is None else max(1, min(EACH_CHUNK, max_bytes // max(1, size)))
+        last = min(last, first + count - 1)
+    entries = await reader.read_each(first, last)
+    reader.entry_size = max(len(e.data) for e in entries)
+    return entries
+
+
+async def read_batched(reader: LedgerReader, first: int, last: int, max_bytes: int | None = None) -> list[Entry]:
+    """Entries ``first``..``last`` in order, in runs (see the module docstring); with
+    ``max_bytes``, the prefix read by the time the entries held ``max_bytes`` (one span
+    at least). The reader's ledger has E = Qw."""
+    config = reader.core.config
+    loop = asyncio.get_running_loop()
+    meta = reader.metadata
+    spans: collections.deque[asyncio.Task[list[Entry]]] = collections.deque()
+    results: list[Entry] = []
+    held = 0
+    next_id = first
+    try:
+        while next_id <= last or spans:
+            while next_id <= last and len(spans) < config.read_batches_in_flight:
+                index = meta.fragment_index(next_id)
+                end = meta.fragment_end(index)
+                hi = min(last, next_id + _span_count(reader) - 1, last if end is None else end)
+                spans.append(loop.create_task(_Span(reader, next_id, hi, meta.ensembles[index][1]).run()))
+                next_id = hi + 1
+            entries = await spans.popleft()
+            results.extend(entries)
+            if max_bytes is not None:
+                held += sum([len(e.data) for e in entries]) + ENTRY_COST * len(entries)
+                if held >= max_bytes:
+                    break
+    finally:
+        for span in spans:
+            span.cancel()
+    return results
+
+
+class _Span:
+    """Entries ``lo``..``hi`` of one fragment, in runs (see the module docstring)."""
+
+    def __init__(self, reader: LedgerReader, lo: int, hi: int, ensemble: tuple[str, ...]) -> None:
+        self.reader = reader
+        self.lo = lo
+        self.hi = hi
+        shift = reader.ledger_id % len(ensemble)  # sticky: one replica per ledger, spread over ledgers
+        self.ensemble = ensemble[shift:] + ensemble[:shift]
+        self.out: list[Entry] = []
+
+    async def run(self) -> list[Entry]:
+        reader, core = self.reader, self.reader.core
+        failed: set[str] = set()  # replicas that could not give entry self.lo
+        while self.lo <= self.hi:
+            order = [b for b in core.read_order(self.ensemble) if b not in failed]
+            capable = [b for b in order if b not in core.no_range_reads]
+            if not capable:
+                if core.no_range_reads.issuperset(self.ensemble):  # no replica speaks READ_RANGE
+                    self.out.extend(await reader.read_each(self.lo, self.hi))
+                    return self.out
+                self._one(await reader.read_entry(self.lo))  # every replica failed here: it decides
+                failed.clear()
+                continue
+            bookie = capable[0]
+            response, error = await self._ask(bookie)
+            if response is None:
+                if isinstance(error, ProtocolError) and error.context.get("op") == "INVALID":
+                    core.no_range_reads.add(bookie)  # an older bookie (EBADREQ, op unknown): entry by entry
+                elif isinstance(error, BookieUnavailableError):
+                    core.bookie_failed(bookie)
+                failed.add(bookie)
+            elif self._take(response):
+                failed.clear()
+            else:
+                failed.add(bookie)  # a bad entry: the rest from another replica
+        return self.out
+
+    def _one(self, read: tuple[object, bytes, int]) -> None:
+        self.out.append(Entry(self.reader.ledger_id, self.lo, read[1]))
+        self.lo += 1
+
+    async def _ask(self, bookie: str) -> tuple[ReadRangeResponse | None, WalkitError | None]:
+        reader = self.reader
+        config = reader.core.config
+        request = ReadRange(reader.ledger_id, self.lo, min(MAX_RANGE_ENTRIES, self.hi - self.lo + 1),
+                            min(config.read_batch_bytes, config.max_frame_size - RANGE_RESPONSE_OVERHEAD))
+        answer: asyncio.Future[tuple[ReadRangeResponse | None, WalkitError | None]] = \
+            asyncio.get_running_loop().create_future()
+
+        def answered(response: Response | None, error: WalkitError | None, _: object) -> None:
+            if answer.done():
+                return
+            if error is not None:
+                answer.set_result((None, error))
+            elif isinstance(response, ReadRangeResponse) and response.first_entry == self.lo:
+                answer.set_result((response, None))
+            else:
+                answer.set_result((None, ProtocolError("a READ_RANGE answer for another range", bookie=bookie,
+                                                       ledger=reader.ledger_id, entry=self.lo)))
+
+        request_with_timeout(reader.core, bookie, request, answered, None)
+        return await answer
+
+    def _take(self, response: ReadRangeResponse) -> bool:
+        """Keep the answer's entries up to the first that does not check (digest, ids);
+        whether every one did."""
+        reader = self.reader
+        ledger_id, lo = reader.ledger_id, self.lo
+        entries = response.entries[: self.hi - lo + 1]
+        taken = size = 0
+        append = self.out.append
+        for data in entries:
+            try:
+                _, payload = reader.check(lo + taken, data)
+            except DigestMismatchError:
+                break
+            append(Entry(ledger_id, lo + taken, payload))
+            size += len(data)
+            taken += 1
+        self.lo = lo + taken
+        stats = reader.core.stats
+        stats.range_reads += 1
+        if taken:
+            reader.entry_size = size // taken
+            stats.reads += taken
+        return taken == len(entries)
