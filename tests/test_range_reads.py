@@ -272,3 +272,31 @@ def test_reads_bounded_by_bytes_hold_little(cluster: walkit.LocalCluster) -> Non
         assert seen == [_payload(i) for i in range(2000)]
         assert [f.result(timeout=60) for f in more] == list(range(2000, 2500))
         assert _stats(reader).range_reads <= 20
+
+
+def test_recovery_reads_the_unconfirmed_tail_in_runs(cluster: walkit.LocalCluster) -> None:
+    with _client(cluster) as writer:
+        # the writer's LAC lags (no idle LAC, entries sent before their predecessors were
+        # acknowledged): recovery reads the long tail after it
+        lh = _write(writer, 3000, close=False, ensemble_size=3, write_quorum=3, ack_quorum=2)
+        with _client(cluster) as bk:
+            rh = bk.open_ledger(lh.ledger_id)
+            assert rh.is_closed and rh.last_add_confirmed == 2999
+            stats = _stats(bk)
+            assert stats.recoveries == 1 and stats.reads >= 100, f"a tail of {stats.reads} entries read"
+            assert 0 < stats.range_reads <= stats.reads // 50, f"{stats.range_reads} rounds for {stats.reads} entries"
+            assert [e.data for e in rh.read(0, 2999)] == [_payload(i) for i in range(3000)]
+        with pytest.raises(LedgerFencedError):
+            lh.add_entry(b"late")
+
+
+def test_recovery_reads_entry_by_entry_from_bookies_without_the_op(cluster: walkit.LocalCluster) -> None:
+    with _client(cluster) as writer:
+        lh = _write(writer, 500, close=False, ensemble_size=3, write_quorum=3, ack_quorum=2)
+        ensemble = lh.metadata.ensembles[0][1]
+        _speak_no_range(cluster, ensemble[1])
+        with _client(cluster) as bk:
+            rh = bk.open_ledger(lh.ledger_id)
+            assert rh.is_closed and rh.last_add_confirmed == 499
+            assert ensemble[1] in bk._core.no_range_reads
+            assert [e.data for e in rh.read(0, 499)] == [_payload(i) for i in range(500)]

@@ -21,8 +21,10 @@ much less than one :meth:`~bookie.storage.LedgerStorage.get_entry` per entry:
    the last record). A record longer than what was read gets the rest read
    (:func:`~bookie.storage._entrylog.finish_record`). Every record is verified as
    :func:`~bookie.storage._entrylog.read_record` verifies one (length bounds, CRC,
-   ledger and entry ids), so damage raises the ``CorruptionError`` a single read
-   would; other ledgers' records in a span are never parsed, only skipped.
+   ledger and entry ids) - in place, in the pread's buffer, when the whole record is
+   there and intact; anything else goes through the single-record path, so damage
+   raises the ``CorruptionError`` a single read would. Other ledgers' records in a span
+   are never parsed, only skipped.
 
 Budget: an entry whose data would take the total past ``max_bytes`` ends the answer, and
 is not read past its header; the first entry is always taken (every answer makes
@@ -44,9 +46,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TypeAlias
 
+from crc32c import crc32c
+
 from bookie.fs import File
 from bookie.storage._entrylog import FIRST_READ, LogGone, finish_record, record_where
-from bookie.storage._format import RECORD_HEADER, record_length, unpack_location
+from bookie.storage._format import MAX_ENTRY_SIZE, RECORD_HEADER, record_length, unpack_location
 
 __all__ = ["Source", "in_memory", "located", "read_range"]
 
@@ -182,11 +186,22 @@ def _read_span(f: File, log_id: int, ledger_id: int, run: list[tuple[int, int]],
     else:
         tail = min(FIRST_READ, max(taken.max_bytes - taken.size, 0) + _HEAD)
     raw = f.pread(run[-1][1] - start + tail, start)
+    view = memoryview(raw)
+    size, unpack = len(raw), RECORD_HEADER.unpack_from
     for entry_id, offset in run:
-        where = record_where(log_id, offset, ledger_id, entry_id)
         rel = offset - start
-        total = record_length(raw[rel : rel + _HEAD], where)
-        if not taken.fits(total - _HEAD):
+        if rel + _HEAD <= size:  # the usual case, checked in place: a whole, intact record of this entry
+            length, crc, found_ledger, found_entry = unpack(raw, rel)
+            end = rel + 8 + length
+            if _HEAD - 8 <= length <= _HEAD - 8 + MAX_ENTRY_SIZE and end <= size and found_ledger == ledger_id \
+                    and found_entry == entry_id and crc == crc32c(view[rel + 8 : end], crc32c(view[rel : rel + 4])):
+                if not taken.fits(end - rel - _HEAD):
+                    return False
+                taken.add(raw[rel + _HEAD : end])
+                continue
+        where = record_where(log_id, offset, ledger_id, entry_id)  # longer than read, or damaged: the
+        total = record_length(raw[rel : rel + _HEAD], where)  # single-record path reads the rest or says
+        if not taken.fits(total - _HEAD):  # what is wrong, as get_entry would
             return False
         taken.add(finish_record(f, raw[rel : rel + total], offset, ledger_id, entry_id, where))
     return True

@@ -48,7 +48,8 @@ from walkit.client._read import Entry, LedgerReader, request_with_timeout
 from walkit.errors import BookieUnavailableError, DigestMismatchError, ProtocolError, WalkitError
 from walkit.protocol import MAX_RANGE_ENTRIES, RANGE_RESPONSE_OVERHEAD, ReadRange, ReadRangeResponse, Response
 
-__all__ = ["read_entries", "read_batched", "FIRST_SPAN", "EACH_CHUNK", "ENTRY_COST"]
+__all__ = ["read_entries", "read_batched", "ask_range", "is_older_bookie", "span_count", "FIRST_SPAN", "EACH_CHUNK",
+           "ENTRY_COST"]
 
 FIRST_SPAN = 64  # entries asked for in a reader's first span, before any entry's size is known
 EACH_CHUNK = 256  # entries read one by one per bounded read at most (read_entries with max_bytes)
@@ -56,7 +57,39 @@ _LENGTH_FIELD = 4  # bytes an answer spends on each entry's length
 ENTRY_COST = 64  # bytes a returned entry counts for beyond its data (its Entry), in a bounded read
 
 
-def _span_count(reader: LedgerReader) -> int:
+def is_older_bookie(error: WalkitError) -> bool:
+    """Whether ``error`` answered a READ_RANGE as a bookie without the op does (EBADREQ
+    for an op it cannot name)."""
+    return isinstance(error, ProtocolError) and error.context.get("op") == "INVALID"
+
+
+async def ask_range(reader: LedgerReader, bookie: str, first: int,
+                    count: int) -> tuple[ReadRangeResponse | None, WalkitError | None]:
+    """One READ_RANGE of ``count`` entries from ``first`` to ``bookie`` (at most
+    ``read_batch_bytes`` of them): its answer, or the error (the bookie's, a timeout after
+    ``read_timeout``, or ProtocolError for an answer to another range)."""
+    config = reader.core.config
+    request = ReadRange(reader.ledger_id, first, min(MAX_RANGE_ENTRIES, count),
+                        min(config.read_batch_bytes, config.max_frame_size - RANGE_RESPONSE_OVERHEAD))
+    answer: asyncio.Future[tuple[ReadRangeResponse | None, WalkitError | None]] = \
+        asyncio.get_running_loop().create_future()
+
+    def answered(response: Response | None, error: WalkitError | None, _: object) -> None:
+        if answer.done():
+            return
+        if error is not None:
+            answer.set_result((None, error))
+        elif isinstance(response, ReadRangeResponse) and response.first_entry == first:
+            answer.set_result((response, None))
+        else:
+            answer.set_result((None, ProtocolError("a READ_RANGE answer for another range", bookie=bookie,
+                                                   ledger=reader.ledger_id, entry=first)))
+
+    request_with_timeout(reader.core, bookie, request, answered, None)
+    return await answer
+
+
+def span_count(reader: LedgerReader) -> int:
     """Entries a span asks for: as many as fit in ``read_batch_bytes`` at the size of
     the entries this reader saw last."""
     config = reader.core.config
@@ -100,7 +133,7 @@ async def read_batched(reader: LedgerReader, first: int, last: int, max_bytes: i
             while next_id <= last and len(spans) < config.read_batches_in_flight:
                 index = meta.fragment_index(next_id)
                 end = meta.fragment_end(index)
-                hi = min(last, next_id + _span_count(reader) - 1, last if end is None else end)
+                hi = min(last, next_id + span_count(reader) - 1, last if end is None else end)
                 spans.append(loop.create_task(_Span(reader, next_id, hi, meta.ensembles[index][1]).run()))
                 next_id = hi + 1
             entries = await spans.popleft()
@@ -140,9 +173,9 @@ class _Span:
                 failed.clear()
                 continue
             bookie = capable[0]
-            response, error = await self._ask(bookie)
+            response, error = await ask_range(reader, bookie, self.lo, self.hi - self.lo + 1)
             if response is None:
-                if isinstance(error, ProtocolError) and error.context.get("op") == "INVALID":
+                if error is not None and is_older_bookie(error):
                     core.no_range_reads.add(bookie)  # an older bookie (EBADREQ, op unknown): entry by entry
                 elif isinstance(error, BookieUnavailableError):
                     core.bookie_failed(bookie)
@@ -156,28 +189,6 @@ class _Span:
     def _one(self, read: tuple[object, bytes, int]) -> None:
         self.out.append(Entry(self.reader.ledger_id, self.lo, read[1]))
         self.lo += 1
-
-    async def _ask(self, bookie: str) -> tuple[ReadRangeResponse | None, WalkitError | None]:
-        reader = self.reader
-        config = reader.core.config
-        request = ReadRange(reader.ledger_id, self.lo, min(MAX_RANGE_ENTRIES, self.hi - self.lo + 1),
-                            min(config.read_batch_bytes, config.max_frame_size - RANGE_RESPONSE_OVERHEAD))
-        answer: asyncio.Future[tuple[ReadRangeResponse | None, WalkitError | None]] = \
-            asyncio.get_running_loop().create_future()
-
-        def answered(response: Response | None, error: WalkitError | None, _: object) -> None:
-            if answer.done():
-                return
-            if error is not None:
-                answer.set_result((None, error))
-            elif isinstance(response, ReadRangeResponse) and response.first_entry == self.lo:
-                answer.set_result((response, None))
-            else:
-                answer.set_result((None, ProtocolError("a READ_RANGE answer for another range", bookie=bookie,
-                                                       ledger=reader.ledger_id, entry=self.lo)))
-
-        request_with_timeout(reader.core, bookie, request, answered, None)
-        return await answer
 
     def _take(self, response: ReadRangeResponse) -> bool:
         """Keep the answer's entries up to the first that does not check (digest, ids);

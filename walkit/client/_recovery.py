@@ -11,10 +11,14 @@ BookKeeper's algorithm (``docs/architecture.md``, "Recovery"):
    entry, or "no such entry/ledger"): then no add of the old writer can still reach Qa
    acks. The start point is the highest LAC in the answers (or the entry before the last
    fragment, if higher).
-4. Read forward from start + 1 with fencing reads, ``recovery_read_parallelism`` ahead.
-   An entry exists as soon as one replica returns it with a valid digest; it is absent
-   once Qw - Qa + 1 replicas of its write set say it is not there; the first absent
-   entry ends the ledger.
+4. Read forward from start + 1. An entry exists as soon as one replica returns it with a
+   valid digest; it is absent once Qw - Qa + 1 replicas of its write set say it is not
+   there; the first absent entry ends the ledger. Where every bookie holds every entry
+   (E = Qw) the entries are read in runs (:func:`_found_in_runs`: READ_RANGE to every
+   bookie of the ensemble, round after round); else (or once a bookie turns out not to
+   know READ_RANGE) one entry at a time with fencing reads, ``recovery_read_parallelism``
+   ahead. Runs need no fencing of their own: step 3 already fenced Qw - Qa + 1 bookies
+   of every write set, so the old writer can no longer reach Qa acks for any entry.
 5. Re-add every entry found, as it was read, with the recovery flag, to its whole write
    set (a bookie failing here is replaced, in memory only).
 6. Compare-and-set IN_RECOVERY -> CLOSED with the last entry, its length and those
@@ -26,11 +30,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import AsyncGenerator
 
 from walkit.client._core import ClientCore
+from walkit.client._ranges import ask_range, is_older_bookie, span_count
 from walkit.client._read import LedgerReader, covers_every_write_set, is_absent, pick_error, request_with_timeout
 from walkit.client._writer import LedgerWriter
 from walkit.errors import (
+    BookieUnavailableError,
+    DigestMismatchError,
     NotEnoughBookiesError,
     UnauthorizedError,
     WalkitError,
@@ -56,39 +64,21 @@ async def recover(core: ClientCore, ledger_id: int, key: bytes) -> tuple[LedgerM
     lac = await _fence(core, reader)
     start = max(lac, meta.ensembles[-1][0] - 1)
     writer = LedgerWriter(core, meta, version, key, recovery=True, lac=start)
-    window = core.config.recovery_read_parallelism
-    reads: collections.deque[tuple[int, asyncio.Future[_Found]]] = collections.deque()
     adds: list[asyncio.Future[int]] = []
-    next_id, ended = start + 1, False
+    found = _found(core, reader, start + 1)
     try:
-        while True:
-            while not ended and len(reads) < window:
-                reads.append((next_id, _RecoveryRead(core, reader, next_id).start()))
-                next_id += 1
-            if not reads:
-                break
-            entry_id, fut = reads.popleft()
-            found = await fut
-            if found is None or ended:
-                ended = True
-                for _, other in reads:
-                    other.cancel()
-                reads.clear()
-                continue
-            header, data = found
+        async for entry_id, header, data in found:
             adds.append(asyncio.wrap_future(writer.submit_recovered(entry_id, data, header.length)))
         await asyncio.gather(*adds)
     except BaseException as exc:
-        for _, other in reads:
-            if other.done() and not other.cancelled():
-                other.exception()  # retrieved: it is not the error being raised
-            other.cancel()
         for add in adds:
             if add.done() and not add.cancelled():
                 add.exception()
         writer.fail_for_close(exc if isinstance(exc, WalkitError) else WalkitError("recovery abandoned",
                                                                                      ledger=ledger_id))
         raise
+    finally:
+        await found.aclose()
     if not adds and start >= 0:
         header, _, _ = await reader.read_entry(start)  # nothing past the start: its length is the ledger's
         writer.lac_length = header.length
@@ -140,6 +130,105 @@ async def _fence(core: ClientCore, reader: LedgerReader) -> int:
     for index, bookie in enumerate(ensemble):
         request_with_timeout(core, bookie, request, answer, index)
     return await done
+
+
+def _found(core: ClientCore, reader: LedgerReader, first: int) -> AsyncGenerator[tuple[int, EntryHeader, bytes], None]:
+    """Step 4: the entries that exist from ``first`` on, in order, up to the first absent one."""
+    meta = reader.metadata
+    if meta.ensemble_size == meta.write_quorum and core.config.range_reads:
+        return _found_in_runs(core, reader, first)
+    return _found_one_by_one(core, reader, first)
+
+
+async def _found_in_runs(core: ClientCore, reader: LedgerReader,
+                         first: int) -> AsyncGenerator[tuple[int, EntryHeader, bytes], None]:
+    """Step 4 where every bookie holds every entry: each round asks every bookie of the
+    last ensemble still answering for a run from the next undecided entry and waits for
+    all of them. The entries some answer carries (checked) are found, up to the first
+    that none carries (the answers stopped there: an entry they lack, or their byte
+    limit), and the next round starts there. A round that finds nothing decides its
+    first entry: absent when Qw - Qa + 1 bookies said they do not hold it (ENOENTRY),
+    else recovery fails (NotEnoughBookiesError, as for single reads). A bookie that timed
+    out or went away is not asked again in this recovery; one that does not know
+    READ_RANGE turns the rest into single reads."""
+    meta = reader.metadata
+    bookies = list(meta.ensembles[-1][1])
+    need_absent = meta.write_quorum - meta.ack_quorum + 1
+    next_id = first
+    while True:
+        count = span_count(reader)
+        answers = await asyncio.gather(*[ask_range(reader, bookie, next_id, count) for bookie in bookies])
+        found: list[tuple[EntryHeader, bytes]] = []  # entries next_id, next_id + 1, ... some answer carried
+        absent, older = 0, False
+        errors: list[WalkitError] = []
+        for bookie, (response, error) in zip(list(bookies), answers):
+            if response is not None:
+                _extend(reader, next_id, response.entries, found, errors)
+            elif error is not None and is_older_bookie(error):
+                core.no_range_reads.add(bookie)
+                older = True
+            elif error is not None and is_absent(error):
+                absent += 1
+            elif error is not None:
+                errors.append(error)
+                if isinstance(error, BookieUnavailableError):
+                    core.bookie_failed(bookie)
+                    bookies.remove(bookie)
+        if found:
+            core.stats.reads += len(found)
+            core.stats.range_reads += 1
+            reader.entry_size = sum(len(data) for _, data in found) // len(found)
+            for i, (header, data) in enumerate(found):
+                yield next_id + i, header, data
+            next_id += len(found)
+        elif older:
+            async for item in _found_one_by_one(core, reader, next_id):
+                yield item
+            return
+        elif absent >= need_absent:
+            return
+        else:  # every bookie answered (each answer carries its first entry): no more to learn
+            raise NotEnoughBookiesError(
+                "cannot recover: too few replicas answered whether an entry exists", ledger=reader.ledger_id,
+                entry=next_id, cause=str(pick_error(errors, ledger=reader.ledger_id))[:300])
+
+
+def _extend(reader: LedgerReader, first: int, entries: tuple[bytes, ...], found: list[tuple[EntryHeader, bytes]],
+            errors: list[WalkitError]) -> None:
+    """Add to ``found`` (entries ``first``.. found so far) what one answer carries beyond
+    it, up to its first entry whose digest or ids do not check."""
+    for i, data in enumerate(entries):
+        try:
+            header, _ = reader.check(first + i, data)
+        except DigestMismatchError as exc:
+            if i == 0:
+                errors.append(exc)
+            return
+        if i == len(found):
+            found.append((header, data))
+
+
+async def _found_one_by_one(core: ClientCore, reader: LedgerReader,
+                            first: int) -> AsyncGenerator[tuple[int, EntryHeader, bytes], None]:
+    """Step 4 one entry at a time (fencing reads), ``recovery_read_parallelism`` ahead."""
+    window = core.config.recovery_read_parallelism
+    reads: collections.deque[tuple[int, asyncio.Future[_Found]]] = collections.deque()
+    next_id = first
+    try:
+        while True:
+            while len(reads) < window:
+                reads.append((next_id, _RecoveryRead(core, reader, next_id).start()))
+                next_id += 1
+            entry_id, fut = reads.popleft()
+            found = await fut
+            if found is None:
+                return
+            yield entry_id, *found
+    finally:
+        for _, other in reads:
+            if other.done() and not other.cancelled():
+                other.exception()  # retrieved: it is not what ends the recovery
+            other.cancel()
 
 
 class _RecoveryRead:

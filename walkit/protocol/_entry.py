@@ -41,6 +41,7 @@ ENTRY_HEADER = struct.Struct(">QqqQ")
 DigestType = Literal["crc32c", "mac", "none"]
 _SIZES: dict[str, int] = {"crc32c": 4, "mac": 32, "none": 0}
 _CRC = struct.Struct(">I")
+_CRC_ENTRY = struct.Struct(">QqqQI")  # the header and a CRC32C digest
 
 
 class EntryHeader(NamedTuple):
@@ -92,6 +93,12 @@ def parse_entry_header(data: bytes | memoryview) -> EntryHeader:
 
 def decode_entry(data: bytes, *, digest: str = "crc32c", key: bytes = b"") -> tuple[EntryHeader, bytes]:
     """Check the digest and split an entry into header and payload."""
+    if digest == "crc32c" and len(data) >= _CRC_ENTRY.size:  # the usual case: one unpack, no copy but the payload
+        ledger_id, entry_id, lac, length, crc = _CRC_ENTRY.unpack_from(data)
+        view = memoryview(data)
+        if crc != crc32c(view[_CRC_ENTRY.size :], crc32c(view[: ENTRY_HEADER.size])):
+            raise DigestMismatchError("entry digest mismatch", ledger=ledger_id, entry=entry_id, digest=digest)
+        return EntryHeader(ledger_id, entry_id, lac, length), data[_CRC_ENTRY.size :]
     header = parse_entry_header(data)
     d = digest_size(digest)
     if len(data) < ENTRY_HEADER.size + d:
