@@ -458,8 +458,13 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         return 0
 
     def _disk_slot(self, ledger_id: int, entry_id: int) -> int:
-        with self._index_file(ledger_id) as f:
-            return read_slot(f, entry_id)
+        try:  # not through _index_file: a generator context costs a single read ~3 us
+            with self._index_files.use(ledger_id) as f:
+                return read_slot(f, entry_id)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+            raise NoSuchLedgerError("ledger deleted", ledger=ledger_id) from exc
 
     @contextmanager
     def _index_file(self, ledger_id: int) -> Iterator[File]:
@@ -474,8 +479,13 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
 
     def _read_log(self, d: LedgerDir, location: int, ledger_id: int, entry_id: int) -> bytes:
         log_id, offset = unpack_location(location)
-        with self._log_file(d, log_id) as f:
-            return read_record(f, log_id, offset, ledger_id, entry_id)
+        try:  # not through _log_file: a generator context costs a single read ~3 us
+            with self._log_files.use((d.number, log_id)) as f:
+                return read_record(f, log_id, offset, ledger_id, entry_id)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+            raise LogGone() from exc
 
     @contextmanager
     def _log_file(self, d: LedgerDir, log_id: int) -> Iterator[File]:
@@ -500,3 +510,4 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
     def _open_log(self, key: tuple[int, int], create: bool) -> File:
         d = self._dirs[key[0]]
         return open_log_for_read(self._fs, d.log_path(key[1]), key[1])
+
