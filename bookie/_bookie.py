@@ -220,6 +220,9 @@ class _StorageReplay:
         self.s.set_explicit_lac(ledger_id, lac if current is None else max(lac, current))
 
 
+_LAST_LACS = 4096  # ledgers whose last entry's LAC read_lac remembers (forgotten all at once past it)
+
+
 class Bookie:
     """A storage server's core, without the network (``bookie.server`` calls this)."""
 
@@ -268,6 +271,8 @@ class Bookie:
         self._ckpt_no_space = False  # the last checkpoint found a disk full (logged once)
         self._failure_lock = threading.Lock()
         self._mark_failed = False  # writing lastMark met an I/O error: no more checkpoints
+        #: ledger -> (its last stored entry, the LAC that entry carries): read_lac's memory
+        self._last_lacs: dict[int, tuple[int, int]] = {}
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -665,12 +670,24 @@ class Bookie:
         return s.get_entries(ledger_id, first, count, max_bytes)
 
     def read_lac(self, ledger_id: int) -> int:
-        """max(explicit LAC, the LAC carried by the last stored entry); -1 when none."""
+        """max(explicit LAC, the LAC carried by the last stored entry); -1 when none. The
+        last entry's LAC is remembered per ledger while that entry stays the last (an
+        entry never changes once stored), so a read's answer, which carries the LAC,
+        costs no second entry read."""
         s = self.storage
         if not s.has_ledger(ledger_id):
             raise NoSuchLedgerError("ledger not on this bookie", ledger=ledger_id, bookie=self.config.effective_bookie_id)
         last = s.last_entry_id(ledger_id)
-        return self._lac(ledger_id, s.get_entry(ledger_id, last) if last >= 0 else None)
+        if last < 0:
+            return self._lac(ledger_id, None)
+        known = self._last_lacs.get(ledger_id)
+        if known is None or known[0] != last:
+            known = (last, parse_entry_header(s.get_entry(ledger_id, last)).lac)
+            if len(self._last_lacs) >= _LAST_LACS:
+                self._last_lacs.clear()
+            self._last_lacs[ledger_id] = known
+        explicit = s.explicit_lac(ledger_id)
+        return known[1] if explicit is None else max(explicit, known[1])
 
     def _lac(self, ledger_id: int, last_entry: bytes | None) -> int:
         explicit = self.storage.explicit_lac(ledger_id)
@@ -714,6 +731,7 @@ class Bookie:
         it; an add racing the deletion at most re-creates the ledger, which is deleted
         in metadata and so collected again by the next pass."""
         self.storage.delete_ledger(ledger_id)
+        self._last_lacs.pop(ledger_id, None)
 
     # --- checkpoints ------------------------------------------------------------------------
     def checkpoint(self) -> LogMark:

@@ -246,6 +246,31 @@ def test_read_lac_is_the_max_of_explicit_lac_and_last_entry_header(place: Place)
     assert b.read_lac(12) == 41
 
 
+def test_read_lac_reads_the_last_entry_once_while_it_stays_the_last(place: Place) -> None:
+    b = place.bookie()
+    ok(b.add_entry(11, 0, KEY, entry(11, 0, b"a", lac=-1)))
+    ok(b.add_entry(11, 1, KEY, entry(11, 1, b"b", lac=0)))
+    reads: list[tuple[int, int]] = []
+    real = b.storage.get_entry
+
+    def counted(ledger_id: int, entry_id: int) -> bytes:
+        reads.append((ledger_id, entry_id))
+        return real(ledger_id, entry_id)
+
+    b.storage.get_entry = counted  # type: ignore[method-assign]
+    assert [b.read_lac(11) for _ in range(5)] == [0] * 5
+    assert reads == [(11, 1)], "the last entry's LAC is remembered while it stays the last"
+    ok(b.add_entry(11, 2, KEY, entry(11, 2, b"c", lac=1)))
+    assert b.read_lac(11) == 1 and reads == [(11, 1), (11, 2)]
+    ok(b.write_lac(11, KEY, 2))
+    assert b.read_lac(11) == 2 and len(reads) == 2, "an explicit LAC needs no entry read"
+    # deleted and stored again under the same id: nothing remembered of the old one
+    b.delete_ledger(11)
+    for i in range(3):
+        ok(b.add_entry(11, i, KEY, entry(11, i, b"new", lac=-1)))
+    assert b.read_lac(11) == -1
+
+
 # --- master key ------------------------------------------------------------------------------------
 
 
