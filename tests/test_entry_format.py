@@ -51,3 +51,6 @@ def test_bad_input_is_a_clear_error() -> None:
         parse_entry_header(b"\x00" * 31)
     with pytest.raises(DigestMismatchError):
         decode_entry(encode_entry(1, 0, -1, 0, b"", digest="none")[:32], digest="mac", key=KEY)
+    for short in (b"", b"\x00" * 31, encode_entry(1, 0, -1, 0, b"")[:35]):  # damaged replicas, skipped by readers
+        with pytest.raises(DigestMismatchError, match="shorter than header and digest"):
+            decode_entry(short)

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 FAILURE_MEMORY = 60.0  # seconds a failed bookie is picked last (BookKeeper's failure history)
 BOOKIE_LIST_MAX_AGE = 5.0  # seconds a watched bookie list is chosen from before the store is read again
+NO_RANGE_MEMORY = 300.0  # seconds a bookie that refused READ_RANGE is read entry by entry before it is asked again
 #: A timeout sweep that runs this much later than planned (or one sweep interval, if
 #: longer) means this process did not run meanwhile (SIGSTOP, a suspended VM, a starved
 #: machine): the bookies' answers may be waiting unread, so no add is timed out by it.
@@ -93,8 +94,8 @@ class ClientCore:
         self._endpoints: dict[str, Endpoint] = {}  # what each bookie registered, when last read
         self._unused: set[str] = set()  # endpoints read ahead (with a choice), no connection made yet
         self._failed_at: dict[str, float] = {}
-        #: bookies that answered READ_RANGE "unknown op" (an older walkit): read entry by entry
-        self.no_range_reads: set[str] = set()
+        #: bookie -> when it answered READ_RANGE "unknown op" (an older walkit): read entry by entry
+        self.no_range_reads: dict[str, float] = {}
         # the writable bookies as the store's watch or a read last told, and when (None: not yet)
         self._writable: frozenset[str] | None = None
         self._writable_at = 0.0
@@ -235,6 +236,16 @@ class ClientCore:
     def recently_failed(self, bookie: str) -> bool:
         at = self._failed_at.get(bookie)
         return at is not None and time.monotonic() - at < FAILURE_MEMORY
+
+    def note_no_range_reads(self, bookie: str) -> None:
+        """``bookie`` does not know READ_RANGE: read it entry by entry for a while."""
+        self.no_range_reads[bookie] = time.monotonic()
+
+    def speaks_range_reads(self, bookie: str) -> bool:
+        """Whether runs may be asked of ``bookie``: it did not refuse READ_RANGE in the last
+        :data:`NO_RANGE_MEMORY` seconds (an older bookie may be upgraded meanwhile)."""
+        at = self.no_range_reads.get(bookie)
+        return at is None or time.monotonic() - at >= NO_RANGE_MEMORY
 
     def read_order(self, bookies: tuple[str, ...] | list[str]) -> list[str]:
         """Replicas to read from: as given, recently failed ones last."""

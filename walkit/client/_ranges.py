@@ -11,9 +11,9 @@ bookie task and a future; :func:`read_batched` asks for them in runs instead
   3/3/2) are read in runs: then any replica of a fragment can answer any run of it.
   A striped ledger (E > Qw) is read entry by entry, as before. A run never crosses a
   fragment's end (an ensemble change): each fragment's runs go to its own bookies.
-* **Sticky.** Every run of one reader goes to the same replica of the fragment (the
-  ledger id picks which, so readers of different ledgers spread over the bookies),
-  keeping that bookie's caches and read-ahead on one stream. A replica that failed
+* **Sticky.** Every run of one reader goes to the same replica of the fragment (each
+  reader picks one at random, so readers - Spark tasks of one ledger too - spread over
+  the bookies), keeping that bookie's page cache on one stream. A replica that failed
   lately goes last (:meth:`ClientCore.read_order`), so a reader moves on for good once
   its bookie fails and others move away from it too.
 * **Pipelined by bytes and count.** A read is cut into spans of consecutive entries; at
@@ -32,12 +32,14 @@ bookie task and a future; :func:`read_batched` asks for them in runs instead
   span goes on in runs after it.
 * **Checked as single reads are.** Every entry of an answer is checked (digest, ledger
   and entry ids); the entries before a bad one are kept, the rest is asked of another
-  replica. A bookie that does not know READ_RANGE (an older walkit answers EBADREQ) is
-  remembered by the client; spans whose replicas all are such bookies are read entry by
-  entry, ``read_parallelism`` in flight.
-* **Not speculative.** A run waits ``read_timeout`` for its bookie (then the next
-  replica), not ``speculative_read_timeout``: a large run may take longer than one entry
-  legitimately, and a failed bookie is left after its first timeout anyway.
+  replica. Spans whose replicas all are older bookies (below) are read entry by entry,
+  ``read_parallelism`` in flight.
+* **Speculative.** A run not answered within ``speculative_read_timeout`` is asked of the
+  next replica too, the first answer with entries wins, and the slow replica counts as
+  failed lately (later runs go elsewhere first). A run waits ``read_timeout`` at most.
+* **Older bookies.** A bookie that does not know READ_RANGE (an older walkit answers
+  EBADREQ) is remembered for :data:`~walkit.client._core.NO_RANGE_MEMORY` seconds (it
+  may be upgraded meanwhile) and read entry by entry.
 """
 
 from __future__ import annotations
@@ -46,7 +48,14 @@ import asyncio
 import collections
 from walkit.client._read import Entry, LedgerReader, request_with_timeout
 from walkit.errors import BookieUnavailableError, DigestMismatchError, ProtocolError, WalkitError
-from walkit.protocol import MAX_RANGE_ENTRIES, RANGE_RESPONSE_OVERHEAD, ReadRange, ReadRangeResponse, Response
+from walkit.protocol import (
+    ENTRY_HEADER,
+    MAX_RANGE_ENTRIES,
+    RANGE_RESPONSE_OVERHEAD,
+    ReadRange,
+    ReadRangeResponse,
+    Response,
+)
 
 __all__ = ["read_entries", "read_batched", "ask_range", "is_older_bookie", "span_count", "FIRST_SPAN", "EACH_CHUNK",
            "ENTRY_COST"]
@@ -54,6 +63,7 @@ __all__ = ["read_entries", "read_batched", "ask_range", "is_older_bookie", "span
 FIRST_SPAN = 64  # entries asked for in a reader's first span, before any entry's size is known
 EACH_CHUNK = 256  # entries read one by one per bounded read at most (read_entries with max_bytes)
 _LENGTH_FIELD = 4  # bytes an answer spends on each entry's length
+_SMALLEST_ENTRY = ENTRY_HEADER.size  # no stored entry is shorter than its header
 ENTRY_COST = 64  # bytes a returned entry counts for beyond its data (its Entry), in a bounded read
 
 
@@ -69,8 +79,9 @@ async def ask_range(reader: LedgerReader, bookie: str, first: int,
     ``read_batch_bytes`` of them): its answer, or the error (the bookie's, a timeout after
     ``read_timeout``, or ProtocolError for an answer to another range)."""
     config = reader.core.config
-    request = ReadRange(reader.ledger_id, first, min(MAX_RANGE_ENTRIES, count),
-                        min(config.read_batch_bytes, config.max_frame_size - RANGE_RESPONSE_OVERHEAD))
+    room = config.max_frame_size - RANGE_RESPONSE_OVERHEAD  # of this client's frames, for entries and lengths
+    count = min(MAX_RANGE_ENTRIES, count, room // (_LENGTH_FIELD + _SMALLEST_ENTRY))
+    request = ReadRange(reader.ledger_id, first, count, min(config.read_batch_bytes, room - _LENGTH_FIELD * count))
     answer: asyncio.Future[tuple[ReadRangeResponse | None, WalkitError | None]] = \
         asyncio.get_running_loop().create_future()
 
@@ -103,9 +114,10 @@ def span_count(reader: LedgerReader) -> int:
 async def read_entries(reader: LedgerReader, first: int, last: int, max_bytes: int | None = None) -> list[Entry]:
     """Entries ``first``..``last`` in order: in runs where every bookie holds every entry
     (E = Qw; unless the client's ``range_reads`` is off), else entry by entry. With
-    ``max_bytes``, a prefix of them instead (one entry at least): the read stops once the entries returned hold ``max_bytes`` (each
-    counting :data:`ENTRY_COST` more than its data), or read entry by entry, after
-    :data:`EACH_CHUNK` entries at most (or fewer, by the size of the entries seen lately)."""
+    ``max_bytes``, a prefix of them instead (one entry at least): the read stops once the
+    entries returned hold ``max_bytes`` (each counting :data:`ENTRY_COST` more than its
+    data), or read entry by entry, after :data:`EACH_CHUNK` entries at most (or fewer, by
+    the size of the entries seen lately)."""
     if reader.metadata.ensemble_size == reader.metadata.write_quorum and reader.core.config.range_reads:
         return await read_batched(reader, first, last, max_bytes)
     if max_bytes is not None:
@@ -120,31 +132,43 @@ async def read_entries(reader: LedgerReader, first: int, last: int, max_bytes: i
 async def read_batched(reader: LedgerReader, first: int, last: int, max_bytes: int | None = None) -> list[Entry]:
     """Entries ``first``..``last`` in order, in runs (see the module docstring); with
     ``max_bytes``, the prefix read by the time the entries held ``max_bytes`` (one span
-    at least). The reader's ledger has E = Qw."""
+    at least): no span is started once the entries held and those expected from the
+    spans under way (at the size seen lately) reach it, so a bounded read asks the
+    bookies for little it does not return."""
     config = reader.core.config
     loop = asyncio.get_running_loop()
     meta = reader.metadata
-    spans: collections.deque[asyncio.Task[list[Entry]]] = collections.deque()
+    spans: collections.deque[tuple[asyncio.Task[list[Entry]], int]] = collections.deque()  # (span, bytes expected)
     results: list[Entry] = []
-    held = 0
+    held = expected = 0
     next_id = first
     try:
         while next_id <= last or spans:
-            while next_id <= last and len(spans) < config.read_batches_in_flight:
+            while next_id <= last and len(spans) < config.read_batches_in_flight and (
+                    max_bytes is None or not spans or held + expected < max_bytes):
                 index = meta.fragment_index(next_id)
                 end = meta.fragment_end(index)
                 hi = min(last, next_id + span_count(reader) - 1, last if end is None else end)
-                spans.append(loop.create_task(_Span(reader, next_id, hi, meta.ensembles[index][1]).run()))
+                guess = (hi - next_id + 1) * ((reader.entry_size or 0) + ENTRY_COST)
+                spans.append((loop.create_task(_Span(reader, next_id, hi, meta.ensembles[index][1]).run()), guess))
+                expected += guess
                 next_id = hi + 1
-            entries = await spans.popleft()
+            span, guess = spans[0]
+            entries = await span
+            spans.popleft()
+            expected -= guess
             results.extend(entries)
             if max_bytes is not None:
                 held += sum([len(e.data) for e in entries]) + ENTRY_COST * len(entries)
                 if held >= max_bytes:
                     break
     finally:
-        for span in spans:
-            span.cancel()
+        for span, _ in spans:
+            if span.done():
+                if not span.cancelled():
+                    span.exception()  # retrieved: not what this read raises
+            else:
+                span.cancel()
     return results
 
 
@@ -155,7 +179,7 @@ class _Span:
         self.reader = reader
         self.lo = lo
         self.hi = hi
-        shift = reader.ledger_id % len(ensemble)  # sticky: one replica per ledger, spread over ledgers
+        shift = reader.replica_choice % len(ensemble)  # sticky: one replica per reader, spread over readers
         self.ensemble = ensemble[shift:] + ensemble[:shift]
         self.out: list[Entry] = []
 
@@ -164,27 +188,58 @@ class _Span:
         failed: set[str] = set()  # replicas that could not give entry self.lo
         while self.lo <= self.hi:
             order = [b for b in core.read_order(self.ensemble) if b not in failed]
-            capable = [b for b in order if b not in core.no_range_reads]
+            capable = [b for b in order if core.speaks_range_reads(b)]
             if not capable:
-                if core.no_range_reads.issuperset(self.ensemble):  # no replica speaks READ_RANGE
+                if not any(core.speaks_range_reads(b) for b in self.ensemble):  # no replica speaks READ_RANGE
                     self.out.extend(await reader.read_each(self.lo, self.hi))
                     return self.out
                 self._one(await reader.read_entry(self.lo))  # every replica failed here: it decides
                 failed.clear()
                 continue
-            bookie = capable[0]
-            response, error = await ask_range(reader, bookie, self.lo, self.hi - self.lo + 1)
-            if response is None:
-                if error is not None and is_older_bookie(error):
-                    core.no_range_reads.add(bookie)  # an older bookie (EBADREQ, op unknown): entry by entry
-                elif isinstance(error, BookieUnavailableError):
-                    core.bookie_failed(bookie)
-                failed.add(bookie)
-            elif self._take(response):
-                failed.clear()
-            else:
-                failed.add(bookie)  # a bad entry: the rest from another replica
+            for bookie, response, error in await self._ask(capable):
+                if response is None:
+                    if error is not None and is_older_bookie(error):
+                        core.note_no_range_reads(bookie)  # an older bookie (EBADREQ, op unknown): entry by entry
+                    elif isinstance(error, BookieUnavailableError):
+                        core.bookie_failed(bookie)
+                    failed.add(bookie)
+                elif self._take(response):
+                    failed.clear()
+                else:
+                    failed.add(bookie)  # a bad entry: the rest from another replica
         return self.out
+
+    async def _ask(self, capable: list[str]) -> list[tuple[str, ReadRangeResponse | None, WalkitError | None]]:
+        """The run from ``self.lo`` asked of ``capable[0]``, and - speculatively - of the
+        next replica too when no answer came within ``speculative_read_timeout`` (the slow
+        one is then remembered as failed, so later runs go elsewhere first): the answers
+        heard, in order, up to the first that carries entries."""
+        reader, core = self.reader, self.reader.core
+        count = self.hi - self.lo + 1
+        asked = {asyncio.ensure_future(ask_range(reader, capable[0], self.lo, count)): capable[0]}
+        heard: list[tuple[str, ReadRangeResponse | None, WalkitError | None]] = []
+        spare = 1
+        try:
+            while asked:
+                done, _ = await asyncio.wait(asked, timeout=core.config.speculative_read_timeout
+                                             if spare < len(capable) else None, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    core.stats.speculative_reads += 1
+                    for slow in asked.values():
+                        core.bookie_failed(slow)
+                    asked[asyncio.ensure_future(ask_range(reader, capable[spare], self.lo, count))] = capable[spare]
+                    spare += 1
+                    continue
+                for task in done:
+                    bookie = asked.pop(task)
+                    response, error = task.result()
+                    heard.append((bookie, response, error))
+                    if response is not None:
+                        return heard
+            return heard
+        finally:
+            for task in asked:
+                task.cancel()
 
     def _one(self, read: tuple[object, bytes, int]) -> None:
         self.out.append(Entry(self.reader.ledger_id, self.lo, read[1]))

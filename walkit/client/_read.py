@@ -14,6 +14,7 @@ asked for, so a bookie returning corrupted or misplaced bytes is just a replica 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -189,6 +190,8 @@ class LedgerReader:
         self.key = key
         #: bytes of the entries read in runs lately (None: none yet): sizes the next run
         self.entry_size: int | None = None
+        #: which replica of a fragment this reader's runs go to (modulo its size: sticky reads)
+        self.replica_choice = random.getrandbits(16)
 
     def check(self, entry_id: int, data: bytes) -> tuple[EntryHeader, bytes]:
         """Digest and ids of an entry a bookie returned (DigestMismatchError)."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from collections.abc import AsyncGenerator
 
 from walkit.client._core import ClientCore
@@ -147,10 +148,11 @@ async def _found_in_runs(core: ClientCore, reader: LedgerReader,
     all of them. The entries some answer carries (checked) are found, up to the first
     that none carries (the answers stopped there: an entry they lack, or their byte
     limit), and the next round starts there. A round that finds nothing decides its
-    first entry: absent when Qw - Qa + 1 bookies said they do not hold it (ENOENTRY),
-    else recovery fails (NotEnoughBookiesError, as for single reads). A bookie that timed
-    out or went away is not asked again in this recovery; one that does not know
-    READ_RANGE turns the rest into single reads."""
+    first entry: absent when Qw - Qa + 1 bookies said they do not hold it (ENOENTRY).
+    Otherwise - an older bookie that does not know READ_RANGE, or too few definite
+    answers (errors, bookies gone) - the rest is read with single fencing reads, which
+    ask every replica of each entry again and fail recovery only if they cannot decide.
+    A bookie that timed out or went away is not asked again in the rounds."""
     meta = reader.metadata
     bookies = list(meta.ensembles[-1][1])
     need_absent = meta.write_quorum - meta.ack_quorum + 1
@@ -159,21 +161,18 @@ async def _found_in_runs(core: ClientCore, reader: LedgerReader,
         count = span_count(reader)
         answers = await asyncio.gather(*[ask_range(reader, bookie, next_id, count) for bookie in bookies])
         found: list[tuple[EntryHeader, bytes]] = []  # entries next_id, next_id + 1, ... some answer carried
-        absent, older = 0, False
-        errors: list[WalkitError] = []
+        absent = 0
         for bookie, (response, error) in zip(list(bookies), answers):
             if response is not None:
-                _extend(reader, next_id, response.entries, found, errors)
+                _extend(reader, next_id, response.entries, found)
             elif error is not None and is_older_bookie(error):
-                core.no_range_reads.add(bookie)
-                older = True
+                core.note_no_range_reads(bookie)
+                bookies.remove(bookie)
             elif error is not None and is_absent(error):
                 absent += 1
-            elif error is not None:
-                errors.append(error)
-                if isinstance(error, BookieUnavailableError):
-                    core.bookie_failed(bookie)
-                    bookies.remove(bookie)
+            elif isinstance(error, BookieUnavailableError):
+                core.bookie_failed(bookie)
+                bookies.remove(bookie)
         if found:
             core.stats.reads += len(found)
             core.stats.range_reads += 1
@@ -181,28 +180,24 @@ async def _found_in_runs(core: ClientCore, reader: LedgerReader,
             for i, (header, data) in enumerate(found):
                 yield next_id + i, header, data
             next_id += len(found)
-        elif older:
-            async for item in _found_one_by_one(core, reader, next_id):
-                yield item
-            return
         elif absent >= need_absent:
             return
-        else:  # every bookie answered (each answer carries its first entry): no more to learn
-            raise NotEnoughBookiesError(
-                "cannot recover: too few replicas answered whether an entry exists", ledger=reader.ledger_id,
-                entry=next_id, cause=str(pick_error(errors, ledger=reader.ledger_id))[:300])
+        else:  # an older bookie, or too few answers to decide: single reads ask every replica again
+            async with contextlib.aclosing(_found_one_by_one(core, reader, next_id)) as rest:
+                async for item in rest:
+                    yield item
+            return
 
 
-def _extend(reader: LedgerReader, first: int, entries: tuple[bytes, ...], found: list[tuple[EntryHeader, bytes]],
-            errors: list[WalkitError]) -> None:
+def _extend(reader: LedgerReader, first: int, entries: tuple[bytes, ...],
+            found: list[tuple[EntryHeader, bytes]]) -> None:
     """Add to ``found`` (entries ``first``.. found so far) what one answer carries beyond
-    it, up to its first entry whose digest or ids do not check."""
+    it, up to its first entry whose digest or ids do not check (a bad replica's answer
+    counts neither as found nor as absent)."""
     for i, data in enumerate(entries):
         try:
             header, _ = reader.check(first + i, data)
-        except DigestMismatchError as exc:
-            if i == 0:
-                errors.append(exc)
+        except DigestMismatchError:
             return
         if i == len(found):
             found.append((header, data))

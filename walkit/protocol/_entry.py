@@ -92,17 +92,18 @@ def parse_entry_header(data: bytes | memoryview) -> EntryHeader:
 
 
 def decode_entry(data: bytes, *, digest: str = "crc32c", key: bytes = b"") -> tuple[EntryHeader, bytes]:
-    """Check the digest and split an entry into header and payload."""
+    """Check the digest and split an entry into header and payload (DigestMismatchError
+    for a wrong digest or an entry too short to hold one)."""
     if digest == "crc32c" and len(data) >= _CRC_ENTRY.size:  # the usual case: one unpack, no copy but the payload
         ledger_id, entry_id, lac, length, crc = _CRC_ENTRY.unpack_from(data)
         view = memoryview(data)
         if crc != crc32c(view[_CRC_ENTRY.size :], crc32c(view[: ENTRY_HEADER.size])):
             raise DigestMismatchError("entry digest mismatch", ledger=ledger_id, entry=entry_id, digest=digest)
         return EntryHeader(ledger_id, entry_id, lac, length), data[_CRC_ENTRY.size :]
-    header = parse_entry_header(data)
     d = digest_size(digest)
-    if len(data) < ENTRY_HEADER.size + d:
-        raise DigestMismatchError("entry shorter than header and digest", ledger=header.ledger_id, entry=header.entry_id)
+    if len(data) < ENTRY_HEADER.size + d:  # damage, as a bad digest is: a reader tries another replica
+        raise DigestMismatchError("entry shorter than header and digest", size=len(data), needed=ENTRY_HEADER.size + d)
+    header = parse_entry_header(data)
     raw_header = data[: ENTRY_HEADER.size]
     payload = data[ENTRY_HEADER.size + d :]
     expected = _digest(digest, key, raw_header, payload)
