@@ -44,6 +44,9 @@ class Env:
     def index_path(self, ledger: int) -> str:
         return f"{self.dirs[ledger % self.ndirs]}/current/index/{ledger & 0xff:02x}/{ledger:016x}.idx"
 
+    def log_path(self, log_id: int, d: int = 0) -> str:
+        return f"{self.dirs[d]}/current/logs/{log_id:016x}.log"
+
     def logs(self, d: int = 0) -> list[str]:
         logs = f"{self.dirs[d]}/current/logs"
         return [f"{logs}/{n}" for n in self.fs.listdir(logs) if n.endswith(".log")]

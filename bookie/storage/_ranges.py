@@ -15,10 +15,12 @@ much less than one :meth:`~bookie.storage.LedgerStorage.get_entry` per entry:
    before the first entry found nowhere - the answer is consecutive, a gap ends it;
 4. :func:`read_range`: the locations are read in *spans*. A ledger written sequentially
    has its records one after another in a log, maybe with other ledgers' records in
-   between; a run of entries whose records lie in one log at increasing offsets, within
-   ``_MAX_SPAN`` bytes, comes from one pread, from the run's first record to its last
-   record's offset + ``FIRST_READ`` (less when the budget could not take that much of
-   the last record). A record longer than what was read gets the rest read
+   between; a run of entries whose records lie in one log at increasing offsets, each
+   within ``_MAX_GAP`` of the one before and all within ``_MAX_SPAN`` bytes, comes from
+   one pread, from the run's first record to its last record's offset + ``FIRST_READ``
+   (or + the size of the record taken last, when larger; less when the budget could not
+   take that much of the last record). Records farther apart are read on their own: a
+   ledger written among many others is read without the others' bytes. A record longer than what was read gets the rest read
    (:func:`~bookie.storage._entrylog.finish_record`). Every record is verified as
    :func:`~bookie.storage._entrylog.read_record` verifies one (length bounds, CRC,
    ledger and entry ids) - in place, in the pread's buffer, when the whole record is
@@ -57,6 +59,9 @@ __all__ = ["Source", "in_memory", "located", "read_range"]
 #: An entry's data (it was in a log's write buffer) or its location ``(log id, offset)``.
 Source: TypeAlias = bytes | tuple[int, int]
 _MAX_SPAN = 4 << 20  # bytes one pread covers at most: bounds what a span may read for nothing
+#: bytes from one record's start to the next one's in a span at most: farther apart, other
+#: ledgers' records (or a large record) lie between them, and each is read on its own
+_MAX_GAP = 64 << 10
 _HEAD = RECORD_HEADER.size  # a record is this header and then the entry's data
 
 
@@ -156,8 +161,9 @@ def read_range(sources: list[Source], ledger_id: int, first: int, max_bytes: int
 
 def _span(sources: list[Source], i: int, first: int, room: int) -> list[tuple[int, int]]:
     """``(entry id, offset)`` of the run from ``sources[i]`` (a location) that one pread
-    covers: one log, increasing offsets, within ``_MAX_SPAN`` bytes, and no record past
-    what ``room`` bytes of data (plus the run's record headers) could reach."""
+    covers: one log, increasing offsets at most ``_MAX_GAP`` apart, within ``_MAX_SPAN``
+    bytes, and no record past what ``room`` bytes of data (plus the run's record headers)
+    could reach."""
     start_source = sources[i]
     assert not isinstance(start_source, bytes)
     log_id, start = start_source
@@ -168,7 +174,8 @@ def _span(sources: list[Source], i: int, first: int, room: int) -> list[tuple[in
         if isinstance(source, bytes) or source[0] != log_id:
             break
         offset = source[1]
-        if not last < offset <= start + _MAX_SPAN - FIRST_READ or offset - start > room + len(run) * _HEAD:
+        if not last < offset <= start + _MAX_SPAN - FIRST_READ or offset - last > _MAX_GAP \
+                or offset - start > room + len(run) * _HEAD:
             break
         run.append((first + k, offset))
         last = offset
@@ -178,13 +185,16 @@ def _span(sources: list[Source], i: int, first: int, room: int) -> list[tuple[in
 def _read_span(f: File, log_id: int, ledger_id: int, run: list[tuple[int, int]], taken: _Taken) -> bool:
     """Take the records of ``run`` (one pread, more for a record longer than what it
     read); False when the budget stopped it before the end. Past the run's last offset
-    the pread takes ``FIRST_READ`` bytes, or only what the budget could still take of
-    that record (its header alone when the budget is spent)."""
+    the pread takes ``FIRST_READ`` bytes or the size of the ledger's record taken last,
+    if larger (a ledger's entries tend to be alike: a large one is read in one pread), or
+    only what the budget could still take of that record (its header alone when the
+    budget is spent)."""
     start = run[0][1]
+    guess = max(FIRST_READ, len(taken.entries[-1]) + _HEAD) if taken.entries else FIRST_READ
     if not taken.entries and len(run) == 1:
-        tail = FIRST_READ  # the answer's first entry: taken whatever its size
+        tail = guess  # the answer's first entry: taken whatever its size
     else:
-        tail = min(FIRST_READ, max(taken.max_bytes - taken.size, 0) + _HEAD)
+        tail = min(guess, max(taken.max_bytes - taken.size, 0) + _HEAD)
     raw = f.pread(run[-1][1] - start + tail, start)
     view = memoryview(raw)
     size, unpack = len(raw), RECORD_HEADER.unpack_from

@@ -113,6 +113,11 @@ def _replay(bk: BookKeeper, name: str, meter: Meter) -> dict[str, Any]:
         for _lsn, record in reader.replay():
             records += 1
             size += len(record)
+    return _read_report(meter, records, size)
+
+
+def _read_report(meter: Meter, records: int, size: int) -> dict[str, Any]:
+    """A read's row: ``records`` of ``size`` bytes in all, since ``meter.start()``."""
     report = meter.stop(records)
     return {"records": records, "seconds": report["seconds"], "records_per_s": report["entries_per_s"],
             "mb_per_s": round(size / 1e6 / report["seconds"], 1) if report["seconds"] else 0.0,
@@ -144,12 +149,7 @@ def _read_ledger(bk: BookKeeper, ledger_id: int, meter: Meter) -> dict[str, Any]
     for entry in rh.read(0, rh.last_add_confirmed):
         entries += 1
         size += len(entry.data)
-    report = meter.stop(entries)
-    return {"records": entries, "seconds": report["seconds"], "records_per_s": report["entries_per_s"],
-            "mb_per_s": round(size / 1e6 / report["seconds"], 1) if report["seconds"] else 0.0,
-            "client_cpu_us_per_record": report["client_cpu_us_per_entry"],
-            "bookie_cpu_us_per_record": report["bookie_cpu_us_per_entry"],
-            "other_cpu_cores": report["other_cpu_cores"], "steal_cores": report["steal_cores"]}
+    return _read_report(meter, entries, size)
 
 
 def _written(records: int, started: float, size: int) -> dict[str, Any]:
