@@ -20,7 +20,8 @@ much less than one :meth:`~bookie.storage.LedgerStorage.get_entry` per entry:
    one pread, from the run's first record to its last record's offset + ``FIRST_READ``
    (or + the size of the record taken last, when larger; less when the budget could not
    take that much of the last record). Records farther apart are read on their own: a
-   ledger written among many others is read without the others' bytes. A record longer than what was read gets the rest read
+   ledger written among many others is read without the others' bytes. A record
+   longer than what was read gets the rest read
    (:func:`~bookie.storage._entrylog.finish_record`). Every record is verified as
    :func:`~bookie.storage._entrylog.read_record` verifies one (length bounds, CRC,
    ledger and entry ids) - in place, in the pread's buffer, when the whole record is

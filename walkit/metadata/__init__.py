@@ -9,7 +9,8 @@
 - the cluster layout (``_cluster``), the ledger manager (``_ledgers``), bookie
   registration (``_registration``), under-replication markers and the auditor's seat
   (``_underreplication``), and :func:`connect` (``_connect``), which checks a
-  cluster before anything uses it.
+  cluster before anything uses it; :func:`retry_cas` (``_retry``), the one policy
+  for retrying a change that lost its compare-and-set.
 """
 
 from walkit.metadata._cluster import ClusterInfo, init_cluster, read_cluster
@@ -17,6 +18,7 @@ from walkit.metadata._connect import Cluster, connect
 from walkit.metadata._ledger import Fragment, LedgerMetadata, LedgerState
 from walkit.metadata._ledgers import LedgerManager
 from walkit.metadata._local import LocalMetadataStore
+from walkit.metadata._retry import retry_cas
 from walkit.metadata._registration import (
     BookieRegistration,
     BookieSet,
@@ -83,6 +85,7 @@ __all__ = [
     "iter_ledger_ids",
     "iter_ledger_ranges",
     "ledger_path",
+    "retry_cas",
     "list_bookies",
     "ledger_path_prefixes",
     "open_metadata_store",

@@ -57,6 +57,7 @@ from walkit.errors import (
 from walkit.metadata._cluster import ClusterInfo, cluster_path
 from walkit.metadata._ledger import LedgerMetadata
 from walkit.metadata._paths import MAX_LEDGER_ID, iter_ledger_ids, iter_ledger_ranges, ledger_path
+from walkit.metadata._retry import ATTEMPTS, retry_cas
 from walkit.metadata._store import ANY_VERSION, Create, Delete, MetadataStore, Stat, Watch
 
 __all__ = ["LedgerManager", "LOW_LIMIT"]
@@ -64,7 +65,7 @@ __all__ = ["LedgerManager", "LOW_LIMIT"]
 LOW_LIMIT = (1 << 31) - 1  # sequence numbers per high-order bucket
 _HOB = "HOB-"
 _ID = "ID-"
-UPDATE_ATTEMPTS = 100
+UPDATE_ATTEMPTS = ATTEMPTS
 ID_RANGE = 64  # ledger ids taken from the store at a time
 
 
@@ -223,8 +224,10 @@ class LedgerManager:
                *, attempts: int = UPDATE_ATTEMPTS) -> tuple[LedgerMetadata, int]:
         """Read, ``change``, compare-and-set; again on a conflict (at most ``attempts``
         times). ``change`` returns the new metadata, or None to leave it as it is (it
-        sees the latest metadata each time, so it decides again after a conflict)."""
-        for _ in range(attempts):
+        sees the latest metadata each time, so it decides again after a conflict; the
+        retries wait as :mod:`walkit.metadata._retry` says)."""
+
+        def attempt() -> tuple[LedgerMetadata, int]:
             current, version = self.read(ledger_id)
             new = change(current)
             if new is None or new == current:
@@ -232,12 +235,9 @@ class LedgerManager:
             if new.ledger_id != ledger_id:
                 raise InvalidArgumentError("an update cannot change the ledger id", ledger=ledger_id,
                                            new=new.ledger_id)
-            try:
-                return new, self.write(new, version)
-            except MetadataVersionError:
-                continue
-        raise MetadataVersionError("ledger metadata kept changing under the update", ledger=ledger_id,
-                                   attempts=attempts)
+            return new, self.write(new, version)
+
+        return retry_cas(attempt, "ledger metadata", attempts=attempts, ledger=ledger_id)
 
     def delete(self, ledger_id: int, version: int = ANY_VERSION) -> None:
         """Remove the metadata (only at ``version`` unless ANY_VERSION)."""

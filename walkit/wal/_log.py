@@ -47,7 +47,6 @@ from walkit.client import BookKeeper, Entry, LedgerWriter, QuickFuture, ReadStat
 from walkit.errors import (
     InvalidArgumentError,
     LedgerFencedError,
-    MetadataVersionError,
     NodeExistsError,
     NoNodeError,
     NoSuchLedgerError,
@@ -58,6 +57,7 @@ from walkit.errors import (
     WriterFencedError,
 )
 from walkit.logs import context
+from walkit.metadata import retry_cas
 from walkit.metadata._cluster import cluster_path
 from walkit.metadata._registration import check_bookie_id
 from walkit.wal._format import LogMetadata, LogSettings, Segment, SnapshotRef, pack_records, unpack_records
@@ -402,14 +402,13 @@ class WriteAheadLog(_LogView):
         def claim() -> tuple[LogMetadata, int]:
             settings = LogSettings.of({**node.namespace_defaults(), **asked})
             node.create(settings)
-            for _ in range(100):
+
+            def bump() -> tuple[LogMetadata, int]:
                 meta, version = node.read()
                 bumped = dataclasses.replace(meta, epoch=meta.epoch + 1)
-                try:
-                    return bumped, node.write(bumped, version)
-                except MetadataVersionError:
-                    continue
-            raise MetadataVersionError("log metadata kept changing while claiming it", log=node.name)
+                return bumped, node.write(bumped, version)
+
+            return retry_cas(bump, "log metadata (claiming its epoch)", log=node.name)
 
         meta, version = await core.md(claim)
         epoch = meta.epoch
@@ -435,7 +434,7 @@ class WriteAheadLog(_LogView):
             node.write(dataclasses.replace(current, segments=(*current.segments, segment)), current_version)
 
         try:
-            await core.md(_retry_cas, add_segment)
+            await core.md(functools.partial(retry_cas, add_segment, "log metadata (adding a segment)", log=node.name))
         except BaseException:
             await _discard_segment(bk, node, writer, segment)
             raise
@@ -685,7 +684,8 @@ class WriteAheadLog(_LogView):
                 return dataclasses.replace(meta, segments=(*meta.segments, segment))
 
             try:
-                await core.md(_retry_cas, self._change, add)
+                await core.md(functools.partial(retry_cas, functools.partial(self._change, add),
+                                                "log metadata (adding a segment)", log=self.name))
             except BaseException:
                 await _discard_segment(self._bk, self._node, writer, segment)
                 raise
@@ -780,7 +780,7 @@ class WriteAheadLog(_LogView):
                 previous[:] = [old for old in meta.snapshots if old != ref]
                 return dataclasses.replace(meta, snapshots=(ref,))
 
-            _retry_cas(self._change, record)
+            retry_cas(functools.partial(self._change, record), "log metadata (recording a snapshot)", log=self.name)
             self.stats.snapshots += 1
             self.stats.snapshot_bytes += size
         except BaseException as exc:
@@ -824,7 +824,7 @@ class WriteAheadLog(_LogView):
             return dataclasses.replace(meta, segments=keep, truncated=max(mark, meta.truncated or mark))
 
         try:
-            _retry_cas(self._change, cut)
+            retry_cas(functools.partial(self._change, cut), "log metadata (truncating)", log=self.name)
         except WriterFencedError as exc:
             self._fail(exc)
             raise
@@ -878,20 +878,20 @@ def _settle(node: _LogNode, present: Any) -> bool | None:
     older version can never apply. Only a final "no" lets the caller delete what the
     change would have named (a segment's or a snapshot's ledger); anything else keeps it.
     (Blocking: run it off the client loop.)"""
-    for _ in range(100):
-        try:
-            meta, version = node.read()
-            if present(meta):
-                return True
-            node.write(meta, version)
-            return False
-        except MetadataVersionError:
-            continue
-        except WalkitError as exc:
-            log.warning("log %s: cannot tell whether a failed metadata change landed: %s", node.name, exc,
-                        extra=context(log=node.name, namespace=node.namespace))
-            return None
-    return None
+
+    def decide() -> bool:
+        meta, version = node.read()
+        if present(meta):
+            return True
+        node.write(meta, version)
+        return False
+
+    try:
+        return retry_cas(decide, "log metadata (settling a failed change)", log=node.name)
+    except WalkitError as exc:
+        log.warning("log %s: cannot tell whether a failed metadata change landed: %s", node.name, exc,
+                    extra=context(log=node.name, namespace=node.namespace))
+        return None
 
 
 async def _discard_segment(bk: BookKeeper, node: _LogNode, writer: LedgerWriter, segment: Segment) -> None:
@@ -907,17 +907,6 @@ async def _discard_segment(bk: BookKeeper, node: _LogNode, writer: LedgerWriter,
         log.warning("log %s: ledger %d kept: it is, or may be, segment %d of the log", node.name,
                     writer.ledger_id, segment.seq,
                     extra=context(log=node.name, namespace=node.namespace, ledger=writer.ledger_id))
-
-
-def _retry_cas(fn: Any, *args: Any) -> None:
-    """Run ``fn`` again while it loses a compare-and-set (bounded)."""
-    for _ in range(100):
-        try:
-            fn(*args)
-            return
-        except MetadataVersionError:
-            continue
-    raise MetadataVersionError("log metadata kept changing", attempts=100)
 
 
 # -- namespaces ---------------------------------------------------------------------------------

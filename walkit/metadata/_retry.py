@@ -1,0 +1,62 @@
+"""Retrying a metadata change that lost its compare-and-set: the one retry policy.
+
+Theory of operation
+-------------------
+Every change to a metadata node - a ledger's (ensemble change, close, recovery), a
+WriteAheadLog's (epoch claim on open, a segment added on a roll, a snapshot recorded, a
+truncation) - is read, change, compare-and-set at the version read. Losing the set
+(:class:`~walkit.errors.MetadataVersionError`) means another client changed the node in
+between: the change is made again on what is there now (it decides again: it may find
+its work done, or refuse). Retried at once, writers contending for one node collide again
+in lock step; so before each new attempt :func:`retry_cas` waits a random time below an
+exponentially growing cap - "full jitter" (tenacity's ``wait_random_exponential``): below
+:data:`FIRST_WAIT` (1 ms) after the first loss, doubling up to :data:`MAX_WAIT` (100 ms).
+It gives up after :data:`ATTEMPTS` (100) attempts or :data:`DEADLINE` (30 s), whichever
+comes first, with a MetadataVersionError that names what kept changing, the attempts made
+and the seconds spent.
+
+Only a lost compare-and-set is retried here. Any other error ends the loop at once: an
+unreachable store is its driver's to wait out (``metadata_retry_deadline``), and an error
+the change raises (a writer fenced, a bad argument) is its answer. Blocking (it sleeps):
+callers on an event loop run it on a metadata thread, as every store call is run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import tenacity
+
+from walkit.errors import MetadataVersionError
+
+__all__ = ["ATTEMPTS", "DEADLINE", "FIRST_WAIT", "MAX_WAIT", "retry_cas"]
+
+ATTEMPTS = 100  # attempts of one change at most
+DEADLINE = 30.0  # seconds of attempts at most
+FIRST_WAIT = 0.001  # seconds: the cap of the first wait (random below it), doubled after each loss
+MAX_WAIT = 0.1  # seconds: the largest cap
+
+T = TypeVar("T")
+_nap = time.sleep  # how a wait is spent (a test records them instead)
+
+
+def retry_cas(change: Callable[[], T], what: str, *, attempts: int = ATTEMPTS, **context: object) -> T:
+    """``change()`` (a read, a decision and a compare-and-set), made again while it loses
+    the compare-and-set, as the module docstring says; its result. ``what`` names the
+    node in the error raised when it gives up (with ``context``)."""
+    started = time.monotonic()
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(MetadataVersionError),
+        wait=tenacity.wait_random_exponential(multiplier=FIRST_WAIT, max=MAX_WAIT),
+        stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_after_delay(DEADLINE),
+        sleep=lambda seconds: _nap(seconds),
+    )
+    try:
+        return retrying(change)
+    except tenacity.RetryError as exc:
+        made = exc.last_attempt.attempt_number
+        raise MetadataVersionError(f"{what} kept changing: gave up after {made} attempts", attempts=made,
+                                   seconds=round(time.monotonic() - started, 3),
+                                   **context) from exc.last_attempt.exception()
