@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import threading
 import time
 import weakref
@@ -71,7 +72,8 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 READONLY = "readonly"
-_POLL = 0.1
+_POLL = 0.1  # seconds between looks at a node another live session holds (jittered below it)
+_RACES = 100  # registration transactions that lost a race, in a row, at most
 
 
 def check_bookie_id(bookie_id: str) -> str:
@@ -303,29 +305,44 @@ class BookieRegistration:
     # -- the node ----------------------------------------------------------------------
 
     def _apply(self, readonly: bool, wait: float) -> None:
+        """Make the node of ``readonly``'s list ours and drop the other, in one
+        transaction. A transaction that lost a race (with another registration, or an
+        expiry) looks again at once, :data:`_RACES` times at most; a node another live
+        session holds is looked at again every :data:`_POLL` seconds (jittered) for
+        ``wait`` seconds, then BookieIdInUseError (tenacity, as every metadata retry:
+        :mod:`walkit.metadata._retry`)."""
         target, other = ((self._readonly_path, self._writable_path) if readonly
                          else (self._writable_path, self._readonly_path))
         deadline = time.monotonic() + wait
-        while True:
+
+        def attempt() -> None:
             session = self._store.session_id
             mine_target, foreign = self._owner(target, session)
             mine_other, foreign_other = self._owner(other, session)
             foreign = foreign or foreign_other
-            if foreign is None:
-                ops: list[Create | Delete] = [] if mine_target else [Create(target, self._data, ephemeral=True)]
-                if mine_other:
-                    ops.append(Delete(other))
-                if not ops:
-                    return
-                try:
-                    self._store.transaction(ops)
-                    return
-                except (NodeExistsError, NoNodeError):
-                    continue  # raced with another registration or an expiry: look again
-            if time.monotonic() >= deadline:
+            if foreign is not None:
                 raise BookieIdInUseError("another live bookie is registered with this id", bookie=self.bookie_id,
                                          path=foreign, waited=wait)
-            time.sleep(_POLL)
+            ops: list[Create | Delete] = [] if mine_target else [Create(target, self._data, ephemeral=True)]
+            if mine_other:
+                ops.append(Delete(other))
+            if ops:
+                self._store.transaction(ops)  # NodeExistsError, NoNodeError: raced; look again
+
+        def give_up(state: tenacity.RetryCallState) -> bool:
+            failed = state.outcome.exception() if state.outcome is not None else None
+            if isinstance(failed, BookieIdInUseError):
+                return time.monotonic() >= deadline
+            return state.attempt_number >= _RACES
+
+        def pause(state: tenacity.RetryCallState) -> float:
+            failed = state.outcome.exception() if state.outcome is not None else None
+            if not isinstance(failed, BookieIdInUseError):
+                return 0.0  # a race: look again at once
+            return min(random.uniform(_POLL / 2, _POLL), max(0.0, deadline - time.monotonic()))
+
+        tenacity.Retrying(retry=tenacity.retry_if_exception_type((BookieIdInUseError, NodeExistsError, NoNodeError)),
+                          stop=give_up, wait=pause, reraise=True)(attempt)
 
     def _owner(self, path: str, session: int) -> tuple[bool, str | None]:
         """(we hold ``path``, ``path`` if another session holds it)."""

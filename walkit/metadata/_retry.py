@@ -19,6 +19,13 @@ Only a lost compare-and-set is retried here. Any other error ends the loop at on
 unreachable store is its driver's to wait out (``metadata_retry_deadline``), and an error
 the change raises (a writer fenced, a bad argument) is its answer. Blocking (it sleeps):
 callers on an event loop run it on a metadata thread, as every store call is run.
+
+The other retries of the metadata layer use tenacity too and live beside what they
+retry, because what they wait for is not a conflict: a bookie's registration
+(:mod:`walkit.metadata._registration`) looks again at once after a transaction that lost
+a race (100 times at most), waits for a node another live session holds every 0.1 s
+(jittered) up to its ``wait``, and registers again after a session expiry with
+exponential backoff up to ``metadataRetryDeadlineMs``.
 """
 
 from __future__ import annotations
