@@ -26,7 +26,8 @@ from walkit.errors import (
     UsageError,
     WriterFencedError,
 )
-from walkit.wal import delete_log, list_logs, set_namespace_defaults
+from walkit.wal import LogReader, delete_log, list_logs, set_namespace_defaults
+from walkit.wal import _log as wal_log
 from walkit.wal._format import pack_records, unpack_records
 
 pytestmark = pytest.mark.timeout(180)
@@ -241,6 +242,60 @@ def test_reader_tails_across_rolls_and_failover(bk: walkit.BookKeeper) -> None:
     with pytest.raises(WriterFencedError):
         wal.append(b"fenced")
     wal.close()
+
+
+def test_a_tail_learns_of_a_new_segment_from_the_node_watch(bk: walkit.BookKeeper,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wal_log, "_POLL", 120.0)  # the node is not read again on a timer within this test
+    cluster = bk.cluster  # type: ignore[attr-defined]
+    wal = WriteAheadLog.open(bk, "watched")
+    wal.append(b"one")
+    wal.close()  # its segment closed, no next one: a tail has to wait for the log to move on
+    reader = WriteAheadLog.reader(bk, "watched")
+    seen: list[bytes] = []
+    ended: list[BaseException] = []
+
+    def follow(tail: LogReader) -> None:
+        try:
+            for _, record in tail.tail(poll_timeout=0.3):
+                seen.append(record)
+                if record == b"two":
+                    return
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            ended.append(exc)
+
+    thread = threading.Thread(target=follow, args=(reader,), daemon=True)
+    thread.start()
+    for _ in range(200):
+        if seen:
+            break
+        time.sleep(0.05)
+    assert seen == [b"one"]
+    time.sleep(0.5)  # the tail now waits on the node's watch
+    with client(cluster) as other:
+        successor = WriteAheadLog.open(other, "watched")  # epoch bumped, segment 2 added
+        successor.append(b"two")
+        thread.join(30)
+        assert not thread.is_alive(), "the new segment was not noticed (no watch: the next read is 120 s away)"
+        assert seen == [b"one", b"two"] and not ended
+        successor.close()
+    # closing a reader ends its tail at once, even while it waits for the log to move on
+    last = max(lsn for lsn, _ in reader.replay())
+
+    def wait_on() -> None:
+        try:
+            for _, record in reader.tail(last, poll_timeout=0.3):
+                seen.append(record)
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            ended.append(exc)
+
+    seen.clear()
+    waiting = threading.Thread(target=wait_on, daemon=True)
+    waiting.start()
+    time.sleep(1.0)  # past the successor's closed segment: waiting on the node
+    reader.close()
+    waiting.join(10)
+    assert not waiting.is_alive() and seen == [] and len(ended) == 1 and isinstance(ended[0], UsageError)
 
 
 def test_a_killed_bookie_loses_no_acknowledged_record(bk: walkit.BookKeeper) -> None:

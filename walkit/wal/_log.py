@@ -64,6 +64,7 @@ from walkit.wal._format import LogMetadata, LogSettings, Segment, SnapshotRef, p
 from walkit.wal._lsn import LSN
 from walkit.wal._many import ManyFuture, complete_entry, fail_all
 from walkit.wal._stats import LOGS
+from walkit.wal._watch import NodeWatch
 
 __all__ = ["WriteAheadLog", "LogReader", "Snapshot", "list_logs", "delete_log", "set_namespace_defaults"]
 
@@ -74,7 +75,7 @@ SNAPSHOT_CHUNK = 1 << 20
 #: ``idle_lac`` is False (otherwise the writer publishes its LAC the moment it goes idle).
 EXPLICIT_LAC_INTERVAL = 0.1
 _READ_CHUNK = 256  # entries per read on the client loop
-_POLL = 0.5  # seconds between looks at the log metadata while tailing an idle log
+_POLL = 5.0  # seconds a tail waits for the log node's watch before it reads the node anyway
 
 
 def _client(client_or_uri: BookKeeper | str) -> tuple[BookKeeper, bool]:
@@ -286,6 +287,14 @@ class _LogView:
 class LogReader(_LogView):
     """A read-only view of a log (no fencing: the writer goes on)."""
 
+    def __init__(self, bk: BookKeeper, owned: bool, node: _LogNode, password: bytes) -> None:
+        super().__init__(bk, owned, node, password)
+        self._watch = NodeWatch(node.store, node.path)  # started by the first tail that waits
+
+    def close(self) -> None:
+        self._watch.cancel()  # a tail waiting for the log to move on ends now
+        super().close()
+
     def tail(self, after: LSN | None = None, *, poll_timeout: float = 1.0) -> Iterator[tuple[LSN, bytes]]:
         """Records after ``after`` as they become durable, for ever (break out of the
         loop to stop): replay, then follow the open segment by long poll, then the next
@@ -298,9 +307,10 @@ class LogReader(_LogView):
             self._check_not_truncated(meta, after)
         while True:
             self._check_open()  # close() ends a tail at its next poll
-            segments = [s for s in self.metadata().segments if s.seq >= next_seq]
+            meta, version = self._node.read()
+            segments = [s for s in meta.segments if s.seq >= next_seq]
             if not segments:
-                time.sleep(_POLL)
+                self._watch.wait_past(version, _POLL)  # woken by the node's next change (walkit/wal/_watch.py)
                 continue
             if segments[0].seq > next_seq and position is not None:
                 raise NoSuchLedgerError("segments the tail had not read yet were truncated", log=self.name,
