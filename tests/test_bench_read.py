@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from walkit.bench.read import INTERVALS, format_markdown, run_read_bench
+from walkit.bench.read import INTERVALS, ROLL_INTERVAL, ROLL_RECORDS, format_markdown, run_read_bench
 from walkit.cli import main
 from walkit.errors import InvalidArgumentError
 
@@ -28,13 +28,15 @@ def test_short_run_reports_every_case_and_cleans_up(tmp_path: Path) -> None:
             r = case[phase]
             assert r["records"] == written and r["records_per_s"] > 0 and r["mb_per_s"] > 0, (key, phase, r)
     assert replay["100"]["cold"]["files_dropped"] > 0  # the bookies' files were dropped from the page cache
-    assert [case["interval_ms"] for case in report["tail"]] == [i * 1000 for i in INTERVALS]
+    assert [case["interval_ms"] for case in report["tail"]] == [i * 1000 for i in (*INTERVALS, ROLL_INTERVAL)]
+    assert [case["roll_records"] for case in report["tail"]] == [None] * len(INTERVALS) + [ROLL_RECORDS]
+    assert report["tail"][-1]["segments"] >= 2, "the rolling case rolled"
     for case in report["tail"]:
         assert case["samples"] >= 10 and 0 <= case["p50_ms"] <= case["p99_ms"] <= case["p999_ms"], case
     assert all(isinstance(ok, bool) for ok in report["checks"].values())
     table = format_markdown(report)
     assert "1 KiB records, one per entry, hot, entry by entry" in table and "ledger of 1 KiB entries" in table
-    assert "one every 250 ms" in table and "targets:" in table
+    assert "one every 250 ms" in table and "a new segment every 20" in table and "targets:" in table
     assert list(tmp_path.iterdir()) == []
 
 
@@ -42,7 +44,7 @@ def test_cli_json_and_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["bench", "read", "--json", "--gib", "0.002", "--one-per-entry", "20", "--ledger-entries", "50",
                  "--samples", "10", "--dir", str(tmp_path)]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["replay"]["100"]["hot"]["records"] > 0 and len(report["tail"]) == len(INTERVALS)
+    assert report["replay"]["100"]["hot"]["records"] > 0 and len(report["tail"]) == len(INTERVALS) + 1
     for bad in ({"gib": 0}, {"one_per_entry": 0}, {"ledger_entries": 0}, {"samples": 5}):
         with pytest.raises(InvalidArgumentError):
             run_read_bench(str(tmp_path), **bad)  # type: ignore[arg-type]

@@ -298,6 +298,31 @@ def test_a_tail_learns_of_a_new_segment_from_the_node_watch(bk: walkit.BookKeepe
     assert not waiting.is_alive() and seen == [] and len(ended) == 1 and isinstance(ended[0], UsageError)
 
 
+def test_a_tail_leaves_a_rolled_segment_without_waiting_out_its_long_poll(bk: walkit.BookKeeper) -> None:
+    wal = WriteAheadLog.open(bk, "rolling", roll_bytes=200)
+    first = wal.append(b"r00" + b"-" * 24)
+    reader = WriteAheadLog.reader(bk, "rolling")
+    records = [b"r%02d" % i + b"-" * 24 for i in range(30)]
+    seen: list[bytes] = []
+
+    def follow() -> None:
+        for _, record in reader.tail(poll_timeout=120.0):  # a poll is never waited out within this test
+            seen.append(record)
+            if record == records[-1]:
+                return
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    for record in records[1:]:
+        wal.append(record)
+        time.sleep(0.02)  # the tail catches up and long-polls between appends, across every roll
+    thread.join(30)
+    assert not thread.is_alive(), f"stuck after {len(seen)} records: a closed segment's poll was waited out"
+    assert seen == records and first.segment == 1 and len(wal.metadata().segments) >= 3
+    reader.close()
+    wal.close()
+
+
 def test_a_killed_bookie_loses_no_acknowledged_record(bk: walkit.BookKeeper) -> None:
     cluster = bk.cluster  # type: ignore[attr-defined]
     with WriteAheadLog.open(bk, "durable") as wal:

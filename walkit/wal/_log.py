@@ -318,22 +318,45 @@ class LogReader(_LogView):
             for segment in segments:
                 state = self._open_segment(segment)
                 first = position.entry if position is not None and position.segment == segment.seq else 0
-                for lsn, record in self._follow(segment, state, first, position, poll_timeout):
+                for lsn, record in self._follow(segment, state, first, position, poll_timeout, version):
                     position = lsn
                     yield lsn, record
                 next_seq = segment.seq + 1
 
     def _follow(self, segment: Segment, state: ReadState, first: int, after: LSN | None,
-                poll_timeout: float) -> Iterator[tuple[LSN, bytes]]:
+                poll_timeout: float, version: int) -> Iterator[tuple[LSN, bytes]]:
+        """The records of ``segment`` from entry ``first`` as they come, until it is closed
+        and read; ``version``: the log node's version when the segment was listed."""
         next_id = first
+        self._watch.start()
         while True:
             self._check_open()  # close() ends a tail at its next poll
-            batch = self._bk._loop.run(state.follow_step(next_id, poll_timeout, _READ_CHUNK))
+            batch, version = self._bk._loop.run(self._step(state, next_id, poll_timeout, version))
             if batch is None:
                 return
             for entry in batch:
                 next_id = entry.entry_id + 1
                 yield from self._unpack(segment, entry, after)
+
+    async def _step(self, state: ReadState, next_id: int, poll_timeout: float,
+                    version: int) -> tuple[list[Entry] | None, int]:
+        """One ``follow_step``, cut short when the log node moves past ``version`` (a roll
+        or a new writer may have closed the segment: its metadata is read again); the
+        step's entries (None: closed and read) and the node version now known."""
+        moved = self._watch.changed_past(version)
+        step = asyncio.ensure_future(state.follow_step(next_id, poll_timeout, _READ_CHUNK))
+        try:
+            await asyncio.wait((step, moved), return_when=asyncio.FIRST_COMPLETED)
+            if step.done():
+                return step.result(), version
+            step.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await step
+            await state.refresh()
+            now = self._watch.version
+            return [], version if now is None else now
+        finally:
+            moved.cancel()
 
     def __enter__(self) -> LogReader:
         return self

@@ -14,13 +14,23 @@ store's notification latency, not a poll interval later.
 
 A watch may lag or stop (a lost session, a store between connections): the wait is
 bounded (the caller's ``timeout``), after which the tail reads the node anyway, as it
-did before watches. The watch is started on the first wait and cancelled with the
-reader; its callback only records the version and wakes waiters (it runs on a store
-thread and must not call the store).
+did before watches.
+
+The same watch cuts short a tail's long poll on a segment (:meth:`NodeWatch.changed_past`,
+an asyncio future): a roll or a new writer closes the segment in metadata, and a close
+that adds no entry does not move the bookies' LAC, so no bookie would answer the poll
+before its timeout. When the node moves, the tail re-reads the segment's metadata and,
+finding it closed and read to its end, goes on to the next segment at once.
+
+The watch is started when a tail starts and cancelled with the reader; its callback only
+records the version and wakes waiters (it runs on a store thread and must not call the
+store).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 
 from walkit.metadata import MetadataStore, Stat, Watch
@@ -38,6 +48,8 @@ class NodeWatch:
         self._cancelled = False
         self._store = store
         self._path = path
+        #: (version, loop, future) of the asyncio waiters (changed_past)
+        self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     @property
     def version(self) -> int | None:
@@ -48,7 +60,7 @@ class NodeWatch:
         """Wait until the node's version is past ``version`` (a change since it was read)
         or the node is gone, at most ``timeout`` seconds, or until :meth:`cancel`; whether
         it changed (False: the time ran out, or cancelled)."""
-        self._start()
+        self.start()
         with self._changed:
             return self._changed.wait_for(lambda: self._moved_past(version) or self._cancelled,
                                           timeout) and not self._cancelled
@@ -57,15 +69,23 @@ class NodeWatch:
         """(Lock held) the node changed after ``version``, or is gone (versions only grow)."""
         return self._version is not None and (self._version > version or self._version == -1)
 
-    def cancel(self) -> None:
+    def changed_past(self, version: int) -> asyncio.Future[None]:
+        """(On an event loop) a future done once the node's version is past ``version``
+        or the node is gone (never, once cancelled): a tail's long poll on a segment is
+        cut short by it, since a roll or a new writer may have closed that segment
+        without the bookies' LAC moving. :meth:`start` the watch first (off the loop: it
+        calls the store)."""
+        loop = asyncio.get_running_loop()
+        moved: asyncio.Future[None] = loop.create_future()
         with self._changed:
-            self._cancelled = True
-            watch, self._watch = self._watch, None
-            self._changed.notify_all()
-        if watch is not None:
-            watch.cancel()
+            if self._moved_past(version):
+                moved.set_result(None)
+            elif not self._cancelled:
+                self._waiters.append((version, loop, moved))
+        return moved
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the store's watch (blocking: the store reports the node at once)."""
         with self._changed:
             if self._watch is not None or self._cancelled:
                 return
@@ -78,7 +98,26 @@ class NodeWatch:
         if extra is not None:
             extra.cancel()
 
+    def cancel(self) -> None:
+        with self._changed:
+            self._cancelled = True
+            watch, self._watch = self._watch, None
+            self._waiters.clear()
+            self._changed.notify_all()
+        if watch is not None:
+            watch.cancel()
+
     def _report(self, data: bytes | None, stat: Stat | None) -> None:
         with self._changed:
             self._version = -1 if stat is None else stat.version
             self._changed.notify_all()
+            woken = [(loop, moved) for version, loop, moved in self._waiters if self._moved_past(version)]
+            self._waiters = [w for w in self._waiters if not self._moved_past(w[0])]
+        for loop, moved in woken:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there any more
+                loop.call_soon_threadsafe(_settle, moved)
+
+
+def _settle(moved: asyncio.Future[None]) -> None:
+    if not moved.done():
+        moved.set_result(None)
