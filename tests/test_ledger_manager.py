@@ -239,6 +239,20 @@ def test_update_gives_up_after_bounded_attempts(driver: Driver) -> None:
         m.update(4, meddle, attempts=3)
 
 
+def test_a_change_that_refuses_with_a_version_error_is_not_retried(store: ExpirableStore) -> None:
+    m = manager_on(store)
+    m.create(meta(6))
+    calls: list[int] = []
+
+    def refuse(current: LedgerMetadata) -> LedgerMetadata:
+        calls.append(1)
+        raise MetadataVersionError("fragments changed under the writer", ledger=6)
+
+    with pytest.raises(MetadataVersionError, match="fragments changed under the writer"):
+        m.update(6, refuse)
+    assert calls == [1], "the change's own verdict is final, not a lost compare-and-set"
+
+
 def test_unreadable_metadata_is_a_clear_error(store: ExpirableStore) -> None:
     m = manager_on(store)
     m.create(meta(5))

@@ -292,7 +292,11 @@ def test_a_tail_learns_of_a_new_segment_from_the_node_watch(bk: walkit.BookKeepe
     seen.clear()
     waiting = threading.Thread(target=wait_on, daemon=True)
     waiting.start()
-    time.sleep(1.0)  # past the successor's closed segment: waiting on the node
+    for _ in range(400):  # past the successor's closed segment: waiting on the node's watch
+        if reader._watch.waiting:
+            break
+        time.sleep(0.05)
+    assert reader._watch.waiting == 1
     reader.close()
     waiting.join(10)
     assert not waiting.is_alive() and seen == [] and len(ended) == 1 and isinstance(ended[0], UsageError)
@@ -304,12 +308,16 @@ def test_a_tail_leaves_a_rolled_segment_without_waiting_out_its_long_poll(bk: wa
     reader = WriteAheadLog.reader(bk, "rolling")
     records = [b"r%02d" % i + b"-" * 24 for i in range(30)]
     seen: list[bytes] = []
+    failed: list[BaseException] = []
 
     def follow() -> None:
-        for _, record in reader.tail(poll_timeout=120.0):  # a poll is never waited out within this test
-            seen.append(record)
-            if record == records[-1]:
-                return
+        try:
+            for _, record in reader.tail(poll_timeout=120.0):  # a poll is never waited out within this test
+                seen.append(record)
+                if record == records[-1]:
+                    return
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            failed.append(exc)
 
     thread = threading.Thread(target=follow, daemon=True)
     thread.start()
@@ -317,8 +325,10 @@ def test_a_tail_leaves_a_rolled_segment_without_waiting_out_its_long_poll(bk: wa
         wal.append(record)
         time.sleep(0.02)  # the tail catches up and long-polls between appends, across every roll
     thread.join(30)
+    assert not failed, failed
     assert not thread.is_alive(), f"stuck after {len(seen)} records: a closed segment's poll was waited out"
     assert seen == records and first.segment == 1 and len(wal.metadata().segments) >= 3
+    assert reader._watch.version is None, "the tail is over: its watch stopped with it"
     reader.close()
     wal.close()
 

@@ -66,6 +66,15 @@ LOW_LIMIT = (1 << 31) - 1  # sequence numbers per high-order bucket
 _HOB = "HOB-"
 _ID = "ID-"
 UPDATE_ATTEMPTS = ATTEMPTS
+
+
+class _Refused(Exception):
+    """A MetadataVersionError an update's ``change`` raised itself (it refuses what it
+    found), carried past the retry of lost compare-and-sets."""
+
+    def __init__(self, error: MetadataVersionError) -> None:
+        super().__init__(str(error))
+        self.error = error
 ID_RANGE = 64  # ledger ids taken from the store at a time
 
 
@@ -229,7 +238,10 @@ class LedgerManager:
 
         def attempt() -> tuple[LedgerMetadata, int]:
             current, version = self.read(ledger_id)
-            new = change(current)
+            try:
+                new = change(current)
+            except MetadataVersionError as exc:  # the change's own verdict: not a lost set, not retried
+                raise _Refused(exc) from exc
             if new is None or new == current:
                 return current, version
             if new.ledger_id != ledger_id:
@@ -237,7 +249,10 @@ class LedgerManager:
                                            new=new.ledger_id)
             return new, self.write(new, version)
 
-        return retry_cas(attempt, "ledger metadata", attempts=attempts, ledger=ledger_id)
+        try:
+            return retry_cas(attempt, "ledger metadata", attempts=attempts, ledger=ledger_id)
+        except _Refused as refused:
+            raise refused.error from None
 
     def delete(self, ledger_id: int, version: int = ANY_VERSION) -> None:
         """Remove the metadata (only at ``version`` unless ANY_VERSION)."""

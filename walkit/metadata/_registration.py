@@ -73,7 +73,7 @@ _log = logging.getLogger(__name__)
 
 READONLY = "readonly"
 _POLL = 0.1  # seconds between looks at a node another live session holds (jittered below it)
-_RACES = 100  # registration transactions that lost a race, in a row, at most
+_RACES = 100  # registration transactions that lost a race in a row (no foreign node seen between) at most
 
 
 def check_bookie_id(bookie_id: str) -> str:
@@ -314,6 +314,7 @@ class BookieRegistration:
         target, other = ((self._readonly_path, self._writable_path) if readonly
                          else (self._writable_path, self._readonly_path))
         deadline = time.monotonic() + wait
+        races = [0]  # transactions that lost a race since the last look at a foreign node
 
         def attempt() -> None:
             session = self._store.session_id
@@ -321,19 +322,24 @@ class BookieRegistration:
             mine_other, foreign_other = self._owner(other, session)
             foreign = foreign or foreign_other
             if foreign is not None:
+                races[0] = 0
                 raise BookieIdInUseError("another live bookie is registered with this id", bookie=self.bookie_id,
                                          path=foreign, waited=wait)
             ops: list[Create | Delete] = [] if mine_target else [Create(target, self._data, ephemeral=True)]
             if mine_other:
                 ops.append(Delete(other))
             if ops:
-                self._store.transaction(ops)  # NodeExistsError, NoNodeError: raced; look again
+                try:
+                    self._store.transaction(ops)
+                except (NodeExistsError, NoNodeError):  # raced with another registration or an expiry
+                    races[0] += 1
+                    raise
 
         def give_up(state: tenacity.RetryCallState) -> bool:
             failed = state.outcome.exception() if state.outcome is not None else None
             if isinstance(failed, BookieIdInUseError):
                 return time.monotonic() >= deadline
-            return state.attempt_number >= _RACES
+            return races[0] >= _RACES
 
         def pause(state: tenacity.RetryCallState) -> float:
             failed = state.outcome.exception() if state.outcome is not None else None

@@ -289,10 +289,10 @@ class LogReader(_LogView):
 
     def __init__(self, bk: BookKeeper, owned: bool, node: _LogNode, password: bytes) -> None:
         super().__init__(bk, owned, node, password)
-        self._watch = NodeWatch(node.store, node.path)  # started by the first tail that waits
+        self._watch = NodeWatch(node.store, node.path)  # runs while a tail runs
 
     def close(self) -> None:
-        self._watch.cancel()  # a tail waiting for the log to move on ends now
+        self._watch.close()  # a tail waiting for the log to move on ends now
         super().close()
 
     def tail(self, after: LSN | None = None, *, poll_timeout: float = 1.0) -> Iterator[tuple[LSN, bytes]]:
@@ -305,6 +305,13 @@ class LogReader(_LogView):
         meta = self.metadata()
         if meta.truncated is not None:
             self._check_not_truncated(meta, after)
+        self._watch.acquire()
+        try:
+            yield from self._tail(position, next_seq, poll_timeout)
+        finally:
+            self._watch.release()
+
+    def _tail(self, position: LSN | None, next_seq: int, poll_timeout: float) -> Iterator[tuple[LSN, bytes]]:
         while True:
             self._check_open()  # close() ends a tail at its next poll
             meta, version = self._node.read()
@@ -328,7 +335,6 @@ class LogReader(_LogView):
         """The records of ``segment`` from entry ``first`` as they come, until it is closed
         and read; ``version``: the log node's version when the segment was listed."""
         next_id = first
-        self._watch.start()
         while True:
             self._check_open()  # close() ends a tail at its next poll
             batch, version = self._bk._loop.run(self._step(state, next_id, poll_timeout, version))
@@ -350,13 +356,21 @@ class LogReader(_LogView):
             if step.done():
                 return step.result(), version
             step.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await step
-            await state.refresh()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this step was cancelled, not only the poll
             now = self._watch.version
-            return [], version if now is None else now
+            if now == -1:
+                raise NoSuchLogError("the log was deleted while it was tailed", namespace=self.namespace,
+                                     log=self.name)
+            await state.refresh()
+            return [], version if now is None else max(version, now)
         finally:
             moved.cancel()
+            step.cancel()
 
     def __enter__(self) -> LogReader:
         return self

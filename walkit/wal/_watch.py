@@ -22,9 +22,10 @@ that adds no entry does not move the bookies' LAC, so no bookie would answer the
 before its timeout. When the node moves, the tail re-reads the segment's metadata and,
 finding it closed and read to its end, goes on to the next segment at once.
 
-The watch is started when a tail starts and cancelled with the reader; its callback only
-records the version and wakes waiters (it runs on a store thread and must not call the
-store).
+The store's watch runs while a tail runs (started by the first, stopped with the last
+one or when the reader closes, so an abandoned tail leaves no watch behind); its
+callback only records the version and wakes waiters (it runs on a store thread and must
+not call the store).
 """
 
 from __future__ import annotations
@@ -39,15 +40,21 @@ __all__ = ["NodeWatch"]
 
 
 class NodeWatch:
-    """The version of one node as the store's watch last reported it (-1: no such node)."""
+    """The version of one node as the store's watch last reported it (-1: no such node;
+    versions only grow while the node lives - a node deleted and made again between two
+    reports may be seen at a lower version, which only delays a wake-up to the caller's
+    timeout). The store's watch runs while some tail holds it (:meth:`acquire`)."""
 
     def __init__(self, store: MetadataStore, path: str) -> None:
         self._changed = threading.Condition()
-        self._version: int | None = None  # None: no report yet
+        self._version: int | None = None  # None: no report (since the watch started)
         self._watch: Watch | None = None
-        self._cancelled = False
+        self._holders = 0
+        self._closed = False
         self._store = store
         self._path = path
+        #: blocking waiters in :meth:`wait_past` now (a test looks)
+        self.waiting = 0
         #: (version, loop, future) of the asyncio waiters (changed_past)
         self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
@@ -56,56 +63,75 @@ class NodeWatch:
         with self._changed:
             return self._version
 
-    def wait_past(self, version: int, timeout: float) -> bool:
-        """Wait until the node's version is past ``version`` (a change since it was read)
-        or the node is gone, at most ``timeout`` seconds, or until :meth:`cancel`; whether
-        it changed (False: the time ran out, or cancelled)."""
-        self.start()
+    def acquire(self) -> None:
+        """A tail needs the watch: start the store's watch unless one runs (blocking: the
+        store reports the node at once)."""
         with self._changed:
-            return self._changed.wait_for(lambda: self._moved_past(version) or self._cancelled,
-                                          timeout) and not self._cancelled
-
-    def _moved_past(self, version: int) -> bool:
-        """(Lock held) the node changed after ``version``, or is gone (versions only grow)."""
-        return self._version is not None and (self._version > version or self._version == -1)
-
-    def changed_past(self, version: int) -> asyncio.Future[None]:
-        """(On an event loop) a future done once the node's version is past ``version``
-        or the node is gone (never, once cancelled): a tail's long poll on a segment is
-        cut short by it, since a roll or a new writer may have closed that segment
-        without the bookies' LAC moving. :meth:`start` the watch first (off the loop: it
-        calls the store)."""
-        loop = asyncio.get_running_loop()
-        moved: asyncio.Future[None] = loop.create_future()
-        with self._changed:
-            if self._moved_past(version):
-                moved.set_result(None)
-            elif not self._cancelled:
-                self._waiters.append((version, loop, moved))
-        return moved
-
-    def start(self) -> None:
-        """Start the store's watch (blocking: the store reports the node at once)."""
-        with self._changed:
-            if self._watch is not None or self._cancelled:
+            self._holders += 1
+            if self._watch is not None or self._closed or self._holders > 1:
                 return
         watch = self._store.watch_data(self._path, self._report)  # not under the lock: it calls back now
         with self._changed:
-            if self._cancelled or self._watch is not None:
+            if self._closed or self._holders == 0 or self._watch is not None:
                 extra: Watch | None = watch
             else:
                 self._watch, extra = watch, None
         if extra is not None:
             extra.cancel()
 
-    def cancel(self) -> None:
+    def release(self) -> None:
+        """A tail is done with the watch: the store's watch stops with the last one."""
         with self._changed:
-            self._cancelled = True
+            self._holders -= 1
+            if self._holders > 0:
+                return
+            watch, self._watch, self._version = self._watch, None, None
+        if watch is not None:
+            watch.cancel()
+
+    def wait_past(self, version: int, timeout: float) -> bool:
+        """Wait until the node's version is past ``version`` (a change since it was read)
+        or the node is gone, at most ``timeout`` seconds, or until :meth:`close`; whether
+        it changed (False: the time ran out, or closed). Hold the watch meanwhile."""
+        with self._changed:
+            self.waiting += 1
+            try:
+                return self._changed.wait_for(lambda: self._moved_past(version) or self._closed,
+                                              timeout) and not self._closed
+            finally:
+                self.waiting -= 1
+
+    def changed_past(self, version: int) -> asyncio.Future[None]:
+        """(On an event loop) a future done once the node's version is past ``version``
+        or the node is gone, or the watch is closed: a tail's long poll on a segment is
+        cut short by it, since a roll or a new writer may have closed that segment
+        without the bookies' LAC moving. Hold the watch meanwhile; cancel the future when
+        done with it."""
+        loop = asyncio.get_running_loop()
+        moved: asyncio.Future[None] = loop.create_future()
+        with self._changed:
+            self._waiters = [w for w in self._waiters if not w[2].done()]  # the ones given up
+            if self._moved_past(version) or self._closed:
+                moved.set_result(None)
+            else:
+                self._waiters.append((version, loop, moved))
+        return moved
+
+    def close(self) -> None:
+        """For good (the reader closed): the store's watch stops and every waiter wakes."""
+        with self._changed:
+            self._closed = True
             watch, self._watch = self._watch, None
-            self._waiters.clear()
+            woken = [(loop, moved) for _, loop, moved in self._waiters]
+            self._waiters = []
             self._changed.notify_all()
         if watch is not None:
             watch.cancel()
+        _wake(woken)
+
+    def _moved_past(self, version: int) -> bool:
+        """(Lock held) the node changed after ``version``, or is gone."""
+        return self._version is not None and (self._version > version or self._version == -1)
 
     def _report(self, data: bytes | None, stat: Stat | None) -> None:
         with self._changed:
@@ -113,9 +139,13 @@ class NodeWatch:
             self._changed.notify_all()
             woken = [(loop, moved) for version, loop, moved in self._waiters if self._moved_past(version)]
             self._waiters = [w for w in self._waiters if not self._moved_past(w[0])]
-        for loop, moved in woken:
-            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there any more
-                loop.call_soon_threadsafe(_settle, moved)
+        _wake(woken)
+
+
+def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
+    for loop, moved in waiters:
+        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there any more
+            loop.call_soon_threadsafe(_settle, moved)
 
 
 def _settle(moved: asyncio.Future[None]) -> None:
