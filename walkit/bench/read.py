@@ -203,9 +203,9 @@ def _visibility(writer_bk: BookKeeper, reader_bk: BookKeeper, name: str, interva
     segment every that many records (the tail learns of each from the log node's watch)."""
     count = min(samples, max(10, int(CASE_SECONDS / interval))) if interval else samples
     clock = time.perf_counter_ns
-    rolls = {} if roll_records is None else {"roll_bytes": roll_records * len(b"visible 0000")}
+    roll_bytes = None if roll_records is None else roll_records * len(b"visible 0000")
     with WriteAheadLog.open(writer_bk, name, ensemble_size=ENSEMBLE, write_quorum=WRITE_QUORUM,
-                            ack_quorum=ACK_QUORUM, **rolls) as wal:
+                            ack_quorum=ACK_QUORUM, roll_bytes=roll_bytes) as wal:
         start = wal.append(b"start")
         tail = _Tail(reader_bk, name, start)
         try:
