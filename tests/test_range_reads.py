@@ -18,7 +18,7 @@ import walkit
 from client_support import FAST, index_of, raw_add
 from metadata_support import wait_for
 from walkit.client._core import NO_RANGE_MEMORY
-from walkit.errors import DigestMismatchError, LedgerFencedError, NoSuchEntryError
+from walkit.errors import BookieError, DigestMismatchError, LedgerFencedError, NoSuchEntryError
 from walkit.protocol import ErrorResponse, Op, ReadRange, Status
 
 pytestmark = pytest.mark.timeout(120)
@@ -350,3 +350,22 @@ def test_recovery_reads_entry_by_entry_from_bookies_without_the_op(cluster: walk
             assert rh.is_closed and rh.last_add_confirmed == 499
             assert not bk._core.speaks_range_reads(ensemble[1])
             assert [e.data for e in rh.read(0, 499)] == [_payload(i) for i in range(500)]
+
+
+def test_recovery_rounds_left_undecided_fall_back_to_single_reads(cluster: walkit.LocalCluster) -> None:
+    with _client(cluster) as writer:
+        lh = _write(writer, 1000, close=False, ensemble_size=3, write_quorum=3, ack_quorum=2)
+        ensemble = lh.metadata.ensembles[0][1]
+    cluster.kill_bookie(index_of(cluster, ensemble[0]))  # gone: dropped from the rounds
+    broken = cluster.server(index_of(cluster, ensemble[1])).bookie
+    assert broken is not None
+
+    def failing(*args: Any) -> list[bytes]:
+        raise BookieError("disk says no to runs")
+
+    broken.read_entries = failing  # type: ignore[method-assign]  # single reads still work there
+    with _client(cluster) as bk:
+        rh = bk.open_ledger(lh.ledger_id)  # one "absent" from runs is too few: single reads decide the end
+        assert rh.is_closed and rh.last_add_confirmed == 999
+        assert _stats(bk).range_reads >= 1, "the tail was read in rounds first"
+        assert [e.data for e in rh.read(0, 999)] == [_payload(i) for i in range(1000)]
