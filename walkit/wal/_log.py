@@ -60,9 +60,10 @@ from walkit.logs import context
 from walkit.metadata import retry_cas
 from walkit.metadata._cluster import cluster_path
 from walkit.metadata._registration import check_bookie_id
-from walkit.wal._format import LogMetadata, LogSettings, Segment, SnapshotRef, pack_records, unpack_records
+from walkit.wal._format import LogMetadata, LogSettings, Segment, SnapshotRef, pack_records
 from walkit.wal._lsn import LSN
 from walkit.wal._many import ManyFuture, complete_entry, fail_all
+from walkit.wal._records import RecordReader
 from walkit.wal._stats import LOGS
 from walkit.wal._watch import NodeWatch
 
@@ -211,34 +212,16 @@ class _LogView:
                                     "start again from the latest snapshot", log=self.name, segment=segment.seq,
                                     ledger=segment.ledger_id) from exc
 
-    def _records(self, segment: Segment, state: ReadState, first: int, last: int,
-                 after: LSN | None) -> Iterator[tuple[LSN, bytes]]:
+    def _records(self, segment: Segment, state: ReadState, first: int, last: int, after: LSN | None,
+                 unpacker: RecordReader) -> Iterator[tuple[LSN, bytes]]:
         if first > last:
             return
         for entries in read_ahead(self._bk._loop, state, first, last, self._waited):
             for entry in entries:
-                yield from self._unpack(segment, entry, after)
+                yield from unpacker.records(segment, entry, after)
 
     def _waited(self, seconds: float) -> None:
         self.stats.replay_read_seconds += seconds
-
-    def _unpack(self, segment: Segment, entry: Entry, after: LSN | None) -> Iterator[tuple[LSN, bytes]]:
-        """The records of one entry of ``segment`` that come after ``after``."""
-        try:
-            records = unpack_records(entry.data)
-        except FormatError as exc:
-            raise FormatError("a log entry is not a record batch", log=self.name, segment=segment.seq,
-                              entry=entry.entry_id, reason=str(exc)) from exc
-        stats = self.stats
-        stats.replayed_entries += 1
-        stats.replayed_records += len(records)
-        seq, entry_id, count = segment.seq, entry.entry_id, len(records)
-        first = 0  # the first slot after ``after``
-        if after is not None and (after.segment, after.entry) >= (seq, entry_id):
-            first = after.slot + 1 if (after.segment, after.entry) == (seq, entry_id) else count
-        if first == 0:  # the (lsn, record) pairs are made in C: replay hands out millions a second
-            return zip(LSN._slots(seq, entry_id, count), records)
-        return zip(LSN._slots_between(seq, entry_id, first, count), records[first:])
 
     def _own_lac(self, segment: Segment) -> int | None:
         """The writer's LAC for its own open segment (None for readers)."""
@@ -252,6 +235,7 @@ class _LogView:
             raise InvalidArgumentError("after must be an LSN or None", type=type(after).__name__)
         meta = self.metadata()
         self._check_not_truncated(meta, after)
+        unpacker = RecordReader(self.name, self.stats)
         for segment in meta.segments_from(after):
             state = self._open_segment(segment)
             own = self._own_lac(segment)
@@ -259,7 +243,7 @@ class _LogView:
                 state.lac = max(state.lac, own)
             last = state.lac
             first = after.entry if after is not None and after.segment == segment.seq else 0
-            yield from self._records(segment, state, first, last, after)
+            yield from self._records(segment, state, first, last, after, unpacker)
 
     @staticmethod
     def _check_not_truncated(meta: LogMetadata, after: LSN | None) -> None:
@@ -312,6 +296,7 @@ class LogReader(_LogView):
             self._watch.release()
 
     def _tail(self, position: LSN | None, next_seq: int, poll_timeout: float) -> Iterator[tuple[LSN, bytes]]:
+        unpacker = RecordReader(self.name, self.stats)
         while True:
             self._check_open()  # close() ends a tail at its next poll
             meta, version = self._node.read()
@@ -325,13 +310,13 @@ class LogReader(_LogView):
             for segment in segments:
                 state = self._open_segment(segment)
                 first = position.entry if position is not None and position.segment == segment.seq else 0
-                for lsn, record in self._follow(segment, state, first, position, poll_timeout, version):
+                for lsn, record in self._follow(segment, state, first, position, poll_timeout, version, unpacker):
                     position = lsn
                     yield lsn, record
                 next_seq = segment.seq + 1
 
     def _follow(self, segment: Segment, state: ReadState, first: int, after: LSN | None,
-                poll_timeout: float, version: int) -> Iterator[tuple[LSN, bytes]]:
+                poll_timeout: float, version: int, unpacker: RecordReader) -> Iterator[tuple[LSN, bytes]]:
         """The records of ``segment`` from entry ``first`` as they come, until it is closed
         and read; ``version``: the log node's version when the segment was listed."""
         next_id = first
@@ -342,7 +327,7 @@ class LogReader(_LogView):
                 return
             for entry in batch:
                 next_id = entry.entry_id + 1
-                yield from self._unpack(segment, entry, after)
+                yield from unpacker.records(segment, entry, after)
 
     async def _step(self, state: ReadState, next_id: int, poll_timeout: float,
                     version: int) -> tuple[list[Entry] | None, int]:
