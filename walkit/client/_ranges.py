@@ -20,8 +20,11 @@ bookie task and a future; :func:`read_batched` asks for them in runs instead
   most ``read_batches_in_flight`` spans are under way, each asking for at most
   ``read_batch_bytes`` of entries (and at most :data:`~walkit.protocol.MAX_RANGE_ENTRIES`).
   A span's count comes from the size of the entries the reader saw last (its first span,
-  before any is known, asks for :data:`FIRST_SPAN`), so a read holds about
-  ``read_batches_in_flight * read_batch_bytes`` in flight whatever the entry size.
+  before any is known, asks for :data:`FIRST_SPAN`, alone: no other span starts until
+  it answered), and a span also stops once it holds ``read_batch_bytes`` (entries larger
+  than those seen before): the read then goes on from where it stopped and drops the
+  spans started after it. So a read holds about ``read_batches_in_flight *
+  read_batch_bytes`` in flight whatever the entry sizes.
 * **Short answers.** A bookie answers with the stored entries from the span's next one
   on and stops where it must (an entry it does not hold, its byte or frame limit): the
   span asks again from where the answer stopped - the same bookie after progress, the
@@ -138,7 +141,7 @@ async def read_batched(reader: LedgerReader, first: int, last: int, max_bytes: i
     config = reader.core.config
     loop = asyncio.get_running_loop()
     meta = reader.metadata
-    spans: collections.deque[tuple[asyncio.Task[list[Entry]], int]] = collections.deque()  # (span, bytes expected)
+    spans: collections.deque[tuple[asyncio.Task[list[Entry]], int, _Span]] = collections.deque()  # (.., bytes expected, ..)
     results: list[Entry] = []
     held = expected = 0
     next_id = first
@@ -150,26 +153,38 @@ async def read_batched(reader: LedgerReader, first: int, last: int, max_bytes: i
                 end = meta.fragment_end(index)
                 hi = min(last, next_id + span_count(reader) - 1, last if end is None else end)
                 guess = (hi - next_id + 1) * ((reader.entry_size or 0) + ENTRY_COST)
-                spans.append((loop.create_task(_Span(reader, next_id, hi, meta.ensembles[index][1]).run()), guess))
+                run = _Span(reader, next_id, hi, meta.ensembles[index][1])
+                spans.append((loop.create_task(run.run()), guess, run))
                 expected += guess
                 next_id = hi + 1
-            span, guess = spans[0]
+                if reader.entry_size is None:
+                    break  # one span until the entries' size is known
+            span, guess, run = spans[0]
             entries = await span
             spans.popleft()
             expected -= guess
             results.extend(entries)
+            if run.lo <= run.hi:  # cut short by its byte budget (entries larger than guessed): go on from there
+                _drop(spans)
+                expected, next_id = 0, run.lo
             if max_bytes is not None:
                 held += sum([len(e.data) for e in entries]) + ENTRY_COST * len(entries)
                 if held >= max_bytes:
                     break
     finally:
-        for span, _ in spans:
-            if span.done():
-                if not span.cancelled():
-                    span.exception()  # retrieved: not what this read raises
-            else:
-                span.cancel()
+        _drop(spans)
     return results
+
+
+def _drop(spans: collections.deque[tuple[asyncio.Task[list[Entry]], int, _Span]]) -> None:
+    """Cancel the spans under way (a finished one's error is not what the read raises)."""
+    for span, _, _ in spans:
+        if span.done():
+            if not span.cancelled():
+                span.exception()  # retrieved
+        else:
+            span.cancel()
+    spans.clear()
 
 
 class _Span:
@@ -182,16 +197,20 @@ class _Span:
         shift = reader.replica_choice % len(ensemble)  # sticky: one replica per reader, spread over readers
         self.ensemble = ensemble[shift:] + ensemble[:shift]
         self.out: list[Entry] = []
+        #: bytes after which the span stops short (its count was guessed from smaller entries)
+        self.budget = reader.core.config.read_batch_bytes
+        self.size = 0
 
     async def run(self) -> list[Entry]:
         reader, core = self.reader, self.reader.core
         failed: set[str] = set()  # replicas that could not give entry self.lo
-        while self.lo <= self.hi:
+        while self.lo <= self.hi and self.size < self.budget:
             order = [b for b in core.read_order(self.ensemble) if b not in failed]
             capable = [b for b in order if core.speaks_range_reads(b)]
             if not capable:
                 if not any(core.speaks_range_reads(b) for b in self.ensemble):  # no replica speaks READ_RANGE
                     self.out.extend(await reader.read_each(self.lo, self.hi))
+                    self.lo = self.hi + 1
                     return self.out
                 self._one(await reader.read_entry(self.lo))  # every replica failed here: it decides
                 failed.clear()
@@ -243,6 +262,7 @@ class _Span:
 
     def _one(self, read: tuple[object, bytes, int]) -> None:
         self.out.append(Entry(self.reader.ledger_id, self.lo, read[1]))
+        self.size += len(read[1])
         self.lo += 1
 
     def _take(self, response: ReadRangeResponse) -> bool:
@@ -262,6 +282,7 @@ class _Span:
             size += len(data)
             taken += 1
         self.lo = lo + taken
+        self.size += size
         stats = reader.core.stats
         stats.range_reads += 1
         if taken:
