@@ -1,5 +1,6 @@
-"""The ledger client for asyncio applications: the same client as ``walkit.BookKeeper``
-(its core runs on a loop thread of its own), awaited on the caller's loop.
+"""The ledger client and the write-ahead log for asyncio applications: the same client
+as ``walkit.BookKeeper`` (its core runs on a loop thread of its own), awaited on the
+caller's loop.
 
 ::
 
@@ -11,20 +12,39 @@
         rh = await bk.open_ledger(lh.ledger_id)
         async for entry in rh.read(0, rh.last_add_confirmed):
             ...
+        async with await walkit.aio.AsyncWriteAheadLog.open(bk, "orders") as log:
+            lsn = await log.append(b"record")
+            async for lsn, record in log.replay():
+                ...
+
+Where things run: every call is a coroutine of the client's core run on its loop
+(``walkit.client.LoopThread``), awaited here through ``asyncio.wrap_future`` - the very
+coroutines the synchronous API runs and waits for, so both behave alike. A replay or a
+tail is an async generator on the core loop that hands over batches of entries (a
+replay's next chunk read meanwhile); the records are made here, on the caller's loop.
+No thread of the caller's (no ``run_in_executor``) is used: blocking metadata calls
+run on the client's own metadata threads (``ClientCore.md``). Exceptions: ``connect``
+and closing a client (``AsyncBookKeeper.close``, or a log's ``close`` when the log was
+opened from a URI) run the blocking connect and shutdown on the default executor;
+``snapshot``, ``truncate``, ``latest_snapshot`` and ``snapshots`` run the synchronous
+methods on a metadata thread of the client (they are blocking today). A
+:class:`~walkit.wal.Snapshot` that is returned reads with blocking calls.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping
+import contextlib
+import functools
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from types import TracebackType
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 from walkit.client import BookKeeper, Entry, LedgerReader, LedgerWriter, ReadState, check_payload, check_range
-from walkit.errors import InvalidArgumentError, LedgerClosedError, UsageError
+from walkit.errors import InvalidArgumentError, LedgerClosedError, UsageError, WalkitError
 from walkit.metadata import LedgerMetadata
-from walkit.wal import LSN, LogReader, Snapshot, WriteAheadLog
+from walkit.wal import LSN, LogReader, Snapshot, SnapshotData, WriteAheadLog
 
 __all__ = ["AsyncBookKeeper", "AsyncLedgerHandle", "AsyncLogReader", "AsyncReadHandle", "AsyncWriteAheadLog", "Entry",
            "connect"]
@@ -44,10 +64,7 @@ class AsyncBookKeeper:
         self.sync = bk  # the synchronous client this wraps (same connections, same core)
 
     async def _on_core(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self.sync._closed:
-            coro.close()
-            raise UsageError("client is closed")
-        return await asyncio.wrap_future(self.sync._loop.submit(coro))
+        return await _on_core(self.sync, coro)
 
     async def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 3, ack_quorum: int = 2,
                             digest: str = "crc32c", password: bytes = b"",
@@ -77,6 +94,20 @@ class AsyncBookKeeper:
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.close()
+
+
+async def _on_core(bk: BookKeeper, coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on ``bk``'s loop and await it here (no thread of this loop's)."""
+    if bk._closed:
+        coro.close()
+        raise UsageError("client is closed")
+    try:
+        return await asyncio.wrap_future(bk._loop.submit(coro))
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the caller was cancelled (and the coroutine with it)
+        raise UsageError("client closed while the call ran") from None
 
 
 async def _read_chunks(bk: AsyncBookKeeper, state: ReadState, first: int, last: int) -> AsyncIterator[Entry]:
@@ -193,69 +224,90 @@ class AsyncReadHandle:
 
 # -- the write-ahead log -----------------------------------------------------------------------
 
-_BATCH = 256
+async def _client_of(client_or_uri: AsyncBookKeeper | BookKeeper | str) -> tuple[BookKeeper, bool]:
+    """The client a log handle runs on, and whether the handle owns it (made from a URI)."""
+    if isinstance(client_or_uri, AsyncBookKeeper):
+        return client_or_uri.sync, False
+    if isinstance(client_or_uri, BookKeeper):
+        return client_or_uri, False
+    if isinstance(client_or_uri, str):
+        return (await connect(client_or_uri)).sync, True
+    raise InvalidArgumentError("expected a walkit.aio.AsyncBookKeeper, a walkit.BookKeeper or a metadata URI",
+                               type=type(client_or_uri).__name__)
 
 
-async def _drain(iterator: Iterator[T]) -> AsyncIterator[T]:
-    """An async iterator over a blocking one: batches pulled on an executor thread."""
-    loop = asyncio.get_running_loop()
-
-    def pull() -> list[T]:
-        return list(itertools.islice(iterator, _BATCH))
-
-    while True:
-        batch = await loop.run_in_executor(None, pull)
-        if not batch:
-            return
-        for item in batch:
-            yield item
+async def _close_owned(bk: BookKeeper, owned: bool) -> None:
+    if owned:
+        await AsyncBookKeeper(bk).close()
 
 
-def _one_by_one(iterator: Iterator[T]) -> AsyncIterator[T]:
-    """Like :func:`_drain` but handing over every item as soon as it comes (tailing)."""
+async def _blocking(bk: BookKeeper, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """A blocking metadata call on ``bk``'s metadata threads (``ClientCore.md``), awaited."""
+    return await _on_core(bk, bk._core.md(functools.partial(fn, *args, **kwargs)))
 
-    async def gen() -> AsyncIterator[T]:
-        loop = asyncio.get_running_loop()
-        done = object()
-        while True:
-            item = await loop.run_in_executor(None, next, iterator, done)
-            if item is done:
-                return
-            yield item  # type: ignore[misc]
 
-    return gen()
+#: Per client: the WAL calls that run on a metadata thread *and* wait for the client's
+#: loop, which may itself wait for a metadata thread (a snapshot creates a ledger, a
+#: truncate deletes ledgers). At most :data:`_REENTRANT` at once, so the pool
+#: (``ClientCore``: 4 threads) always has threads left for what they wait on.
+_REENTRANT = 2
+_reentrant_slots: weakref.WeakKeyDictionary[BookKeeper, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+async def _blocking_reentrant(bk: BookKeeper, fn: Callable[..., T], *args: Any) -> T:
+    slots = _reentrant_slots.setdefault(bk, asyncio.Semaphore(_REENTRANT))
+    async with slots:
+        return await _blocking(bk, fn, *args)
 
 
 class AsyncWriteAheadLog:
     """``walkit.WriteAheadLog`` for asyncio: ``await AsyncWriteAheadLog.open(...)``,
-    ``await log.append(record)``, ``async for lsn, record in log.replay()``."""
+    ``await log.append(record)``, ``async for lsn, record in log.replay()``. The same
+    errors as the synchronous log, raised at the same points."""
 
     def __init__(self, wal: WriteAheadLog) -> None:
-        self.sync = wal
+        self.sync = wal  # the synchronous log this drives (same state, same client)
 
     @classmethod
     async def open(cls, client_or_uri: AsyncBookKeeper | BookKeeper | str, name: str,
                    **options: Any) -> AsyncWriteAheadLog:
-        target = client_or_uri.sync if isinstance(client_or_uri, AsyncBookKeeper) else client_or_uri
-        loop = asyncio.get_running_loop()
-        return cls(await loop.run_in_executor(None, lambda: WriteAheadLog.open(target, name, **options)))
+        """``WriteAheadLog.open`` (the same options)."""
+        bk, owned = await _client_of(client_or_uri)
+        try:
+            return cls(await _on_core(bk, WriteAheadLog._opening(bk, owned, name, **options)))
+        except BaseException:
+            await _close_owned(bk, owned)
+            raise
 
     @staticmethod
     async def reader(client_or_uri: AsyncBookKeeper | BookKeeper | str, name: str,
                      **options: Any) -> AsyncLogReader:
-        target = client_or_uri.sync if isinstance(client_or_uri, AsyncBookKeeper) else client_or_uri
-        loop = asyncio.get_running_loop()
-        return AsyncLogReader(await loop.run_in_executor(None, lambda: WriteAheadLog.reader(target, name, **options)))
+        """``WriteAheadLog.reader`` (the same options)."""
+        bk, owned = await _client_of(client_or_uri)
+        try:
+            return AsyncLogReader(await _blocking(bk, WriteAheadLog._reader_of, bk, owned, name, **options))
+        except BaseException:
+            await _close_owned(bk, owned)
+            raise
+
+    @property
+    def name(self) -> str:
+        return self.sync.name
 
     @property
     def epoch(self) -> int:
         return self.sync.epoch
+
+    @property
+    def last_lsn(self) -> LSN | None:
+        return self.sync.last_lsn
 
     async def append_async(self, record: bytes) -> asyncio.Future[LSN]:
         """Queue a record; the future gives its LSN once durable (in append order)."""
         return asyncio.wrap_future(self.sync.append_async(record))
 
     async def append(self, record: bytes) -> LSN:
+        """Append a record; its LSN once it is durable on a quorum of bookies."""
         return await asyncio.wrap_future(self.sync.append_async(record))
 
     async def append_many(self, records: Iterable[bytes]) -> list[LSN]:
@@ -264,42 +316,87 @@ class AsyncWriteAheadLog:
         return await asyncio.wrap_future(self.sync.append_many(records))
 
     async def flush(self) -> LSN | None:
-        return await asyncio.get_running_loop().run_in_executor(None, self.sync.flush)
+        """Wait until every record appended so far is durable; the last LSN."""
+        return await _on_core(self.sync._bk, self.sync._flush())
 
-    async def snapshot(self, data: bytes | IO[bytes], lsn: LSN) -> Snapshot:
-        return await asyncio.get_running_loop().run_in_executor(None, self.sync.snapshot, data, lsn)
+    async def snapshot(self, data: SnapshotData, lsn: LSN) -> Snapshot:
+        """``WriteAheadLog.snapshot`` (run on a metadata thread of the client)."""
+        return await _blocking_reentrant(self.sync._bk, self.sync.snapshot, data, lsn)
 
     async def latest_snapshot(self) -> Snapshot | None:
-        return await asyncio.get_running_loop().run_in_executor(None, self.sync.latest_snapshot)
+        return await _blocking(self.sync._bk, self.sync.latest_snapshot)
 
-    def replay(self, after: LSN | None = None) -> AsyncIterator[tuple[LSN, bytes]]:
-        return _drain(self.sync.replay(after))
+    async def snapshots(self) -> list[Snapshot]:
+        return await _blocking(self.sync._bk, self.sync.snapshots)
+
+    def replay(self, after: LSN | None = None) -> AsyncGenerator[tuple[LSN, bytes], None]:
+        """``async for lsn, record in log.replay(after)``: every durable record after ``after``."""
+        return self.sync._replay_pass(after).arecords()
 
     async def truncate(self, before: LSN) -> int:
-        return await asyncio.get_running_loop().run_in_executor(None, self.sync.truncate, before)
+        """``WriteAheadLog.truncate`` (run on a metadata thread of the client)."""
+        return await _blocking_reentrant(self.sync._bk, self.sync.truncate, before)
 
     async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.sync.close)
+        """Wait for appended records, close the segment (carried through even if the caller
+        is cancelled meanwhile)."""
+        wal = self.sync
+        if wal._closed:
+            return
+        try:
+            await asyncio.shield(_on_core(wal._bk, wal._finish()))
+        finally:
+            await _close_owned(wal._bk, wal._shut())
 
     async def __aenter__(self) -> AsyncWriteAheadLog:
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if exc is None:
+            await self.close()
+        else:
+            with contextlib.suppress(WalkitError):
+                await self.close()
 
 
 class AsyncLogReader:
+    """``walkit.wal.LogReader`` for asyncio: ``async for lsn, record in reader.tail()``."""
+
     def __init__(self, reader: LogReader) -> None:
-        self.sync = reader
+        self.sync = reader  # the synchronous reader this drives
 
-    def replay(self, after: LSN | None = None) -> AsyncIterator[tuple[LSN, bytes]]:
-        return _drain(self.sync.replay(after))
+    @property
+    def name(self) -> str:
+        return self.sync.name
 
-    def tail(self, after: LSN | None = None, *, poll_timeout: float = 1.0) -> AsyncIterator[tuple[LSN, bytes]]:
-        return _one_by_one(self.sync.tail(after, poll_timeout=poll_timeout))
+    def replay(self, after: LSN | None = None) -> AsyncGenerator[tuple[LSN, bytes], None]:
+        """``async for lsn, record in reader.replay(after)``."""
+        return self.sync._replay_pass(after).arecords()
+
+    def tail(self, after: LSN | None = None, *,
+             poll_timeout: float = 1.0) -> AsyncGenerator[tuple[LSN, bytes], None]:
+        """``async for lsn, record in reader.tail(after)``: records as they become durable,
+        for ever (``break``, ``aclose()`` or cancel the task to stop; closing the reader
+        ends it with UsageError)."""
+        return self.sync._tail_pass(after, poll_timeout).arecords()
 
     async def latest_snapshot(self) -> Snapshot | None:
-        return await asyncio.get_running_loop().run_in_executor(None, self.sync.latest_snapshot)
+        return await _blocking(self.sync._bk, self.sync.latest_snapshot)
+
+    async def snapshots(self) -> list[Snapshot]:
+        return await _blocking(self.sync._bk, self.sync.snapshots)
 
     async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.sync.close)
+        """Close the reader: a tail under way ends (UsageError), holds are released."""
+        reader, bk = self.sync, self.sync._bk
+        if bk._closed:  # nothing runs on that client any more: as the synchronous close does
+            reader.close()
+            return
+        await _close_owned(bk, await _blocking(bk, reader._shut))
+
+    async def __aenter__(self) -> AsyncLogReader:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -6,7 +6,7 @@ package only, never from its private modules: what they build on is exported her
 writer and reader a handle wraps (:class:`LedgerWriter`, :class:`LedgerReader`), the
 future an add returns (:class:`QuickFuture`), the argument checks a handle applies
 (:func:`check_payload`, :func:`check_range`) and the chunked sequential read a replay
-uses (:func:`read_ahead`)."""
+uses (:func:`read_chunks` on the client's loop, :func:`read_ahead` from a thread)."""
 
 from walkit.client._bookie_client import BookieClient, client_ssl_context
 from walkit.client._bookkeeper import BookKeeper, connect
@@ -15,10 +15,10 @@ from walkit.client._handles import LedgerHandle, ReadHandle, ReadState, check_pa
 from walkit.client._loop import LoopThread
 from walkit.client._pool import Endpoint, parse_endpoint
 from walkit.client._read import Entry, LedgerReader
-from walkit.client._readahead import read_ahead
+from walkit.client._readahead import read_ahead, read_chunks
 from walkit.client._submit import QuickFuture
 from walkit.client._writer import LedgerWriter
 
 __all__ = ["BookKeeper", "BookieClient", "ClientConfig", "Endpoint", "Entry", "LedgerHandle", "LedgerReader",
            "LedgerWriter", "LoopThread", "QuickFuture", "ReadHandle", "ReadState", "check_payload", "check_range",
-           "client_ssl_context", "connect", "parse_endpoint", "read_ahead"]
+           "client_ssl_context", "connect", "parse_endpoint", "read_ahead", "read_chunks"]

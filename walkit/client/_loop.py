@@ -5,6 +5,12 @@ flight) lives on this one loop, so none of it needs a lock. The synchronous API 
 work over with :meth:`LoopThread.submit` / :meth:`LoopThread.call` and waits on a
 ``concurrent.futures.Future``; the asyncio API awaits the same futures on the caller's
 loop (``asyncio.wrap_future``).
+
+A sequence read on the loop (a replay's chunks, a tail's entries) is an async generator
+that runs there; :meth:`LoopThread.iterate` hands its items to a thread and
+:meth:`LoopThread.aiterate` to another event loop, one hand-off per item (so items are
+chunks, not records), and both close it on the loop when their consumer stops early, so
+nothing of it (a read under way, a watch) outlives the consumer.
 """
 
 from __future__ import annotations
@@ -12,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import contextlib
 import threading
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from walkit.errors import UsageError, WalkitError
@@ -77,6 +85,80 @@ class LoopThread:
         except concurrent.futures.CancelledError:
             raise UsageError("client closed while the call ran") from None
 
+    def iterate(self, agen: AsyncGenerator[T, None], waited: Callable[[float], None] | None = None) -> Iterator[T]:
+        """(Another thread) the items of ``agen``, an async generator run on the loop one
+        step per item; ``waited(s)``: told how long each item was waited for (its end is
+        no item). Stopping early (``close()`` of this generator) closes ``agen`` on the
+        loop and waits for it."""
+        step: concurrent.futures.Future[tuple[bool, T | None]] | None = None
+        over = False  # agen ended (exhausted, or raised): nothing to close
+        if self.in_loop():
+            raise UsageError("a blocking walkit read was made from the client's own event loop thread "
+                             "(from a callback?); use the asyncio API or another thread")
+        try:
+            while True:
+                began = time.monotonic()
+                step = self.submit(_step(agen))
+                try:
+                    more, item = self.result(step)
+                except BaseException:
+                    over = step.done() and not step.cancelled()  # agen raised; else the wait was interrupted
+                    raise
+                step = None
+                if not more:
+                    over = True
+                    return
+                if waited is not None:
+                    waited(time.monotonic() - began)
+                yield item  # type: ignore[misc]
+        finally:
+            if not over:
+                if step is not None:
+                    step.cancel()  # agen ends with the step's CancelledError
+                self._close_on_loop(agen, wait=not self.in_loop())
+
+    async def aiterate(self, agen: AsyncGenerator[T, None],
+                       waited: Callable[[float], None] | None = None) -> AsyncGenerator[T, None]:
+        """(Another event loop) :meth:`iterate` for asyncio: the items of ``agen``, run on
+        this loop a step per item, awaited without blocking the caller's loop (no thread
+        of its). Cancelling the consumer cancels the step under way; stopping early
+        (``aclose()``, a ``break``, a cancelled task) closes ``agen`` on this loop."""
+        over = False
+        try:
+            while True:
+                began = time.monotonic()
+                try:
+                    more, item = await asyncio.wrap_future(self.submit(_step(agen)))
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise  # the consumer was cancelled, and the step with it: agen is closed below
+                    over = True  # the step was cancelled on this loop: the client closed
+                    raise UsageError("client closed while the call ran") from None
+                except BaseException:
+                    over = True  # agen raised: it is over
+                    raise
+                if not more:
+                    over = True
+                    return
+                if waited is not None:
+                    waited(time.monotonic() - began)
+                yield item  # type: ignore[misc]
+        finally:
+            if not over and not self._stopped:
+                with contextlib.suppress(UsageError):
+                    await asyncio.shield(asyncio.wrap_future(self.submit(_aclose(agen))))
+
+    def _close_on_loop(self, agen: AsyncGenerator[Any, None], wait: bool) -> None:
+        """Close ``agen`` on the loop (from another thread: waiting up to 10 s for it)."""
+        try:
+            closing = self.submit(_aclose(agen))
+        except UsageError:
+            return  # the client is closed: its loop cancelled and closed everything
+        if wait:
+            with contextlib.suppress(concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+                closing.result(10)
+
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the loop soon (from the loop itself: without writing to
         the loop's wake-up pipe, which only another thread needs)."""
@@ -117,3 +199,21 @@ class LoopThread:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         await self.loop.shutdown_asyncgens()
+
+
+async def _step(agen: AsyncGenerator[T, None]) -> tuple[bool, T | None]:
+    """(Loop) the next item of ``agen``: (True, item), or (False, None) at its end."""
+    try:
+        return True, await agen.__anext__()
+    except StopAsyncIteration:
+        return False, None
+
+
+async def _aclose(agen: AsyncGenerator[Any, None]) -> None:
+    """(Loop) close ``agen`` (one still running a cancelled step ends by itself)."""
+    try:
+        await agen.aclose()
+    except RuntimeError:
+        pass  # "already running": the cancellation of its step ends it
+    except Exception:  # nobody is left to hear of it
+        log.warning("an abandoned read failed while it was closed", exc_info=True)

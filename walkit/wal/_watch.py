@@ -10,7 +10,9 @@ reading the node every half second, a tail with nothing left waits on a
 :class:`NodeWatch`: the store's data watch (ZooKeeper's, or the embedded store's) calls
 back with the node's version on every change, and :meth:`NodeWatch.wait_past` returns as
 soon as the version is past the one the tail read - a new segment is seen within the
-store's notification latency, not a poll interval later.
+store's notification latency, not a poll interval later. A tail runs on the client's
+event loop (for the sync and the asyncio reader alike), so its waits are asyncio
+futures: :meth:`NodeWatch.changed_past`, which :meth:`NodeWatch.wait_past` awaits.
 
 A watch may lag or stop (a lost session, a store between connections): the wait is
 bounded (the caller's ``timeout``), after which the tail reads the node anyway, as it
@@ -25,7 +27,7 @@ finding it closed and read to its end, goes on to the next segment at once.
 The store's watch runs while a tail runs (started by the first, stopped with the last
 one or when the reader closes, so an abandoned tail leaves no watch behind); its
 callback only records the version and wakes waiters (it runs on a store thread and must
-not call the store).
+not call the store, so it hands each wake-up to the waiter's loop).
 """
 
 from __future__ import annotations
@@ -46,32 +48,32 @@ class NodeWatch:
     timeout). The store's watch runs while some tail holds it (:meth:`acquire`)."""
 
     def __init__(self, store: MetadataStore, path: str) -> None:
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
         self._version: int | None = None  # None: no report (since the watch started)
         self._watch: Watch | None = None
         self._holders = 0
         self._closed = False
         self._store = store
         self._path = path
-        #: blocking waiters in :meth:`wait_past` now (a test looks)
+        #: tails waiting in :meth:`wait_past` now (a test looks)
         self.waiting = 0
         #: (version, loop, future) of the asyncio waiters (changed_past)
         self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     @property
     def version(self) -> int | None:
-        with self._changed:
+        with self._lock:
             return self._version
 
     def acquire(self) -> None:
         """A tail needs the watch: start the store's watch unless one runs (blocking: the
         store reports the node at once)."""
-        with self._changed:
+        with self._lock:
             self._holders += 1
             if self._watch is not None or self._closed or self._holders > 1:
                 return
         watch = self._store.watch_data(self._path, self._report)  # not under the lock: it calls back now
-        with self._changed:
+        with self._lock:
             if self._closed or self._holders == 0 or self._watch is not None:
                 extra: Watch | None = watch
             else:
@@ -81,7 +83,7 @@ class NodeWatch:
 
     def release(self) -> None:
         """A tail is done with the watch: the store's watch stops with the last one."""
-        with self._changed:
+        with self._lock:
             self._holders -= 1
             if self._holders > 0:
                 return
@@ -89,17 +91,22 @@ class NodeWatch:
         if watch is not None:
             watch.cancel()
 
-    def wait_past(self, version: int, timeout: float) -> bool:
-        """Wait until the node's version is past ``version`` (a change since it was read)
-        or the node is gone, at most ``timeout`` seconds, or until :meth:`close`; whether
-        it changed (False: the time ran out, or closed). Hold the watch meanwhile."""
-        with self._changed:
+    async def wait_past(self, version: int, timeout: float) -> bool:
+        """(On an event loop) wait until the node's version is past ``version`` (a change
+        since it was read) or the node is gone, at most ``timeout`` seconds, or until
+        :meth:`close`; whether it changed (False: the time ran out, or closed). Hold the
+        watch meanwhile."""
+        moved = self.changed_past(version)
+        with self._lock:
             self.waiting += 1
-            try:
-                return self._changed.wait_for(lambda: self._moved_past(version) or self._closed,
-                                              timeout) and not self._closed
-            finally:
+        try:
+            await asyncio.wait((moved,), timeout=timeout)
+        finally:
+            moved.cancel()
+            with self._lock:
                 self.waiting -= 1
+        with self._lock:
+            return self._moved_past(version) and not self._closed
 
     def changed_past(self, version: int) -> asyncio.Future[None]:
         """(On an event loop) a future done once the node's version is past ``version``
@@ -109,7 +116,7 @@ class NodeWatch:
         done with it."""
         loop = asyncio.get_running_loop()
         moved: asyncio.Future[None] = loop.create_future()
-        with self._changed:
+        with self._lock:
             self._waiters = [w for w in self._waiters if not w[2].done()]  # the ones given up
             if self._moved_past(version) or self._closed:
                 moved.set_result(None)
@@ -119,12 +126,11 @@ class NodeWatch:
 
     def close(self) -> None:
         """For good (the reader closed): the store's watch stops and every waiter wakes."""
-        with self._changed:
+        with self._lock:
             self._closed = True
             watch, self._watch = self._watch, None
             woken = [(loop, moved) for _, loop, moved in self._waiters]
             self._waiters = []
-            self._changed.notify_all()
         if watch is not None:
             watch.cancel()
         _wake(woken)
@@ -134,9 +140,8 @@ class NodeWatch:
         return self._version is not None and (self._version > version or self._version == -1)
 
     def _report(self, data: bytes | None, stat: Stat | None) -> None:
-        with self._changed:
+        with self._lock:
             self._version = -1 if stat is None else stat.version
-            self._changed.notify_all()
             woken = [(loop, moved) for version, loop, moved in self._waiters if self._moved_past(version)]
             self._waiters = [w for w in self._waiters if not self._moved_past(w[0])]
         _wake(woken)
