@@ -46,6 +46,8 @@ from bookie.storage import EntryLogFile, EntryLogInfo, EntryLogRecord, LedgerSto
 from bookie.storage._format import IndexHeader, decode_index_copy, encode_index_copy, encode_log_header
 from bookie.storage._usage import LogUsage, decode_usage, encode_usage
 from journal_support import Recorder
+from walkit.client import Entry
+from walkit.errors import FormatError
 from walkit.metadata import ClusterInfo, LedgerMetadata, LedgerState, ledger_path, parse_ledger_path, read_cluster
 from walkit.protocol import (
     AddEntry,
@@ -78,7 +80,9 @@ from walkit.protocol import (
     parse_entry_header,
 )
 from walkit.wal import LSN, LogMetadata, LogSettings, Segment, SnapshotRef
-from walkit.wal._format import pack_records, unpack_records
+from walkit.wal._format import pack_fragment, pack_records, unpack_fragment, unpack_records
+from walkit.wal._records import RecordReader
+from walkit.wal._stats import LogStats
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 
@@ -106,6 +110,9 @@ FILES = {
     "cookie/v1/COOKIE": 165,
     "wal/batch-v1.bin": 38,
     "wal/batch-v2.bin": 38,
+    "wal/fragment-v1-0.bin": 31,
+    "wal/fragment-v1-1.bin": 31,
+    "wal/fragment-v1-2.bin": 28,
     "wal/log-metadata-v1.json": 211,
     "metadata/ledger-v1-closed.bin": 420,
     "metadata/ledger-v2-closed.bin": 420,
@@ -370,6 +377,23 @@ def test_record_batches(version: int) -> None:
     assert unpack_records(raw) == RECORDS
     if version == 2:
         assert pack_records(RECORDS) == raw  # version 2 is what is written today
+
+
+FRAGMENTED = b"one record in three entries"
+
+
+def test_record_fragments() -> None:
+    """A record larger than an entry, as the three entries it was written in."""
+    raws = [golden(f"wal/fragment-v1-{i}.bin") for i in range(3)]
+    for i, raw in enumerate(raws):
+        assert raw[:5] == b"WKRF\x01" and struct.unpack_from(">QII", raw, 5) == (27, i, 3)
+        assert unpack_fragment(raw) == (27, i, 3, FRAGMENTED[10 * i:10 * i + 10])
+        assert pack_fragment(27, i, 3, FRAGMENTED[10 * i:10 * i + 10]) == raw  # version 1 is what is written today
+        with pytest.raises(FormatError):
+            unpack_records(raw)  # a fragment is no record batch
+    reader = RecordReader("golden", LogStats())
+    got = [pair for i, raw in enumerate(raws) for pair in reader.records(Segment(2, 23), Entry(23, 5 + i, raw), None)]
+    assert got == [(LSN(2, 7, 0), FRAGMENTED)]
 
 
 def test_log_metadata() -> None:

@@ -83,7 +83,7 @@ MISUSES: list[tuple[str, Callable[[World], Any], type[WalkitError]]] = [
     ("read past the LAC", lambda w: list(w.ledger.read(0, 10**6)), NoSuchEntryError),
     ("closed client", _closed_client, UsageError),
     ("record not bytes", lambda w: w.wal.append(7), InvalidArgumentError),
-    ("record over max_entry_bytes", lambda w: w.wal.append(bytes(1 << 20)), InvalidArgumentError),
+    ("record over max_record_bytes", lambda w: w.wal.append(bytes((64 << 20) + 1)), InvalidArgumentError),
     ("append to a closed log", _closed_log, UsageError),
     ("read a closed reader", _closed_reader, UsageError),
     ("unknown log", lambda w: WriteAheadLog.reader(w.bk, "no-such-log"), NoSuchLogError),

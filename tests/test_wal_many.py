@@ -83,7 +83,7 @@ def test_append_many_in_order_with_single_appends_and_across_entries(bk: walkit.
 
 
 def test_append_many_refuses_bad_input_whole(bk: walkit.BookKeeper) -> None:
-    with WriteAheadLog.open(bk, "strict", max_entry_bytes=4096) as wal:
+    with WriteAheadLog.open(bk, "strict", max_entry_bytes=4096, max_record_bytes=6000) as wal:
         lsn = wal.append(b"ok")
         with pytest.raises(InvalidArgumentError):
             wal.append_many([b"fine", "text"])  # type: ignore[list-item]

@@ -57,7 +57,9 @@ partitioned or read-only) at a time, and journal damage on at most Qa - 1 = 1 bo
 per run (damaging a second one could destroy the two copies of an acknowledged entry,
 which no replication scheme survives).
 
-The WAL workload: one writer at a time appends records with a window of futures; a
+The WAL workload: one writer at a time appends records with a window of futures (one in
+``LARGE_EVERY`` or so larger than the log's entries, ``ENTRY_BYTES``: written in two or
+three fragments, which readers must only ever hand out whole); a
 reader thread tails the log from the start (restarting after its last record on errors); a
 second reader replays the whole log every ``REPLAY_EVERY`` seconds. A writer that fails
 (fenced, too few bookies) is replaced by a new one, as an application would.
@@ -99,6 +101,7 @@ from walkit import LSN, WriteAheadLog
 from walkit.errors import NoSuchLedgerError, UnauthorizedError, UsageError, WalkitError
 from walkit.metadata import Cluster as MetadataCluster
 from walkit.metadata import LedgerMetadata, LedgerState, UnderReplication, connect
+from walkit.wal._format import FRAGMENT_HEAD_SIZE
 from walkit.testing import FaultyCluster
 
 if TYPE_CHECKING:
@@ -107,6 +110,8 @@ if TYPE_CHECKING:
 BOOKIES, ENSEMBLE, QW, QA = 5, 3, 3, 2
 LOG = "torture"
 WINDOW = 8  # appends in flight per writer
+ENTRY_BYTES = 8192  # the log's max_entry_bytes: small, so that records of several entries are cheap
+LARGE_EVERY = 10  # about one record in this many is larger than an entry (2 or 3 fragments)
 ROLL_SECONDS = 1.5  # segments roll often, so rolls meet faults
 REPLAY_EVERY = 0.8
 SESSION_TIMEOUT = 2.0
@@ -190,9 +195,14 @@ _WRITER_SCRIPT = Path(__file__).with_name("torture_writer.py")
 
 
 def payload(seed: int, writer: int, seq: int) -> bytes:
-    """The record ``seq`` of ``writer`` in run ``seed``: unique, 1 byte to 2 KiB of noise."""
+    """The record ``seq`` of ``writer`` in run ``seed``: unique, 1 byte to 2 KiB of noise, or
+    (about one in ``LARGE_EVERY``, chosen by a stream of its own) more than an entry
+    holds, up to three entries' worth."""
     rng = random.Random(f"{seed}/{writer}/{seq}")
-    return f"w{writer}s{seq}:".encode() + rng.randbytes(rng.randint(1, 2048))
+    head = f"w{writer}s{seq}:".encode()
+    if random.Random(f"{seed}/{writer}/{seq}/large").randrange(LARGE_EVERY) == 0:
+        return head + rng.randbytes(rng.randint(ENTRY_BYTES - 15, 3 * (ENTRY_BYTES - FRAGMENT_HEAD_SIZE) - len(head)))
+    return head + rng.randbytes(rng.randint(1, 2048))
 
 
 # -- the plan ------------------------------------------------------------------------------------
@@ -1076,7 +1086,7 @@ def open_log(bk: walkit.BookKeeper, attempts: int = 5) -> WriteAheadLog:
     for attempt in range(attempts):
         try:
             return WriteAheadLog.open(bk, LOG, ensemble_size=ENSEMBLE, write_quorum=QW, ack_quorum=QA,
-                                      roll_seconds=ROLL_SECONDS)
+                                      roll_seconds=ROLL_SECONDS, max_entry_bytes=ENTRY_BYTES)
         except WalkitError:
             if attempt == attempts - 1:
                 raise
@@ -1492,6 +1502,8 @@ def _run(plan: Plan, directory: Path, uri: str | None, ensemble: ZooKeeperEnsemb
             anomalies.append(Anomaly("missed", f"the reference replay failed: {reference.errors[0]}"))
         report.anomalies += [Anomaly(a.kind, f"wal: {a.detail}") for a in anomalies]
         report.counts = history.counts()
+        report.counts["large_acked"] = sum(len(a.payload) > ENTRY_BYTES - 16 and a.lsn is not None
+                                           for a in history.appends.values())  # records of 2 or 3 entries
         report.writers = workload.writers
         report.replays = workload.replayer.count
         report.tail_records = len(workload.tail.read.records)

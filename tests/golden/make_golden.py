@@ -62,7 +62,7 @@ from walkit.protocol import (  # noqa: E402
     master_key,
 )
 from walkit.wal import LSN, LogMetadata, LogSettings, Segment, SnapshotRef  # noqa: E402
-from walkit.wal._format import pack_records  # noqa: E402
+from walkit.wal._format import fragment_count, pack_fragment, pack_records  # noqa: E402
 
 # --- the values (README.md lists them; tests/test_golden.py hard-codes them) -------------
 KEY_7 = master_key(b"ledger-7-password")
@@ -84,6 +84,8 @@ JOURNAL_ALIGNMENT = 512
 MARK = LogMark(1, 1536)  # the start of the third flush: the first two are in the ledger dir
 
 RECORDS = [b"first", b"", b"third record"]
+FRAGMENTED = b"one record in three entries"  # 27 bytes: fragments of 10, 10 and 7
+FRAGMENT_ROOM = 10
 COOKIE = Cookie("bk1:3181", "/data/journal", ("/data/l0", "/data/l1"), "3f1c1a8e-5d2b-4c7e-9a10-1b2c3d4e5f60")
 SALT_7 = bytes(range(16))
 SALT_LONG = bytes(range(16, 32))
@@ -173,6 +175,15 @@ def write_wal(out: Path) -> None:
         settings=LogSettings(ensemble_size=3, write_quorum=3, ack_quorum=2, roll_bytes=1 << 28, roll_seconds=3600.0),
     )
     write_new(out / "wal/log-metadata-v1.json", meta.encode())
+
+
+def write_wal_fragments(out: Path) -> None:
+    """wal/fragment-v1-{0,1,2}.bin: a record larger than an entry, as its three entries
+    (record fragments, added 2026-11-27; the writer cuts at max_entry_bytes - 21 bytes)."""
+    count = fragment_count(len(FRAGMENTED), FRAGMENT_ROOM)
+    for index in range(count):
+        part = FRAGMENTED[index * FRAGMENT_ROOM:(index + 1) * FRAGMENT_ROOM]
+        write_new(out / f"wal/fragment-v1-{index}.bin", pack_fragment(len(FRAGMENTED), index, count, part))
 
 
 def pack_records_v1(records: Sequence[bytes]) -> bytes:
@@ -275,7 +286,7 @@ def copy_file(src: Path, dst: Path) -> None:
 
 WRITERS: list[Callable[[Path], None]] = [
     write_entries, write_journal, write_mark_file, write_ledger_dir, write_cookie, write_wal, write_metadata,
-    write_wire, write_wire_range,
+    write_wire, write_wire_range, write_wal_fragments,
 ]
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from walkit.errors import InvalidArgumentError
+from walkit.wal._format import DEFAULT_MAX_RECORD_BYTES
 from walkit.wal._lsn import LSN
 
 __all__ = [
@@ -65,6 +66,7 @@ class ReadOptions:
     until: LSN | None = None  # inclusive
     partition_bytes: int = DEFAULT_PARTITION_BYTES
     entries_per_partition: int | None = None  # overrides partition_bytes when given
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES  # a larger record (in fragments) is refused
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -85,6 +87,7 @@ class ReadOptions:
             until=_lsn_option(opts, "until"),
             partition_bytes=_int_option(opts, "partitionbytes") or DEFAULT_PARTITION_BYTES,
             entries_per_partition=_int_option(opts, "entriesperpartition"),
+            max_record_bytes=_int_option(opts, "maxrecordbytes") or DEFAULT_MAX_RECORD_BYTES,
         )
         if opts:
             raise InvalidArgumentError("unknown walkit data source option", options=",".join(sorted(opts)))

@@ -5,6 +5,14 @@ Arrow record batches.
 Every read opens ledgers with ``recovery=False``: it never fences, so a log's writer
 goes on while Spark reads it, and an open segment is read up to its LAC (what is
 durable on a quorum), like ``LogReader.replay``.
+
+A record larger than an entry is in fragments, in consecutive entries of one segment
+(docs/format.md), and tasks are entry ranges, so a record may straddle two tasks. It
+belongs to the task holding its last fragment (its LSN is that entry's, slot 0): a task
+whose first entry is a later fragment reads back to the record's first fragment, and a
+task that ends inside a record drops the fragments it read. ``after`` and ``until`` are
+compared with records' LSNs, so a stream offset inside a record (an LAC reached mid-record)
+leaves the record to the next micro-batch whole.
 """
 
 from __future__ import annotations
@@ -17,9 +25,11 @@ import pyarrow.compute as pc
 
 from walkit.client import BookKeeper, ReadHandle
 from walkit.errors import NoSuchEntryError, NoSuchLedgerError
-from walkit.wal._format import Segment, unpack_records
+from walkit.wal._format import FRAGMENT_MAGIC, Segment, unpack_fragment, unpack_records
 from walkit.wal._log import WriteAheadLog
 from walkit.wal._lsn import LSN
+from walkit.wal._records import DEFAULT_MAX_RECORD_BYTES, Assembly
+from walkit.wal._records import last_record as last_whole_record
 from walkit.spark._plan import END_SLOT, LSN_KEY_WIDTHS, LedgerRange, LogRange, ReadOptions, SegmentExtent
 
 __all__ = ["LEDGER_ARROW_SCHEMA", "LOG_ARROW_SCHEMA", "last_position", "last_record", "ledger_batches",
@@ -31,6 +41,7 @@ LOG_ARROW_SCHEMA = pa.schema([
 ])
 LEDGER_ARROW_SCHEMA = pa.schema([("ledger_id", pa.int64()), ("entry_id", pa.int64()), ("payload", pa.binary())])
 BATCH_ROWS = 1 << 16  # rows per Arrow batch handed to Spark
+BATCH_BYTES = 256 << 20  # ... or fewer, once they hold this many bytes (large records: a column stays < 2 GiB)
 LAC_WAIT = 10.0  # seconds a task waits for its bookies to show the LAC the driver planned with
 
 
@@ -83,13 +94,33 @@ def last_position(bk: BookKeeper, opts: ReadOptions) -> LSN | None:
 
 
 def last_record(bk: BookKeeper, opts: ReadOptions) -> LSN | None:
-    """The LSN of the last record durable now (reads that one entry)."""
-    extent = _last_extent(bk, opts)
-    if extent is None:
+    """The LSN of the last whole record durable now (reads its entry; a record whose
+    last fragment is not durable yet is not one)."""
+    last = _last_extent(bk, opts)
+    if last is None:
         return None
-    handle = bk.open_ledger(extent.ledger_id, opts.password, recovery=False)
-    (entry,) = handle.read(extent.last, extent.last)
-    return LSN(extent.seq, extent.last, len(unpack_records(entry.data)) - 1)
+    for extent in _extents_from_last(bk, opts, last):
+        found = _last_record_of(bk, extent, opts.password)
+        if found is not None:
+            return found
+    return None
+
+
+def _last_record_of(bk: BookKeeper, extent: SegmentExtent, password: bytes) -> LSN | None:
+    handle = bk.open_ledger(extent.ledger_id, password, recovery=False)
+    return last_whole_record(extent.seq, extent.last, lambda entry_id: next(iter(handle.read(entry_id, entry_id))).data)
+
+
+def _extents_from_last(bk: BookKeeper, opts: ReadOptions, last: SegmentExtent) -> Iterator[SegmentExtent]:
+    """``last``, then the segments before it that have entries (a segment may hold only
+    the start of a record its writer never finished)."""
+    yield last
+    for segment in reversed(_segments(bk, opts)):
+        if segment.seq >= last.seq:
+            continue
+        extent = segment_extent(bk, segment.seq, segment.ledger_id, opts.password)
+        if extent is not None and extent.last >= 0:
+            yield extent
 
 
 def ledger_extent(bk: BookKeeper, ledger_id: int, password: bytes) -> tuple[int, int | None]:
@@ -118,6 +149,22 @@ def _entries(handle: ReadHandle, first: int, last: int) -> Iterator[tuple[int, b
         yield entry.entry_id, entry.data
 
 
+def _entries_from_record_start(handle: ReadHandle, first: int, last: int) -> Iterator[tuple[int, bytes]]:
+    """The range's entries, preceded - when the first one is a record's fragment other
+    than its first - by that record's earlier fragments (the record is this task's if it
+    ends here)."""
+    entries = _entries(handle, first, last)
+    head = next(entries, None)
+    if head is None:
+        return
+    if head[1][:4] == FRAGMENT_MAGIC:
+        back = unpack_fragment(head[1]).part  # fragments of one record are consecutive entries
+        if back:
+            yield from _entries(handle, first - back, first - 1)
+    yield head
+    yield from entries
+
+
 class _LogColumns:
     """Column builders for log rows, flushed as Arrow batches of about BATCH_ROWS. Per
     record only list extends happen here; the LSN texts are built a batch at a time by
@@ -131,6 +178,7 @@ class _LogColumns:
         self.entry: list[int] = []
         self.slot: list[int] = []
         self.record: list[bytes] = []
+        self.bytes = 0  # entry bytes the rows came from
 
     def add_entry(self, entry_id: int, records: list[bytes], task: LogRange) -> None:
         edge = (task.after is not None and task.after.segment == self.seq and task.after.entry == entry_id) or (
@@ -164,15 +212,28 @@ class _LogColumns:
         return batch
 
 
-def log_batches(metadata_uri: str, password: bytes, namespace: str, log: str, task: LogRange) -> Iterator[Any]:
+def log_batches(metadata_uri: str, password: bytes, namespace: str, log: str, task: LogRange,
+                max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Iterator[Any]:
     """The records of ``task`` as Arrow batches of :data:`LOG_ARROW_SCHEMA`, read with a
-    client of this process's own (tasks run in executors: nothing live is shipped)."""
+    client of this process's own (tasks run in executors: nothing live is shipped).
+    ``max_record_bytes``: a record declared larger (in fragments) is refused, FormatError."""
     with BookKeeper(metadata_uri) as bk:
         handle = _open_for(bk, task.ledger_id, password, task.last)
         columns = _LogColumns(namespace, log, task.seq)
-        for entry_id, data in _entries(handle, task.first, task.last):
-            columns.add_entry(entry_id, unpack_records(data), task)
-            if len(columns) >= BATCH_ROWS:
+        assembly = Assembly(log, max_record_bytes)
+        for entry_id, data in _entries_from_record_start(handle, task.first, task.last):
+            if data[:4] == FRAGMENT_MAGIC:
+                whole = assembly.add(task.seq, entry_id, data)
+                if whole is None:
+                    continue
+                columns.add_entry(entry_id, [whole[1]], task)  # the record's LSN: (seq, its last entry, 0)
+                columns.bytes += len(whole[1])
+            else:
+                if assembly.active:
+                    assembly.drop()  # a record its writer never finished
+                columns.add_entry(entry_id, unpack_records(data), task)
+                columns.bytes += len(data)
+            if len(columns) >= BATCH_ROWS or columns.bytes >= BATCH_BYTES:
                 yield columns.batch()
         if len(columns):
             yield columns.batch()

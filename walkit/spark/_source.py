@@ -62,7 +62,7 @@ class WalkitDataSource(DataSource):
     Options: ``metadata`` (URI, required), ``log`` or ``ledgers`` ("1,2,3"),
     ``namespace`` (default "default"), ``password``, ``after`` (exclusive) and ``until``
     (inclusive) LSNs, ``partitionBytes`` (about this much per task, default 64 MiB) or
-    ``entriesPerPartition``."""
+    ``entriesPerPartition``, ``maxRecordBytes`` (a larger record is refused; default 64 MiB)."""
 
     @classmethod
     def name(cls) -> str:
@@ -88,7 +88,7 @@ def _read(opts: ReadOptions, partition: InputPartition) -> Iterator[Any]:
     task = partition.value
     if isinstance(task, LogRange):
         assert opts.log is not None
-        return log_batches(opts.metadata, opts.password, opts.namespace, opts.log, task)
+        return log_batches(opts.metadata, opts.password, opts.namespace, opts.log, task, opts.max_record_bytes)
     if isinstance(task, LedgerRange):
         return ledger_batches(opts.metadata, opts.password, task)
     return iter(())  # Spark's stand-in partition when there is nothing to read

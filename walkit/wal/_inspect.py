@@ -19,9 +19,10 @@ from walkit.client import BookKeeper
 from walkit.errors import NoNodeError, NoSuchLogError
 from walkit.metadata import Cluster
 from walkit.metadata._cluster import cluster_path
-from walkit.wal._format import LogMetadata, unpack_records
+from walkit.wal._format import LogMetadata
 from walkit.wal._log import LogReader, _check_name, _LogNode, _LogView
 from walkit.wal._lsn import LSN
+from walkit.wal._records import last_record
 
 __all__ = ["list_namespaces", "log_names", "iter_logs", "read_log_metadata", "inspect_reader", "last_lsn"]
 
@@ -88,13 +89,15 @@ def inspect_reader(bk: BookKeeper, name: str, namespace: str = "default", passwo
 
 def last_lsn(bk: BookKeeper, meta: LogMetadata, password: bytes = b"") -> LSN | None:
     """The LSN of the log's last durable record (None: no record), found from the end:
-    the last segment with an entry, its last readable entry, that entry's last slot."""
+    the last segment with an entry, its last readable entry, that entry's last slot - or,
+    when that entry is a fragment of a record not finished (still being written, or left
+    by a writer that died mid-record), the last record before it."""
     for segment in reversed(meta.segments):
         with bk.open_ledger(segment.ledger_id, password, recovery=False) as handle:
-            last = handle.last_add_confirmed
-            if last < 0:
+            if handle.last_add_confirmed < 0:
                 continue
-            entry = next(iter(handle.read(last, last)))
-        records = unpack_records(entry.data)
-        return LSN(segment.seq, last, max(len(records) - 1, 0))
+            found = last_record(segment.seq, handle.last_add_confirmed,
+                                lambda entry_id: next(iter(handle.read(entry_id, entry_id))).data)
+        if found is not None:
+            return found
     return None
