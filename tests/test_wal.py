@@ -130,12 +130,12 @@ def test_bad_input_is_refused_and_loses_nothing(bk: walkit.BookKeeper) -> None:
         WriteAheadLog.open(bk, "bad/name")
     with pytest.raises(NoSuchLogError):
         WriteAheadLog.reader(bk, "never-written")
-    with WriteAheadLog.open(bk, "strict", max_entry_bytes=4096) as wal:
+    with WriteAheadLog.open(bk, "strict", max_entry_bytes=4096, max_record_bytes=6000) as wal:
         lsn = wal.append(b"ok")
         with pytest.raises(InvalidArgumentError):
             wal.append("text")  # type: ignore[arg-type]
         with pytest.raises(InvalidArgumentError):
-            wal.append(b"x" * 8192)
+            wal.append(b"x" * 8192)  # over max_record_bytes (over an entry is fine: tests/test_wal_large.py)
         with pytest.raises(InvalidArgumentError):
             wal.snapshot(b"state", LSN(lsn.segment, lsn.entry + 5, 0))
         assert [r for _, r in wal.replay()] == [b"ok"]
@@ -184,9 +184,12 @@ def test_snapshots_and_truncation(bk: walkit.BookKeeper) -> None:
         with pytest.raises(InvalidArgumentError):
             list(wal.replay(after=lsns[0]))  # those records are gone
         newer = wal.snapshot(b"newer", lsns[80])
+        assert [s.lsn for s in wal.snapshots()] == [snap.lsn, newer.lsn]  # snapshots_kept: 2
+        newest = wal.snapshot(iter([b"new", b"est"]), lsns[90])
         with pytest.raises(NoSuchLedgerError):
-            bk.ledger_metadata(snap.ledger_id)  # the superseded snapshot's ledger is deleted
-        assert wal.latest_snapshot().lsn == newer.lsn  # type: ignore[union-attr]
+            bk.ledger_metadata(snap.ledger_id)  # the snapshot pushed out: its ledger is deleted
+        assert [s.lsn for s in wal.snapshots()] == [newer.lsn, newest.lsn]
+        assert wal.latest_snapshot().read() == b"newest"  # type: ignore[union-attr]
 
 
 def test_failover_fences_the_old_writer_and_keeps_every_acknowledged_record(bk: walkit.BookKeeper) -> None:
@@ -469,7 +472,7 @@ def test_a_change_that_landed_though_it_failed_keeps_its_ledger(bk: walkit.BookK
     assert len(ledgers) == 3
     with WriteAheadLog.open(bk, "landed") as wal:
         acked.append(wal.append(b"c"))
-        _fail_write(wal._node, [SessionExpiredError("simulated expiry")], lands=True)
+        _fail_write(wal._node, [SessionExpiredError("simulated expiry")], lands=True, skip=1)  # not the naming
         with pytest.raises(SessionExpiredError):
             wal.snapshot(b"state", acked[-1])  # its record landed: its ledger is kept
         snapshot = wal.latest_snapshot()

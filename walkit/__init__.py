@@ -8,6 +8,6 @@
 from walkit import errors
 from walkit.client import BookKeeper, ClientConfig, Entry, LedgerHandle, ReadHandle, connect
 from walkit._local_cluster import LocalCluster
-from walkit.wal import LSN, LogReader, Snapshot, WriteAheadLog
+from walkit.wal import LSN, LogReader, Retention, Snapshot, WriteAheadLog
 
-__all__ = ["errors", "BookKeeper", "ClientConfig", "Entry", "LedgerHandle", "LocalCluster", "ReadHandle", "connect", "LSN", "LogReader", "Snapshot", "WriteAheadLog"]
+__all__ = ["errors", "BookKeeper", "ClientConfig", "Entry", "LedgerHandle", "LocalCluster", "ReadHandle", "connect", "LSN", "LogReader", "Retention", "Snapshot", "WriteAheadLog"]

@@ -4,10 +4,20 @@ A **record batch** is one ledger entry's payload::
 
     "WKRB" | version u8 (2) | count u32 | count x length u32 | the records, back to back
 
-big-endian (version 1, still read: ``count x (length u32 | record bytes)``). **Log metadata** (node ``<root>/logs/<namespace>/<name>``) is canonical JSON:
+big-endian (version 1, still read: ``count x (length u32 | record bytes)``). A record too
+large for one entry goes alone into consecutive entries of one segment as **record
+fragments**::
+
+    "WKRF" | version u8 (1) | record length u64 | index u32 | count u32 | the fragment's bytes
+
+(fragment ``index`` of ``count``; the record is their bytes in order; readers put them
+together: ``walkit/wal/_records.py``). **Log metadata** (node ``<root>/logs/<namespace>/<name>``) is canonical JSON:
 ``{"format": 1, "epoch": int, "segments": [[seq, ledger_id], ...],
 "snapshots": [[lsn, ledger_id, size], ...], "truncated": lsn | null,
-"settings": {...}}``. A **namespace** node (``<root>/logs/<namespace>``) holds the
+"settings": {...}}`` plus ``"pending": [[ledger_id, epoch], ...]`` while snapshots are
+being written (omitted when none). Snapshots are listed oldest first; ``settings`` holds
+``snapshots_kept`` and ``retention`` only when they differ from their defaults (2, no
+rule). A **namespace** node (``<root>/logs/<namespace>``) holds the
 namespace's default settings as canonical JSON (``{}``: none).
 
 Log metadata of any format is read (the keys of format 1 keep their meaning in every
@@ -25,18 +35,25 @@ import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, islice
-from typing import Any
+from typing import Any, NamedTuple
 
 from walkit.errors import FormatError, FormatVersionError, InvalidArgumentError
 from walkit.wal._lsn import LSN
 
-__all__ = ["LogMetadata", "LogSettings", "pack_records", "unpack_records", "Segment", "SnapshotRef"]
+__all__ = ["LogMetadata", "LogSettings", "Retention", "PendingSnapshot", "pack_records", "unpack_records", "Segment", "SnapshotRef",
+           "Fragment", "fragment_count", "is_fragment", "pack_fragment", "unpack_fragment"]
 
 MAGIC = b"WKRB"
 VERSION = 2  # written; 1 is still read
 _HEAD = struct.Struct(">4sBI")
 _LEN = struct.Struct(">I")
 LOG_FORMAT = 1  # written; every format >= 1 is read, only formats <= this one are written
+FRAGMENT_MAGIC = b"WKRF"
+FRAGMENT_VERSION = 1  # written and read
+_FRAGMENT_HEAD = struct.Struct(">4sBQII")  # magic, version, record length, index, count
+FRAGMENT_HEAD_SIZE = _FRAGMENT_HEAD.size  # 21: what an entry holds besides a fragment's bytes
+#: The largest record a writer takes and a reader puts together from fragments, unless told.
+DEFAULT_MAX_RECORD_BYTES = 64 << 20
 
 
 def pack_records(records: Sequence[bytes]) -> bytes:
@@ -54,6 +71,9 @@ def unpack_records(data: bytes) -> list[bytes]:
         raise FormatError("record batch shorter than its header", size=len(data))
     magic, version, count = _HEAD.unpack_from(data)
     if magic != MAGIC:
+        if magic == FRAGMENT_MAGIC:
+            raise FormatError("entry is a fragment of a record larger than an entry, not a record batch "
+                              "(RecordReader puts fragments together)", magic=magic.hex(), version=version)
         raise FormatError("not a walkit record batch", magic=magic.hex(), version=version)
     return FormatVersionError.reader(_BATCH_READERS, version, "record batch")(data, count)
 
@@ -95,6 +115,99 @@ def _unpack_v1(data: bytes, count: int) -> list[bytes]:
 _BATCH_READERS: dict[int, Callable[[bytes, int], list[bytes]]] = {1: _unpack_v1, 2: _unpack_v2}
 
 
+class Fragment(NamedTuple):
+    """One entry of a record too large for an entry: fragment ``part`` (from 0) of
+    ``parts``, and ``data``, its bytes; ``length`` is the whole record's."""
+
+    length: int
+    part: int
+    parts: int
+    data: bytes
+
+
+def fragment_count(length: int, room: int) -> int:
+    """How many fragments of at most ``room`` bytes a record of ``length`` bytes takes."""
+    return max(1, -(-length // room))
+
+
+def pack_fragment(length: int, index: int, count: int, data: bytes | memoryview) -> bytes:
+    """Fragment ``index`` of ``count`` of a record of ``length`` bytes (``data``: its bytes;
+    a memoryview of the record is copied once, here)."""
+    return b"".join((_FRAGMENT_HEAD.pack(FRAGMENT_MAGIC, FRAGMENT_VERSION, length, index, count), data))
+
+
+def is_fragment(data: bytes) -> bool:
+    """Whether an entry's payload is a record fragment (else it should be a record batch)."""
+    return data[:4] == FRAGMENT_MAGIC
+
+
+def unpack_fragment(data: bytes) -> Fragment:
+    """A fragment entry's head and bytes (FormatError when damaged, FormatVersionError
+    for a version this walkit does not read)."""
+    if len(data) < 5 or data[:4] != FRAGMENT_MAGIC:
+        raise FormatError("not a walkit record fragment", size=len(data), magic=bytes(data[:4]).hex())
+    return FormatVersionError.reader(_FRAGMENT_READERS, data[4], "record fragment")(data)
+
+
+def _unpack_fragment_v1(data: bytes) -> Fragment:
+    if len(data) < _FRAGMENT_HEAD.size:
+        raise FormatError("record fragment shorter than its header", size=len(data))
+    _, _, length, index, count = _FRAGMENT_HEAD.unpack_from(data)
+    if not index < count:
+        raise FormatError("record fragment index out of range", index=index, count=count)
+    body = data[_FRAGMENT_HEAD.size:]
+    if len(body) > length:
+        raise FormatError("record fragment longer than its record", size=len(body), length=length)
+    return Fragment(length, index, count, body)
+
+
+#: Record-fragment version -> its unpacker.
+_FRAGMENT_READERS: dict[int, Callable[[bytes], Fragment]] = {1: _unpack_fragment_v1}
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What a log's writer deletes by itself (walkit/wal/_retention.py): whole closed
+    segments, oldest first, never past the oldest snapshot kept nor a position a reader
+    holds. A segment goes when any rule given says so: it was closed more than
+    ``max_age`` seconds ago; the log's segments hold more than ``max_bytes``; or
+    ``before_snapshot`` (everything the oldest kept snapshot covers). No rule: nothing
+    goes by itself (``WriteAheadLog.truncate`` still can)."""
+
+    max_age: float | None = None
+    max_bytes: int | None = None
+    before_snapshot: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_age is not None and (isinstance(self.max_age, bool) or not isinstance(self.max_age, (int, float))
+                                         or not self.max_age > 0):
+            raise InvalidArgumentError("retention max_age is a number of seconds > 0", max_age=repr(self.max_age))
+        if self.max_bytes is not None and (type(self.max_bytes) is not int or self.max_bytes <= 0):
+            raise InvalidArgumentError("retention max_bytes is an int > 0", max_bytes=repr(self.max_bytes))
+        if type(self.before_snapshot) is not bool:
+            raise InvalidArgumentError("retention before_snapshot is a bool",
+                                       before_snapshot=repr(self.before_snapshot))
+
+    @property
+    def active(self) -> bool:
+        return self.max_age is not None or self.max_bytes is not None or self.before_snapshot
+
+    @classmethod
+    def of(cls, value: Retention | Mapping[str, Any]) -> Retention:
+        if isinstance(value, Retention):
+            return value
+        if not isinstance(value, Mapping):
+            raise InvalidArgumentError("retention is a walkit.Retention or a mapping of its fields",
+                                       type=type(value).__name__)
+        unknown = sorted(set(value) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise InvalidArgumentError("unknown retention rule", rules=",".join(map(str, unknown)))
+        return cls(**value)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, False)}
+
+
 @dataclass(frozen=True)
 class LogSettings:
     ensemble_size: int = 3
@@ -102,6 +215,8 @@ class LogSettings:
     ack_quorum: int = 2
     roll_bytes: int = 256 << 20
     roll_seconds: float = 3600.0
+    snapshots_kept: int = 2  # the newest snapshots kept; an older one's ledger is deleted
+    retention: Retention = Retention()
 
     def __post_init__(self) -> None:
         if not self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1:
@@ -110,6 +225,10 @@ class LogSettings:
         if not self.roll_bytes > 0 or not self.roll_seconds > 0:
             raise InvalidArgumentError("roll_bytes and roll_seconds must be > 0", roll_bytes=self.roll_bytes,
                                        roll_seconds=self.roll_seconds)
+        if type(self.snapshots_kept) is not int or self.snapshots_kept < 1:
+            raise InvalidArgumentError("snapshots_kept is an int >= 1", snapshots_kept=repr(self.snapshots_kept))
+        if not isinstance(self.retention, Retention):
+            object.__setattr__(self, "retention", Retention.of(self.retention))
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> LogSettings:
@@ -120,7 +239,17 @@ class LogSettings:
         return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The settings as JSON; the policy keys only when not their defaults (a log
+        without a policy reads the same to a walkit from before them)."""
+        body = dataclasses.asdict(self)
+        body["retention"] = self.retention.to_json()
+        for key, default in _POLICY_DEFAULTS.items():
+            if body[key] == default:
+                del body[key]
+        return body
+
+
+_POLICY_DEFAULTS: dict[str, Any] = {"snapshots_kept": 2, "retention": {}}
 
 
 @dataclass(frozen=True)
@@ -136,7 +265,16 @@ class SnapshotRef:
     size: int
 
 
-_LOG_KEYS = frozenset({"format", "epoch", "segments", "snapshots", "truncated", "settings"})
+@dataclass(frozen=True)
+class PendingSnapshot:
+    """A snapshot being written (its ledger, the writer's epoch): recorded before its
+    first byte, so a writer that dies half-way leaves a name to clean up, not an orphan."""
+
+    ledger_id: int
+    epoch: int
+
+
+_LOG_KEYS = frozenset({"format", "epoch", "segments", "snapshots", "truncated", "settings", "pending"})
 _SETTINGS_KEYS = frozenset(f.name for f in dataclasses.fields(LogSettings))
 
 
@@ -147,6 +285,8 @@ class LogMetadata:
     snapshots: tuple[SnapshotRef, ...]
     truncated: LSN | None
     settings: LogSettings
+    #: Snapshots being written (oldest first); a newer epoch's writer deletes the others'.
+    pending: tuple[PendingSnapshot, ...] = ()
     #: The node's format: above LOG_FORMAT, a newer walkit's (read here, never written).
     format_version: int = LOG_FORMAT
     #: Keys this walkit does not know (a newer one's), at the top and in ``settings``:
@@ -171,6 +311,8 @@ class LogMetadata:
             "truncated": None if self.truncated is None else str(self.truncated),
             "settings": {**self.unknown_settings, **self.settings.to_json()},
         }
+        if self.pending:
+            body["pending"] = [[p.ledger_id, p.epoch] for p in self.pending]
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")
 
     @classmethod
@@ -194,6 +336,7 @@ class LogMetadata:
             snapshots=tuple(SnapshotRef(LSN.parse(a), int(b), int(c)) for a, b, c in body["snapshots"]),
             truncated=None if body["truncated"] is None else LSN.parse(body["truncated"]),
             settings=LogSettings.of({k: v for k, v in settings.items() if k in _SETTINGS_KEYS}),
+            pending=tuple(PendingSnapshot(int(a), int(b)) for a, b in body.get("pending", ())),
             format_version=version,
             unknown={k: v for k, v in body.items() if k not in _LOG_KEYS},
             unknown_settings={k: v for k, v in settings.items() if k not in _SETTINGS_KEYS},

@@ -19,13 +19,26 @@ the queued records (up to ``max_entry_bytes``) become one ledger entry (a record
 docs/format.md). A lone writer thus pays one entry per record, a busy one a fraction of
 an entry per record. A record's LSN is (segment, entry, slot in batch); entries complete
 in order, so do records. The segment rolls (close, new ledger, CAS) when it reached
-``roll_bytes`` or ``roll_seconds``; records wait meanwhile.
+``roll_bytes`` or ``roll_seconds``; records wait meanwhile. A record larger than an entry
+(up to ``max_record_bytes``) goes alone, in fragments in consecutive entries (no other
+record and no roll among them); its LSN is (segment, entry of its last fragment, 0), and
+readers hand it out whole or not at all (``walkit/wal/_records.py``).
 
 Readers (``WriteAheadLog.reader``) never fence: they read closed segments to the end
 and the open one up to its LAC, which the writer publishes (an explicit LAC write) the
 moment it goes idle; ``tail`` follows the open segment by long poll and moves to the next
 segment once its ledger is closed (by a roll, a writer's close, or a new writer's
 recovery).
+
+Where things run: the orchestration is written once, for the sync API here and the
+asyncio one (``walkit.aio``), as coroutines and async generators on the client's loop -
+opening (``_open``), ``flush`` (``_flush``), ``close`` (``_finish``), and the entries
+of a replay or a tail (``_replay_entries``, ``_tail_entries``: batches of entries with
+their segment, a replay's next chunk read while one is out). The sync methods run them
+with ``LoopThread.run`` / ``LoopThread.iterate``; ``walkit.aio`` awaits them from the
+caller's loop. The records of a pass are made on the consumer's side (its thread or its
+loop) by one :class:`RecordReader` per pass (:class:`_Pass`). Blocking metadata calls
+run on the client's metadata threads (``ClientCore.md``).
 """
 
 from __future__ import annotations
@@ -38,12 +51,12 @@ import io
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from types import TracebackType
 from typing import IO, Any
 
-from walkit.client import BookKeeper, Entry, LedgerWriter, QuickFuture, ReadState, read_ahead
+from walkit.client import BookKeeper, Entry, LedgerWriter, QuickFuture, ReadState, read_chunks
 from walkit.errors import (
     InvalidArgumentError,
     LedgerFencedError,
@@ -60,10 +73,13 @@ from walkit.logs import context
 from walkit.metadata import retry_cas
 from walkit.metadata._cluster import cluster_path
 from walkit.metadata._registration import check_bookie_id
-from walkit.wal._format import LogMetadata, LogSettings, Segment, SnapshotRef, pack_records
+from walkit.wal._format import LogMetadata, LogSettings, Retention, Segment, SnapshotRef, pack_records
 from walkit.wal._lsn import LSN
 from walkit.wal._many import ManyFuture, complete_entry, fail_all
-from walkit.wal._records import RecordReader
+from walkit.wal._format import FRAGMENT_HEAD_SIZE, fragment_count, pack_fragment
+from walkit.wal._records import DEFAULT_MAX_RECORD_BYTES, RecordReader, check_max_record_bytes
+from walkit.wal._retention import PASS_INTERVAL, Hold, cut
+from walkit.wal._snapshots import Snapshot, SnapshotData, SnapshotJob, snapshot_chunks
 from walkit.wal._stats import LOGS
 from walkit.wal._watch import NodeWatch
 
@@ -71,7 +87,6 @@ __all__ = ["WriteAheadLog", "LogReader", "Snapshot", "list_logs", "delete_log", 
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_CHUNK = 1 << 20
 #: Seconds an idle log's last record may look stale to readers when the client's
 #: ``idle_lac`` is False (otherwise the writer publishes its LAC the moment it goes idle).
 EXPLICIT_LAC_INTERVAL = 0.1
@@ -103,6 +118,7 @@ class _LogNode:
         self.name = _check_name("log", name)
         self.ns_path = cluster_path(bk._cluster.info.root, f"logs/{namespace}")
         self.path = f"{self.ns_path}/{name}"
+        self.holds_path = cluster_path(bk._cluster.info.root, f"logholds/{namespace}/{name}")
 
     def read(self) -> tuple[LogMetadata, int]:
         try:
@@ -132,52 +148,11 @@ class _LogNode:
         return self.store.set(self.path, meta.encode(), version).version
 
 
-class Snapshot:
-    """A stored snapshot: ``lsn`` (everything up to it is in the state), ``size`` in
-    bytes; :meth:`read` gives the bytes, :meth:`open` a stream for large ones."""
-
-    def __init__(self, bk: BookKeeper, ref: SnapshotRef, password: bytes) -> None:
-        self._bk = bk
-        self.lsn = ref.lsn
-        self.size = ref.size
-        self.ledger_id = ref.ledger_id
-        self._password = password
-
-    def _chunks(self) -> Iterator[bytes]:
-        handle = self._bk.open_ledger(self.ledger_id, self._password, recovery=False)
-        if handle.last_add_confirmed >= 0:
-            for entry in handle.read(0, handle.last_add_confirmed):
-                yield entry.data
-
-    def read(self) -> bytes:
-        return b"".join(self._chunks())
-
-    def open(self) -> io.BufferedReader:
-        return io.BufferedReader(_ChunkStream(self._chunks()), buffer_size=SNAPSHOT_CHUNK)
-
-
-class _ChunkStream(io.RawIOBase):
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buffer = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, target: Any) -> int:
-        while not self._buffer:
-            nxt = next(self._chunks, None)
-            if nxt is None:
-                return 0
-            self._buffer = nxt
-        n = min(len(target), len(self._buffer))
-        target[:n] = self._buffer[:n]
-        self._buffer = self._buffer[n:]
-        return n
-
-
 class _LogView:
     """What readers and the writer share: the node, reading segments, snapshots."""
+
+    #: The largest record a pass puts together from fragments (``reader(max_record_bytes=)``).
+    _max_record_bytes = DEFAULT_MAX_RECORD_BYTES
 
     def __init__(self, bk: BookKeeper, owned: bool, node: _LogNode, password: bytes) -> None:
         self._bk = bk
@@ -199,26 +174,28 @@ class _LogView:
         return self._node.read()[0]
 
     def latest_snapshot(self) -> Snapshot | None:
+        """The newest snapshot (None: none yet)."""
         snapshots = self.metadata().snapshots
         return Snapshot(self._bk, snapshots[-1], self._password) if snapshots else None
 
-    def _open_segment(self, segment: Segment) -> ReadState:
-        """A reader of the segment's ledger; a segment deleted under the reader (retention
-        after a newer snapshot) is an error, never a silent gap."""
+    def snapshots(self) -> list[Snapshot]:
+        """The snapshots kept, oldest first (only whole ones are ever listed); load any of
+        them and replay after its ``lsn``."""
+        return [Snapshot(self._bk, ref, self._password) for ref in self.metadata().snapshots]
+
+    async def _open_segment(self, segment: Segment) -> ReadState:
+        """(Client loop) a reader of the segment's ledger; a segment deleted under the
+        reader (retention after a newer snapshot) is an error, never a silent gap."""
         try:
-            return self._bk._loop.run(self._bk._open(segment.ledger_id, self._password, False))
+            return await self._bk._open(segment.ledger_id, self._password, False)
         except NoSuchLedgerError as exc:
             raise NoSuchLedgerError("a segment of the log was deleted (truncated) while it was being read; "
                                     "start again from the latest snapshot", log=self.name, segment=segment.seq,
                                     ledger=segment.ledger_id) from exc
 
-    def _records(self, segment: Segment, state: ReadState, first: int, last: int, after: LSN | None,
-                 unpacker: RecordReader) -> Iterator[tuple[LSN, bytes]]:
-        if first > last:
-            return
-        for entries in read_ahead(self._bk._loop, state, first, last, self._waited):
-            for entry in entries:
-                yield from unpacker.records(segment, entry, after)
+    def _record_reader(self) -> RecordReader:
+        """The records of one pass (a replay, a tail): one reader, every entry in order."""
+        return RecordReader(self.name, self.stats, self._max_record_bytes)
 
     def _waited(self, seconds: float) -> None:
         self.stats.replay_read_seconds += seconds
@@ -230,20 +207,36 @@ class _LogView:
     def replay(self, after: LSN | None = None) -> Iterator[tuple[LSN, bytes]]:
         """Every durable record after ``after`` (all when None), across segments, in
         order: ``(lsn, record)``."""
+        return self._replay_pass(after).records()
+
+    def _replay_pass(self, after: LSN | None) -> _Pass:
+        return _Pass(self, self._replay_entries(after), after, self._waited)
+
+    async def _replay_entries(self, after: LSN | None) -> AsyncGenerator[tuple[Segment, list[Entry]], None]:
+        """(Client loop) the entries of a replay after ``after``, in chunks with their
+        segment, the next chunk's read under way while one is out (``read_chunks``)."""
         self._check_open()
         if after is not None and not isinstance(after, LSN):
             raise InvalidArgumentError("after must be an LSN or None", type=type(after).__name__)
-        meta = self.metadata()
+        md = self._bk._core.md
+        await md(self._held, after)  # before the node is read: see walkit/wal/_retention.py
+        meta = await md(self.metadata)
         self._check_not_truncated(meta, after)
-        unpacker = RecordReader(self.name, self.stats)
         for segment in meta.segments_from(after):
-            state = self._open_segment(segment)
+            await md(self._held, _segment_start(segment, after))
+            state = await self._open_segment(segment)
             own = self._own_lac(segment)
             if own is not None:  # the writer knows its own segment's LAC better than the bookies
                 state.lac = max(state.lac, own)
             last = state.lac
             first = after.entry if after is not None and after.segment == segment.seq else 0
-            yield from self._records(segment, state, first, last, after, unpacker)
+            if first <= last:
+                async with contextlib.aclosing(read_chunks(state, first, last)) as chunks:
+                    async for entries in chunks:
+                        yield segment, entries
+
+    def _held(self, position: LSN | None) -> None:
+        """A pass has reached ``position``: what a reader's hold keeps from now on."""
 
     @staticmethod
     def _check_not_truncated(meta: LogMetadata, after: LSN | None) -> None:
@@ -261,73 +254,178 @@ class _LogView:
             raise UsageError("log handle is closed", log=self.name)
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            LOGS.retire(self)
-            if self._owned:
-                self._bk.close()
+        if self._shut():
+            self._bk.close()
+
+    def _shut(self) -> bool:
+        """Close the handle itself (blocking: it may release what it holds in metadata);
+        whether its own client (opened from a URI) is left for the caller to close."""
+        if self._closed:
+            return False
+        self._closed = True
+        LOGS.retire(self)
+        return self._owned
+
+
+def _segment_start(segment: Segment, after: LSN | None) -> LSN:
+    """Where a pass that reads ``segment`` from ``after`` stands as it starts it."""
+    return after if after is not None and after.segment == segment.seq else LSN(segment.seq, 0, 0)
+
+
+class _Pass:
+    """One pass over a log - a replay or a tail - for either API: the entries come from
+    ``entries``, an async generator on the client's loop, a batch at a time with their
+    segment; the records are made on the consumer's side (its thread, or its event loop)
+    by one :class:`RecordReader` for the pass, handed every entry in order."""
+
+    def __init__(self, view: _LogView, entries: AsyncGenerator[tuple[Segment, list[Entry]], None],
+                 after: LSN | None, waited: Callable[[float], None] | None) -> None:
+        self._view = view
+        self._entries = entries
+        self._after = after
+        self._waited = waited
+
+    def records(self) -> Iterator[tuple[LSN, bytes]]:
+        """(Another thread than the client's loop) the pass's ``(lsn, record)`` pairs."""
+        unpack = self._view._record_reader().records
+        after = self._after
+        for segment, entries in self._view._bk._loop.iterate(self._entries, self._waited):
+            for entry in entries:
+                yield from unpack(segment, entry, after)
+
+    async def arecords(self) -> AsyncGenerator[tuple[LSN, bytes], None]:
+        """(On the caller's event loop) the same pairs, awaited: no thread of that loop's
+        is used (``LoopThread.aiterate``)."""
+        unpack = self._view._record_reader().records
+        after = self._after
+        async with contextlib.aclosing(self._view._bk._loop.aiterate(self._entries, self._waited)) as batches:
+            async for segment, entries in batches:
+                for entry in entries:
+                    for record in unpack(segment, entry, after):
+                        yield record
+
+
+@contextlib.asynccontextmanager
+async def _watching(bk: BookKeeper, watch: NodeWatch) -> AsyncIterator[None]:
+    """(Client loop) hold the log node's watch while a tail runs: started on a metadata
+    thread (the store reports the node at once), released when the tail ends however it
+    ends - one cancelled while the watch started releases it once started."""
+    started = asyncio.ensure_future(bk._core.md(watch.acquire))
+    try:
+        await asyncio.shield(started)
+        yield
+    finally:
+        if started.done():
+            watch.release()
+        else:
+            started.add_done_callback(lambda _: watch.release())
 
 
 class LogReader(_LogView):
-    """A read-only view of a log (no fencing: the writer goes on)."""
+    """A read-only view of a log (no fencing: the writer goes on). With ``hold``, the
+    position its replay or tail has reached is kept from retention; with ``cursor``, a
+    named position (:meth:`commit`, :attr:`position`) is (walkit/wal/_retention.py)."""
 
-    def __init__(self, bk: BookKeeper, owned: bool, node: _LogNode, password: bytes) -> None:
+    def __init__(self, bk: BookKeeper, owned: bool, node: _LogNode, password: bytes, *, hold: bool = False,
+                 cursor: str | None = None) -> None:
         super().__init__(bk, owned, node, password)
         self._watch = NodeWatch(node.store, node.path)  # runs while a tail runs
+        self._hold = Hold(node.store, node.holds_path, node.path, node.name) if hold else None
+        self._cursor = None if cursor is None else Hold(node.store, node.holds_path, node.path, node.name, cursor)
+        try:
+            if self._hold is not None:
+                self._hold.register(None)  # everything, until a pass says where it stands
+            if self._cursor is not None:
+                self._cursor.register(None)  # a new cursor starts at the log's start
+        except BaseException:
+            self._release_holds()
+            raise
 
-    def close(self) -> None:
+    @property
+    def position(self) -> LSN | None:
+        """The cursor's committed position (None: the log's start); UsageError without a cursor."""
+        if self._cursor is None:
+            raise UsageError("this reader has no cursor (WriteAheadLog.reader(..., cursor=name))", log=self.name)
+        return self._cursor.refresh()
+
+    def commit(self, lsn: LSN) -> None:
+        """Store ``lsn`` as the cursor's position: everything after it stays readable.
+        Moving it back is allowed while the records after the new position still exist."""
+        self._check_open()
+        if self._cursor is None:
+            raise UsageError("this reader has no cursor (WriteAheadLog.reader(..., cursor=name))", log=self.name)
+        if not isinstance(lsn, LSN):
+            raise InvalidArgumentError("commit needs an LSN", type=type(lsn).__name__)
+        self._cursor.move(lsn)
+        self._check_not_truncated(self.metadata(), lsn)
+
+    def delete_cursor(self) -> None:
+        """Delete the named cursor: its position keeps nothing from now on."""
+        if self._cursor is None:
+            raise UsageError("this reader has no cursor", log=self.name)
+        self._cursor.delete()
+
+    def _held(self, position: LSN | None) -> None:
+        if self._hold is not None and not self._closed:
+            self._hold.move(position)
+
+    def _release_holds(self) -> None:
+        for hold in (self._hold, self._cursor):
+            if hold is not None:
+                with contextlib.suppress(WalkitError):
+                    hold.release()
+
+    def _shut(self) -> bool:
         self._watch.close()  # a tail waiting for the log to move on ends now
-        super().close()
+        self._release_holds()
+        return super()._shut()
 
     def tail(self, after: LSN | None = None, *, poll_timeout: float = 1.0) -> Iterator[tuple[LSN, bytes]]:
         """Records after ``after`` as they become durable, for ever (break out of the
         loop to stop): replay, then follow the open segment by long poll, then the next
         segments as the log rolls or changes writer."""
+        return self._tail_pass(after, poll_timeout).records()
+
+    def _tail_pass(self, after: LSN | None, poll_timeout: float) -> _Pass:
+        return _Pass(self, self._tail_entries(after, poll_timeout), after, None)
+
+    async def _tail_entries(self, after: LSN | None,
+                            poll_timeout: float) -> AsyncGenerator[tuple[Segment, list[Entry]], None]:
+        """(Client loop) the entries of a tail after ``after``, a follow step's worth at a
+        time, as they become durable, segment after segment."""
         self._check_open()
-        position = after
-        next_seq = 1 if after is None else after.segment
-        meta = self.metadata()
+        md = self._bk._core.md
+        await md(self._held, after)  # before the node is read: see walkit/wal/_retention.py
+        meta = await md(self.metadata)
         if meta.truncated is not None:
             self._check_not_truncated(meta, after)
-        self._watch.acquire()
-        try:
-            yield from self._tail(position, next_seq, poll_timeout)
-        finally:
-            self._watch.release()
-
-    def _tail(self, position: LSN | None, next_seq: int, poll_timeout: float) -> Iterator[tuple[LSN, bytes]]:
-        unpacker = RecordReader(self.name, self.stats)
-        while True:
-            self._check_open()  # close() ends a tail at its next poll
-            meta, version = self._node.read()
-            segments = [s for s in meta.segments if s.seq >= next_seq]
-            if not segments:
-                self._watch.wait_past(version, _POLL)  # woken by the node's next change (walkit/wal/_watch.py)
-                continue
-            if segments[0].seq > next_seq and position is not None:
-                raise NoSuchLedgerError("segments the tail had not read yet were truncated", log=self.name,
-                                        expected=next_seq, first_kept=segments[0].seq)
-            for segment in segments:
-                state = self._open_segment(segment)
-                first = position.entry if position is not None and position.segment == segment.seq else 0
-                for lsn, record in self._follow(segment, state, first, position, poll_timeout, version, unpacker):
-                    position = lsn
-                    yield lsn, record
-                next_seq = segment.seq + 1
-
-    def _follow(self, segment: Segment, state: ReadState, first: int, after: LSN | None,
-                poll_timeout: float, version: int, unpacker: RecordReader) -> Iterator[tuple[LSN, bytes]]:
-        """The records of ``segment`` from entry ``first`` as they come, until it is closed
-        and read; ``version``: the log node's version when the segment was listed."""
-        next_id = first
-        while True:
-            self._check_open()  # close() ends a tail at its next poll
-            batch, version = self._bk._loop.run(self._step(state, next_id, poll_timeout, version))
-            if batch is None:
-                return
-            for entry in batch:
-                next_id = entry.entry_id + 1
-                yield from unpacker.records(segment, entry, after)
+        handed = after is not None  # whether the tail stands past a point (segments cut since are an error)
+        next_seq = 1 if after is None else after.segment
+        async with _watching(self._bk, self._watch):
+            while True:
+                self._check_open()  # close() ends a tail at its next poll
+                meta, version = await md(self._node.read)
+                segments = [s for s in meta.segments if s.seq >= next_seq]
+                if not segments:
+                    await self._watch.wait_past(version, _POLL)  # woken by the node's next change (_watch.py)
+                    continue
+                if segments[0].seq > next_seq and handed:
+                    raise NoSuchLedgerError("segments the tail had not read yet were truncated", log=self.name,
+                                            expected=next_seq, first_kept=segments[0].seq)
+                for segment in segments:
+                    await md(self._held, _segment_start(segment, after))
+                    state = await self._open_segment(segment)
+                    next_id = after.entry if after is not None and after.segment == segment.seq else 0
+                    while True:  # the segment's entries as they come, until it is closed and read
+                        self._check_open()  # close() ends a tail at its next poll
+                        batch, version = await self._step(state, next_id, poll_timeout, version)
+                        if batch is None:
+                            break
+                        if batch:
+                            next_id = batch[-1].entry_id + 1
+                            handed = True
+                            yield segment, batch
+                    next_seq = segment.seq + 1
 
     async def _step(self, state: ReadState, next_id: int, poll_timeout: float,
                     version: int) -> tuple[list[Entry] | None, int]:
@@ -382,7 +480,10 @@ class WriteAheadLog(_LogView):
         self._queued_at = 0.0  # when the oldest queued record was appended
         self._futures: list[QuickFuture[Any]] = []  # one per queued record (a ManyFuture repeated for a group)
         self._many = False  # whether the queue holds a group of append_many
-        self._max_record = max_entry_bytes - 16
+        self._max_record = DEFAULT_MAX_RECORD_BYTES  # the largest record taken (open's max_record_bytes)
+        self._max_single = max_entry_bytes - 16  # a larger record goes alone, in fragments (one an entry)
+        self._fragment_room = max_entry_bytes - FRAGMENT_HEAD_SIZE  # a fragment's bytes in an entry
+        self._large: _LargeRecord | None = None  # (loop) the record being sent fragment by fragment
         self._scheduled = False
         self._in_flight = 0
         self._segment_bytes = 0
@@ -391,53 +492,95 @@ class WriteAheadLog(_LogView):
         self._error: WalkitError | None = None
         self._idle: list[asyncio.Future[None]] = []
         self._closing = False  # close() began: no more appends, no more rolls
-        self._admin = threading.Lock()  # snapshot and truncate, one at a time
+        self._admin = threading.Lock()  # snapshot, truncate and retention passes, one at a time
         self.last_lsn: LSN | None = None
+        self._writing_snapshots: set[int] = set()  # ledgers of this writer's snapshots under way
+        self._segment_facts: dict[int, tuple[int, bool, float]] = {}  # closed ledgers' (length, closed, ctime)
+        self._retain_event = asyncio.Event()  # set: a retention pass is wanted
+        self._retention_task: asyncio.Task[None] | None = None
 
     # -- opening ----------------------------------------------------------------------------
     @classmethod
     def open(cls, client_or_uri: BookKeeper | str, name: str, *, namespace: str = "default", password: bytes = b"",
              ensemble_size: int | None = None, write_quorum: int | None = None, ack_quorum: int | None = None,
              roll_bytes: int | None = None, roll_seconds: float | None = None, max_entry_bytes: int = 1 << 20,
-             max_inflight_entries: int = 4) -> WriteAheadLog:
+             max_inflight_entries: int = 4, retention: Retention | Mapping[str, Any] | None = None,
+             snapshots_kept: int | None = None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> WriteAheadLog:
         """Become the log's single writer (creating the log on first use): bump the epoch,
         recover and close the previous writer's segment (fencing it), start a segment.
-        Settings given here apply to a new log; an existing log keeps its own."""
+        ``max_record_bytes``: the largest record appended (a larger one is refused); a
+        record larger than an entry (``max_entry_bytes``) is written in fragments.
+        Quorums and roll settings given here apply to a new log (an existing log keeps its
+        own); ``retention`` and ``snapshots_kept`` are the log's policy from now on, for
+        this writer and the next (not given: the log keeps its policy; a new log takes its
+        namespace's defaults)."""
         bk, owned = _client(client_or_uri)
         try:
-            node = _LogNode(bk, namespace, name)
-            if not 1 <= max_inflight_entries <= 1024 or not 1024 <= max_entry_bytes <= 4 << 20:
-                raise InvalidArgumentError("max_inflight_entries in 1..1024, max_entry_bytes in 1 KiB..4 MiB",
-                                           max_inflight_entries=max_inflight_entries, max_entry_bytes=max_entry_bytes)
-            if max_inflight_entries > bk.config.max_pending_adds:
-                raise InvalidArgumentError("max_inflight_entries exceeds the client's max_pending_adds",
-                                           max_inflight_entries=max_inflight_entries,
-                                           max_pending_adds=bk.config.max_pending_adds)
-            frame_room = bk.config.max_frame_size - 512  # frame and entry headers, digest, batch header
-            if max_entry_bytes > frame_room:
-                raise InvalidArgumentError("max_entry_bytes does not fit the client's max_frame_size",
-                                           max_entry_bytes=max_entry_bytes, max_frame_size=bk.config.max_frame_size)
-            asked = {k: v for k, v in (("ensemble_size", ensemble_size), ("write_quorum", write_quorum),
-                                       ("ack_quorum", ack_quorum), ("roll_bytes", roll_bytes),
-                                       ("roll_seconds", roll_seconds)) if v is not None}
-            return bk._loop.run(cls._open(bk, owned, node, password, asked, max_entry_bytes, max_inflight_entries))
+            return bk._loop.run(cls._opening(
+                bk, owned, name, namespace=namespace, password=password, ensemble_size=ensemble_size,
+                write_quorum=write_quorum, ack_quorum=ack_quorum, roll_bytes=roll_bytes, roll_seconds=roll_seconds,
+                max_entry_bytes=max_entry_bytes, max_inflight_entries=max_inflight_entries, retention=retention,
+                snapshots_kept=snapshots_kept, max_record_bytes=max_record_bytes))
         except BaseException:
             if owned:
                 bk.close()
             raise
 
     @classmethod
+    def _opening(cls, bk: BookKeeper, owned: bool, name: str, *, namespace: str = "default", password: bytes = b"",
+                 ensemble_size: int | None = None, write_quorum: int | None = None, ack_quorum: int | None = None,
+                 roll_bytes: int | None = None, roll_seconds: float | None = None, max_entry_bytes: int = 1 << 20,
+                 max_inflight_entries: int = 4, retention: Retention | Mapping[str, Any] | None = None,
+                 snapshots_kept: int | None = None,
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Coroutine[Any, Any, WriteAheadLog]:
+        """:meth:`open`'s checks, made now (the caller's thread or loop: they block on
+        nothing); the coroutine that opens the log, for the client's loop."""
+        node = _LogNode(bk, namespace, name)
+        check_max_record_bytes(max_record_bytes)
+        if not 1 <= max_inflight_entries <= 1024 or not 1024 <= max_entry_bytes <= 4 << 20:
+            raise InvalidArgumentError("max_inflight_entries in 1..1024, max_entry_bytes in 1 KiB..4 MiB",
+                                       max_inflight_entries=max_inflight_entries, max_entry_bytes=max_entry_bytes)
+        if max_inflight_entries > bk.config.max_pending_adds:
+            raise InvalidArgumentError("max_inflight_entries exceeds the client's max_pending_adds",
+                                       max_inflight_entries=max_inflight_entries,
+                                       max_pending_adds=bk.config.max_pending_adds)
+        frame_room = bk.config.max_frame_size - 512  # frame and entry headers, digest, batch header
+        if max_entry_bytes > frame_room:
+            raise InvalidArgumentError("max_entry_bytes does not fit the client's max_frame_size",
+                                       max_entry_bytes=max_entry_bytes, max_frame_size=bk.config.max_frame_size)
+        asked = {k: v for k, v in (("ensemble_size", ensemble_size), ("write_quorum", write_quorum),
+                                   ("ack_quorum", ack_quorum), ("roll_bytes", roll_bytes),
+                                   ("roll_seconds", roll_seconds)) if v is not None}
+        policy: dict[str, Any] = {}
+        if retention is not None:
+            policy["retention"] = Retention.of(retention)
+        if snapshots_kept is not None:
+            policy["snapshots_kept"] = snapshots_kept
+        if policy:
+            LogSettings.of(policy)  # checked now, before anything changes
+
+        async def opened() -> WriteAheadLog:
+            wal = await cls._open(bk, owned, node, password, asked, max_entry_bytes, max_inflight_entries, policy)
+            wal._max_record = wal._max_record_bytes = max_record_bytes  # before any append can come
+            return wal
+
+        return opened()
+
+    @classmethod
     async def _open(cls, bk: BookKeeper, owned: bool, node: _LogNode, password: bytes, asked: dict[str, Any],
-                    max_entry_bytes: int, max_inflight: int) -> WriteAheadLog:
+                    max_entry_bytes: int, max_inflight: int, policy: dict[str, Any] | None = None) -> WriteAheadLog:
         core = bk._core
 
+        policy = policy or {}
+
         def claim() -> tuple[LogMetadata, int]:
-            settings = LogSettings.of({**node.namespace_defaults(), **asked})
+            settings = LogSettings.of({**node.namespace_defaults(), **asked, **policy})
             node.create(settings)
 
             def bump() -> tuple[LogMetadata, int]:
                 meta, version = node.read()
-                bumped = dataclasses.replace(meta, epoch=meta.epoch + 1)
+                bumped = dataclasses.replace(meta, epoch=meta.epoch + 1,
+                                             settings=dataclasses.replace(meta.settings, **policy))
                 return bumped, node.write(bumped, version)
 
             return retry_cas(bump, "log metadata (claiming its epoch)", log=node.name)
@@ -475,23 +618,42 @@ class WriteAheadLog(_LogView):
             writer.explicit_lac_interval = bk.config.explicit_lac_interval or EXPLICIT_LAC_INTERVAL
         wal = cls(bk, owned, node, password, epoch=epoch, settings=settings, segment=segment, writer=writer,
                   max_entry_bytes=max_entry_bytes, max_inflight_entries=max_inflight)
+        wal._retention_task = asyncio.get_running_loop().create_task(wal._retention_loop())
+        wal._retain_event.set()  # a first pass: the policy, and what a dead writer left pending
         log.info("log %s/%s: writer epoch %d, segment %d (ledger %d)", node.namespace, node.name, epoch, seq,
                  writer.ledger_id, extra=context(log=node.name, namespace=node.namespace, ledger=writer.ledger_id))
         return wal
 
     @classmethod
     def reader(cls, client_or_uri: BookKeeper | str, name: str, *, namespace: str = "default",
-               password: bytes = b"") -> LogReader:
-        """A read-only view of the log: ``replay``, ``tail``, ``latest_snapshot``."""
+               password: bytes = b"", hold: bool = False, cursor: str | None = None,
+               max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> LogReader:
+        """A read-only view of the log: ``replay``, ``tail``, ``snapshots``. ``hold``:
+        retention keeps what this reader's passes have not read yet (until it closes);
+        ``cursor``: a named position stored in metadata (``commit``) that retention
+        keeps, for this reader and any later one that names it. ``max_record_bytes``:
+        a record declared larger (put together from fragments) is refused, FormatError."""
+        check_max_record_bytes(max_record_bytes)
         bk, owned = _client(client_or_uri)
         try:
-            node = _LogNode(bk, namespace, name)
-            node.read()  # NoSuchLogError now rather than at the first read
+            return cls._reader_of(bk, owned, name, namespace=namespace, password=password, hold=hold, cursor=cursor,
+                                  max_record_bytes=max_record_bytes)
         except BaseException:
             if owned:
                 bk.close()
             raise
-        return LogReader(bk, owned, node, password)
+
+    @staticmethod
+    def _reader_of(bk: BookKeeper, owned: bool, name: str, *, namespace: str = "default", password: bytes = b"",
+                   hold: bool = False, cursor: str | None = None,
+                   max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> LogReader:
+        """(Blocking: metadata) :meth:`reader` on ``bk``."""
+        check_max_record_bytes(max_record_bytes)
+        node = _LogNode(bk, namespace, name)
+        node.read()  # NoSuchLogError now rather than at the first read
+        reader = LogReader(bk, owned, node, password, hold=hold, cursor=cursor)
+        reader._max_record_bytes = max_record_bytes
+        return reader
 
     # -- appending --------------------------------------------------------------------------
     def append_async(self, record: bytes) -> Future[LSN]:
@@ -557,7 +719,7 @@ class WriteAheadLog(_LogView):
                 raise InvalidArgumentError("a record is bytes", type=type(record).__name__)
             record = bytes(record)
         if len(record) > self._max_record:
-            raise InvalidArgumentError("record larger than max_entry_bytes", size=len(record),
+            raise InvalidArgumentError("record larger than max_record_bytes", size=len(record),
                                        limit=self._max_record)
         return record
 
@@ -569,11 +731,20 @@ class WriteAheadLog(_LogView):
 
     def flush(self) -> LSN | None:
         """Wait until every record appended so far is durable; the last LSN."""
+        return self._bk._loop.run(self._flush())
+
+    def _flush(self) -> Coroutine[Any, Any, LSN | None]:
+        """:meth:`flush`: the records appended so far (taken now, on the caller's side),
+        and the coroutine (client loop) that waits for them."""
         with self._lock:
             last = self._futures[-1] if self._futures else None
+        return self._flushed(last)
+
+    async def _flushed(self, last: Future[Any] | None) -> LSN | None:
         if last is not None:
-            last.exception()  # waits; the error (if any) is the records' to report
-        self._bk._loop.run(self._wait_idle())
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(last)  # the error (if any) is the records' to report
+        await self._wait_idle()
         if self._error is not None:
             raise self._error
         return self.last_lsn
@@ -583,6 +754,10 @@ class WriteAheadLog(_LogView):
         with self._lock:
             self._scheduled = False
         while self._error is None and not self._rolling and self._in_flight < self._max_inflight:
+            if self._large is not None:  # no roll, no other record, until its last fragment is sent
+                if not self._submit_fragment(self._large):
+                    break
+                continue
             if not self._closing and (self._segment_bytes >= self.settings.roll_bytes or (
                     self._segment_bytes and time.monotonic() - self._segment_started >= self.settings.roll_seconds)):
                 self._rolling = True
@@ -594,26 +769,31 @@ class WriteAheadLog(_LogView):
                     break
                 self._queue, self._futures = [], []
                 queued_at, many, self._many = self._queued_at, self._many, False
-            if sum(map(len, records)) + 4 * len(records) > self._max_entry_bytes:  # more than an entry holds
+            # more than an entry holds, or a record larger than an entry (len > max - 16) among them
+            if sum(map(len, records)) + 4 * len(records) > self._max_entry_bytes - 12:
                 take, size = 0, 0
                 for record in records:
-                    if take and size + len(record) + 4 > self._max_entry_bytes:
+                    if len(record) > self._max_single or (take and size + len(record) + 4 > self._max_entry_bytes):
                         break
                     take += 1
                     size += len(record) + 4
+                cut = take or 1  # nothing before a record larger than an entry: it goes alone, in fragments
                 rest: list[QuickFuture[LSN]] = []
                 with self._lock:  # the rest goes back ahead of whatever came meanwhile
                     if self._error is None:
                         if not self._queue:
                             self._queued_at = queued_at
-                        self._queue[:0] = records[take:]
-                        self._futures[:0] = futures[take:]
+                        self._queue[:0] = records[cut:]
+                        self._futures[:0] = futures[cut:]
                         self._many = self._many or many
                     else:  # _fail took the queue while these were out of it
-                        rest = futures[take:]
+                        rest = futures[cut:]
                 if rest:
                     assert self._error is not None
                     fail_all(rest, self._error)
+                if not take:
+                    self._large = _LargeRecord(records[0], futures[0], self._fragment_room, queued_at)
+                    continue
                 records, futures = records[:take], futures[:take]
             packed = pack_records(records)
             try:  # on the loop: never blocks (max_inflight_entries <= max_pending_adds, checked at open)
@@ -625,8 +805,36 @@ class WriteAheadLog(_LogView):
             self._segment_bytes += len(packed)
             done.add_done_callback(functools.partial(self._entry_done, futures=futures, seq=self._segment.seq,
                                                      queued_at=queued_at, many=many))
+        if self._large is not None and self._error is not None:  # the writer failed before its last fragment
+            large, self._large = self._large, None
+            self.stats.append_failures += fail_all([large.future], self._error)
         if self._in_flight == 0 and not self._rolling:
             self._wake_idle()
+
+    def _submit_fragment(self, large: _LargeRecord) -> bool:
+        """(Loop) send the next fragment of ``large`` as an entry; False if the writer failed.
+        The record's future goes with its last fragment: it completes once that entry is
+        durable (entries complete in order, so every fragment is), at LSN (segment, that
+        entry, 0)."""
+        room, index, record = self._fragment_room, large.index, large.record
+        packed = pack_fragment(len(record), index, large.count, memoryview(record)[index * room:(index + 1) * room])
+        try:  # never blocks: in flight <= max_inflight_entries <= max_pending_adds, as for batches
+            done = self._writer.submit(packed)
+        except WalkitError as exc:
+            self._large = None
+            self._fail(self._as_wal_error(exc), [large.future])
+            return False
+        self._in_flight += 1
+        self._segment_bytes += len(packed)
+        large.index += 1
+        futures: list[Any] = []  # a fragment before the last completes no record
+        if large.index == large.count:
+            self._large = None  # the segment may roll now (a roll waits for the entries in flight)
+            futures = [large.future]
+        done.add_done_callback(functools.partial(self._entry_done, futures=futures, seq=self._segment.seq,
+                                                 queued_at=large.queued_at,
+                                                 many=large.future.__class__ is ManyFuture))
+        return True
 
     def _entry_done(self, done: Future[int], futures: list[Any], seq: int, queued_at: float,
                     many: bool = False) -> None:
@@ -635,6 +843,8 @@ class WriteAheadLog(_LogView):
         stats = self.stats
         if error is not None:
             self._fail(self._as_wal_error(error), futures)
+        elif not futures:  # a fragment of a record larger than an entry, not its last
+            stats.entries += 1
         else:
             stats.records += len(futures)
             stats.entries += 1
@@ -686,7 +896,8 @@ class WriteAheadLog(_LogView):
         while True:
             with self._lock:
                 queued = bool(self._queue)
-            if self._error is not None or (not queued and self._in_flight == 0 and not self._rolling):
+            if self._error is not None or (not queued and self._in_flight == 0 and not self._rolling
+                                           and self._large is None):
                 return
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._idle.append(fut)
@@ -726,6 +937,7 @@ class WriteAheadLog(_LogView):
             self._writer, self._segment = writer, segment
             self._segment_bytes, self._segment_started = 0, time.monotonic()
             self.stats.rolls += 1
+            self._retain_event.set()
             log.info("log %s: rolled to segment %d (ledger %d)", self.name, segment.seq, writer.ledger_id,
                      extra=context(log=self.name, namespace=self.namespace, ledger=writer.ledger_id))
         except WalkitError as exc:
@@ -751,16 +963,41 @@ class WriteAheadLog(_LogView):
         return self._writer.lac if segment == self._segment else None
 
     # -- snapshots and retention ----------------------------------------------------------------
-    def snapshot(self, data: bytes | IO[bytes], lsn: LSN) -> Snapshot:
-        """Store application state that covers every record up to ``lsn`` (chunked into
-        a ledger of its own, then recorded in the log metadata atomically). ``lsn`` must
-        be acknowledged and not older than the latest snapshot's."""
+    def snapshot(self, data: SnapshotData, lsn: LSN) -> Snapshot:
+        """Store application state that covers every record up to ``lsn``: ``data`` is the
+        bytes, a binary file-like object or an iterable of byte chunks, streamed into a
+        ledger of its own (walkit/wal/_snapshots.py), then listed in the log metadata
+        atomically; the newest ``snapshots_kept`` are kept. ``lsn`` must be acknowledged
+        and not older than the latest snapshot's. A snapshot that fails half-way is never
+        listed and its ledger is deleted."""
         self._check_writable()
         if not isinstance(lsn, LSN):
             raise InvalidArgumentError("snapshot needs the LSN it covers", type=type(lsn).__name__)
         with self._admin:
             self._check_snapshot_lsn(lsn)
-            return self._snapshot(data, lsn)
+            job = SnapshotJob(self, lsn)
+            try:
+                job.begin()
+                for chunk in snapshot_chunks(data):
+                    job.add(chunk)
+                snapshot, pruned = job.commit()
+            except BaseException as exc:
+                job.abort()
+                if isinstance(exc, WriterFencedError):
+                    self._fail(exc)
+                raise
+            self._snapshot_done(snapshot, pruned)
+            return snapshot
+
+    def _snapshot_done(self, snapshot: Snapshot, pruned: Sequence[SnapshotRef]) -> None:
+        """(Blocking) after a snapshot was listed: delete the ones it pushed out, count it,
+        let retention look again."""
+        for old in pruned:
+            with contextlib.suppress(NoSuchLedgerError):
+                self._bk._core.ledgers.delete(old.ledger_id)
+        self.stats.snapshots += 1
+        self.stats.snapshot_bytes += snapshot.size
+        self._request_retention()
 
     def _check_snapshot_lsn(self, lsn: LSN) -> None:
         meta = self.metadata()
@@ -780,90 +1017,64 @@ class WriteAheadLog(_LogView):
             raise InvalidArgumentError("snapshot LSN is past the end of its segment", lsn=str(lsn),
                                        last_entry=last_entry)
 
-    def _snapshot(self, data: bytes | IO[bytes], lsn: LSN) -> Snapshot:
-        s = self.settings
-        handle = self._bk.create_ledger(s.ensemble_size, s.write_quorum, s.ack_quorum, password=self._password,
-                                        custom_metadata={"walkit.snapshot": f"{self.namespace}/{self.name}".encode(),
-                                                         "walkit.lsn": str(lsn).encode()})
-        size = 0
-        previous: list[SnapshotRef] = []
-        try:
-            stream = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
-            pending = []
-            while True:
-                chunk = stream.read(SNAPSHOT_CHUNK)
-                if not chunk:
-                    break
-                size += len(chunk)
-                pending.append(handle.add_entry_async(bytes(chunk)))
-                if len(pending) >= 16:
-                    pending.pop(0).result()
-            for fut in pending:
-                fut.result()
-            handle.close()
-            ref = SnapshotRef(lsn, handle.ledger_id, size)
-
-            def record(meta: LogMetadata) -> LogMetadata:
-                if meta.snapshots and meta.snapshots[-1] == ref:
-                    return meta  # our own write, whose reply was lost
-                if meta.snapshots and lsn < meta.snapshots[-1].lsn:
-                    raise InvalidArgumentError("snapshot LSN is older than the latest snapshot's", lsn=str(lsn),
-                                               latest=str(meta.snapshots[-1].lsn))
-                previous[:] = [old for old in meta.snapshots if old != ref]
-                return dataclasses.replace(meta, snapshots=(ref,))
-
-            retry_cas(functools.partial(self._change, record), "log metadata (recording a snapshot)", log=self.name)
-            self.stats.snapshots += 1
-            self.stats.snapshot_bytes += size
-        except BaseException as exc:
-            with contextlib.suppress(WalkitError):
-                handle.close()
-            if _settle(self._node, lambda meta: any(s.ledger_id == handle.ledger_id for s in meta.snapshots)) is False:
-                with contextlib.suppress(WalkitError):
-                    self._bk.delete_ledger(handle.ledger_id)
-            else:
-                log.warning("log %s: snapshot ledger %d kept: it is, or may be, the log's latest snapshot",
-                            self.name, handle.ledger_id,
-                            extra=context(log=self.name, namespace=self.namespace, ledger=handle.ledger_id))
-            if isinstance(exc, WriterFencedError):
-                self._fail(exc)
-            raise
-        for old in previous:
-            with contextlib.suppress(NoSuchLedgerError):
-                self._bk.delete_ledger(old.ledger_id)
-        return Snapshot(self._bk, ref, self._password)
-
     def truncate(self, before: LSN) -> int:
-        """Delete whole segments wholly below ``before`` and below the latest snapshot
-        (never past it: without a snapshot nothing goes); the number deleted."""
+        """Delete whole segments wholly below ``before``, never past the oldest snapshot
+        kept (without a snapshot nothing goes) nor a position a reader holds
+        (walkit/wal/_retention.py); the number deleted."""
         self._check_writable()
         if not isinstance(before, LSN):
             raise InvalidArgumentError("truncate needs an LSN", type=type(before).__name__)
         with self._admin:
-            return self._truncate(before)
+            try:
+                return len(cut(self, before))
+            except WriterFencedError as exc:
+                self._fail(exc)
+                raise
 
-    def _truncate(self, before: LSN) -> int:
-        dropped: list[Segment] = []
+    # -- retention in the background ------------------------------------------------------------
+    def _request_retention(self) -> None:
+        """Ask the background pass to run (from any thread)."""
+        with contextlib.suppress(UsageError):
+            self._bk._loop.call(self._retain_event.set)
 
-        def cut(meta: LogMetadata) -> LogMetadata:
-            limit = min(before, meta.snapshots[-1].lsn) if meta.snapshots else None
-            dropped[:] = [s for s in meta.segments
-                          if limit is not None and s.seq < limit.segment and s != self._segment]
-            if not dropped:
-                return meta
-            keep = tuple(s for s in meta.segments if s not in dropped)
-            mark = LSN(keep[0].seq, 0, 0) if keep else LSN(dropped[-1].seq + 1, 0, 0)
-            return dataclasses.replace(meta, segments=keep, truncated=max(mark, meta.truncated or mark))
+    async def _retention_loop(self) -> None:
+        """(Loop) one retention pass at a time, on a metadata thread: at open, when asked
+        (rolls, snapshots) and every PASS_INTERVAL while an age rule is set."""
+        event = self._retain_event
+        while True:
+            every = PASS_INTERVAL if self.settings.retention.max_age is not None else None
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(), every)
+            event.clear()
+            if self._closing or self._error is not None:
+                return
+            try:
+                await self._bk._core.md(self._retain_once)
+            except WriterFencedError as exc:
+                self._fail(exc)
+                return
+            except WalkitError as exc:
+                self.stats.retention_failures += 1
+                log.warning("log %s: retention pass failed: %s", self.name, exc,
+                            extra=context(log=self.name, namespace=self.namespace))
+            except Exception:  # a bug: said loudly, and the next pass tries again
+                self.stats.retention_failures += 1
+                log.exception("log %s: retention pass failed", self.name,
+                              extra=context(log=self.name, namespace=self.namespace))
 
-        try:
-            retry_cas(functools.partial(self._change, cut), "log metadata (truncating)", log=self.name)
-        except WriterFencedError as exc:
-            self._fail(exc)
-            raise
-        for segment in dropped:
-            with contextlib.suppress(NoSuchLedgerError):
-                self._bk.delete_ledger(segment.ledger_id)
-        return len(dropped)
+    async def _stop_retention(self) -> None:
+        """(Loop) end the background pass, letting one under way finish."""
+        task = self._retention_task
+        if task is not None:
+            self._retain_event.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _retain_once(self) -> None:
+        with self._admin:  # never beside a snapshot or a truncate of this writer
+            if not self._closing:
+                self.stats.retention_passes += 1
+                self.stats.retention_segments += len(cut(self))
 
     def _check_writable(self) -> None:
         self._check_open()
@@ -876,17 +1087,26 @@ class WriteAheadLog(_LogView):
         to write more, or read it)."""
         if self._closed:
             return
-        with self._lock:
-            self._closing = True  # appends from now on are refused, no roll starts
         try:
-            self._bk._loop.run(self._wait_idle())
-            if not isinstance(self._error, WriterFencedError):  # a fenced segment is the new writer's to close
-                with contextlib.suppress(LedgerFencedError):
-                    self._bk._loop.run(self._writer.close())
+            self._bk._loop.run(self._finish())
         finally:
-            with self._lock:
-                self._closed = True
-            super().close()
+            if self._shut():
+                self._bk.close()
+
+    def _finish(self) -> Coroutine[Any, Any, None]:
+        """:meth:`close`: appends are refused from now on, no roll starts; the coroutine
+        (client loop) that waits for the appended records, the retention pass under way
+        and the segment's close."""
+        with self._lock:
+            self._closing = True
+        return self._finished()
+
+    async def _finished(self) -> None:
+        await self._wait_idle()
+        await self._stop_retention()
+        if not isinstance(self._error, WriterFencedError):  # a fenced segment is the new writer's to close
+            with contextlib.suppress(LedgerFencedError):
+                await self._writer.close()
 
     def __enter__(self) -> WriteAheadLog:
         return self
@@ -897,6 +1117,20 @@ class WriteAheadLog(_LogView):
         else:
             with contextlib.suppress(WalkitError):
                 self.close()
+
+
+class _LargeRecord:
+    """(Loop) a record larger than an entry, sent one fragment an entry, alone: nothing
+    else is sent and the segment does not roll until its last fragment is sent."""
+
+    __slots__ = ("record", "future", "count", "index", "queued_at")
+
+    def __init__(self, record: bytes, future: QuickFuture[Any], room: int, queued_at: float) -> None:
+        self.record = record
+        self.future = future  # a ManyFuture when the record came with others (append_many)
+        self.count = fragment_count(len(record), room)
+        self.index = 0  # the next fragment to send
+        self.queued_at = queued_at
 
 
 def _settle(node: _LogNode, present: Any) -> bool | None:
@@ -957,8 +1191,8 @@ def list_logs(client_or_uri: BookKeeper | str, namespace: str = "default") -> li
 
 
 def delete_log(client_or_uri: BookKeeper | str, namespace: str, name: str) -> None:
-    """Delete a log: its metadata, then its segments' and snapshots' ledgers.
-    NoSuchLogError when there is no such log; FormatVersionError when its metadata is of
+    """Delete a log: its metadata, then its segments', snapshots' (pending ones too)
+    ledgers and its readers' holds and cursors. NoSuchLogError when there is no such log; FormatVersionError when its metadata is of
     a later format (a newer walkit's: it may name ledgers this one does not know of)."""
     bk, owned = _client(client_or_uri)
     try:
@@ -966,9 +1200,12 @@ def delete_log(client_or_uri: BookKeeper | str, namespace: str, name: str) -> No
         meta, version = node.read()
         meta.check_writable()  # a newer walkit's log may hold ledgers this one does not know of
         node.store.delete(node.path, version)
-        for ledger_id in [s.ledger_id for s in meta.segments] + [s.ledger_id for s in meta.snapshots]:
+        for ledger_id in ([s.ledger_id for s in meta.segments] + [s.ledger_id for s in meta.snapshots]
+                          + [p.ledger_id for p in meta.pending]):
             with contextlib.suppress(NoSuchLedgerError):
                 bk.delete_ledger(ledger_id)
+        with contextlib.suppress(NoNodeError):
+            node.store.delete(node.holds_path, recursive=True)
     finally:
         if owned:
             bk.close()
@@ -976,14 +1213,16 @@ def delete_log(client_or_uri: BookKeeper | str, namespace: str, name: str) -> No
 
 def set_namespace_defaults(client_or_uri: BookKeeper | str, namespace: str, **settings: Any) -> None:
     """Default settings (``ensemble_size``, ``write_quorum``, ``ack_quorum``,
-    ``roll_bytes``, ``roll_seconds``) for logs created in ``namespace`` from now on."""
+    ``roll_bytes``, ``roll_seconds``, ``snapshots_kept``, ``retention``) for logs
+    created in ``namespace`` from now on."""
     import json
 
     LogSettings.of(settings)  # checked against the defaults of the others
     bk, owned = _client(client_or_uri)
     try:
         node = _LogNode(bk, namespace, "x")
-        data = json.dumps(settings, sort_keys=True, separators=(",", ":")).encode("ascii")
+        body = {k: v.to_json() if isinstance(v, Retention) else v for k, v in settings.items()}
+        data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")
         try:
             node.store.create(node.ns_path, data, make_parents=True)
         except NodeExistsError:

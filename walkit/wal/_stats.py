@@ -30,6 +30,9 @@ class LogStats(Stats):
     replayed_records: int = 0  # records replay / tail handed to the application
     replayed_entries: int = 0
     replay_read_seconds: float = 0.0  # time spent reading entries from bookies for replay
+    retention_passes: int = 0  # background retention passes made
+    retention_segments: int = 0  # segments they deleted
+    retention_failures: int = 0  # passes that failed (retried at the next roll or snapshot)
 
 
 def _describe(s: LogStats) -> Iterator[Metric]:
@@ -48,6 +51,10 @@ def _describe(s: LogStats) -> Iterator[Metric]:
     yield counter("walkit_wal_replay_read_seconds",
                   "Time replay spent reading entries from bookies (replayed_records / this: the replay rate)",
                   s.replay_read_seconds)
+    yield counter("walkit_wal_retention_passes", "Background retention passes made by log writers", s.retention_passes)
+    yield counter("walkit_wal_retention_segments", "Segments deleted by background retention passes",
+                  s.retention_segments)
+    yield counter("walkit_wal_retention_failures", "Background retention passes that failed", s.retention_failures)
 
 
 LOGS: StatsGroup[LogStats] = StatsGroup(LogStats, _describe)
