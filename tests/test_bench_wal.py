@@ -26,7 +26,7 @@ def _check_case(case: dict[str, Any]) -> None:
 
 
 def test_short_run_reports_every_case_and_cleans_up(tmp_path: Path) -> None:
-    report = run_wal_bench(str(tmp_path), seconds=0.5, in_flight=16, warmup=0.2)
+    report = run_wal_bench(str(tmp_path), seconds=0.5, in_flight=16, warmup=0.2, samples=20)
     assert set(report["sizes"]) == {"100", "1024"}
     for size, cases in report["sizes"].items():
         assert set(cases) == set(CASES)
@@ -45,11 +45,14 @@ def test_short_run_reports_every_case_and_cleans_up(tmp_path: Path) -> None:
     table = format_markdown(report)
     assert "| 100 B: walkit, 16 in flight |" in table and "SQLite" in table and "targets:" in table
     assert "append_many of 1,000 records" in table and "many_vs_sqlite_batched" in table
+    assert [(t["interval_ms"], t["samples"]) for t in report["tail"]] == [(0.0, 20), (20.0, 20)]
+    assert all(0 <= t["p50_ms"] <= t["p99_ms"] for t in report["tail"]), report["tail"]
+    assert "| back to back | 20 |" in table and "| one every 20 ms | 20 |" in table and "tail visibility p50" in table
     assert list(tmp_path.iterdir()) == []  # the cluster's directory and the baselines' files are gone
 
 
 def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["bench", "wal", "--json", "--seconds", "0.3", "--in-flight", "8", "--dir", str(tmp_path)]
+    args = ["bench", "wal", "--json", "--seconds", "0.3", "--in-flight", "8", "--samples", "10", "--dir", str(tmp_path)]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["in_flight"] == 8 and report["sizes"]["100"]["wal_in_flight"]["records"] > 0
@@ -59,4 +62,6 @@ def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_refuses_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError):
         run_wal_bench(str(tmp_path), seconds=0.1, in_flight=0)
+    with pytest.raises(InvalidArgumentError):
+        run_wal_bench(str(tmp_path), seconds=0.1, samples=5)
     assert list(tmp_path.iterdir()) == []

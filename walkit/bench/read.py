@@ -45,16 +45,16 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from walkit.bench._common import Meter, bench_cluster, latency_percentiles
+from walkit.bench._visibility import visibility
 from walkit.client import BookKeeper
-from walkit.errors import InvalidArgumentError, UsageError
-from walkit.wal import LSN, WriteAheadLog
+from walkit.errors import InvalidArgumentError
+from walkit.wal import WriteAheadLog
 
 __all__ = ["run_read_bench", "format_markdown", "TARGETS"]
 
@@ -64,7 +64,6 @@ BATCH = 1000  # records per append_many call while writing the batched logs
 WINDOW = 8  # append_many calls in flight while writing
 INTERVALS = (0.0, 0.020, 0.250)  # seconds between appends in the tail-visibility cases
 ROLL_INTERVAL, ROLL_RECORDS = 0.020, 20  # and a case whose log rolls every 20 records (one every 20 ms)
-CASE_SECONDS = 15.0  # the most a tail-visibility case takes: fewer samples at slow rates
 TARGETS = {"replay_100B_records_per_s": 1_000_000, "replay_1KiB_mb_per_s": 300, "tail_p50_ms": 1.0,
            "tail_p99_ms": 5.0, "ledger_entries_per_s": 150_000, "one_per_entry_records_per_s": 150_000}
 LEDGER_WINDOW = 1000  # adds in flight while writing the ledger read back
@@ -162,71 +161,6 @@ def _written(records: int, started: float, size: int) -> dict[str, Any]:
             "mb_per_s": round(records * size / 1e6 / took, 1)}
 
 
-class _Tail:
-    """A reader on a client of its own following log ``name``: when each record came."""
-
-    def __init__(self, bk: BookKeeper, name: str, after: LSN | None) -> None:
-        self.seen: dict[bytes, int] = {}
-        self._reader = WriteAheadLog.reader(bk, name)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(after,), name="bench-tail", daemon=True)
-        self._thread.start()
-
-    def _run(self, after: LSN | None) -> None:
-        clock, seen = time.perf_counter_ns, self.seen
-        try:
-            for _lsn, record in self._reader.tail(after, poll_timeout=0.2):
-                seen[record] = clock()
-                if self._stop.is_set():
-                    return
-        except UsageError:  # closed under it: the case is over
-            if not self._stop.is_set():
-                raise
-
-    def wait_for(self, record: bytes, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while record not in self.seen:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the tail did not see {record!r} within {timeout} s")
-            time.sleep(0.0005)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._reader.close()
-        self._thread.join(10)
-
-
-def _visibility(writer_bk: BookKeeper, reader_bk: BookKeeper, name: str, interval: float,
-                samples: int, roll_records: int | None = None) -> dict[str, Any]:
-    """Appends every ``interval`` s (0: back to back): from ``append`` returning to the tail
-    handing the record over, per record; with ``roll_records``, the log rolls to a new
-    segment every that many records (the tail learns of each from the log node's watch)."""
-    count = min(samples, max(10, int(CASE_SECONDS / interval))) if interval else samples
-    clock = time.perf_counter_ns
-    roll_bytes = None if roll_records is None else roll_records * len(b"visible 0000")
-    with WriteAheadLog.open(writer_bk, name, ensemble_size=ENSEMBLE, write_quorum=WRITE_QUORUM,
-                            ack_quorum=ACK_QUORUM, roll_bytes=roll_bytes) as wal:
-        start = wal.append(b"start")
-        tail = _Tail(reader_bk, name, start)
-        try:
-            wal.append(b"warm-up")  # measured once the reader is open and following (not its open)
-            tail.wait_for(b"warm-up", 30)
-            returned: dict[bytes, int] = {}
-            for i in range(count):
-                record = b"visible %04d" % i
-                wal.append(record)
-                returned[record] = clock()
-                if interval:
-                    time.sleep(interval)
-            tail.wait_for(b"visible %04d" % (count - 1), 30)
-            segments = len(wal.metadata().segments)
-        finally:
-            tail.close()
-    delays = [max(0, tail.seen[r] - t) for r, t in returned.items()]
-    return {"interval_ms": round(interval * 1000, 1), "samples": count, "roll_records": roll_records,
-            "segments": segments} | latency_percentiles(delays)
-
-
 def _measure(bk: BookKeeper, reader_bk: BookKeeper, each_bk: BookKeeper, data: Path, meter: Meter, gib: float,
              one_per_entry: int, ledger_entries: int, samples: int) -> dict[str, Any]:
     out: dict[str, Any] = {"replay": {}, "tail": []}
@@ -257,8 +191,8 @@ def _measure(bk: BookKeeper, reader_bk: BookKeeper, each_bk: BookKeeper, data: P
         "written": written, "cold": _read_ledger(reader_bk, ledger_id, meter) | {"files_dropped": dropped},
         "hot": _read_ledger(reader_bk, ledger_id, meter), "hot, entry by entry": _read_ledger(each_bk, ledger_id, meter)}
     for interval in INTERVALS:
-        out["tail"].append(_visibility(bk, reader_bk, f"tail-{int(interval * 1000)}ms", interval, samples))
-    out["tail"].append(_visibility(bk, reader_bk, "tail-rolling", ROLL_INTERVAL, samples, ROLL_RECORDS))
+        out["tail"].append(visibility(bk, reader_bk, f"tail-{int(interval * 1000)}ms", interval, samples))
+    out["tail"].append(visibility(bk, reader_bk, "tail-rolling", ROLL_INTERVAL, samples, ROLL_RECORDS))
     return out
 
 

@@ -24,6 +24,12 @@ and, in the same run and the same directory, two local-only baselines (no replic
 * **SQLite** (WAL mode, ``synchronous=FULL``): one ``INSERT`` per transaction, and
   ``SQLITE_BATCH`` inserts per transaction (latency: the transaction's, for each record).
 
+Then **tail visibility** (``walkit/bench/_visibility.py``, as ``walkit bench read``
+measures it): a reader on a second client tails the log while the writer appends
+``samples`` 100 B records back to back, then one every 20 ms; per record, the time from
+``append`` returning to the tail handing the record over (p50/p99; target, issue: reads as
+fast as writes: p50 <= 1 ms, p99 <= 5 ms).
+
 Latency is per append (sequential) or from submission until the producer sees the
 future done (window; mostly queueing: in flight / rate). CPU: this process (producer,
 client loop and metadata threads) and the bookies, per record, with the machine's other
@@ -49,6 +55,7 @@ from typing import Any
 
 from walkit._local_cluster import LocalCluster
 from walkit.bench._common import Meter, bench_cluster, journals_o_direct, latency_percentiles, window_loop
+from walkit.bench._visibility import visibility
 from walkit.client import BookKeeper
 from walkit.errors import InvalidArgumentError
 from walkit.wal import LSN, WriteAheadLog
@@ -60,7 +67,9 @@ SIZES = (100, 1024)
 SQLITE_BATCH = 1000
 MANY_BATCH = 1000  # records per append_many call
 MANY_WINDOW = 8  # append_many calls outstanding
-TARGETS = {"in_flight_100B_records_per_s": 200_000, "sequential_p99_ms": 3.0, "many_100B_records_per_s": 1_000_000}
+TARGETS = {"in_flight_100B_records_per_s": 200_000, "sequential_p99_ms": 3.0, "many_100B_records_per_s": 1_000_000,
+           "tail_p50_ms": 1.0, "tail_p99_ms": 5.0}
+VISIBILITY_INTERVALS = (0.0, 0.020)  # seconds between appends in the tail-visibility cases
 # case key -> row label
 CASES = {
     "wal_sequential": "walkit, sequential (1 in flight)",
@@ -229,6 +238,12 @@ def _on_log(bk: BookKeeper, name: str, run: Callable[[WriteAheadLog], dict[str, 
     return result
 
 
+def _tails(cluster: LocalCluster, samples: int) -> list[dict[str, Any]]:
+    with cluster.client() as bk, cluster.client() as reader_bk:
+        return [visibility(bk, reader_bk, f"tail-{int(interval * 1000)}ms", interval, samples)
+                for interval in VISIBILITY_INTERVALS]
+
+
 def _measure(cluster: LocalCluster, base: Path, seconds: float, in_flight: int,
              warmup: float) -> dict[str, dict[str, Any]]:
     meter = Meter([cluster.bookie_pid(i) for i in range(BOOKIES)])
@@ -257,8 +272,10 @@ def _ratios(cases: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
-def _checks(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, bool]:
+def _checks(results: dict[str, dict[str, dict[str, Any]]], tails: list[dict[str, Any]]) -> dict[str, bool]:
     return {
+        "tail_p50_met": all(t["p50_ms"] <= TARGETS["tail_p50_ms"] for t in tails),
+        "tail_p99_met": all(t["p99_ms"] <= TARGETS["tail_p99_ms"] for t in tails),
         "in_flight_100B_rate_met":
             results["100"]["wal_in_flight"]["records_per_s"] >= TARGETS["in_flight_100B_records_per_s"],
         "many_100B_rate_met": results["100"]["wal_many"]["records_per_s"] >= TARGETS["many_100B_records_per_s"],
@@ -268,14 +285,15 @@ def _checks(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, bool]:
 
 
 def run_wal_bench(directory: str | None = None, seconds: float = 5.0, in_flight: int = 1000,
-                  warmup: float = 1.0) -> dict[str, Any]:
+                  warmup: float = 1.0, samples: int = 1000) -> dict[str, Any]:
     """Every case on a fresh cluster of three bookie processes; the report (a dict)."""
-    if in_flight < 1 or seconds <= 0 or warmup < 0:
-        raise InvalidArgumentError("need in_flight >= 1, seconds > 0, warmup >= 0", in_flight=in_flight,
-                                   seconds=seconds, warmup=warmup)
+    if in_flight < 1 or seconds <= 0 or warmup < 0 or samples < 10:
+        raise InvalidArgumentError("need in_flight >= 1, seconds > 0, warmup >= 0, samples >= 10",
+                                   in_flight=in_flight, seconds=seconds, warmup=warmup, samples=samples)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     with bench_cluster(directory, "wal", BOOKIES) as (cluster, base):
         results = _measure(cluster, base, seconds, in_flight, warmup)
+        tails = _tails(cluster, samples)
         o_direct = journals_o_direct(cluster, BOOKIES)
     return {
         "started": started, "cpus": os.cpu_count(), "bookies": BOOKIES, "ensemble": ENSEMBLE,
@@ -283,7 +301,7 @@ def run_wal_bench(directory: str | None = None, seconds: float = 5.0, in_flight:
         "in_flight": in_flight, "seconds": seconds, "warmup": warmup, "sqlite_batch": SQLITE_BATCH,
         "sqlite_version": sqlite3.sqlite_version, "sizes": results,
         "ratios": {size: _ratios(cases) for size, cases in results.items()},
-        "targets": TARGETS, "checks": _checks(results),
+        "tail": tails, "targets": TARGETS, "checks": _checks(results, tails),
     }
 
 
@@ -325,4 +343,11 @@ def format_markdown(report: dict[str, Any]) -> str:
                   f"append_many 100 B >= {TARGETS['many_100B_records_per_s']:,} records/s: "
                   f"{met(checks['many_100B_rate_met'])}; sequential p99 <= {TARGETS['sequential_p99_ms']} ms: "
               + ", ".join(f"{size} B {met(checks[f'sequential_{size}B_p99_met'])}" for size in report["sizes"])]
+    lines += ["", "| tail visibility (append returned -> tail has it) | samples | p50 ms | p99 ms | p99.9 ms |",
+              "|---|---:|---:|---:|---:|"]
+    for t in report["tail"]:
+        every = "back to back" if not t["interval_ms"] else f"one every {t['interval_ms']:g} ms"
+        lines.append(f"| {every} | {t['samples']:,} | {t['p50_ms']} | {t['p99_ms']} | {t['p999_ms']} |")
+    lines += ["", f"targets: tail visibility p50 <= {TARGETS['tail_p50_ms']} ms: {met(checks['tail_p50_met'])}; "
+                  f"p99 <= {TARGETS['tail_p99_ms']} ms: {met(checks['tail_p99_met'])}"]
     return "\n".join(lines)

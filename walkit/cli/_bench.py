@@ -41,7 +41,7 @@ def _ledger(args: argparse.Namespace) -> int:
 def _wal(args: argparse.Namespace) -> int:
     from walkit.bench.wal import format_markdown, run_wal_bench
 
-    report = run_wal_bench(args.dir, seconds=args.seconds, in_flight=args.in_flight)
+    report = run_wal_bench(args.dir, seconds=args.seconds, in_flight=args.in_flight, samples=args.samples)
     _print_report(args, report, format_markdown)
     return 0
 
@@ -130,6 +130,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bw.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bw.add_argument("--seconds", type=float, default=5.0, help="duration of each case, after its warm-up (default 5)")
     bw.add_argument("--in-flight", type=int, default=1000, help="appends in flight in the windowed case (default 1000)")
+    bw.add_argument("--samples", type=int, default=1000,
+                    help="records per tail-visibility case (fewer at 20 ms, to stay under ~15 s; default 1000)")
     bw.add_argument("--dir", default=None, help="where the cluster and the baselines keep their data "
                     "(default: a temporary one here)")
     bw.set_defaults(func=_wal)
