@@ -467,6 +467,8 @@ def test_stopping_an_async_tail_leaves_nothing_running(bk: walkit.BookKeeper, ho
             await tail.aclose()
             assert watch._holders == 0, "aclose() returns once the tail is over on the client's loop"
         await _settled(bk, baseline)
+        while watch._holders and time.monotonic() - began < 2.0:  # released on a metadata thread, just after
+            await asyncio.sleep(0.01)
         assert time.monotonic() - began < 2.0, "the tail did not stop promptly"
         assert watch._holders == 0 and watch.version is None, "the tail's watch outlived it"
         # the reader goes on working, and so does a new tail
@@ -500,3 +502,54 @@ def test_an_async_tail_hears_another_client(bk: walkit.BookKeeper, cluster: walk
                 await reader.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 90))
+
+
+def test_snapshots_kept_streamed_and_a_failed_one_cleaned_up(bk: walkit.BookKeeper, flavour: Flavour) -> None:
+    wal = flavour.open(bk, "kept", snapshots_kept=2)
+    lsns = [flavour.do(wal, "append", b"r%d" % i) for i in range(4)]
+    before = set(bk.list_ledgers())
+
+    def failing() -> Iterator[bytes]:
+        yield b"half"
+        raise OSError("the state went away")
+
+    with pytest.raises(OSError):
+        flavour.do(wal, "snapshot", failing(), lsns[0])
+    assert flavour.do(wal, "snapshots") == [] and set(bk.list_ledgers()) == before  # never listed, deleted
+    for i, lsn in enumerate(lsns[1:]):
+        flavour.do(wal, "snapshot", iter([b"state ", b"%d" % i]), lsn)
+    kept = flavour.do(wal, "snapshots")
+    assert [s.lsn for s in kept] == lsns[2:] and [s.read() for s in kept] == [b"state 1", b"state 2"]
+    assert b"".join(kept[0].chunks()) == b"state 1"
+    flavour.do(wal, "close")
+
+
+def test_a_named_cursor_holds_its_position(bk: walkit.BookKeeper, flavour: Flavour) -> None:
+    wal = flavour.open(bk, "cursor", roll_bytes=300, retention=walkit.Retention(before_snapshot=True))
+    lsns = [flavour.do(wal, "append", b"%03d" % i + b"." * 100) for i in range(12)]
+    reader = flavour.reader(bk, "cursor", cursor="indexer")
+    flavour.do(reader, "commit", lsns[2])
+    flavour.do(wal, "snapshot", b"s", lsns[-1])
+    assert flavour.do(wal, "truncate", lsns[-1]) == lsns[2].segment - 1  # not past the cursor
+    assert [lsn for lsn, _ in flavour.replay(reader, lsns[2])] == lsns[3:]
+    with WriteAheadLog.reader(bk, "cursor", cursor="indexer") as same:
+        assert same.position == lsns[2]
+    flavour.do(reader, "delete_cursor")
+    flavour.do(reader, "close")
+    flavour.do(wal, "close")
+
+
+def test_an_async_snapshot_streams_from_an_async_iterable(bk: walkit.BookKeeper) -> None:
+    async def run() -> bytes:
+        async with await AsyncWriteAheadLog.open(bk, "async-stream") as wal:
+            lsn = await wal.append(b"x")
+
+            async def chunks() -> Any:
+                for i in range(3):
+                    yield b"%d" % i * (600 << 10)
+
+            snap = await wal.snapshot(chunks(), lsn)
+            assert snap.size == 3 * (600 << 10)
+            return b"".join(snap.chunks())
+
+    assert asyncio.run(run()) == b"".join(b"%d" % i * (600 << 10) for i in range(3))

@@ -277,9 +277,10 @@ def test_a_writer_dying_mid_snapshot_leaves_a_name_the_next_writer_cleans_up(bk:
     wal = WriteAheadLog.open(bk, "dead", roll_bytes=1000)
     lsn = wal.append(b"x")
     job = SnapshotJob(wal, lsn)
-    job.begin()
-    job.add(b"half of the state")  # ... and the writer dies: no commit, no abort
-    orphan = job._handle.ledger_id
+    bk._loop.run(job.begin())
+    bk._loop.run(job.add(b"half of the state"))  # ... and the writer dies: no commit, no abort
+    assert job._writer is not None
+    orphan = job._writer.ledger_id
     assert [p.ledger_id for p in wal.metadata().pending] == [orphan]
     with WriteAheadLog.open(bk, "dead") as next_writer:  # its first pass
         _wait(lambda: next_writer.metadata().pending == ())

@@ -36,8 +36,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -45,6 +46,7 @@ from walkit.client import BookKeeper, Entry, LedgerReader, LedgerWriter, ReadSta
 from walkit.errors import InvalidArgumentError, LedgerClosedError, UsageError, WalkitError
 from walkit.metadata import LedgerMetadata
 from walkit.wal import LSN, LogReader, Snapshot, SnapshotData, WriteAheadLog
+from walkit.wal._snapshots import SnapshotJob, asnapshot_chunks
 
 __all__ = ["AsyncBookKeeper", "AsyncLedgerHandle", "AsyncLogReader", "AsyncReadHandle", "AsyncWriteAheadLog", "Entry",
            "connect"]
@@ -254,6 +256,20 @@ _REENTRANT = 2
 _reentrant_slots: weakref.WeakKeyDictionary[BookKeeper, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
+@contextlib.asynccontextmanager
+async def _held(lock: threading.Lock) -> AsyncIterator[None]:
+    """``lock`` (a writer's snapshot / truncate / retention lock, also taken by threads),
+    waited for without blocking the event loop."""
+    delay = 0.0005
+    while not lock.acquire(blocking=False):
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.02)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 async def _blocking_reentrant(bk: BookKeeper, fn: Callable[..., T], *args: Any) -> T:
     slots = _reentrant_slots.setdefault(bk, asyncio.Semaphore(_REENTRANT))
     async with slots:
@@ -319,9 +335,29 @@ class AsyncWriteAheadLog:
         """Wait until every record appended so far is durable; the last LSN."""
         return await _on_core(self.sync._bk, self.sync._flush())
 
-    async def snapshot(self, data: SnapshotData, lsn: LSN) -> Snapshot:
-        """``WriteAheadLog.snapshot`` (run on a metadata thread of the client)."""
-        return await _blocking_reentrant(self.sync._bk, self.sync.snapshot, data, lsn)
+    async def snapshot(self, data: SnapshotData | AsyncIterable[bytes], lsn: LSN) -> Snapshot:
+        """``WriteAheadLog.snapshot``; ``data`` may also be an async iterable of byte chunks.
+        Each step runs on the client's loop (walkit/wal/_snapshots.py)."""
+        wal = self.sync
+        bk = wal._bk
+        wal._check_writable()
+        if not isinstance(lsn, LSN):
+            raise InvalidArgumentError("snapshot needs the LSN it covers", type=type(lsn).__name__)
+        async with _held(wal._admin):
+            await _blocking(bk, wal._check_snapshot_lsn, lsn)
+            job = SnapshotJob(wal, lsn)
+            try:
+                await _on_core(bk, job.begin())
+                async for chunk in asnapshot_chunks(data):
+                    await _on_core(bk, job.add(chunk))
+                snapshot, pruned = await _on_core(bk, job.commit())
+            except BaseException as exc:
+                wal._snapshot_failed(exc)
+                with contextlib.suppress(UsageError):
+                    await asyncio.shield(_on_core(bk, job.abort()))
+                raise
+            await _on_core(bk, wal._snapshotted(snapshot, pruned))
+            return snapshot
 
     async def latest_snapshot(self) -> Snapshot | None:
         return await _blocking(self.sync._bk, self.sync.latest_snapshot)
@@ -386,6 +422,17 @@ class AsyncLogReader:
 
     async def snapshots(self) -> list[Snapshot]:
         return await _blocking(self.sync._bk, self.sync.snapshots)
+
+    async def position(self) -> LSN | None:
+        """The named cursor's committed position (``LogReader.position``)."""
+        return await _blocking(self.sync._bk, lambda: self.sync.position)
+
+    async def commit(self, lsn: LSN) -> None:
+        """Store ``lsn`` as the named cursor's position (``LogReader.commit``)."""
+        await _blocking(self.sync._bk, self.sync.commit, lsn)
+
+    async def delete_cursor(self) -> None:
+        await _blocking(self.sync._bk, self.sync.delete_cursor)
 
     async def close(self) -> None:
         """Close the reader: a tail under way ends (UsageError), holds are released."""

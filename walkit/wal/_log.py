@@ -973,31 +973,37 @@ class WriteAheadLog(_LogView):
         self._check_writable()
         if not isinstance(lsn, LSN):
             raise InvalidArgumentError("snapshot needs the LSN it covers", type=type(lsn).__name__)
+        run = self._bk._loop.run
         with self._admin:
             self._check_snapshot_lsn(lsn)
             job = SnapshotJob(self, lsn)
             try:
-                job.begin()
+                run(job.begin())
                 for chunk in snapshot_chunks(data):
-                    job.add(chunk)
-                snapshot, pruned = job.commit()
+                    run(job.add(chunk))
+                snapshot, pruned = run(job.commit())
             except BaseException as exc:
-                job.abort()
-                if isinstance(exc, WriterFencedError):
-                    self._fail(exc)
+                self._snapshot_failed(exc)
+                with contextlib.suppress(UsageError):  # the client closed under it: nothing to settle with
+                    run(job.abort())
                 raise
-            self._snapshot_done(snapshot, pruned)
+            run(self._snapshotted(snapshot, pruned))
             return snapshot
 
-    def _snapshot_done(self, snapshot: Snapshot, pruned: Sequence[SnapshotRef]) -> None:
-        """(Blocking) after a snapshot was listed: delete the ones it pushed out, count it,
+    def _snapshot_failed(self, exc: BaseException) -> None:
+        if isinstance(exc, WriterFencedError):
+            self._fail(exc)
+
+    async def _snapshotted(self, snapshot: Snapshot, pruned: Sequence[SnapshotRef]) -> None:
+        """(Loop) after a snapshot was listed: delete the ones it pushed out, count it,
         let retention look again."""
+        core = self._bk._core
         for old in pruned:
             with contextlib.suppress(NoSuchLedgerError):
-                self._bk._core.ledgers.delete(old.ledger_id)
+                await core.md(core.ledgers.delete, old.ledger_id)
         self.stats.snapshots += 1
         self.stats.snapshot_bytes += snapshot.size
-        self._request_retention()
+        self._retain_event.set()
 
     def _check_snapshot_lsn(self, lsn: LSN) -> None:
         meta = self.metadata()
@@ -1032,11 +1038,6 @@ class WriteAheadLog(_LogView):
                 raise
 
     # -- retention in the background ------------------------------------------------------------
-    def _request_retention(self) -> None:
-        """Ask the background pass to run (from any thread)."""
-        with contextlib.suppress(UsageError):
-            self._bk._loop.call(self._retain_event.set)
-
     async def _retention_loop(self) -> None:
         """(Loop) one retention pass at a time, on a metadata thread: at open, when asked
         (rolls, snapshots) and every PASS_INTERVAL while an age rule is set."""

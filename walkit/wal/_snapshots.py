@@ -27,17 +27,19 @@ retention pass (walkit/wal/_retention.py) deletes pending ledgers of older epoch
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import dataclasses
 import functools
 import io
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from concurrent.futures import Future
 from typing import IO, TYPE_CHECKING, Any, Union
 
-from walkit.client import BookKeeper
-from walkit.errors import InvalidArgumentError, NoSuchLedgerError, WalkitError
+from walkit.client import BookKeeper, LedgerWriter, check_payload
+from walkit.errors import InvalidArgumentError, WalkitError
 from walkit.logs import context
 from walkit.metadata import retry_cas
 from walkit.wal._format import LogMetadata, PendingSnapshot, SnapshotRef
@@ -46,7 +48,8 @@ from walkit.wal._lsn import LSN
 if TYPE_CHECKING:
     from walkit.wal._log import WriteAheadLog
 
-__all__ = ["Snapshot", "SnapshotData", "SnapshotJob", "SNAPSHOT_CHUNK", "IN_FLIGHT", "snapshot_chunks"]
+__all__ = ["Snapshot", "SnapshotData", "SnapshotJob", "SNAPSHOT_CHUNK", "IN_FLIGHT", "snapshot_chunks",
+           "asnapshot_chunks"]
 
 log = logging.getLogger(__name__)
 
@@ -149,61 +152,78 @@ def snapshot_chunks(data: SnapshotData) -> Iterator[bytes]:
         yield bytes(buffer)
 
 
+async def asnapshot_chunks(data: SnapshotData | AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    """:func:`snapshot_chunks` for the asyncio API: an async iterable of byte chunks is
+    regrouped the same way; anything else as :func:`snapshot_chunks` gives it."""
+    if not isinstance(data, AsyncIterable):
+        for chunk in snapshot_chunks(data):
+            yield chunk
+        return
+    buffer = bytearray()
+    async for piece in data:
+        if not isinstance(piece, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError("a snapshot chunk is bytes", type=type(piece).__name__)
+        buffer += piece
+        while len(buffer) >= SNAPSHOT_CHUNK:
+            yield bytes(buffer[:SNAPSHOT_CHUNK])
+            del buffer[:SNAPSHOT_CHUNK]
+    if buffer:
+        yield bytes(buffer)
+
+
 class SnapshotJob:
-    """One snapshot being written by ``wal`` (the steps of the module docstring).
-    Blocking calls: run them on the caller's thread or a metadata thread, never on the
-    client's loop."""
+    """One snapshot being written by ``wal`` (the steps of the module docstring), as
+    coroutines on the client's loop: the sync API runs each step with ``loop.run``, the
+    asyncio API awaits it; the chunks come from the caller's side, one step each."""
 
     def __init__(self, wal: WriteAheadLog, lsn: LSN) -> None:
         self._wal = wal
         self.lsn = lsn
         self.size = 0
         self._pending: PendingSnapshot | None = None
-        self._handle: Any = None
-        self._in_flight: list[Future[int]] = []
+        self._writer: LedgerWriter | None = None
+        self._in_flight: collections.deque[Future[int]] = collections.deque()
 
-    def begin(self) -> None:
+    async def begin(self) -> None:
         wal = self._wal
         s = wal.settings
-        self._handle = handle = wal._bk.create_ledger(
-            s.ensemble_size, s.write_quorum, s.ack_quorum, password=wal._password,
-            custom_metadata={"walkit.snapshot": f"{wal.namespace}/{wal.name}".encode(),
-                             "walkit.lsn": str(self.lsn).encode()})
-        pending = PendingSnapshot(handle.ledger_id, wal.epoch)
+        core = wal._bk._core
+        self._writer = writer = await wal._bk._create(
+            s.ensemble_size, s.write_quorum, s.ack_quorum, "crc32c", wal._password,
+            {"walkit.snapshot": f"{wal.namespace}/{wal.name}".encode(), "walkit.lsn": str(self.lsn).encode()})
+        pending = PendingSnapshot(writer.ledger_id, wal.epoch)
 
         def name_it(meta: LogMetadata) -> LogMetadata:
             if pending in meta.pending:
                 return meta  # our own write, whose reply was lost
             return dataclasses.replace(meta, pending=(*meta.pending, pending))
 
-        wal._writing_snapshots.add(handle.ledger_id)
-        try:
-            retry_cas(functools.partial(wal._change, name_it), "log metadata (naming a snapshot being written)",
-                      log=wal.name)
-        except BaseException:
-            self._pending = pending  # it may have landed: abort() settles it
-            raise
-        self._pending = pending
+        wal._writing_snapshots.add(writer.ledger_id)
+        self._pending = pending  # from here on it may have landed: abort() settles it
+        await core.md(functools.partial(retry_cas, functools.partial(wal._change, name_it),
+                                        "log metadata (naming a snapshot being written)", log=wal.name))
 
-    def add(self, chunk: bytes) -> Future[int]:
-        """Write one chunk (at most :data:`SNAPSHOT_CHUNK` bytes); the future of its entry.
-        Waits first while :data:`IN_FLIGHT` are unacknowledged."""
-        while len(self._in_flight) >= IN_FLIGHT:
-            self._in_flight.pop(0).result()
+    async def add(self, chunk: bytes) -> None:
+        """Write one chunk (at most :data:`SNAPSHOT_CHUNK` bytes), waiting first while
+        :data:`IN_FLIGHT` are unacknowledged."""
+        writer = self._writer
+        assert writer is not None
+        config = self._wal._bk.config
+        while len(self._in_flight) >= min(IN_FLIGHT, config.max_pending_adds):
+            await asyncio.wrap_future(self._in_flight.popleft())
+        self._in_flight.append(writer.submit(check_payload(chunk, config.max_frame_size, writer.meta.digest)))
         self.size += len(chunk)
-        fut: Future[int] = self._handle.add_entry_async(chunk)
-        self._in_flight.append(fut)
-        return fut
 
-    def commit(self) -> tuple[Snapshot, list[SnapshotRef]]:
+    async def commit(self) -> tuple[Snapshot, list[SnapshotRef]]:
         """Wait for the chunks, close the ledger, list the snapshot; the snapshot and the
         older ones it pushed out (their ledgers are the caller's to delete)."""
         wal = self._wal
-        for fut in self._in_flight:
-            fut.result()
-        self._in_flight.clear()
-        self._handle.close()
-        ref = SnapshotRef(self.lsn, self._handle.ledger_id, self.size)
+        writer = self._writer
+        assert writer is not None
+        while self._in_flight:
+            await asyncio.wrap_future(self._in_flight.popleft())
+        await writer.close()
+        ref = SnapshotRef(self.lsn, writer.ledger_id, self.size)
         pending = self._pending
         pruned: list[SnapshotRef] = []
 
@@ -218,23 +238,24 @@ class SnapshotJob:
             pruned[:] = [old for old in meta.snapshots if old not in kept]
             return dataclasses.replace(meta, snapshots=kept, pending=rest)
 
-        retry_cas(functools.partial(wal._change, record), "log metadata (recording a snapshot)", log=wal.name)
+        await wal._bk._core.md(functools.partial(retry_cas, functools.partial(wal._change, record),
+                                                 "log metadata (recording a snapshot)", log=wal.name))
         wal._writing_snapshots.discard(ref.ledger_id)
         return Snapshot(wal._bk, ref, wal._password), pruned
 
-    def abort(self) -> None:
+    async def abort(self) -> None:
         """After a failure: settle whether the snapshot was listed; if surely not, take
         its name out of ``pending`` and delete its ledger."""
         wal = self._wal
-        handle = self._handle
-        if handle is None:
+        writer = self._writer
+        if writer is None:
             return
-        for fut in self._in_flight:
-            fut.cancel()
+        self._in_flight.clear()
         with contextlib.suppress(WalkitError):
-            handle.close()
-        ledger_id = handle.ledger_id
+            await writer.close()
+        ledger_id = writer.ledger_id
         node = wal._node
+        core = wal._bk._core
 
         def decide() -> bool:
             meta, version = node.read()
@@ -244,18 +265,19 @@ class SnapshotJob:
                        version)  # written even unchanged: a late commit can no longer land
             return False
 
+        listed: bool | None
         try:
-            listed: bool | None = retry_cas(decide, "log metadata (settling a failed snapshot)", log=wal.name)
+            listed = await core.md(functools.partial(retry_cas, decide, "log metadata (settling a failed snapshot)",
+                                                     log=wal.name))
         except WalkitError as exc:
             log.warning("log %s: cannot tell whether snapshot ledger %d was listed (%s): a later pass cleans it up",
                         wal.name, ledger_id, exc, extra=context(log=wal.name, namespace=wal.namespace,
                                                                  ledger=ledger_id))
             listed = None
+        wal._writing_snapshots.discard(ledger_id)  # not under way: a pass may take its pending name now
         if listed is False:
-            wal._writing_snapshots.discard(ledger_id)
-            with contextlib.suppress(NoSuchLedgerError, WalkitError):
-                wal._bk.delete_ledger(ledger_id)
+            with contextlib.suppress(WalkitError):
+                await core.md(core.ledgers.delete, ledger_id)
         elif listed:
-            wal._writing_snapshots.discard(ledger_id)
             log.warning("log %s: snapshot ledger %d kept: it is the log's snapshot after all", wal.name, ledger_id,
                         extra=context(log=wal.name, namespace=wal.namespace, ledger=ledger_id))
