@@ -202,6 +202,29 @@ def test_log_list_and_show(world: World, capsys: pytest.CaptureFixture[str]) -> 
     assert segment["seq"] == 1 and segment["state"] == "OPEN" and segment["last_entry"] == 4
     code, out, _ = run(capsys, "log", "show", "audit", "--namespace", "ns2", "--metadata", world.uri)
     assert code == 0 and "last LSN   1/0/0" in out and "CLOSED" in out and "LSN 1/0/0 .. 1/0/*" in out
+    assert "retention  none (truncate by hand); the newest 2 snapshot(s) kept" in out and "holds      -" in out
+
+
+def test_log_show_tells_what_retention_keeps(world: World, capsys: pytest.CaptureFixture[str]) -> None:
+    with walkit.WriteAheadLog.open(world.bk, "policy", retention=walkit.Retention(max_age=86400, before_snapshot=True),
+                                   snapshots_kept=3) as wal:
+        lsn = wal.append(b"x")
+        wal.snapshot(b"state", lsn)
+        with walkit.WriteAheadLog.reader(world.bk, "policy", hold=True) as held, \
+                walkit.WriteAheadLog.reader(world.bk, "policy", cursor="indexer") as cursor:
+            cursor.commit(lsn)
+            assert list(held.replay()) == [(lsn, b"x")]
+            shown = run_json(capsys, "log", "show", "policy", "--metadata", world.uri)
+            assert sorted((h["by"], h["position"]) for h in shown["holds"]) == [
+                ("cursor indexer", str(lsn)), ("reader", f"{lsn.segment}/0/0")]
+            assert shown["settings"]["retention"] == {"max_age": 86400, "before_snapshot": True}
+            assert shown["settings"]["snapshots_kept"] == 3 and shown["pending_snapshots"] == []
+            code, out, _ = run(capsys, "log", "show", "policy", "--metadata", world.uri)
+            assert code == 0 and "segments closed over 86400 s ago, everything before the oldest snapshot kept; " \
+                "the newest 3 snapshot(s) kept" in out
+            assert f"cursor indexer at {lsn}" in out and "reader at " in out
+        shown = run_json(capsys, "log", "show", "policy", "--metadata", world.uri)
+        assert [h["by"] for h in shown["holds"]] == ["cursor indexer"]  # the reader's hold went with it
 
 
 def test_log_read_formats(world: World, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,7 +19,7 @@ from walkit.cli._output import add_format, limited, record_line, size
 if TYPE_CHECKING:
     from walkit.client import BookKeeper
     from walkit.metadata import Cluster
-    from walkit.wal import LSN, LogMetadata, LogReader, Segment
+    from walkit.wal import LSN, LogMetadata, LogReader, Retention, Segment
 
 __all__ = ["register"]
 
@@ -116,11 +116,12 @@ def _show(args: argparse.Namespace) -> int:
     from walkit.client import BookKeeper
     from walkit.errors import WalkitError
     from walkit.metadata import connect
-    from walkit.wal import last_lsn, read_log_metadata
+    from walkit.wal import last_lsn, read_log_holds, read_log_metadata
 
     password = args.password.encode()
     with connect(args.metadata) as cluster, BookKeeper(args.metadata) as bk:
         meta, version = read_log_metadata(cluster, args.name, args.namespace)
+        holds = read_log_holds(cluster, args.name, args.namespace)
         segments = [_segment(cluster, bk, s, password) for s in meta.segments]
         try:
             last: str | None = str(last_lsn(bk, meta, password) or "") or None
@@ -128,7 +129,9 @@ def _show(args: argparse.Namespace) -> int:
             last = f"unknown ({exc})"
     shown = {**_summary(args.namespace, args.name, meta), "metadata_version": version, "last_lsn": last,
              "settings": meta.settings.to_json(), "segments": segments,
-             "snapshots": [{"lsn": str(s.lsn), "ledger": s.ledger_id, "size": s.size} for s in meta.snapshots]}
+             "snapshots": [{"lsn": str(s.lsn), "ledger": s.ledger_id, "size": s.size} for s in meta.snapshots],
+             "pending_snapshots": [{"ledger": p.ledger_id, "epoch": p.epoch} for p in meta.pending],
+             "holds": [{"by": by, "position": None if at is None else str(at)} for by, at in holds]}
     if args.json:
         print(json.dumps(shown, indent=2, sort_keys=True))
         return 0
@@ -140,13 +143,25 @@ def _show(args: argparse.Namespace) -> int:
                          f"{size(s.roll_bytes)} or {s.roll_seconds:g} s"),
             ("truncated", f"before {meta.truncated} (retention: earlier records are gone)" if meta.truncated else "-"),
             ("last LSN", last or "- (no record yet)"),
+            ("retention", _retention_text(s.retention, s.snapshots_kept)),
             ("snapshots", "; ".join(f"LSN {d['lsn']} in ledger {d['ledger']} ({size(d['size'])})"
                                     for d in shown["snapshots"]) or "-"),
+            ("pending", "; ".join(f"ledger {p.ledger_id} (writer epoch {p.epoch}, being written or left by a dead "
+                                  "writer)" for p in meta.pending) or "-"),
+            ("holds", "; ".join(f"{by} at {'the start' if at is None else at}" for by, at in holds) or "-"),
             ("segments", len(segments))):
         print(f"  {label:<10} {value}")
     for d in segments:
         print("    " + _segment_line(d))
     return 0
+
+
+def _retention_text(rules: Retention, kept: int) -> str:
+    said = [f"segments closed over {rules.max_age:g} s ago" if rules.max_age is not None else "",
+            f"oldest segments beyond {size(rules.max_bytes)}" if rules.max_bytes is not None else "",
+            "everything before the oldest snapshot kept" if rules.before_snapshot else ""]
+    text = ", ".join(x for x in said if x) or "none (truncate by hand)"
+    return f"{text}; the newest {kept} snapshot(s) kept"
 
 
 def _segment_line(d: dict[str, Any]) -> str:

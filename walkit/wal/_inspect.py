@@ -23,8 +23,10 @@ from walkit.wal._format import LogMetadata
 from walkit.wal._log import LogReader, _check_name, _LogNode, _LogView
 from walkit.wal._lsn import LSN
 from walkit.wal._records import last_record
+from walkit.wal._retention import named_holds
 
-__all__ = ["list_namespaces", "log_names", "iter_logs", "read_log_metadata", "inspect_reader", "last_lsn"]
+__all__ = ["list_namespaces", "log_names", "iter_logs", "read_log_metadata", "read_log_holds", "inspect_reader",
+           "last_lsn"]
 
 
 def _logs_root(cluster: Cluster) -> str:
@@ -47,6 +49,15 @@ def read_log_metadata(cluster: Cluster, name: str, namespace: str = "default") -
     except NoNodeError:
         raise NoSuchLogError("no such log", namespace=namespace, log=name) from None
     return LogMetadata.decode(data, path), stat.version
+
+
+def read_log_holds(cluster: Cluster, name: str, namespace: str = "default") -> list[tuple[str, LSN | None]]:
+    """What keeps a log's segments from retention besides its snapshots: ``("reader",
+    position)`` per reader opened with ``hold=True``, ``("cursor <name>", position)`` per
+    named cursor (position None: the log's start)."""
+    path = cluster_path(cluster.info.root, f"logholds/{_check_name('namespace', namespace)}/{_check_name('log', name)}")
+    return [("reader" if node.startswith("h-") else f"cursor {node[2:]}", position)
+            for node, position in named_holds(cluster.store, path)]
 
 
 def log_names(cluster: Cluster, namespace: str | None = None) -> Iterator[tuple[str, str]]:

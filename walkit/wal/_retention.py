@@ -66,7 +66,7 @@ from walkit.wal._lsn import LSN
 if TYPE_CHECKING:
     from walkit.wal._log import WriteAheadLog
 
-__all__ = ["Hold", "SegmentFacts", "PASS_INTERVAL", "read_holds", "segments_to_drop", "touch_node", "check_cursor_name",
+__all__ = ["Hold", "SegmentFacts", "PASS_INTERVAL", "read_holds", "named_holds", "segments_to_drop", "touch_node", "check_cursor_name",
            "cut"]
 
 log = logging.getLogger(__name__)
@@ -198,19 +198,25 @@ class _Facts:
 
 
 def read_holds(store: MetadataStore, path: str) -> list[LSN | None]:
-    """The positions held on a log (None: from its start); a hold that vanishes while it
-    is read (its reader closed) is gone and holds nothing."""
+    """The positions held on a log (None: from its start)."""
+    return [position for _, position in named_holds(store, path)]
+
+
+def named_holds(store: MetadataStore, path: str) -> list[tuple[str, LSN | None]]:
+    """``(node name, position)`` of the holds on a log: ``h-<n>`` a reader's, ``c-<name>``
+    a named cursor's; a hold that vanishes while it is read (its reader closed) is gone
+    and holds nothing."""
     try:
         names = store.children(path)
     except NoNodeError:
         return []
-    held: list[LSN | None] = []
+    held: list[tuple[str, LSN | None]] = []
     for name in names:
         try:
             data, _ = store.get(f"{path}/{name}")
         except NoNodeError:
             continue
-        held.append(_decode(data, f"{path}/{name}"))
+        held.append((name, _decode(data, f"{path}/{name}")))
     return held
 
 
