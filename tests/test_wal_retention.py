@@ -348,3 +348,100 @@ def test_a_large_snapshot_streams_with_bounded_memory(tmp_path: Path) -> None:
             read = _peak_rss() - base
         assert snap.size == total == size
         assert written < 64 << 20 and read < 64 << 20, (written, read)
+
+
+def test_snapshots_rolls_and_passes_of_many_logs_on_one_client_never_deadlock(bk: walkit.BookKeeper) -> None:
+    """A pass waits for its writer's lock on the client's loop, never on one of the 4
+    metadata threads a snapshot under way needs (4 logs snapshotting while they roll
+    used to hang every thread of the pool)."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            with WriteAheadLog.open(bk, f"busy-{i}", roll_bytes=600, retention=Retention(before_snapshot=True)) as wal:
+                for _ in range(4):
+                    lsns = [wal.append(RECORD) for _ in range(6)]  # rolls: passes
+                    wal.snapshot(iter([b"s" * 1000] * 3), lsns[-1])
+                    wal.truncate(lsns[-1])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "hung"
+    assert errors == []
+
+
+def test_a_refused_commit_or_pass_leaves_the_hold_where_it_was(bk: walkit.BookKeeper) -> None:
+    with WriteAheadLog.open(bk, "refused", roll_bytes=1000, retention=Retention(before_snapshot=True)) as wal:
+        lsns = _fill(wal, 4)
+        wal.snapshot(b"s", lsns[-1])
+        _wait(lambda: wal.metadata().segments[0].seq == lsns[-1].segment)
+        with WriteAheadLog.reader(bk, "refused", cursor="c") as reader:
+            reader.commit(lsns[-1])
+            with pytest.raises(InvalidArgumentError):
+                reader.commit(lsns[0])  # cut already: refused, and the cursor stays
+            assert reader.position == lsns[-1]
+        with WriteAheadLog.reader(bk, "refused", hold=True) as held:
+            assert list(held.replay(lsns[-1])) == []
+            position = held._hold.position  # type: ignore[union-attr]
+            with pytest.raises(InvalidArgumentError):
+                list(held.replay(lsns[0]))
+            assert held._hold.position == position  # type: ignore[union-attr]
+            store = bk._cluster.store
+            store.delete(held._hold._path)  # type: ignore[union-attr,arg-type]  # as if its session expired
+            newest = wal.append(b"y")
+            assert list(held.replay(newest)) == []  # its next move holds again
+            assert len(read_holds(store, wal._node.holds_path)) == 2  # the cursor and the new hold
+
+
+def test_a_retention_rule_of_a_newer_walkit_is_kept_and_stops_every_cut(bk: walkit.BookKeeper) -> None:
+    from walkit.errors import FormatError
+
+    with WriteAheadLog.open(bk, "newer", roll_bytes=1000) as wal:
+        lsns = _fill(wal, 3)
+        wal.snapshot(b"s", lsns[-1])
+        store, path = bk._cluster.store, wal._node.path
+        import json
+        data, stat = store.get(path)
+        body = json.loads(data)
+        body["settings"]["retention"] = {"before_snapshot": True, "max_segments": 1}
+        store.set(path, json.dumps(body).encode(), stat.version)
+        meta = wal.metadata()
+        assert meta.unknown_retention == {"max_segments": 1} and meta.settings.retention.before_snapshot
+        assert json.loads(meta.encode())["settings"]["retention"] == {"before_snapshot": True, "max_segments": 1}
+        with pytest.raises(FormatError):
+            wal.truncate(lsns[-1])
+        _fill(wal, 1)  # a roll: a pass, which deletes nothing
+        time.sleep(0.3)
+        assert wal.metadata().segments[0].seq == 1
+
+
+def test_a_ledger_that_could_not_be_deleted_is_deleted_by_a_later_pass(bk: walkit.BookKeeper,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from walkit.errors import MetadataUnavailableError
+
+    with WriteAheadLog.open(bk, "undeleted", roll_bytes=1000, retention=Retention(before_snapshot=True)) as wal:
+        lsns = _fill(wal, 3)
+        first = wal.metadata().segments[0]
+        ledgers = bk._core.ledgers
+        real = ledgers.delete
+        refused: list[int] = []
+
+        def refuse_once(ledger_id: int, *args: object) -> None:
+            if not refused:
+                refused.append(ledger_id)
+                raise MetadataUnavailableError("simulated outage")
+            real(ledger_id, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(ledgers, "delete", refuse_once)
+        wal.snapshot(b"s", lsns[-1])
+        _wait(lambda: bool(refused) and wal.metadata().segments[0].seq == lsns[-1].segment)
+        assert refused == [first.ledger_id] and first.ledger_id in wal._undeleted
+        _fill(wal, 1)  # the next pass
+        _wait(lambda: _gone(bk, first.ledger_id) and not wal._undeleted)

@@ -36,8 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import threading
-import weakref
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
@@ -46,7 +44,8 @@ from walkit.client import BookKeeper, Entry, LedgerReader, LedgerWriter, ReadSta
 from walkit.errors import InvalidArgumentError, LedgerClosedError, UsageError, WalkitError
 from walkit.metadata import LedgerMetadata
 from walkit.wal import LSN, LogReader, Snapshot, SnapshotData, WriteAheadLog
-from walkit.wal._snapshots import SnapshotJob, asnapshot_chunks
+from walkit.wal._retention import wait_locked
+from walkit.wal._snapshots import SnapshotJob, asnapshot_chunks, check_snapshot_data
 
 __all__ = ["AsyncBookKeeper", "AsyncLedgerHandle", "AsyncLogReader", "AsyncReadHandle", "AsyncWriteAheadLog", "Entry",
            "connect"]
@@ -248,34 +247,6 @@ async def _blocking(bk: BookKeeper, fn: Callable[..., T], *args: Any, **kwargs: 
     return await _on_core(bk, bk._core.md(functools.partial(fn, *args, **kwargs)))
 
 
-#: Per client: the WAL calls that run on a metadata thread *and* wait for the client's
-#: loop, which may itself wait for a metadata thread (a snapshot creates a ledger, a
-#: truncate deletes ledgers). At most :data:`_REENTRANT` at once, so the pool
-#: (``ClientCore``: 4 threads) always has threads left for what they wait on.
-_REENTRANT = 2
-_reentrant_slots: weakref.WeakKeyDictionary[BookKeeper, asyncio.Semaphore] = weakref.WeakKeyDictionary()
-
-
-@contextlib.asynccontextmanager
-async def _held(lock: threading.Lock) -> AsyncIterator[None]:
-    """``lock`` (a writer's snapshot / truncate / retention lock, also taken by threads),
-    waited for without blocking the event loop."""
-    delay = 0.0005
-    while not lock.acquire(blocking=False):
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.02)
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-async def _blocking_reentrant(bk: BookKeeper, fn: Callable[..., T], *args: Any) -> T:
-    slots = _reentrant_slots.setdefault(bk, asyncio.Semaphore(_REENTRANT))
-    async with slots:
-        return await _blocking(bk, fn, *args)
-
-
 class AsyncWriteAheadLog:
     """``walkit.WriteAheadLog`` for asyncio: ``await AsyncWriteAheadLog.open(...)``,
     ``await log.append(record)``, ``async for lsn, record in log.replay()``. The same
@@ -343,7 +314,8 @@ class AsyncWriteAheadLog:
         wal._check_writable()
         if not isinstance(lsn, LSN):
             raise InvalidArgumentError("snapshot needs the LSN it covers", type=type(lsn).__name__)
-        async with _held(wal._admin):
+        check_snapshot_data(data)
+        async with wait_locked(wal._admin):
             await _blocking(bk, wal._check_snapshot_lsn, lsn)
             job = SnapshotJob(wal, lsn)
             try:
@@ -370,8 +342,11 @@ class AsyncWriteAheadLog:
         return self.sync._replay_pass(after).arecords()
 
     async def truncate(self, before: LSN) -> int:
-        """``WriteAheadLog.truncate`` (run on a metadata thread of the client)."""
-        return await _blocking_reentrant(self.sync._bk, self.sync.truncate, before)
+        """``WriteAheadLog.truncate`` (the cut on a metadata thread of the client)."""
+        wal = self.sync
+        wal._check_truncate(before)
+        async with wait_locked(wal._admin):
+            return await _blocking(wal._bk, wal._truncate_locked, before)
 
     async def close(self) -> None:
         """Wait for appended records, close the segment (carried through even if the caller

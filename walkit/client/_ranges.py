@@ -209,8 +209,10 @@ class _Span:
             capable = [b for b in order if core.speaks_range_reads(b)]
             if not capable:
                 if not any(core.speaks_range_reads(b) for b in self.ensemble):  # no replica speaks READ_RANGE
-                    self.out.extend(await reader.read_each(self.lo, self.hi))
+                    each = await reader.read_each(self.lo, self.hi)
+                    self.out.extend(each)
                     self.lo = self.hi + 1
+                    reader.entry_size = max(len(e.data) for e in each)  # later spans sized by it
                     return self.out
                 self._one(await reader.read_entry(self.lo))  # every replica failed here: it decides
                 failed.clear()
@@ -263,6 +265,7 @@ class _Span:
     def _one(self, read: tuple[object, bytes, int]) -> None:
         self.out.append(Entry(self.reader.ledger_id, self.lo, read[1]))
         self.size += len(read[1])
+        self.reader.entry_size = len(read[1])
         self.lo += 1
 
     def _take(self, response: ReadRangeResponse) -> bool:

@@ -276,6 +276,11 @@ class PendingSnapshot:
 
 _LOG_KEYS = frozenset({"format", "epoch", "segments", "snapshots", "truncated", "settings", "pending"})
 _SETTINGS_KEYS = frozenset(f.name for f in dataclasses.fields(LogSettings))
+_RULES = frozenset(f.name for f in dataclasses.fields(Retention))
+
+
+def _known_rules(rules: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in dict(rules).items() if k in _RULES}
 
 
 @dataclass(frozen=True)
@@ -293,6 +298,9 @@ class LogMetadata:
     #: written back as they were read.
     unknown: Mapping[str, Any] = field(default_factory=dict, hash=False)
     unknown_settings: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    #: Retention rules this walkit does not know (a newer one's): kept as they were, and
+    #: while there are any this walkit deletes no segment (an unknown rule may keep more).
+    unknown_retention: Mapping[str, Any] = field(default_factory=dict, hash=False)
     #: The node it was read from (names the log in errors; not part of the value).
     path: str = field(default="", compare=False, repr=False)
 
@@ -311,6 +319,8 @@ class LogMetadata:
             "truncated": None if self.truncated is None else str(self.truncated),
             "settings": {**self.unknown_settings, **self.settings.to_json()},
         }
+        if self.unknown_retention:
+            body["settings"]["retention"] = {**self.unknown_retention, **self.settings.retention.to_json()}
         if self.pending:
             body["pending"] = [[p.ledger_id, p.epoch] for p in self.pending]
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")
@@ -335,11 +345,13 @@ class LogMetadata:
             segments=tuple(Segment(int(a), int(b)) for a, b in body["segments"]),
             snapshots=tuple(SnapshotRef(LSN.parse(a), int(b), int(c)) for a, b, c in body["snapshots"]),
             truncated=None if body["truncated"] is None else LSN.parse(body["truncated"]),
-            settings=LogSettings.of({k: v for k, v in settings.items() if k in _SETTINGS_KEYS}),
+            settings=LogSettings.of({k: _known_rules(v) if k == "retention" else v
+                                     for k, v in settings.items() if k in _SETTINGS_KEYS}),
             pending=tuple(PendingSnapshot(int(a), int(b)) for a, b in body.get("pending", ())),
             format_version=version,
             unknown={k: v for k, v in body.items() if k not in _LOG_KEYS},
             unknown_settings={k: v for k, v in settings.items() if k not in _SETTINGS_KEYS},
+            unknown_retention={k: v for k, v in dict(settings.get("retention") or {}).items() if k not in _RULES},
             path=path,
         )
 

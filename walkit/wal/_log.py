@@ -78,8 +78,8 @@ from walkit.wal._lsn import LSN
 from walkit.wal._many import ManyFuture, complete_entry, fail_all
 from walkit.wal._format import FRAGMENT_HEAD_SIZE, fragment_count, pack_fragment
 from walkit.wal._records import DEFAULT_MAX_RECORD_BYTES, RecordReader, check_max_record_bytes
-from walkit.wal._retention import PASS_INTERVAL, Hold, cut
-from walkit.wal._snapshots import Snapshot, SnapshotData, SnapshotJob, snapshot_chunks
+from walkit.wal._retention import PASS_INTERVAL, Hold, cut, delete_ledgers, wait_locked
+from walkit.wal._snapshots import Snapshot, SnapshotData, SnapshotJob, check_snapshot_data, snapshot_chunks
 from walkit.wal._stats import LOGS
 from walkit.wal._watch import NodeWatch
 
@@ -219,9 +219,7 @@ class _LogView:
         if after is not None and not isinstance(after, LSN):
             raise InvalidArgumentError("after must be an LSN or None", type=type(after).__name__)
         md = self._bk._core.md
-        await md(self._held, after)  # before the node is read: see walkit/wal/_retention.py
-        meta = await md(self.metadata)
-        self._check_not_truncated(meta, after)
+        meta = await self._start_held(after)
         for segment in meta.segments_from(after):
             await md(self._held, _segment_start(segment, after))
             state = await self._open_segment(segment)
@@ -235,8 +233,23 @@ class _LogView:
                     async for entries in chunks:
                         yield segment, entries
 
-    def _held(self, position: LSN | None) -> None:
-        """A pass has reached ``position``: what a reader's hold keeps from now on."""
+    async def _start_held(self, after: LSN | None) -> LogMetadata:
+        """(Client loop) a pass from ``after`` begins: hold it (before the node is read,
+        walkit/wal/_retention.py), then refuse it if it was cut - putting the hold back."""
+        md = self._bk._core.md
+        previous = await md(self._held, after)
+        meta = await md(self.metadata)
+        try:
+            self._check_not_truncated(meta, after)
+        except InvalidArgumentError:
+            await md(self._held, previous)
+            raise
+        return meta
+
+    def _held(self, position: LSN | None) -> LSN | None:
+        """A pass has reached ``position``: what a reader's hold keeps from now on; what
+        it kept before."""
+        return None
 
     @staticmethod
     def _check_not_truncated(meta: LogMetadata, after: LSN | None) -> None:
@@ -356,8 +369,15 @@ class LogReader(_LogView):
             raise UsageError("this reader has no cursor (WriteAheadLog.reader(..., cursor=name))", log=self.name)
         if not isinstance(lsn, LSN):
             raise InvalidArgumentError("commit needs an LSN", type=type(lsn).__name__)
+        self._check_not_truncated(self.metadata(), lsn)  # refused before anything moves
+        previous = self._cursor.refresh()
         self._cursor.move(lsn)
-        self._check_not_truncated(self.metadata(), lsn)
+        try:
+            self._check_not_truncated(self.metadata(), lsn)  # a cut that landed meanwhile
+        except InvalidArgumentError:
+            with contextlib.suppress(WalkitError):
+                self._cursor.move(previous)
+            raise
 
     def delete_cursor(self) -> None:
         """Delete the named cursor: its position keeps nothing from now on."""
@@ -365,9 +385,12 @@ class LogReader(_LogView):
             raise UsageError("this reader has no cursor", log=self.name)
         self._cursor.delete()
 
-    def _held(self, position: LSN | None) -> None:
-        if self._hold is not None and not self._closed:
-            self._hold.move(position)
+    def _held(self, position: LSN | None) -> LSN | None:
+        if self._hold is None or self._closed:
+            return None
+        previous = self._hold.position
+        self._hold.move(position)
+        return previous
 
     def _release_holds(self) -> None:
         for hold in (self._hold, self._cursor):
@@ -395,10 +418,7 @@ class LogReader(_LogView):
         time, as they become durable, segment after segment."""
         self._check_open()
         md = self._bk._core.md
-        await md(self._held, after)  # before the node is read: see walkit/wal/_retention.py
-        meta = await md(self.metadata)
-        if meta.truncated is not None:
-            self._check_not_truncated(meta, after)
+        await self._start_held(after)
         handed = after is not None  # whether the tail stands past a point (segments cut since are an error)
         next_seq = 1 if after is None else after.segment
         async with _watching(self._bk, self._watch):
@@ -495,7 +515,8 @@ class WriteAheadLog(_LogView):
         self._admin = threading.Lock()  # snapshot, truncate and retention passes, one at a time
         self.last_lsn: LSN | None = None
         self._writing_snapshots: set[int] = set()  # ledgers of this writer's snapshots under way
-        self._segment_facts: dict[int, tuple[int, bool, float]] = {}  # closed ledgers' (length, closed, ctime)
+        self._segment_facts: dict[int, tuple[int, bool, float | None]] = {}  # closed ledgers' (length, closed, ctime)
+        self._undeleted: set[int] = set()  # ledgers the log no longer names, not deleted yet (retried by passes)
         self._retain_event = asyncio.Event()  # set: a retention pass is wanted
         self._retention_task: asyncio.Task[None] | None = None
 
@@ -973,6 +994,7 @@ class WriteAheadLog(_LogView):
         self._check_writable()
         if not isinstance(lsn, LSN):
             raise InvalidArgumentError("snapshot needs the LSN it covers", type=type(lsn).__name__)
+        check_snapshot_data(data)
         run = self._bk._loop.run
         with self._admin:
             self._check_snapshot_lsn(lsn)
@@ -997,10 +1019,8 @@ class WriteAheadLog(_LogView):
     async def _snapshotted(self, snapshot: Snapshot, pruned: Sequence[SnapshotRef]) -> None:
         """(Loop) after a snapshot was listed: delete the ones it pushed out, count it,
         let retention look again."""
-        core = self._bk._core
-        for old in pruned:
-            with contextlib.suppress(NoSuchLedgerError):
-                await core.md(core.ledgers.delete, old.ledger_id)
+        self._undeleted.update(old.ledger_id for old in pruned)
+        await self._bk._core.md(delete_ledgers, self)
         self.stats.snapshots += 1
         self.stats.snapshot_bytes += snapshot.size
         self._retain_event.set()
@@ -1026,16 +1046,24 @@ class WriteAheadLog(_LogView):
     def truncate(self, before: LSN) -> int:
         """Delete whole segments wholly below ``before``, never past the oldest snapshot
         kept (without a snapshot nothing goes) nor a position a reader holds
-        (walkit/wal/_retention.py); the number deleted."""
+        (walkit/wal/_retention.py); the number deleted. The log's retention rules play no
+        part here (they run after rolls and snapshots)."""
+        self._check_truncate(before)
+        with self._admin:
+            return self._truncate_locked(before)
+
+    def _check_truncate(self, before: LSN) -> None:
         self._check_writable()
         if not isinstance(before, LSN):
             raise InvalidArgumentError("truncate needs an LSN", type=type(before).__name__)
-        with self._admin:
-            try:
-                return len(cut(self, before))
-            except WriterFencedError as exc:
-                self._fail(exc)
-                raise
+
+    def _truncate_locked(self, before: LSN) -> int:
+        """(Blocking, ``_admin`` held) the cut of :meth:`truncate`."""
+        try:
+            return len(cut(self, before))
+        except WriterFencedError as exc:
+            self._fail(exc)
+            raise
 
     # -- retention in the background ------------------------------------------------------------
     async def _retention_loop(self) -> None:
@@ -1050,7 +1078,10 @@ class WriteAheadLog(_LogView):
             if self._closing or self._error is not None:
                 return
             try:
-                await self._bk._core.md(self._retain_once)
+                async with wait_locked(self._admin):  # waited for here, never on a metadata thread
+                    if self._closing:
+                        return
+                    await self._bk._core.md(self._retain_once)
             except WriterFencedError as exc:
                 self._fail(exc)
                 return
@@ -1072,10 +1103,10 @@ class WriteAheadLog(_LogView):
                 await task
 
     def _retain_once(self) -> None:
-        with self._admin:  # never beside a snapshot or a truncate of this writer
-            if not self._closing:
-                self.stats.retention_passes += 1
-                self.stats.retention_segments += len(cut(self))
+        """(Metadata thread, ``_admin`` held: never beside a snapshot or a truncate of
+        this writer) one background pass."""
+        self.stats.retention_passes += 1
+        self.stats.retention_segments += len(cut(self))
 
     def _check_writable(self) -> None:
         self._check_open()

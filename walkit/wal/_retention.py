@@ -40,11 +40,13 @@ ledgers of snapshots a dead writer left half-written (``pending`` in the log nod
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
+import threading
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import dataclasses
@@ -52,12 +54,14 @@ import functools
 from typing import TYPE_CHECKING
 
 from walkit.errors import (
+    FormatError,
     InvalidArgumentError,
     MetadataVersionError,
     NodeExistsError,
     NoNodeError,
     NoSuchLedgerError,
     UsageError,
+    WalkitError,
 )
 from walkit.metadata import LedgerState, MetadataStore, retry_cas
 from walkit.wal._format import LogMetadata, Retention, Segment
@@ -67,7 +71,7 @@ if TYPE_CHECKING:
     from walkit.wal._log import WriteAheadLog
 
 __all__ = ["Hold", "SegmentFacts", "PASS_INTERVAL", "read_holds", "named_holds", "segments_to_drop", "touch_node", "check_cursor_name",
-           "cut"]
+           "cut", "delete_ledgers", "wait_locked"]
 
 log = logging.getLogger(__name__)
 
@@ -134,12 +138,16 @@ def cut(wal: WriteAheadLog, before: LSN | None = None) -> list[Segment]:
     def change(meta: LogMetadata) -> LogMetadata:
         rules = Retention() if before is not None else meta.settings.retention
         facts.segments = meta.segments
+        unknown = bool(meta.unknown_retention)  # a newer walkit's rule: it may keep more, so nothing goes
+        if unknown and before is not None:
+            raise FormatError("the log has retention rules this walkit does not know; truncate it with the "
+                              "walkit that set them", log=wal.name, rules=",".join(map(str, meta.unknown_retention)))
         holds: list[LSN | None] = []
-        if meta.snapshots and (rules.active or before is not None):
+        if meta.snapshots and (rules.active or before is not None) and not unknown:
             holds = read_holds(node.store, node.holds_path)  # after the node: see the module docstring
         current = wal._segment
-        dropped[:] = segments_to_drop(meta, current, rules, holds, facts, open_bytes=wal._segment_bytes,
-                                      before=before)
+        dropped[:] = [] if unknown else segments_to_drop(meta, current, rules, holds, facts,
+                                                         open_bytes=wal._segment_bytes, before=before)
         gone = [p for p in meta.pending
                 if p.epoch < wal.epoch or (p.epoch == wal.epoch and p.ledger_id not in wal._writing_snapshots)]
         stale[:] = [p.ledger_id for p in gone]
@@ -156,12 +164,28 @@ def cut(wal: WriteAheadLog, before: LSN | None = None) -> list[Segment]:
                                    pending=tuple(p for p in meta.pending if p not in gone))
 
     retry_cas(functools.partial(wal._change, change), "log metadata (retention)", log=wal.name)
-    for ledger_id in [s.ledger_id for s in dropped] + [i for i in stale if i not in listed]:
-        with contextlib.suppress(NoSuchLedgerError):
-            wal._bk._core.ledgers.delete(ledger_id)
+    for segment in dropped:
+        wal._segment_facts.pop(segment.ledger_id, None)
+    wal._undeleted.update([s.ledger_id for s in dropped] + [i for i in stale if i not in listed])
+    delete_ledgers(wal)
     if dropped:
         log.info("log %s: retention deleted segments %d..%d", wal.name, dropped[0].seq, dropped[-1].seq)
     return dropped
+
+
+def delete_ledgers(wal: WriteAheadLog) -> None:
+    """(Blocking) delete the ledgers the log no longer names (``wal._undeleted``); one that
+    cannot be deleted now is tried again at the next pass."""
+    for ledger_id in sorted(wal._undeleted):
+        try:
+            wal._bk._core.ledgers.delete(ledger_id)
+        except NoSuchLedgerError:
+            pass
+        except WalkitError as exc:
+            log.warning("log %s: ledger %d, no longer named by the log, not deleted yet: %s", wal.name, ledger_id,
+                        exc)
+            continue
+        wal._undeleted.discard(ledger_id)
 
 
 class _Facts:
@@ -172,15 +196,17 @@ class _Facts:
         self._cache = wal._segment_facts
         self.segments: tuple[Segment, ...] = ()  # the log's, as the pass read them
 
-    def _meta(self, ledger_id: int) -> tuple[int, bool, float]:
-        """(length, closed, created at) of a ledger; a deleted one counts as closed, empty, old."""
+    def _meta(self, ledger_id: int) -> tuple[int, bool, float | None]:
+        """(length, closed, created at) of a ledger; a deleted one counts as closed and
+        empty, created at an unknown time."""
         known = self._cache.get(ledger_id)
         if known is not None:
             return known
+        found: tuple[int, bool, float | None]
         try:
             meta = self._wal._bk._core.ledgers.read(ledger_id)[0]
         except NoSuchLedgerError:
-            found = (0, True, 0.0)
+            found = (0, True, None)
         else:
             found = (meta.length, meta.state is LedgerState.CLOSED, meta.ctime / 1000.0)
         if found[1]:
@@ -195,6 +221,21 @@ class _Facts:
             if following:
                 closed_at = self._meta(following[0].ledger_id)[2]  # the roll created the next one
         return SegmentFacts(length, closed_at)
+
+
+@contextlib.asynccontextmanager
+async def wait_locked(lock: threading.Lock) -> AsyncIterator[None]:
+    """``lock`` (a writer's ``_admin``: snapshots, truncations and retention passes, one at
+    a time, taken by threads too), waited for on an event loop without blocking it - and
+    never on one of the client's metadata threads, which what holds it may need."""
+    delay = 0.0005
+    while not lock.acquire(blocking=False):
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.02)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def read_holds(store: MetadataStore, path: str) -> list[LSN | None]:
@@ -298,19 +339,25 @@ class Hold:
 
     def move(self, position: LSN | None) -> None:
         """Hold ``position`` from now on; a move backwards (or to the start) re-checks
-        against cuts being decided (module docstring)."""
+        against cuts being decided (module docstring). A cursor is compared with what is
+        stored (another reader of it may have moved it); a reader's hold whose node went
+        with its session is registered again."""
         if not self._registered or self._path is None:
             raise UsageError("hold not registered", log=self._log)
-        if position == self._position:
+        current = self._read() if self.cursor is not None else self._position
+        if position == current:
+            self._position = position
             return
-        backwards = position is None or (self._position is not None and position < self._position)
+        backwards = position is None or (current is not None and position < current)
         data = _START if position is None else str(position).encode("ascii")
         try:
             self._store.set(self._path, data)
         except NoNodeError:
             if self.cursor is not None:
                 raise UsageError("the cursor was deleted", log=self._log, cursor=self.cursor) from None
-            raise
+            self._registered = False  # the session that held it expired: hold again, as new
+            self.register(position)
+            return
         self._position = position
         if backwards:
             touch_node(self._store, self._log_path, "log metadata (moving a reader's hold back)", self._log)

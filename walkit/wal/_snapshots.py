@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from walkit.wal._log import WriteAheadLog
 
 __all__ = ["Snapshot", "SnapshotData", "SnapshotJob", "SNAPSHOT_CHUNK", "IN_FLIGHT", "snapshot_chunks",
-           "asnapshot_chunks"]
+           "asnapshot_chunks", "check_snapshot_data"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,15 @@ class _ChunkStream(io.RawIOBase):
         if close is not None:
             close()
         super().close()
+
+
+def check_snapshot_data(data: object) -> None:
+    """InvalidArgumentError now, before a ledger is made, for what no snapshot is made of."""
+    if isinstance(data, (bytes, bytearray, memoryview)) or callable(getattr(data, "read", None)):
+        return
+    if isinstance(data, str) or not isinstance(data, (Iterable, AsyncIterable)):
+        raise InvalidArgumentError("a snapshot is bytes, a binary file-like object or an iterable of byte chunks",
+                                   type=type(data).__name__)
 
 
 def snapshot_chunks(data: SnapshotData) -> Iterator[bytes]:
