@@ -119,6 +119,27 @@ class _ChunkStream(io.RawIOBase):
         super().close()
 
 
+class _Regroup:
+    """Byte pieces of any sizes as chunks of :data:`SNAPSHOT_CHUNK` (the last one shorter)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, piece: object) -> list[bytes]:
+        if not isinstance(piece, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError("a snapshot chunk is bytes", type=type(piece).__name__)
+        buffer = self._buffer
+        buffer += piece
+        out = []
+        while len(buffer) >= SNAPSHOT_CHUNK:
+            out.append(bytes(buffer[:SNAPSHOT_CHUNK]))
+            del buffer[:SNAPSHOT_CHUNK]
+        return out
+
+    def rest(self) -> list[bytes]:
+        return [bytes(self._buffer)] if self._buffer else []
+
+
 def check_snapshot_data(data: object) -> None:
     """InvalidArgumentError now, before a ledger is made, for what no snapshot is made of."""
     if isinstance(data, (bytes, bytearray, memoryview)) or callable(getattr(data, "read", None)):
@@ -149,16 +170,10 @@ def snapshot_chunks(data: SnapshotData) -> Iterator[bytes]:
     if isinstance(data, str) or not isinstance(data, Iterable):
         raise InvalidArgumentError("a snapshot is bytes, a binary file-like object or an iterable of byte chunks",
                                    type=type(data).__name__)
-    buffer = bytearray()
+    regroup = _Regroup()
     for piece in data:
-        if not isinstance(piece, (bytes, bytearray, memoryview)):
-            raise InvalidArgumentError("a snapshot chunk is bytes", type=type(piece).__name__)
-        buffer += piece
-        while len(buffer) >= SNAPSHOT_CHUNK:
-            yield bytes(buffer[:SNAPSHOT_CHUNK])
-            del buffer[:SNAPSHOT_CHUNK]
-    if buffer:
-        yield bytes(buffer)
+        yield from regroup.feed(piece)
+    yield from regroup.rest()
 
 
 async def asnapshot_chunks(data: SnapshotData | AsyncIterable[bytes]) -> AsyncIterator[bytes]:
@@ -168,16 +183,12 @@ async def asnapshot_chunks(data: SnapshotData | AsyncIterable[bytes]) -> AsyncIt
         for chunk in snapshot_chunks(data):
             yield chunk
         return
-    buffer = bytearray()
+    regroup = _Regroup()
     async for piece in data:
-        if not isinstance(piece, (bytes, bytearray, memoryview)):
-            raise InvalidArgumentError("a snapshot chunk is bytes", type=type(piece).__name__)
-        buffer += piece
-        while len(buffer) >= SNAPSHOT_CHUNK:
-            yield bytes(buffer[:SNAPSHOT_CHUNK])
-            del buffer[:SNAPSHOT_CHUNK]
-    if buffer:
-        yield bytes(buffer)
+        for chunk in regroup.feed(piece):
+            yield chunk
+    for chunk in regroup.rest():
+        yield chunk
 
 
 class SnapshotJob:
