@@ -347,6 +347,7 @@ def test_a_large_snapshot_streams_with_bounded_memory(tmp_path: Path) -> None:
                 total += len(piece)
             read = _peak_rss() - base
         assert snap.size == total == size
+        print(f"snapshot of {size >> 20} MiB: peak RSS +{written >> 20} MiB writing, +{read >> 20} MiB reading")
         assert written < 64 << 20 and read < 64 << 20, (written, read)
 
 
