@@ -64,6 +64,31 @@ def test_create_add_read_close_delete(tmp_path: Path, driver: Driver) -> None:
             bk.delete_ledger(lh.ledger_id)
 
 
+def test_a_create_with_the_bookies_known_runs_on_the_callers_thread(tmp_path: Path, driver: Driver,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the bookie list is watched and the chosen bookies' endpoints are known, the
+    sync create goes neither through the client's loop nor a metadata thread; otherwise
+    (a stale list) it does, as before; either way the writer is one the client's close
+    fails, and it writes."""
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        first = bk.create_ledger(3, 3, 2)  # reads the list, learns the endpoints: through the loop
+        first.add_entry(b"a")
+        hops: list[object] = []
+        real_run = bk._run
+        monkeypatch.setattr(bk, "_run", lambda coro: hops.append(coro) or real_run(coro))
+        fast = bk.create_ledger(3, 3, 2, password=b"pw")
+        assert hops == [] and fast.add_entry(b"b") == 0
+        assert fast.ledger_id in set(bk.list_ledgers())
+        bk._core._writable_at -= 3600  # a stale list: read again, on the loop
+        slow = bk.create_ledger(3, 3, 2)
+        assert len(hops) == 1 and slow.add_entry(b"c") == 0
+        assert fast._writer in set(bk._core.writers) and slow._writer in set(bk._core.writers)
+        with pytest.raises(InvalidArgumentError):
+            bk.create_ledger(2, 3, 2)  # checked before anything is chosen
+        for handle in (first, fast, slow):
+            handle.close()
+
+
 def test_bad_arguments_are_refused_clearly(tmp_path: Path, driver: Driver) -> None:
     with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
         for e, qw, qa in ((3, 4, 2), (3, 2, 3), (3, 3, 0), (0, 0, 0)):

@@ -65,24 +65,33 @@ class BookKeeper:
                       digest: str = "crc32c", password: bytes = b"",
                       custom_metadata: Mapping[str, bytes] | None = None) -> LedgerHandle:
         """A new ledger on ``ensemble_size`` writable bookies, open for adds."""
-        return LedgerHandle(self, self._run(self._create(ensemble_size, write_quorum, ack_quorum, digest, password,
-                                                         custom_metadata)))
+        self._check_open()
+        custom = _check_create(ensemble_size, write_quorum, ack_quorum, digest, password, custom_metadata)
+        ensemble = self._core.bookies_now(ensemble_size)
+        if ensemble is None:  # the bookie list or an endpoint must be read first: on the client's loop
+            return LedgerHandle(self, self._run(self._create(ensemble_size, write_quorum, ack_quorum, digest,
+                                                             password, custom_metadata)))
+        # all known: on this thread, no hop through the loop and a metadata thread (docs/performance.md)
+        meta = self._store_new(ensemble, write_quorum, ack_quorum, digest, password, custom)
+        return LedgerHandle(self, LedgerWriter(self._core, meta, 0, master_key(password)))
 
     async def _create(self, ensemble_size: int, write_quorum: int, ack_quorum: int, digest: str, password: bytes,
                       custom_metadata: Mapping[str, bytes] | None) -> LedgerWriter:
         custom = _check_create(ensemble_size, write_quorum, ack_quorum, digest, password, custom_metadata)
         core = self._core
         ensemble = await core.choose_bookies(ensemble_size, set())
-
-        def store() -> LedgerMetadata:
-            meta = LedgerMetadata.create(
-                core.ledgers.new_ledger_id(), tuple(ensemble), write_quorum=write_quorum, ack_quorum=ack_quorum,
-                password=password, ctime=int(time.time() * 1000), digest=digest, custom=custom)
-            core.ledgers.create(meta)
-            return meta
-
-        meta = await core.md(store)
+        meta = await core.md(self._store_new, ensemble, write_quorum, ack_quorum, digest, password, custom)
         return LedgerWriter(core, meta, 0, master_key(password))
+
+    def _store_new(self, ensemble: list[str], write_quorum: int, ack_quorum: int, digest: str, password: bytes,
+                   custom: Mapping[str, bytes] | None) -> LedgerMetadata:
+        """(Blocking) a new ledger's metadata, stored."""
+        core = self._core
+        meta = LedgerMetadata.create(
+            core.ledgers.new_ledger_id(), tuple(ensemble), write_quorum=write_quorum, ack_quorum=ack_quorum,
+            password=password, ctime=int(time.time() * 1000), digest=digest, custom=custom)
+        core.ledgers.create(meta)
+        return meta
 
     def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> ReadHandle:
         """A reader of ``ledger_id``. With ``recovery`` an unclosed ledger is fenced,

@@ -105,6 +105,7 @@ class ClientCore:
         self.closing = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self.writers: weakref.WeakSet[_Failable] = weakref.WeakSet()
+        self.writers_lock = threading.Lock()  # writers are made on any thread (BookKeeper.create_ledger)
         self.stats = CLIENTS.new(self)  # written on the loop thread only (walkit/client/_stats.py)
         # writers with adds to send (any thread appends; the loop takes them all at once)
         self._ready_lock = threading.Lock()
@@ -255,18 +256,36 @@ class ClientCore:
         """``count`` distinct writable bookies not in ``exclude``, at random, bookies
         that failed lately only when no others are left (NotEnoughBookiesError)."""
         writable = self._writable
-        if (writable is None or time.monotonic() - self._writable_at > BOOKIE_LIST_MAX_AGE
-                or len(writable.difference(exclude)) < count):  # (the watch may lag a bookie that just joined)
+        if not self._fresh(writable, count, exclude):  # (the watch may lag a bookie that just joined)
             writable = await self.md(self._read_bookies)
+        assert writable is not None
         candidates = [b for b in writable if b not in exclude]
         if len(candidates) < count:
             raise NotEnoughBookiesError("not enough writable bookies", needed=count, available=len(candidates),
                                         excluded=len(exclude & writable) or None)
-        random.shuffle(candidates)
-        candidates.sort(key=self.recently_failed)
-        chosen = candidates[:count]
+        chosen = self._pick(candidates, count)
         await self._learn_endpoints(chosen)
         return chosen
+
+    def bookies_now(self, count: int) -> list[str] | None:
+        """(Any thread) what :meth:`choose_bookies` gives for a new ledger, when it needs
+        neither the store nor the loop: the watched list is fresh and every chosen
+        bookie's endpoint known; None otherwise."""
+        writable = self._writable
+        if self.closing or not self._fresh(writable, count, set()):
+            return None
+        assert writable is not None
+        chosen = self._pick(list(writable), count)
+        return chosen if all(b in self._endpoints for b in chosen) else None
+
+    def _fresh(self, writable: frozenset[str] | None, count: int, exclude: set[str]) -> bool:
+        return (writable is not None and time.monotonic() - self._writable_at <= BOOKIE_LIST_MAX_AGE
+                and len(writable.difference(exclude)) >= count)
+
+    def _pick(self, candidates: list[str], count: int) -> list[str]:
+        random.shuffle(candidates)
+        candidates.sort(key=self.recently_failed)
+        return candidates[:count]
 
     def _read_bookies(self) -> frozenset[str]:
         """(Metadata thread) the writable bookies, read from the store; the lists are
@@ -311,7 +330,9 @@ class ClientCore:
             self._sweep.cancel()
             self._sweep = None
         error = UsageError("client closed with adds in flight: their outcome is unknown")
-        for writer in list(self.writers):
+        with self.writers_lock:
+            writers = list(self.writers)
+        for writer in writers:
             writer.fail_for_close(error)
         tasks = list(self._tasks)
         for task in tasks:

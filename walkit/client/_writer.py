@@ -118,7 +118,8 @@ class LedgerWriter:
         self._length = length
         self.closing = False
         self.slots = Slots(core.config.max_pending_adds, self._lock)  # max_pending_adds, under the same lock
-        core.writers.add(self)
+        with core.writers_lock:
+            core.writers.add(self)
 
     def fail_for_close(self, error: WalkitError) -> None:
         """(Loop) the client is closing: adds in flight fail now rather than hang."""

@@ -640,7 +640,8 @@ class WriteAheadLog(_LogView):
         wal = cls(bk, owned, node, password, epoch=epoch, settings=settings, segment=segment, writer=writer,
                   max_entry_bytes=max_entry_bytes, max_inflight_entries=max_inflight)
         wal._retention_task = asyncio.get_running_loop().create_task(wal._retention_loop())
-        wal._retain_event.set()  # a first pass: the policy, and what a dead writer left pending
+        if meta.pending or (settings.retention.active and meta.snapshots):
+            wal._retain_event.set()  # a first pass: the policy, and what a dead writer left pending
         log.info("log %s/%s: writer epoch %d, segment %d (ledger %d)", node.namespace, node.name, epoch, seq,
                  writer.ledger_id, extra=context(log=node.name, namespace=node.namespace, ledger=writer.ledger_id))
         return wal
