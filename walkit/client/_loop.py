@@ -213,7 +213,8 @@ async def _aclose(agen: AsyncGenerator[Any, None]) -> None:
     """(Loop) close ``agen`` (one still running a cancelled step ends by itself)."""
     try:
         await agen.aclose()
-    except RuntimeError:
-        pass  # "already running": the cancellation of its step ends it
+    except RuntimeError as exc:
+        if "already running" not in str(exc):  # else: the cancellation of its running step ends it
+            log.warning("an abandoned read failed while it was closed", exc_info=True)
     except Exception:  # nobody is left to hear of it
         log.warning("an abandoned read failed while it was closed", exc_info=True)
