@@ -123,7 +123,8 @@ def _read_report(meter: Meter, records: int, size: int) -> dict[str, Any]:
     """A read's row: ``records`` of ``size`` bytes in all, since ``meter.start()``."""
     report = meter.stop(records)
     return {"records": records, "seconds": report["seconds"], "records_per_s": report["entries_per_s"],
-            "mb_per_s": round(size / 1e6 / report["seconds"], 1) if report["seconds"] else 0.0,
+            # from the rate, not the seconds (rounded: a short read's round to 0)
+            "mb_per_s": round(report["entries_per_s"] * size / records / 1e6, 1) if records else 0.0,
             "client_cpu_us_per_record": report["client_cpu_us_per_entry"],
             "bookie_cpu_us_per_record": report["bookie_cpu_us_per_entry"],
             "other_cpu_cores": report["other_cpu_cores"], "steal_cores": report["steal_cores"]}
