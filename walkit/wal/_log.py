@@ -47,14 +47,13 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import io
 import logging
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 from walkit.client import BookKeeper, Entry, LedgerWriter, QuickFuture, ReadState, read_chunks
 from walkit.errors import (
