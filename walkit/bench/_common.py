@@ -39,6 +39,11 @@ def _machine_seconds() -> tuple[float, float]:
     return (user + nice + system + irq + softirq) / tick, steal / tick
 
 
+def figure(seconds: float) -> float:
+    """``seconds`` to three significant digits: a phase of a few milliseconds does not read as 0."""
+    return float(f"{seconds:.3g}")
+
+
 class Meter:
     """Wall clock and CPU time (this process, the bookies, the machine) over one phase."""
 
@@ -54,15 +59,13 @@ class Meter:
         self._t0, self._client0, self._bookies0 = time.perf_counter(), time.process_time(), self._bookies()
 
     def stop(self, entries: int) -> dict[str, Any]:
-        """The phase's figures; ``seconds`` keeps three significant digits, so a phase of
-        a few milliseconds (a recovery of two entries) does not read as 0."""
         elapsed = time.perf_counter() - self._t0
         client, bookies = time.process_time() - self._client0, self._bookies() - self._bookies0
         busy, steal = _machine_seconds()
         busy, steal = busy - self._busy0, steal - self._steal0
         per = max(entries, 1)
         return {
-            "seconds": float(f"{elapsed:.3g}"), "entries": entries, "entries_per_s": round(entries / elapsed),
+            "seconds": figure(elapsed), "entries": entries, "entries_per_s": round(entries / elapsed),
             "client_cpu_us_per_entry": round(client / per * 1e6, 1), "client_cpu_cores": round(client / elapsed, 2),
             "bookie_cpu_us_per_entry": round(bookies / per * 1e6, 1), "bookie_cpu_cores": round(bookies / elapsed, 2),
             # everything else that ran on the machine meanwhile (other work, kernel threads), and steal

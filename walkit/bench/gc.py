@@ -85,7 +85,7 @@ from bookie.fs.real import RealFS
 from bookie.gc import GarbageCollector
 from bookie.storage import LedgerStorage
 from walkit._local_cluster import LocalCluster
-from walkit.bench._common import Meter, latency_percentiles
+from walkit.bench._common import Meter, figure, latency_percentiles
 from walkit.client import BookieClient, BookKeeper, LedgerHandle
 from walkit.errors import InvalidArgumentError
 from walkit.metadata import (
@@ -374,7 +374,7 @@ def _scan_case(storage: LedgerStorage, config: BookieConfig, s: _ScanStore, n: i
     paced = 1 + calls.get("list", 0) + calls.get("exists", 0)  # the limiter: first sync, listings, candidates
     return {
         "store": s.name, "ledgers": n, "populate_seconds": round(s.populate_seconds, 1),
-        "pass_seconds": round(seconds, 3), "pass_seconds_all": [round(p["seconds"], 3) for p in passes],
+        "pass_seconds": figure(seconds), "pass_seconds_all": [round(p["seconds"], 3) for p in passes],
         "ledgers_listed_per_s": round(n / seconds), "metadata_calls": calls, "paced_calls": paced,
         "floor_at_default_limit_seconds": round(paced / BookieConfig.gc_metadata_op_rate_limit, 2),
         "bookie_ledgers": len(storage.ledgers()), "deleted": len(deleted),
@@ -584,7 +584,7 @@ def _compaction_figures(passes: list[dict[str, Any]]) -> dict[str, Any]:
         "mb_per_s_each": [round(v, 1) for v in per_bookie],
         # entry-log bytes the pass got through (read, live part copied, file removed) per second
         "log_mb_per_s_per_bookie": round(statistics.median(rate("bytes_reclaimed")), 1),
-        "pass_seconds": round(statistics.median(p["seconds"] for p in passes), 2),
+        "pass_seconds": figure(statistics.median(p["seconds"] for p in passes)),
         "copied_mib": round(sum(p["bytes_copied"] for p in passes) / MiB, 1),
         "reclaimed_mib": round(sum(p["bytes_reclaimed"] for p in passes) / MiB, 1),
         "logs_compacted": sum(p["entry_logs_compacted"] for p in passes),

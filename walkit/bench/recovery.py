@@ -51,7 +51,7 @@ from typing import Any
 
 from walkit import aio
 from walkit._local_cluster import LocalCluster
-from walkit.bench._common import Meter, bench_cluster, create_ledger_waiting, journals_o_direct, latency_percentiles
+from walkit.bench._common import Meter, figure, bench_cluster, create_ledger_waiting, journals_o_direct, latency_percentiles
 from walkit.errors import InvalidArgumentError, NotEnoughBookiesError, WalkitError
 from walkit.metadata import Cluster, connect
 from walkit.recovery import UnderReplication
@@ -101,7 +101,7 @@ def _load(uri: str, ledgers: int, entries: int, entry_size: int) -> dict[str, An
     asyncio.run(_load_async(uri, ledgers, entries, os.urandom(entry_size)))
     seconds = time.perf_counter() - t0
     total = ledgers * entries * entry_size
-    return {"ledgers": ledgers, "entries_per_ledger": entries, "bytes": total, "seconds": round(seconds, 2),
+    return {"ledgers": ledgers, "entries_per_ledger": entries, "bytes": total, "seconds": figure(seconds),
             "mb_per_s": round(total / seconds / 1e6, 1)}
 
 
@@ -258,7 +258,7 @@ def _manual(cluster: LocalCluster, md: Cluster, writer: _Writer, entry_size: int
     seconds = (t1 - t0) / 1e9
     return {
         "bookie": bookie, "share": share, "expiry_s": round((expired - killed) / 1e9, 2),
-        "seconds": round(seconds, 2), "recover_seconds": report["seconds"],
+        "seconds": figure(seconds), "recover_seconds": report["seconds"],
         "entries_copied": report["entries_copied"], "fragments_replaced": report["fragments_replaced"],
         "failures": len(report["failures"]), "open_ledgers": len(report["open_ledgers"]),
         "mb_per_s": round(share["bytes"] / seconds / 1e6, 1), "tool_cpu_s": round(tool_cpu, 2),
@@ -294,7 +294,7 @@ def _auto(cluster: LocalCluster, md: Cluster, writer: _Writer, entry_size: int) 
         "bookie": bookie, "was_auditor": bookie == auditor, "share": share,
         "expiry_s": round((expired - killed) / 1e9, 2),
         "first_marker_s": round((first_marker - killed) / 1e9, 2) if first_marker else None,
-        "seconds": round(seconds, 2), "seconds_from_kill": round(total, 2),
+        "seconds": figure(seconds), "seconds_from_kill": round(total, 2),
         "ledgers_repaired_logged": _repaired_in_logs(cluster, bookie),
         "mb_per_s": round(share["bytes"] / seconds / 1e6, 1),
         "mb_per_s_from_kill": round(share["bytes"] / total / 1e6, 1),
