@@ -8,6 +8,8 @@
                 :mod:`bookie._replicate`);
 ``ledger.entries``  ``{"ledger": L, "first": a, "last": b}`` (at most 65,536 ids): the entry ids of
                 the range this bookie stores (the auditor's check, a repair of missing copies);
+``storage.caches``  the read caches' sizes and hit counts
+                (:meth:`bookie.storage.LedgerStorage.cache_stats`);
 ``bookie.readonly``  ``{"readonly": true | false}``: read-only on the operator's word (whatever
                 the disks say; ``walkit decommission``), answered once registered so.
 
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["COMMANDS", "run_command"]
 
-COMMANDS = ("gc.status", "gc.run", "ledger.replicate", "ledger.entries", "bookie.readonly")
+COMMANDS = ("gc.status", "gc.run", "ledger.replicate", "ledger.entries", "storage.caches", "bookie.readonly")
 _MAX_RANGE = 65536
 _REGISTER_TIMEOUT = 60.0
 
@@ -61,6 +63,8 @@ def run_command(server: BookieServer, command: str, raw_args: bytes) -> dict[str
                                        ledger=repr(ledger_id)[:40], first=repr(first)[:40], last=repr(last)[:40])
         assert isinstance(ledger_id, int) and isinstance(first, int) and isinstance(last, int)
         return {"entries": bookie.storage.stored_entries(ledger_id, first, last)}
+    if command == "storage.caches":
+        return bookie.storage.cache_stats()
     if command == "bookie.readonly":
         if type(args.get("readonly")) is not bool:
             raise InvalidArgumentError("bookie.readonly needs readonly: true or false")

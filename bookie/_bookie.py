@@ -221,6 +221,7 @@ class _StorageReplay:
 
 
 _LAST_LACS = 4096  # ledgers whose last entry's LAC read_lac remembers (forgotten all at once past it)
+_BY_COUNT = 1 << 40  # a read-ahead's byte bound when dbStorage_readAheadCacheBatchBytesSize <= 0: none
 
 
 class Bookie:
@@ -284,7 +285,11 @@ class Bookie:
             self.before_stamp,
         )
         self._storage = LedgerStorage(
-            fs, list(c.ledger_directories), entry_log_size_limit=c.entry_log_size_limit, open_index_files=c.open_file_limit
+            fs, list(c.ledger_directories), entry_log_size_limit=c.entry_log_size_limit,
+            open_index_files=c.open_file_limit, read_ahead_cache_bytes=c.read_ahead_cache_max_size_mb << 20,
+            read_ahead_batch=c.read_ahead_cache_batch_size,
+            read_ahead_batch_bytes=c.read_ahead_cache_batch_bytes_size if c.read_ahead_cache_batch_bytes_size > 0
+            else _BY_COUNT, recent_writes_bytes=c.recent_writes_cache_max_size_mb << 20,
         )
         self._storage.open()
         self._storage.on_failure = lambda exc: self._failed(self._where(exc, c.ledger_directories), exc)
@@ -707,13 +712,39 @@ class Bookie:
                 entry_id = last
             if last < 0:
                 return None
-            data = s.buffered_entry(ledger_id, entry_id)
+            data = s.memory_entry(ledger_id, entry_id)
             if data is None:
                 return None
-            last_data = data if entry_id == last else s.buffered_entry(ledger_id, last)
+            last_data = data if entry_id == last else s.memory_entry(ledger_id, last)
             if last_data is None:
                 return None
             return entry_id, data, self._lac(ledger_id, last_data)
+        except WalkitError:  # not stored, storage closed: the slow path gives the answer
+            return None
+
+    def read_memory(self, ledger_id: int, entry_id: int) -> tuple[bytes, int] | None:
+        """``(entry, LAC)`` for a READ_ENTRY of a stored ``entry_id`` from memory alone - the
+        entry in its log's write buffer or read ahead, and a LAC known without a read
+        (the last entry's, remembered by :meth:`read_lac`, or that entry in memory too) -
+        else None: :meth:`read_entry` and :meth:`read_lac`, which may wait for the disk,
+        answer it. For the event loop: a reader going entry by entry through a ledger is
+        answered without a hand-off to the read pool."""
+        s = self.storage
+        try:
+            data = s.memory_entry(ledger_id, entry_id)
+            if data is None:
+                return None
+            last = s.last_entry_id(ledger_id)
+            known = self._last_lacs.get(ledger_id)
+            if known is not None and known[0] == last:
+                lac = known[1]
+            else:
+                last_data = data if entry_id == last else s.memory_entry(ledger_id, last)
+                if last_data is None:
+                    return None
+                lac = parse_entry_header(last_data).lac
+            explicit = s.explicit_lac(ledger_id)
+            return data, lac if explicit is None else max(explicit, lac)
         except WalkitError:  # not stored, storage closed: the slow path gives the answer
             return None
 

@@ -112,6 +112,19 @@ class BookieConfig:
     flush_interval: int = _key("flushInterval", 60000, "ms between checkpoints (storage synced, lastMark written)")
     flush_entries_threshold: int = _key("flushEntriesThreshold", 200_000, "walkit: checkpoint early once this "
                                         "many entries wait in memory, bounding RAM")
+    # Read caches (bookie/storage/_cache.py): a single read (READ_ENTRY) that goes to an
+    # entry log reads the entries after it ahead; log buffers written lately stay in memory.
+    read_ahead_cache_max_size_mb: int = _key("dbStorage_readAheadCacheMaxSizeMb", 64, "MiB of entries read ahead "
+                                             "by single reads, kept for the reads that follow (0: no read-ahead; "
+                                             "BookKeeper: a quarter of direct memory)")
+    read_ahead_cache_batch_size: int = _key("dbStorage_readAheadCacheBatchSize", 100, "entries one read-ahead "
+                                            "reads (1: no read-ahead)")
+    read_ahead_cache_batch_bytes_size: int = _key("dbStorage_readAheadCacheBatchBytesSize", 1 << 20, "bytes one "
+                                                  "read-ahead reads at most (1 MiB; <= 0: by count alone, "
+                                                  "BookKeeper's default)")
+    recent_writes_cache_max_size_mb: int = _key("recentWritesCacheMaxSizeMb", 16, "walkit: MiB of entry-log "
+                                                "buffers written lately kept in memory for readers close behind "
+                                                "the writers (0: off)")
     # Limits and disk usage: read-only once a ledger disk is fuller than the threshold,
     # writable again once every one is below the low-water mark; checked every interval.
     netty_max_frame_size_bytes: int = _key("nettyMaxFrameSizeBytes", 5 * 1024 * 1024, "bytes: largest wire "
@@ -228,6 +241,7 @@ class BookieConfig:
             "maxLongPolls": self.max_long_polls,
             "maxConnections": self.max_connections,
             "numReadWorkerThreads": self.num_read_worker_threads,
+            "dbStorage_readAheadCacheBatchSize": self.read_ahead_cache_batch_size,
             "diskCheckInterval": self.disk_check_interval,
             "gcWaitTime": self.gc_wait_time,
             "gcOverreplicatedLedgerWaitTime": self.gc_overreplicated_ledger_wait_time,
@@ -244,6 +258,8 @@ class BookieConfig:
             "journalBufferedEntriesThreshold": self.journal_buffered_entries_threshold,
             "journalMaxBackups": self.journal_max_backups,
             "journalRecycleFiles": self.journal_recycle_files,
+            "dbStorage_readAheadCacheMaxSizeMb": self.read_ahead_cache_max_size_mb,
+            "recentWritesCacheMaxSizeMb": self.recent_writes_cache_max_size_mb,
             "lostBookieRecoveryDelay": self.lost_bookie_recovery_delay,
             "openLedgerRereplicationGracePeriod": self.open_ledger_rereplication_grace_period,
         }

@@ -163,6 +163,21 @@ def _storage(server: BookieServer) -> Iterator[Metric]:
     yield logs
     yield index
     yield usage
+    assert server.bookie is not None
+    caches = server.bookie.storage.cache_stats()
+    hits = CounterMetricFamily("walkit_bookie_read_cache_hits", "Reads a storage cache answered (read_ahead: "
+                               "single reads; recent_writes: entry-log preads)", labels=["cache"])
+    misses = CounterMetricFamily("walkit_bookie_read_cache_misses", "Reads a storage cache could not answer",
+                                 labels=["cache"])
+    held = GaugeMetricFamily("walkit_bookie_read_cache_bytes", "Bytes a storage cache holds", labels=["cache"])
+    bound = GaugeMetricFamily("walkit_bookie_read_cache_max_bytes", "A storage cache's bound (0: off)",
+                              labels=["cache"])
+    for name, stats in sorted(caches.items()):
+        hits.add_metric([name], stats["hits"])
+        misses.add_metric([name], stats["misses"])
+        held.add_metric([name], stats["bytes"])
+        bound.add_metric([name], stats["max_bytes"])
+    yield from (hits, misses, held, bound)
 
 
 def _sizes(directory: str) -> tuple[int, int]:

@@ -1001,7 +1001,22 @@ class BookieServer:
         elif req.previous_lac is not None:
             self._long_poll(conn, req)
         else:
-            self._in_pool(conn, req, self._do_read_entry, req)
+            response = self._read_from_memory(req)
+            if response is not None:
+                conn.respond(response)
+            else:
+                self._in_pool(conn, req, self._do_read_entry, req)
+
+    def _read_from_memory(self, req: ReadEntry) -> Response | None:
+        """A READ_ENTRY answered on the loop when memory holds all it needs (an entry read
+        ahead or still in its log's buffer: :meth:`~bookie.Bookie.read_memory`); None:
+        the read pool answers it."""
+        if self.read_hook is not None or req.entry_id < 0 or self.bookie is None:
+            return None
+        found = self.bookie.read_memory(req.ledger_id, req.entry_id)
+        if found is None:
+            return None
+        return ReadEntryResponse(req.ledger_id, req.entry_id, found[1], found[0], req.request_id)
 
     # -- long poll ---------------------------------------------------------------------
     # The waiter is registered (on the loop) before the LAC is first read (on the pool),

@@ -926,7 +926,8 @@ _OUT_OF_RANGE: dict[str, Any] = {
     "diskUsageThreshold": 1.5, "diskUsageLwmThreshold": 0.0, "diskUsageWarnThreshold": float("inf"),
     "majorCompactionThreshold": 1.2, "minorCompactionThreshold": 0.9, "lostBookieRecoveryDelay": -5,
     "openLedgerRereplicationGracePeriod": -1, "auditorPeriodicBookieCheckInterval": 0, "gcWaitTime": 0,
-    "tlsKeyStore": "/key.pem", "ledgerDirectories": [],
+    "tlsKeyStore": "/key.pem", "ledgerDirectories": [], "dbStorage_readAheadCacheMaxSizeMb": -1,
+    "dbStorage_readAheadCacheBatchSize": 0, "recentWritesCacheMaxSizeMb": -1,
 }
 
 _NAMES = {"tlsKeyStore": "tlsCertificatePath"}  # a key alone: the error names the one missing beside it

@@ -727,3 +727,35 @@ def test_the_read_hook_applies_to_every_entry_of_a_range(tmp_path: Path) -> None
             assert ranged.entries == (entry(1, 1), entry(1, 2), flipped, entry(1, 4)) and single.data == flipped
 
     run(body)
+
+
+def test_single_reads_of_entries_read_ahead_are_answered_without_the_read_pool(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            assert server.bookie is not None
+            await ask(server, *(AddEntry(1, e, KEY, entry(1, e)) for e in range(200)))
+            server.bookie.storage.flush()  # on disk only: not in a write buffer any more
+            pooled: list[int] = []
+            original = server._do_read_entry
+
+            def counting(req: ReadEntry) -> Response:
+                pooled.append(req.entry_id)
+                return original(req)
+
+            monkeypatch.setattr(server, "_do_read_entry", counting)
+            (first,) = await ask(server, ReadEntry(1, 0))  # to the disk, with the 99 after it
+            rest = await ask(server, *(ReadEntry(1, e) for e in range(1, 100)))
+            assert isinstance(first, ReadEntryResponse) and first.data == entry(1, 0)
+            assert [(type(a), a.entry_id, a.data, a.lac) for a in rest if isinstance(a, ReadEntryResponse)] == [
+                (ReadEntryResponse, e, entry(1, e), first.lac) for e in range(1, 100)]
+            assert pooled == [0]
+            assert server.bookie.storage.cache_stats()["read_ahead"]["hits"] == 99
+            (family,) = [m for m in BookieCollector(server).collect() if m.name == "walkit_bookie_read_cache_hits"]
+            hits = {s.labels["cache"]: s.value for s in family.samples}
+            assert hits["read_ahead"] == 99 and hits["recent_writes"] >= 1  # the read-ahead's preads, from memory
+            server.read_hook = lambda ledger, entry_id, data: data  # a hook sees every read: the pool again
+            await ask(server, ReadEntry(1, 100), ReadEntry(1, 101))
+            assert pooled == [0, 100, 101]
+
+    run(body)

@@ -247,7 +247,7 @@ def test_ranges_while_adds_and_flushes_go_on() -> None:
 
 # --- the preads it takes (MemFS) --------------------------------------------------------------
 def test_a_ledger_written_in_order_is_read_with_one_index_and_one_log_pread(preads: list[tuple[str, int]]) -> None:
-    s = LedgerStorage(MemFS(), ["/d"])
+    s = LedgerStorage(MemFS(), ["/d"], read_ahead_cache_bytes=0, recent_writes_bytes=0)  # no cache
     s.open()
     data = fill(s, [0, 1, 2], 300)  # three ledgers interleaved in the one log
     s.close()
@@ -263,7 +263,7 @@ def test_a_ledger_written_in_order_is_read_with_one_index_and_one_log_pread(prea
 
 
 def test_reading_stops_where_max_bytes_stops_the_range(preads: list[tuple[str, int]]) -> None:
-    s = LedgerStorage(MemFS(), ["/d"])
+    s = LedgerStorage(MemFS(), ["/d"], recent_writes_bytes=0)  # every read from the file
     s.open()
     for e in range(200):
         s.add_entry(0, e, bytes([e]) * 10_000)
@@ -280,7 +280,7 @@ def test_reading_stops_where_max_bytes_stops_the_range(preads: list[tuple[str, i
 
 
 def test_a_span_never_reads_more_than_the_span_limit_at_once(preads: list[tuple[str, int]]) -> None:
-    s = LedgerStorage(MemFS(), ["/d"])
+    s = LedgerStorage(MemFS(), ["/d"], recent_writes_bytes=0)  # every read from the file
     s.open()
     for e in range(12):
         s.add_entry(0, e, bytes([e]) * (700 << 10))
@@ -297,7 +297,7 @@ def test_a_span_never_reads_more_than_the_span_limit_at_once(preads: list[tuple[
 
 
 def test_a_ledger_written_among_others_is_read_without_their_bytes(preads: list[tuple[str, int]]) -> None:
-    s = LedgerStorage(MemFS(), ["/d"])
+    s = LedgerStorage(MemFS(), ["/d"], recent_writes_bytes=0)  # every read from the file
     s.open()
     for e in range(50):  # ledger 0's small entries between ledger 2's large ones, in one log
         s.add_entry(0, e, bytes([e]) * 1000)
@@ -314,7 +314,7 @@ def test_a_ledger_written_among_others_is_read_without_their_bytes(preads: list[
 
 
 def test_buffered_entries_are_copied_only_as_far_as_max_bytes_can_take_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    s = LedgerStorage(MemFS(), ["/d"], write_buffer_size=4 << 20)
+    s = LedgerStorage(MemFS(), ["/d"], write_buffer_size=4 << 20, recent_writes_bytes=0)
     s.open()
     for e in range(1000):
         s.add_entry(0, e, bytes([e % 256]) * 1000)

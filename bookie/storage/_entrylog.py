@@ -22,6 +22,9 @@ index slot points there); a new log with a higher id is started instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 from crc32c import crc32c
 
 from bookie.fs import File, FileSystem, is_no_space
@@ -36,8 +39,8 @@ from bookie.storage._format import (
 )
 from bookie.storage._usage import LogUsage
 
-__all__ = ["FIRST_READ", "EntryLogWriter", "LogGone", "finish_record", "open_log_for_read", "read_record",
-           "record_where"]
+__all__ = ["FIRST_READ", "EntryLogWriter", "LogGone", "Preader", "finish_record", "open_log_for_read",
+           "read_record", "record_where"]
 
 _RECORD_HEADER_PACK = RECORD_HEADER.pack
 _CRC_HEAD_PACK = RECORD_CRC_HEAD.pack
@@ -47,6 +50,13 @@ _IDS_SIZE = RECORD_HEADER.size - 8  # ledger and entry id: counted in a record's
 FIRST_READ = 4096
 
 
+class Preader(Protocol):
+    """What reading records needs of a log: a file, or memory in front of one
+    (:class:`bookie.storage._cache.KeptFirst`)."""
+
+    def pread(self, size: int, offset: int) -> bytes: ...
+
+
 class LogGone(Exception):
     """The entry log a location names is not there (compaction removed it, or damage)."""
 
@@ -54,7 +64,8 @@ class LogGone(Exception):
 class EntryLogWriter:
     """The active (or rolled, not yet synced) entry log of one ledger dir."""
 
-    def __init__(self, fs: FileSystem, path: str, log_id: int, buffer_size: int) -> None:
+    def __init__(self, fs: FileSystem, path: str, log_id: int, buffer_size: int,
+                 on_written: Callable[[int, int, bytes], None] | None = None) -> None:
         self.path = path
         self.log_id = log_id
         self.file = fs.open(path, create=True)
@@ -69,6 +80,9 @@ class EntryLogWriter:
         #: The disk was full when the buffer was last due to be written (ENOSPC): the
         #: records wait in the buffer (readable) for a flush once there is room.
         self.no_space: OSError | None = None
+        #: ``on_written(log id, offset, bytes)``: a buffer was just written there (the
+        #: recent-writes cache keeps it)
+        self.on_written = on_written
 
     def append(self, ledger_id: int, entry_id: int, data: bytes) -> int:
         """Buffer one record (writing the buffer out once it holds ``buffer_size``
@@ -96,6 +110,8 @@ class EntryLogWriter:
         is kept whole (the next call writes it again, over any part that got through)."""
         if self._buf:
             self.file.pwrite(self._buf, self._buf_start)
+            if self.on_written is not None:
+                self.on_written(self.log_id, self._buf_start, bytes(self._buf))
             self._buf_start += len(self._buf)
             self._buf = bytearray()
         self.no_space = None
@@ -132,13 +148,13 @@ def open_log_for_read(fs: FileSystem, path: str, log_id: int) -> File:
     return f
 
 
-def read_record(f: File, log_id: int, offset: int, ledger_id: int, entry_id: int) -> bytes:
+def read_record(f: Preader, log_id: int, offset: int, ledger_id: int, entry_id: int) -> bytes:
     """Read, verify and return the data of the record at ``offset`` of log ``log_id``."""
     where = record_where(log_id, offset, ledger_id, entry_id)
     return finish_record(f, f.pread(FIRST_READ, offset), offset, ledger_id, entry_id, where)
 
 
-def finish_record(f: File, head: bytes, offset: int, ledger_id: int, entry_id: int, where: dict[str, object]) -> bytes:
+def finish_record(f: Preader, head: bytes, offset: int, ledger_id: int, entry_id: int, where: dict[str, object]) -> bytes:
     """The verified data of the record at ``offset`` whose first bytes, read already, are
     ``head`` (the rest is read when the record is longer)."""
     total = record_length(head, where)

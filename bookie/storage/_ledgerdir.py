@@ -42,6 +42,7 @@ from typing import TypeVar
 from bookie.fs import FileSystem, is_no_space
 import logging
 
+from bookie.storage._cache import RecentWrites
 from bookie.storage._entrylog import EntryLogWriter, open_log_for_read
 from bookie.storage._format import (
     LOG_HEADER_SIZE,
@@ -95,6 +96,8 @@ class LedgerDir:
     compacting: set[int] = field(default_factory=set)
     #: Log ids found at open, to be sealed by :meth:`load_usage`.
     _found: dict[int, set[str]] = field(default_factory=dict)
+    #: Where written-out log buffers are kept for readers (None or a bound of 0: nowhere).
+    recent: RecentWrites | None = None
 
     @property
     def current_dir(self) -> str:
@@ -332,6 +335,10 @@ class LedgerDir:
         self.logs_dirty = False
         return LogFlush(sync=done + active, close=done, fsync_dir=fsync_dir)
 
+    def _written(self, log_id: int, start: int, data: bytes) -> None:
+        assert self.recent is not None
+        self.recent.keep(self.number, log_id, start, data)
+
     def close(self) -> None:
         for w in self.rolled + ([self.writer] if self.writer is not None else []):
             w.close()
@@ -347,7 +354,9 @@ class LedgerDir:
         if self.next_log_id > _MAX_LOG_ID:
             raise StorageError("entry log ids exhausted", dir=self.root)
         log_id = self.next_log_id
-        writer = EntryLogWriter(self.fs, self.log_path(log_id), log_id, self.buffer_size)
+        keep = self.recent is not None and self.recent.stats.max_bytes > 0
+        writer = EntryLogWriter(self.fs, self.log_path(log_id), log_id, self.buffer_size,
+                                on_written=self._written if keep else None)
         self.next_log_id += 1
         self.logs_dirty = True
         if old is not None:

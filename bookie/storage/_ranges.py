@@ -51,8 +51,7 @@ from typing import TypeAlias
 
 from crc32c import crc32c
 
-from bookie.fs import File
-from bookie.storage._entrylog import FIRST_READ, LogGone, finish_record, record_where
+from bookie.storage._entrylog import FIRST_READ, LogGone, Preader, finish_record, record_where
 from bookie.storage._format import MAX_ENTRY_SIZE, RECORD_HEADER, record_length, unpack_location
 
 __all__ = ["Source", "in_memory", "located", "read_range"]
@@ -131,7 +130,7 @@ class _Taken:
 
 
 def read_range(sources: list[Source], ledger_id: int, first: int, max_bytes: int,
-               log_file: Callable[[int], AbstractContextManager[File]],
+               log_file: Callable[[int], AbstractContextManager[Preader]],
                read_one: Callable[[int], bytes]) -> list[bytes]:
     """Step 4: the data of ``sources`` (entries ``first``, ``first + 1``, ...), in order,
     within ``max_bytes`` (the first always). ``log_file(log id)`` opens an entry log of
@@ -183,7 +182,7 @@ def _span(sources: list[Source], i: int, first: int, room: int) -> list[tuple[in
     return run
 
 
-def _read_span(f: File, log_id: int, ledger_id: int, run: list[tuple[int, int]], taken: _Taken) -> bool:
+def _read_span(f: Preader, log_id: int, ledger_id: int, run: list[tuple[int, int]], taken: _Taken) -> bool:
     """Take the records of ``run`` (one pread, more for a record longer than what it
     read); False when the budget stopped it before the end. Past the run's last offset
     the pread takes ``FIRST_READ`` bytes or the size of the ledger's record taken last,

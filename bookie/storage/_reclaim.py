@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bookie.fs import FileSystem
+from bookie.storage._cache import RecentWrites
 from bookie.storage._entrylog import open_log_for_read
 from bookie.storage._format import RECORD_HEADER
 from bookie.storage._handles import HandleCache
@@ -91,6 +92,7 @@ class EntryLogReclaim:
     _pending: dict[int, dict[int, int]]
     _index_files: HandleCache[int]
     _log_files: HandleCache[tuple[int, int]]
+    _recent: RecentWrites
     if TYPE_CHECKING:  # provided by LedgerStates
         _failing: _Failing
 
@@ -168,6 +170,7 @@ class EntryLogReclaim:
             d.usage.pop(log_id, None)
             d.compacting.discard(log_id)
         self._log_files.discard((dir_no, log_id))  # a reader holding it keeps its handle
+        self._recent.drop_log(dir_no, log_id)
         self._fs.remove(d.log_path(log_id))
         for path in (d.usage_path(log_id), d.marker_path(log_id)):
             if self._fs.exists(path):

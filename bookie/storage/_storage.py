@@ -27,6 +27,9 @@ Reads look an entry up under the lock (the pending and flushing maps, then the i
 slot) and read and verify its record outside it; an entry still in a log's write buffer
 is copied under the lock. :meth:`LedgerStorage.get_entries` reads a run of consecutive
 entries the same way with one index pread and few log preads (:mod:`bookie.storage._ranges`).
+Two bounded caches (:mod:`bookie.storage._cache`) sit in front: a single read that
+goes to the disk reads the entries after it ahead, and log buffers written out lately
+are kept, so preads of them are answered from memory.
 
 A full disk is not a failure: a log buffer that cannot be written (ENOSPC) stays in
 memory, readable, and an add that needs a new log is refused; a flush that meets ENOSPC
@@ -52,9 +55,11 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from bookie.fs import File, FileSystem, is_no_space
-from bookie.storage._entrylog import EntryLogWriter, LogGone, open_log_for_read, read_record
+from bookie.storage._cache import KeptFirst, ReadAheadCache, RecentWrites
+from bookie.storage._entrylog import EntryLogWriter, LogGone, Preader, open_log_for_read, read_record
 from bookie.storage._format import (
     MAX_ENTRY_ID,
     MAX_ENTRY_SIZE,
@@ -69,7 +74,14 @@ from bookie.storage._ledgerdir import LedgerDir, LogFlush
 from bookie.storage._ranges import in_memory, located, read_range
 from bookie.storage._reclaim import EntryLogReclaim
 from bookie.storage._state import LedgerStates
-from walkit.errors import CorruptionError, EntryTooLargeError, InvalidArgumentError, NoSuchEntryError, NoSuchLedgerError
+from walkit.errors import (
+    CorruptionError,
+    EntryTooLargeError,
+    InvalidArgumentError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    WalkitError,
+)
 
 __all__ = ["LedgerStorage"]
 
@@ -77,6 +89,14 @@ log = logging.getLogger("bookie.storage")
 
 _OPEN_LOG_FILES = 64  # entry logs kept open for reads (each dir holds few logs at a time)
 _WRITE_BUFFER = 256 << 10  # entry-log buffer written at this size
+#: The caches' bounds unless told (the bookie's keys dbStorage_readAheadCacheMaxSizeMb,
+#: dbStorage_readAheadCacheBatchSize, dbStorage_readAheadCacheBatchBytesSize,
+#: recentWritesCacheMaxSizeMb have the same defaults)
+READ_AHEAD_CACHE = 64 << 20
+READ_AHEAD_BATCH = 100
+READ_AHEAD_BATCH_BYTES = 1 << 20
+RECENT_WRITES_CACHE = 16 << 20
+_READ_AHEAD_WAIT = 10.0  # seconds a read waits for a running read-ahead of its entry at most
 
 
 @dataclass
@@ -98,12 +118,25 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         entry_log_size_limit: int = 1 << 30,
         open_index_files: int = 256,
         write_buffer_size: int = _WRITE_BUFFER,
+        read_ahead_cache_bytes: int = READ_AHEAD_CACHE,
+        read_ahead_batch: int = READ_AHEAD_BATCH,
+        read_ahead_batch_bytes: int = READ_AHEAD_BATCH_BYTES,
+        recent_writes_bytes: int = RECENT_WRITES_CACHE,
     ) -> None:
         check_limits(ledger_dirs, entry_log_size_limit, open_index_files, write_buffer_size)
+        if min(read_ahead_cache_bytes, read_ahead_batch_bytes, recent_writes_bytes) < 0 or read_ahead_batch < 1:
+            raise InvalidArgumentError("cache bounds must not be negative, the read-ahead batch at least 1",
+                                       read_ahead_cache_bytes=read_ahead_cache_bytes,
+                                       read_ahead_batch=read_ahead_batch, read_ahead_batch_bytes=read_ahead_batch_bytes,
+                                       recent_writes_bytes=recent_writes_bytes)
         super().__init__()
         self._fs = fs
+        #: entries read ahead by single reads (guarded by the lock)
+        self._read_ahead = ReadAheadCache(read_ahead_cache_bytes, read_ahead_batch, read_ahead_batch_bytes)
+        #: log buffers written out lately (its own lock)
+        self._recent = RecentWrites(recent_writes_bytes)
         self._dirs = [
-            LedgerDir(fs, root, i, entry_log_size_limit, write_buffer_size)
+            LedgerDir(fs, root, i, entry_log_size_limit, write_buffer_size, recent=self._recent)
             for i, root in enumerate(ledger_dirs)
         ]
         self._flush_lock = threading.Lock()
@@ -120,6 +153,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 return
             self._states, self._pending, self._flushing, self._dirty = {}, {}, {}, set()
             self._failure = None
+            self._read_ahead.clear()
+            self._recent.clear()
             for d in self._dirs:
                 d.prepare()
                 d.scan_logs()
@@ -146,6 +181,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 self._index_files.close_all()
                 self._log_files.close_all()
                 self._pending, self._flushing = {}, {}
+                self._read_ahead.clear()
+                self._recent.clear()
                 self._is_open = False
 
     # --- entries --------------------------------------------------------------------
@@ -166,6 +203,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         failed: list[tuple[int, Exception]] = []
         dirs, states = self._dirs, self._states
         ndirs = len(dirs)
+        read_ahead = self._read_ahead
+        cached = read_ahead.ledger_ids  # usually empty: one test per entry
         with self._lock:
             pending = self._pending  # swapped by a flush, under the lock
             last_ledger, state, slots = -1, None, None
@@ -197,6 +236,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                         slots = pending[ledger_id] = {}
                     last_ledger = ledger_id
                 slots[entry_id] = location
+                if cached and ledger_id in cached:  # re-adding overwrites: a copy read ahead goes
+                    read_ahead.drop(ledger_id, entry_id)
             full = [exc for exc in map(LedgerDir.no_space, dirs) if exc is not None]
         if full:  # entries kept in memory (a log buffer the disk has no room for): say so
             self._report(self.on_no_space, full[0])
@@ -212,18 +253,58 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             return self._dir(ledger_id).append(ledger_id, entry_id, bytes(data)), state
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes:
-        """The entry's data, verified (CRC and ids) against the stored record."""
+        """The entry's data, verified (CRC and ids) against the stored record. From
+        memory when it can (a log's write buffer, a copy read ahead); else, unless it is
+        the ledger's last entry, the entries after it are read ahead with it (one
+        batched read) and kept for the reads that follow. A read-ahead that fails (a
+        damaged record further on) falls back to reading this one entry alone."""
         d = self._dir(ledger_id)
+        read_ahead = self._read_ahead
+        location = 0
+        for _ in range(3):  # a running read-ahead that covers the entry is waited for, then memory asked again
+            location, data, state = self._locate(d, ledger_id, entry_id, on_disk=not read_ahead.enabled)
+            if data is not None:
+                return data
+            if not (read_ahead.enabled and entry_id < state.last_entry_id):
+                break
+            with self._lock:
+                mine, done = read_ahead.begin(ledger_id, entry_id)
+            if mine:
+                return self._read_ahead_from(d, ledger_id, entry_id, state, done)
+            done.wait(_READ_AHEAD_WAIT)
+        return self._read_entry(d, ledger_id, entry_id, location)
+
+    def _read_ahead_from(self, d: LedgerDir, ledger_id: int, entry_id: int, state: LedgerState,
+                         done: threading.Event) -> bytes:
+        """Read ``entry_id`` and the entries after it in one batched read; keep all but
+        the first (unless the ledger was deleted, or made again, meanwhile)."""
+        read_ahead = self._read_ahead
+        entries: list[bytes] = []
+        try:
+            entries = self.get_entries(ledger_id, entry_id, read_ahead.batch, read_ahead.batch_bytes)
+        except (WalkitError, OSError):
+            pass  # damage further on, a delete: the entry is read alone below, which says what is wrong
+        finally:
+            with self._lock:
+                if entries and self._states.get(ledger_id) is state:
+                    read_ahead.fill(ledger_id, entry_id + 1, entries[1:], state)
+                read_ahead.end(ledger_id, entry_id, done)
+        return entries[0] if entries else self._read_entry(d, ledger_id, entry_id)
+
+    def _read_entry(self, d: LedgerDir, ledger_id: int, entry_id: int, location: int = 0) -> bytes:
+        """One entry read alone (``location``: where a lookup just found it, 0: look)."""
         tried = 0
         for _ in range(3):  # compaction may move the entry and remove its old log meanwhile
-            location, data = self._locate(d, ledger_id, entry_id)
+            data: bytes | None = None
+            if not location:
+                location, data, _ = self._locate(d, ledger_id, entry_id)
             if data is not None:
                 return data
             if location == tried:
                 break
-            tried = location
+            tried, location = location, 0
             try:
-                return self._read_log(d, location, ledger_id, entry_id)
+                return self._read_log(d, tried, ledger_id, entry_id)
             except LogGone:
                 continue
         log_id, offset = unpack_location(tried)
@@ -255,20 +336,31 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         if not sources:
             raise NoSuchEntryError("entry not stored", ledger=ledger_id, entry=first)
         return read_range(sources, ledger_id, first, max_bytes, functools.partial(self._log_file, d),
-                          functools.partial(self.get_entry, ledger_id))
+                          functools.partial(self._read_entry, d, ledger_id))
 
-    def buffered_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
-        """The entry's data, verified, when it is still in its entry log's write buffer
-        (memory only: no I/O, fit for an event loop), else None (:meth:`get_entry` reads
-        it). Raises NoSuchLedgerError for a ledger not stored."""
+    def memory_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """The entry's data, verified, when memory has it - its entry log's write buffer,
+        or a copy read ahead - (no I/O, fit for an event loop), else None
+        (:meth:`get_entry` reads it). Raises NoSuchLedgerError for a ledger not stored."""
         d = self._dir(ledger_id)
         with self._lock:
-            self._existing_state(ledger_id)
+            state = self._existing_state(ledger_id)
             location = self._memory_slot(ledger_id, entry_id)
-            return d.read_buffered(location, ledger_id, entry_id) if location else None
+            data = d.read_buffered(location, ledger_id, entry_id) if location else None
+            return self._read_ahead.get(ledger_id, entry_id, state) if data is None else data
 
-    def _locate(self, d: LedgerDir, ledger_id: int, entry_id: int) -> tuple[int, bytes | None]:
-        """The entry's location, with its data when it is still in a log's buffer."""
+    def cache_stats(self) -> dict[str, dict[str, Any]]:
+        """What the read caches hold and how often they answered (:mod:`bookie.storage._cache`)."""
+        with self._lock:
+            read_ahead = self._read_ahead.stats.as_dict()
+        return {"read_ahead": read_ahead, "recent_writes": self._recent.stats.as_dict()}
+
+    def _locate(self, d: LedgerDir, ledger_id: int, entry_id: int,
+                on_disk: bool = True) -> tuple[int, bytes | None, LedgerState]:
+        """The entry's location, with its data when memory has it (a log's buffer, a
+        copy read ahead); and the ledger's state. Without ``on_disk``, an entry that is
+        not in memory gets location 0 rather than its index slot (a read-ahead reads
+        the slots of the entries after it too)."""
         with self._lock:
             state = self._existing_state(ledger_id)
             if not 0 <= entry_id <= MAX_ENTRY_ID:
@@ -277,13 +369,21 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             if location:
                 data = d.read_buffered(location, ledger_id, entry_id)
                 if data is not None:
-                    return location, data
-            on_disk = state.on_disk
-        if not location and on_disk:
+                    return location, data, state
+            read_ahead = self._read_ahead
+            if read_ahead.enabled:
+                data = read_ahead.get(ledger_id, entry_id, state)
+                if data is not None:
+                    return location, data, state
+                read_ahead.stats.misses += 1
+            indexed = state.on_disk
+        if not on_disk:
+            return location, None, state
+        if not location and indexed:
             location = self._disk_slot(ledger_id, entry_id)
         if not location:
             raise NoSuchEntryError("entry not stored", ledger=ledger_id, entry=entry_id)
-        return location, None
+        return location, None, state
 
     def stored_entries(self, ledger_id: int, first: int, last: int) -> list[int]:
         """The ids in ``first..last`` whose entry is stored (index slots, no data read)."""
@@ -310,6 +410,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 state = self._existing_state(ledger_id)
                 del self._states[ledger_id]
                 self._pending.pop(ledger_id, None)
+                self._read_ahead.drop_ledger(ledger_id)
                 self._dirty.discard(ledger_id)
                 d.drop_ledger(ledger_id)
             if state.on_disk:  # remove before discarding: no reader caches a stale handle
@@ -481,22 +582,27 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         log_id, offset = unpack_location(location)
         try:  # not through _log_file: a generator context costs a single read ~3 us
             with self._log_files.use((d.number, log_id)) as f:
-                return read_record(f, log_id, offset, ledger_id, entry_id)
+                return read_record(self._kept_first(f, d, log_id), log_id, offset, ledger_id, entry_id)
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 raise
             raise LogGone() from exc
 
     @contextmanager
-    def _log_file(self, d: LedgerDir, log_id: int) -> Iterator[File]:
-        """An entry log of ``d``, for reading (LogGone: it is not there)."""
+    def _log_file(self, d: LedgerDir, log_id: int) -> Iterator[Preader]:
+        """An entry log of ``d``, for reading, its bytes written lately from memory
+        (LogGone: it is not there)."""
         try:
             with self._log_files.use((d.number, log_id)) as f:
-                yield f
+                yield self._kept_first(f, d, log_id)
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 raise
             raise LogGone() from exc
+
+    def _kept_first(self, f: File, d: LedgerDir, log_id: int) -> Preader:
+        """``f``, with the recent-writes cache in front when it is on."""
+        return KeptFirst(f, self._recent, d.number, log_id) if self._recent.stats.max_bytes else f
 
     def _open_index(self, ledger_id: int, create: bool) -> File:
         """The index file, or with ``create`` a new, empty ``.tmp`` file for it."""
