@@ -28,6 +28,7 @@ def test_short_run_reports_every_case_and_cleans_up(tmp_path: Path) -> None:
             r = case[phase]
             assert r["records"] == written and r["records_per_s"] > 0 and r["mb_per_s"] > 0, (key, phase, r)
     assert replay["100"]["cold"]["files_dropped"] > 0  # the bookies' files were dropped from the page cache
+    assert replay["ledger-1024"]["hot, entry by entry"]["caches"]["read_ahead"] >= 0.5  # single reads read ahead
     assert [case["interval_ms"] for case in report["tail"]] == [i * 1000 for i in (*INTERVALS, ROLL_INTERVAL)]
     assert [case["roll_records"] for case in report["tail"]] == [None] * len(INTERVALS) + [ROLL_RECORDS]
     assert report["tail"][-1]["segments"] >= 2, "the rolling case rolled"

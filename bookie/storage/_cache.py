@@ -90,7 +90,8 @@ class ReadAheadCache:
 
     def get(self, ledger_id: int, entry_id: int, state: object) -> bytes | None:
         """The copy of the entry read ahead for this very ledger ``state``, else None
-        (a hit is counted here; the storage counts a miss when it goes to the disk)."""
+        (a hit is counted here; a miss where a read goes to the disk: :meth:`begin`, or
+        the storage for a read not read ahead)."""
         item = self._entries.get((ledger_id, entry_id))
         if item is not None and item[0] is state:
             self.stats.hits += 1
@@ -105,6 +106,7 @@ class ReadAheadCache:
         for first, done in running:
             if first <= entry_id < first + self.batch:
                 return False, done
+        self.stats.misses += 1  # a read that goes to the disk
         done = threading.Event()
         running.append((entry_id, done))
         return True, done

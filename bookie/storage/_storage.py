@@ -272,6 +272,9 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             if mine:
                 return self._read_ahead_from(d, ledger_id, entry_id, state, done)
             done.wait(_READ_AHEAD_WAIT)
+        if read_ahead.enabled:
+            with self._lock:
+                read_ahead.stats.misses += 1
         return self._read_entry(d, ledger_id, entry_id, location)
 
     def _read_ahead_from(self, d: LedgerDir, ledger_id: int, entry_id: int, state: LedgerState,
@@ -375,7 +378,6 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 data = read_ahead.get(ledger_id, entry_id, state)
                 if data is not None:
                     return location, data, state
-                read_ahead.stats.misses += 1
             indexed = state.on_disk
         if not on_disk:
             return location, None, state

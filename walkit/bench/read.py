@@ -31,7 +31,9 @@ logs on ledgers of E=3, Qw=3, Qa=2.
   shows what a roll adds (the tail opens each new segment's ledger).
 
 Reported beside them: the write rate of each log (so a replay rate is read against it),
-and CPU per record of this process and of the bookies, as the other benchmarks report it.
+CPU per record of this process and of the bookies, as the other benchmarks report it,
+and the bookies' read caches' hit rates during each read (``storage.caches``: the
+read-ahead cache answers single reads, the recent-writes cache entry-log preads).
 Targets (issue: performance, second round): replay >= 1,000,000 records/s of 100 B and
 >= 300 MB/s of 1 KiB from three bookies; tail visibility p50 <= 1 ms (issue: reads as fast as
 writes: p99 <= 5 ms; a ledger read >= 150,000 entries/s of 1 KiB; a log written one record
@@ -42,6 +44,7 @@ Everything is removed at the end, also after an error or Ctrl-C.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import os
@@ -52,7 +55,7 @@ from typing import Any
 
 from walkit.bench._common import Meter, bench_cluster, latency_percentiles
 from walkit.bench._visibility import visibility
-from walkit.client import BookKeeper
+from walkit.client import BookieClient, BookKeeper
 from walkit.errors import InvalidArgumentError
 from walkit.wal import WriteAheadLog
 
@@ -109,20 +112,49 @@ def _drop_page_cache(root: Path) -> int:
     return dropped
 
 
-def _replay(bk: BookKeeper, name: str, meter: Meter) -> dict[str, Any]:
+class CacheMeter:
+    """The bookies' read-cache hits and misses over one phase (ADMIN ``storage.caches``)."""
+
+    CACHES = ("read_ahead", "recent_writes")
+
+    def __init__(self, ports: list[int]) -> None:
+        self._ports = ports
+        self._before: dict[tuple[str, str], int] = {}
+
+    async def _ask(self) -> dict[tuple[str, str], int]:
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(await BookieClient.connect("127.0.0.1", p)) for p in self._ports]
+            stats = [await c.admin("storage.caches") for c in clients]
+        return {(cache, k): sum(s[cache][k] for s in stats) for cache in self.CACHES for k in ("hits", "misses")}
+
+    def start(self) -> None:
+        self._before = asyncio.run(self._ask())
+
+    def stop(self) -> dict[str, float | None]:
+        """Each cache's hit rate over the phase (None: it was not asked)."""
+        now = asyncio.run(self._ask())
+        rates: dict[str, float | None] = {}
+        for cache in self.CACHES:
+            hits, misses = (now[(cache, k)] - self._before[(cache, k)] for k in ("hits", "misses"))
+            rates[cache] = round(hits / (hits + misses), 3) if hits + misses else None
+        return rates
+
+
+def _replay(bk: BookKeeper, name: str, meter: Meter, caches: CacheMeter) -> dict[str, Any]:
     records = size = 0
+    caches.start()
     meter.start()
     with WriteAheadLog.reader(bk, name) as reader:
         for _lsn, record in reader.replay():
             records += 1
             size += len(record)
-    return _read_report(meter, records, size)
+    return _read_report(meter, caches, records, size)
 
 
-def _read_report(meter: Meter, records: int, size: int) -> dict[str, Any]:
+def _read_report(meter: Meter, caches: CacheMeter, records: int, size: int) -> dict[str, Any]:
     """A read's row: ``records`` of ``size`` bytes in all, since ``meter.start()``."""
     report = meter.stop(records)
-    return {"records": records, "seconds": report["seconds"], "records_per_s": report["entries_per_s"],
+    return {"caches": caches.stop(), "records": records, "seconds": report["seconds"], "records_per_s": report["entries_per_s"],
             # from the rate, not the seconds (rounded: a short read's round to 0)
             "mb_per_s": round(report["entries_per_s"] * size / records / 1e6, 1) if records else 0.0,
             "client_cpu_us_per_record": report["client_cpu_us_per_entry"],
@@ -146,14 +178,15 @@ def _write_ledger(bk: BookKeeper, count: int, size: int) -> tuple[int, dict[str,
     return lh.ledger_id, _written(count, started, size)
 
 
-def _read_ledger(bk: BookKeeper, ledger_id: int, meter: Meter) -> dict[str, Any]:
+def _read_ledger(bk: BookKeeper, ledger_id: int, meter: Meter, caches: CacheMeter) -> dict[str, Any]:
     entries = size = 0
+    caches.start()
     meter.start()
     rh = bk.open_ledger(ledger_id, recovery=False)
     for entry in rh.read(0, rh.last_add_confirmed):
         entries += 1
         size += len(entry.data)
-    return _read_report(meter, entries, size)
+    return _read_report(meter, caches, entries, size)
 
 
 def _written(records: int, started: float, size: int) -> dict[str, Any]:
@@ -162,8 +195,8 @@ def _written(records: int, started: float, size: int) -> dict[str, Any]:
             "mb_per_s": round(records * size / 1e6 / took, 1)}
 
 
-def _measure(bk: BookKeeper, reader_bk: BookKeeper, each_bk: BookKeeper, data: Path, meter: Meter, gib: float,
-             one_per_entry: int, ledger_entries: int, samples: int) -> dict[str, Any]:
+def _measure(bk: BookKeeper, reader_bk: BookKeeper, each_bk: BookKeeper, data: Path, meter: Meter,
+             caches: CacheMeter, gib: float, one_per_entry: int, ledger_entries: int, samples: int) -> dict[str, Any]:
     out: dict[str, Any] = {"replay": {}, "tail": []}
     for size in SIZES:
         name = f"batched-{size}"
@@ -173,8 +206,8 @@ def _measure(bk: BookKeeper, reader_bk: BookKeeper, each_bk: BookKeeper, data: P
             written = _written(_write_batched(wal, size, int(gib * (1 << 30))), started, size)
         time.sleep(2 * BOOKIE_OPTIONS["flush_interval"] / 1000)  # a checkpoint: entries in entry logs, synced
         dropped = _drop_page_cache(data)
-        cold = _replay(reader_bk, name, meter)
-        hot = _replay(reader_bk, name, meter)
+        cold = _replay(reader_bk, name, meter, caches)
+        hot = _replay(reader_bk, name, meter, caches)
         out["replay"][f"{size}"] = {"written": written, "cold": cold | {"files_dropped": dropped}, "hot": hot}
     with WriteAheadLog.open(bk, "one-per-entry", ensemble_size=ENSEMBLE, write_quorum=WRITE_QUORUM,
                             ack_quorum=ACK_QUORUM) as wal:
@@ -183,14 +216,16 @@ def _measure(bk: BookKeeper, reader_bk: BookKeeper, each_bk: BookKeeper, data: P
     time.sleep(2 * BOOKIE_OPTIONS["flush_interval"] / 1000)
     dropped = _drop_page_cache(data)
     out["replay"]["1024-one-per-entry"] = {
-        "written": written, "cold": _replay(reader_bk, "one-per-entry", meter) | {"files_dropped": dropped},
-        "hot": _replay(reader_bk, "one-per-entry", meter), "hot, entry by entry": _replay(each_bk, "one-per-entry", meter)}
+        "written": written, "cold": _replay(reader_bk, "one-per-entry", meter, caches) | {"files_dropped": dropped},
+        "hot": _replay(reader_bk, "one-per-entry", meter, caches),
+        "hot, entry by entry": _replay(each_bk, "one-per-entry", meter, caches)}
     ledger_id, written = _write_ledger(bk, ledger_entries, 1024)
     time.sleep(2 * BOOKIE_OPTIONS["flush_interval"] / 1000)
     dropped = _drop_page_cache(data)
     out["replay"]["ledger-1024"] = {
-        "written": written, "cold": _read_ledger(reader_bk, ledger_id, meter) | {"files_dropped": dropped},
-        "hot": _read_ledger(reader_bk, ledger_id, meter), "hot, entry by entry": _read_ledger(each_bk, ledger_id, meter)}
+        "written": written, "cold": _read_ledger(reader_bk, ledger_id, meter, caches) | {"files_dropped": dropped},
+        "hot": _read_ledger(reader_bk, ledger_id, meter, caches),
+        "hot, entry by entry": _read_ledger(each_bk, ledger_id, meter, caches)}
     for interval in INTERVALS:
         out["tail"].append(visibility(bk, reader_bk, f"tail-{int(interval * 1000)}ms", interval, samples))
     out["tail"].append(visibility(bk, reader_bk, "tail-rolling", ROLL_INTERVAL, samples, ROLL_RECORDS))
@@ -220,9 +255,10 @@ def run_read_bench(directory: str | None = None, *, gib: float = 1.0, one_per_en
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     with bench_cluster(directory, "read", BOOKIES, bookie_options=BOOKIE_OPTIONS) as (cluster, base):
         meter = Meter([cluster.bookie_pid(i) for i in range(BOOKIES)])
+        caches = CacheMeter([cluster.bookie_address(i)[1] for i in range(BOOKIES)])
         with cluster.client() as bk, cluster.client() as reader_bk, cluster.client(range_reads=False) as each_bk:
-            results = _measure(bk, reader_bk, each_bk, cluster.data_dir, meter, gib, one_per_entry, ledger_entries,
-                               samples)
+            results = _measure(bk, reader_bk, each_bk, cluster.data_dir, meter, caches, gib, one_per_entry,
+                               ledger_entries, samples)
     return {"started": started, "cpus": os.cpu_count(), "bookies": BOOKIES, "ensemble": ENSEMBLE,
             "write_quorum": WRITE_QUORUM, "ack_quorum": ACK_QUORUM, "gib": gib, "one_per_entry": one_per_entry,
             "ledger_entries": ledger_entries, **results, "targets": TARGETS, "checks": _checks(results)}
@@ -238,9 +274,10 @@ def _rows(report: dict[str, Any]) -> Iterator[str]:
         for phase in ("cold", "hot", "hot, entry by entry"):
             if phase in case:
                 r = case[phase]
+                hits = " | ".join("-" if r["caches"][c] is None else f"{r['caches'][c]:.0%}" for c in CacheMeter.CACHES)
                 yield (f"| {_LABELS[key]}, {phase} | {r['records']:,} | {r['records_per_s']:,} | {r['mb_per_s']} "
                        f"| {w['records_per_s']:,} | {r['client_cpu_us_per_record']} | {r['bookie_cpu_us_per_record']} "
-                       f"| {r['other_cpu_cores']} | {r['steal_cores']} |")
+                       f"| {hits} | {r['other_cpu_cores']} | {r['steal_cores']} |")
 
 
 def format_markdown(report: dict[str, Any]) -> str:
@@ -253,8 +290,8 @@ def format_markdown(report: dict[str, Any]) -> str:
              f"{report['gib']:g} GiB, {report['one_per_entry']:,} records one per entry, a ledger of "
              f"{report['ledger_entries']:,} entries", "",
              "| replay | records | records/s | MB/s | written records/s | client CPU µs/record "
-             "| bookies CPU µs/record | other cores | steal cores |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|", *_rows(report), "",
+             "| bookies CPU µs/record | read-ahead hits | recent-writes hits | other cores | steal cores |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *_rows(report), "",
              "| tail visibility | samples | p50 ms | p99 ms | p99.9 ms |", "|---|---:|---:|---:|---:|"]
     for case in report["tail"]:
         label = "back to back" if not case["interval_ms"] else f"one every {case['interval_ms']:g} ms"
