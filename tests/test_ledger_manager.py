@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import time
 import threading
 import tracemalloc
 from collections.abc import Iterator
@@ -445,3 +446,117 @@ def test_exhausted_id_space_is_a_clear_error(store: ExpirableStore) -> None:
     store.create(f"{ROOT}/idgen/HOB-{(MAX_LEDGER_ID // LEGACY_LIMIT) + 1:010d}")
     with pytest.raises(MetadataError, match="exhausted"):
         LedgerManager(store, info).new_ledger_id()
+
+
+# -- creations joined into one transaction (walkit/metadata/_creates.py) -------------------
+
+
+class _Gate:
+    """A store whose first plain create waits until ``others`` creations queue behind it,
+    counting the creates and transactions that reach the real store."""
+
+    def __init__(self, store: ExpirableStore, others: int) -> None:
+        self.store, self.others = store, others
+        self.creates = self.transactions = 0
+        self.manager: LedgerManager | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def create(self, path: str, data: bytes = b"", **kw: Any) -> str:
+        if "/idgen/" not in path and self.creates == 0 and self.manager is not None:
+            self.creates += 1
+            wait_for(lambda: len(self.manager._creates._waiting) >= self.others, 10)  # type: ignore[union-attr]
+        elif "/idgen/" not in path:
+            self.creates += 1
+        return str(self.store.create(path, data, **kw))
+
+    def transaction(self, ops: list[Any]) -> list[Any]:
+        if any("/idgen/" not in op.path for op in ops):
+            self.transactions += 1
+        return list(self.store.transaction(ops))
+
+
+def _create_together(m: LedgerManager, metas: list[LedgerMetadata]) -> dict[int, BaseException | None]:
+    outcome: dict[int, BaseException | None] = {}
+
+    def one(md: LedgerMetadata) -> None:
+        try:
+            m.create(md)
+            outcome[md.ledger_id] = None
+        except BaseException as exc:  # noqa: BLE001 - reported
+            outcome[md.ledger_id] = exc
+
+    threads = [threading.Thread(target=one, args=(md,)) for md in metas]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcome
+
+
+def test_concurrent_creations_go_in_one_transaction(driver: Driver) -> None:
+    store = driver.make_store()
+    gate = _Gate(store, others=5)
+    m = manager_on(gate)  # type: ignore[arg-type]
+    m.create(meta(1))  # the parent directories exist from here on
+    gate.creates, gate.transactions, gate.manager = 0, 0, m
+    metas = [meta(i) for i in range(2, 8)]
+    assert _create_together(m, metas) == {i: None for i in range(2, 8)}
+    assert (gate.creates, gate.transactions) == (1, 1)  # the first alone, the five behind it together
+    assert m._creates.joined - m._creates.groups >= 4
+    for md in metas:
+        assert m.read(md.ledger_id) == (md, 0)
+
+
+def test_a_group_that_fails_is_made_one_by_one_with_each_ones_own_answer(driver: Driver) -> None:
+    store = driver.make_store()
+    gate = _Gate(store, others=4)
+    m = manager_on(gate)  # type: ignore[arg-type]
+    m.create(meta(1))
+    landed, taken = meta(3), meta(4)
+    store.create(m.path(3), landed.encode())  # ours, its reply lost
+    store.create(m.path(4), meta(4).encode())  # someone else's (another salt)
+    gate.creates, gate.transactions, gate.manager = 0, 0, m
+    metas = [meta(2), landed, taken, meta(5), meta(10_000 * 3)]  # the last: a parent directory to make
+    made = [metas[0], landed, metas[3], metas[4]]
+    outcome = _create_together(m, metas)
+    assert isinstance(outcome.pop(4), LedgerExistsError)
+    assert outcome == {2: None, 3: None, 5: None, 30_000: None}
+    assert gate.transactions == 1 and gate.creates == 1 + 4  # the group refused, then each alone
+    for md in made:
+        assert m.read(md.ledger_id) == (md, 0)
+
+
+def test_an_unanswering_store_fails_the_whole_group_at_once() -> None:
+    from walkit.errors import MetadataUnavailableError
+    from walkit.metadata._creates import CreateJoiner
+
+    class Down:
+        creates = 0
+
+        def create(self, path: str, data: bytes, make_parents: bool = False) -> str:
+            Down.creates += 1
+            time.sleep(0.2)  # the others queue meanwhile
+            raise MetadataUnavailableError("down", path=path)
+
+        def transaction(self, ops: list[Any]) -> list[Any]:
+            raise MetadataUnavailableError("down", path=ops[0].path)
+
+    joiner = CreateJoiner(Down())  # type: ignore[arg-type]
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            joiner.create(f"/n{i}", b"x")
+        except MetadataUnavailableError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    assert len(errors) == 4 and Down.creates == 1  # one plain create, one transaction: no retry alone
+    assert joiner.groups == 2 and joiner.joined == 4

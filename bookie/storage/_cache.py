@@ -180,10 +180,11 @@ class RecentWrites:
         self.stats = CacheStats(max_bytes)
         self._lock = threading.Lock()
         #: (dir, log) -> its kept buffers as (start offset, bytes), contiguous, oldest first
-        self._logs: dict[tuple[int, int], list[tuple[int, bytes]]] = {}
+        #: (a written-out buffer is kept as it was: its writer never changes it again)
+        self._logs: dict[tuple[int, int], list[tuple[int, bytes | bytearray]]] = {}
         self._order: deque[tuple[int, int]] = deque()  # whose buffer was kept, oldest first
 
-    def keep(self, dir_number: int, log_id: int, start: int, data: bytes) -> None:
+    def keep(self, dir_number: int, log_id: int, start: int, data: bytes | bytearray) -> None:
         """``data`` was just written at ``start`` of the log (under the storage's lock)."""
         stats, key = self.stats, (dir_number, log_id)
         with self._lock:
@@ -216,16 +217,16 @@ class RecentWrites:
                 self.stats.misses += 1
                 return None
             end = offset + size
-            parts: list[bytes] = []
+            parts: list[memoryview] = []
             for start, data in chunks:
                 stop = start + len(data)
                 if stop <= offset:
                     continue
-                parts.append(data[max(offset - start, 0) : min(end, stop) - start])
+                parts.append(memoryview(data)[max(offset - start, 0) : min(end, stop) - start])
                 if stop >= end:
                     break
             self.stats.hits += 1
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
 
     def drop_log(self, dir_number: int, log_id: int) -> None:
         """The log is gone (garbage collection, compaction)."""

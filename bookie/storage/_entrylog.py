@@ -65,7 +65,7 @@ class EntryLogWriter:
     """The active (or rolled, not yet synced) entry log of one ledger dir."""
 
     def __init__(self, fs: FileSystem, path: str, log_id: int, buffer_size: int,
-                 on_written: Callable[[int, int, bytes], None] | None = None) -> None:
+                 on_written: Callable[[int, int, bytearray], None] | None = None) -> None:
         self.path = path
         self.log_id = log_id
         self.file = fs.open(path, create=True)
@@ -80,8 +80,8 @@ class EntryLogWriter:
         #: The disk was full when the buffer was last due to be written (ENOSPC): the
         #: records wait in the buffer (readable) for a flush once there is room.
         self.no_space: OSError | None = None
-        #: ``on_written(log id, offset, bytes)``: a buffer was just written there (the
-        #: recent-writes cache keeps it)
+        #: ``on_written(log id, offset, buffer)``: a buffer was just written there (the
+        #: recent-writes cache keeps it: the buffer is never changed after that)
         self.on_written = on_written
 
     def append(self, ledger_id: int, entry_id: int, data: bytes) -> int:
@@ -111,7 +111,7 @@ class EntryLogWriter:
         if self._buf:
             self.file.pwrite(self._buf, self._buf_start)
             if self.on_written is not None:
-                self.on_written(self.log_id, self._buf_start, bytes(self._buf))
+                self.on_written(self.log_id, self._buf_start, self._buf)
             self._buf_start += len(self._buf)
             self._buf = bytearray()
         self.no_space = None

@@ -335,7 +335,7 @@ class LedgerDir:
         self.logs_dirty = False
         return LogFlush(sync=done + active, close=done, fsync_dir=fsync_dir)
 
-    def _written(self, log_id: int, start: int, data: bytes) -> None:
+    def _written(self, log_id: int, start: int, data: bytearray) -> None:
         assert self.recent is not None
         self.recent.keep(self.number, log_id, start, data)
 

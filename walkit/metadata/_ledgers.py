@@ -19,7 +19,8 @@ cover the whole 63-bit space and only grow within a bucket. The ``HOB-`` parents
 nothing but ``ID-`` nodes, so another child can never take a number.
 
 Metadata. A ledger's :class:`LedgerMetadata` is stored at :func:`ledger_path` for the
-cluster's layout, encoded as ``docs/format.md`` describes; the node's version is the
+cluster's layout, encoded as ``docs/format.md`` describes (creations made at once by
+several threads go in one transaction: :mod:`walkit.metadata._creates`); the node's version is the
 compare-and-set token of every change (:meth:`write` takes the version read,
 :meth:`update` is the read-modify-CAS loop). Listing walks the tree in id order one
 directory at a time (:func:`iter_ledger_ids`), so it never holds more than one
@@ -54,6 +55,7 @@ from walkit.errors import (
     NoNodeError,
     NoSuchLedgerError,
 )
+from walkit.metadata._creates import CreateJoiner
 from walkit.metadata._cluster import ClusterInfo, cluster_path
 from walkit.metadata._ledger import LedgerMetadata
 from walkit.metadata._paths import MAX_LEDGER_ID, iter_ledger_ids, iter_ledger_ranges, ledger_path
@@ -98,6 +100,7 @@ class LedgerManager:
         self._low_limit = low_limit
         self._hob: int | None = None  # the bucket ids come from; found on first use
         self._ids_lock = threading.Lock()
+        self._creates = CreateJoiner(store)  # concurrent creations: one transaction
         self._ids: collections.deque[int] = collections.deque()  # taken from the store, not handed out
         self._spent: list[str] = []  # the last range's id nodes, deleted with the next range's creation
 
@@ -177,7 +180,7 @@ class LedgerManager:
         id is taken."""
         path, data = self.path(metadata.ledger_id), metadata.encode()
         try:
-            self._store.create(path, data, make_parents=True)
+            self._creates.create(path, data)
         except NodeExistsError as exc:
             if self._landed(path, data, 0):
                 return 0
