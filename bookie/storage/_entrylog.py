@@ -116,6 +116,11 @@ class EntryLogWriter:
             self._buf = bytearray()
         self.no_space = None
 
+    @property
+    def buffer_start(self) -> int:
+        """The offset of the buffer's first byte (all before it is in the file)."""
+        return self._buf_start
+
     def read_buffered(self, offset: int, ledger_id: int, entry_id: int) -> bytes | None:
         """The data of the record at ``offset`` if it is still in the buffer."""
         if offset < self._buf_start:

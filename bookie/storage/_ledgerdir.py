@@ -317,6 +317,14 @@ class LedgerDir:
             return None
         return w.read_buffered(offset, ledger_id, entry_id)
 
+    def buffer_span(self) -> tuple[int, int]:
+        """``[lo, hi)``: the locations whose records may still be in the active log's
+        write buffer (none when there is no active log)."""
+        w = self.writer
+        if w is None:
+            return 0, 0
+        return (w.log_id << 32) | w.buffer_start, (w.log_id + 1) << 32
+
     def write_out(self) -> None:
         """Write the active log's buffer (a flush does it first: a full disk then stops
         the flush before anything was taken from this directory)."""

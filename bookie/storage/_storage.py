@@ -329,7 +329,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             if not 0 <= first <= state.last_entry_id:
                 raise NoSuchEntryError("entry not stored", ledger=ledger_id, entry=first)
             tables = [t[ledger_id] for t in (self._pending, self._flushing) if ledger_id in t]
-            known = in_memory(tables, d.read_buffered, ledger_id, first, min(count, state.last_entry_id - first + 1),
+            known = in_memory(tables, d.read_buffered, d.buffer_span(), ledger_id, first,
+                              min(count, state.last_entry_id - first + 1),
                               max_bytes, state.on_disk)
         slots: list[int] = []
         if 0 in known:
