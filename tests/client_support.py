@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +68,23 @@ def stored_on(cluster: walkit.LocalCluster, bookie_id: str, ledger_id: int, entr
     except WalkitError:
         return False
     return True
+
+
+def hang_single_reads(cluster: walkit.LocalCluster, bookie_id: str, release: Any) -> Callable[[], None]:
+    """Bookie ``bookie_id`` answers no READ_ENTRY until ``release`` (a threading.Event) is
+    set: its read pool's ``read_entry`` waits, and its event loop answers none from
+    memory (``read_memory``). Returns the undo."""
+    bookie = cluster.server(index_of(cluster, bookie_id)).bookie
+    assert bookie is not None
+    real_entry, real_memory = bookie.read_entry, bookie.read_memory
+
+    def stuck(ledger_id: int, entry_id: int) -> bytes:
+        release.wait(60)
+        return real_entry(ledger_id, entry_id)
+
+    def undo() -> None:
+        bookie.read_entry, bookie.read_memory = real_entry, real_memory  # type: ignore[method-assign]
+
+    bookie.read_entry = stuck  # type: ignore[method-assign]
+    bookie.read_memory = lambda ledger_id, entry_id: None  # type: ignore[method-assign]
+    return undo

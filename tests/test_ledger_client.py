@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import walkit
-from client_support import FAST, client, index_of, local_cluster, raw_add, stored_on
+from client_support import FAST, client, hang_single_reads, index_of, local_cluster, raw_add, stored_on
 from metadata_support import Driver, driver, wait_for  # noqa: F401  (fixture)
 from walkit.errors import (
     DigestMismatchError,
@@ -189,17 +189,7 @@ def test_speculative_read_goes_to_the_next_replica(tmp_path: Path, driver: Drive
         lh.add_entry(b"zero")
         lh.close()
         release = threading.Event()
-        for bookie_id in lh.metadata.write_set(0):
-            bookie = cluster.server(index_of(cluster, bookie_id)).bookie
-            assert bookie is not None
-            real = bookie.read_entry
-
-            def stuck(ledger_id: int, entry_id: int, real=real) -> bytes:  # type: ignore[no-untyped-def]
-                release.wait(60)
-                return real(ledger_id, entry_id)
-
-            bookie.read_entry = stuck  # type: ignore[method-assign]
-            break  # only the first replica hangs
+        hang_single_reads(cluster, lh.metadata.write_set(0)[0], release)  # only the first replica hangs
         try:
             rh = bk.open_ledger(lh.ledger_id)
             assert [e.data for e in rh.read(0, 0)] == [b"zero"]

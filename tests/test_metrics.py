@@ -16,7 +16,7 @@ import pytest
 
 import walkit
 from walkit.errors import DigestMismatchError
-from client_support import FAST, index_of
+from client_support import FAST, hang_single_reads, index_of
 from metadata_support import wait_for
 from test_ledger_client import _corrupt_reads
 from walkit import WriteAheadLog
@@ -74,21 +74,13 @@ def test_client_metrics_follow_adds_reads_speculation_ensemble_changes_and_recov
     striped.add_entry(b"e0")
     release = threading.Event()
     first = striped.metadata.write_set(0)[0]
-    bookie = cluster.server(index_of(cluster, first)).bookie
-    assert bookie is not None
-    real = bookie.read_entry
-
-    def stuck(ledger_id: int, entry_id: int) -> bytes:
-        release.wait(60)
-        return real(ledger_id, entry_id)
-
-    bookie.read_entry = stuck  # type: ignore[method-assign]
+    undo = hang_single_reads(cluster, first, release)
     try:
         assert [e.data for e in striped.read(0, 0)] == [b"e0"]
         assert delta("walkit_client_read_seconds_count") == 1
     finally:
         release.set()
-        bookie.read_entry = real  # type: ignore[method-assign]
+        undo()
     assert delta("walkit_client_speculative_reads_total") >= 1
 
     # an ensemble change, then a recovery by another client of the unclosed ledger

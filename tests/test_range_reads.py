@@ -110,7 +110,7 @@ def _drop_entry(cluster: walkit.LocalCluster, bookie_id: str, ledger_id: int, mi
     """Bookie ``bookie_id`` answers as if it did not hold entry ``missing`` of the ledger."""
     bookie = cluster.server(index_of(cluster, bookie_id)).bookie
     assert bookie is not None
-    real_many, real_one = bookie.read_entries, bookie.read_entry
+    real_many, real_one, real_memory = bookie.read_entries, bookie.read_entry, bookie.read_memory
 
     def many(ledger: int, first: int, count: int, max_bytes: int) -> list[bytes]:
         if ledger == ledger_id and first == missing:
@@ -125,8 +125,12 @@ def _drop_entry(cluster: walkit.LocalCluster, bookie_id: str, ledger_id: int, mi
             raise NoSuchEntryError("entry not stored", ledger=ledger, entry=entry)
         return real_one(ledger, entry)
 
+    def memory(ledger: int, entry: int) -> tuple[bytes, int] | None:  # not from the read-ahead cache either
+        return None if ledger == ledger_id and entry == missing else real_memory(ledger, entry)
+
     bookie.read_entries = many  # type: ignore[method-assign]
     bookie.read_entry = one  # type: ignore[method-assign]
+    bookie.read_memory = memory  # type: ignore[method-assign]
 
 
 def test_an_entry_missing_on_replicas_is_read_from_the_one_that_holds_it(cluster: walkit.LocalCluster) -> None:
@@ -369,3 +373,36 @@ def test_recovery_rounds_left_undecided_fall_back_to_single_reads(cluster: walki
         assert rh.is_closed and rh.last_add_confirmed == 999
         assert _stats(bk).range_reads >= 1, "the tail was read in rounds first"
         assert [e.data for e in rh.read(0, 999)] == [_payload(i) for i in range(1000)]
+
+
+def _count_single_reads(cluster: walkit.LocalCluster) -> Counter[str]:
+    """Per bookie id, the READ_ENTRY requests its core answers (pool or memory) from now on."""
+    served: Counter[str] = Counter()
+    for i, bookie_id in enumerate(cluster.bookie_ids):
+        bookie = cluster.server(i).bookie
+        assert bookie is not None
+        for name in ("read_entry", "read_memory"):
+            real = getattr(bookie, name)
+
+            def counted(*args: Any, real: Callable[..., Any] = real, bookie_id: str = bookie_id) -> Any:
+                served[bookie_id] += 1
+                return real(*args)
+
+            setattr(bookie, name, counted)
+    return served
+
+
+def test_entry_by_entry_reads_keep_to_one_replica_where_every_bookie_holds_every_entry(
+        cluster: walkit.LocalCluster) -> None:
+    with _client(cluster) as writer:
+        full = _write(writer, 300, ensemble_size=3, write_quorum=3, ack_quorum=2)
+        striped = _write(writer, 300, ensemble_size=4, write_quorum=2, ack_quorum=2)
+    served = _count_single_reads(cluster)
+    with _client(cluster, range_reads=False) as bk:
+        rh = bk.open_ledger(full.ledger_id)
+        assert [e.data for e in rh.read(0, 299)] == [_payload(i) for i in range(300)]
+        assert len(served) == 1 and sum(served.values()) >= 300, f"sticky: one replica answers them all: {served}"
+        served.clear()
+        rh = bk.open_ledger(striped.ledger_id)
+        assert [e.data for e in rh.read(0, 299)] == [_payload(i) for i in range(300)]
+        assert len(served) == 4, f"a striped ledger is read where each entry lives: {served}"

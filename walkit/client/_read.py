@@ -190,7 +190,8 @@ class LedgerReader:
         self.key = key
         #: bytes of the entries read in runs lately (None: none yet): sizes the next run
         self.entry_size: int | None = None
-        #: which replica of a fragment this reader's runs go to (modulo its size: sticky reads)
+        #: which replica of a fragment this reader asks first where E = Qw (modulo its size:
+        #: sticky reads, in runs and entry by entry)
         self.replica_choice = random.getrandbits(16)
 
     def check(self, entry_id: int, data: bytes) -> tuple[EntryHeader, bytes]:
@@ -216,9 +217,19 @@ class LedgerReader:
 
     def read_entry(self, entry_id: int, *, fence: bool = False,
                    replicas: list[str] | None = None) -> asyncio.Future[tuple[EntryHeader, bytes, int]]:
-        """(header, payload, the answering bookie's LAC) of one entry."""
+        """(header, payload, the answering bookie's LAC) of one entry. Where every bookie
+        of the ensemble holds every entry (E = Qw) the replicas are asked in this reader's
+        own order, the same for every entry (sticky reads: a reader going entry by entry
+        keeps to one bookie, whose read-ahead then serves it; readers spread over the
+        replicas); else in the entry's write-set order."""
         if replicas is None:
-            replicas = self.core.read_order(self.metadata.write_set(entry_id))
+            meta = self.metadata
+            if meta.write_quorum == meta.ensemble_size:
+                ensemble = meta.ensemble_for(entry_id)
+                shift = self.replica_choice % len(ensemble)
+                replicas = self.core.read_order(ensemble[shift:] + ensemble[:shift])
+            else:
+                replicas = self.core.read_order(meta.write_set(entry_id))
         return _EntryRead(self, entry_id, replicas, fence).start()
 
     async def read_each(self, first: int, last: int) -> list[Entry]:
