@@ -528,35 +528,82 @@ def test_a_group_that_fails_is_made_one_by_one_with_each_ones_own_answer(driver:
         assert m.read(md.ledger_id) == (md, 0)
 
 
-def test_an_unanswering_store_fails_the_whole_group_at_once() -> None:
+class _SlowStore:
+    """A store whose first plain create waits until ``queued`` creations wait behind it
+    (then fails with ``error``, if given); it records every group it is sent."""
+
+    def __init__(self, queued: int, error: Exception | None = None) -> None:
+        self.queued, self.error = queued, error
+        self.joiner: Any = None
+        self.creates: list[str] = []
+        self.groups: list[list[str]] = []
+        self.lock = threading.Lock()
+
+    def create(self, path: str, data: bytes, make_parents: bool = False) -> str:
+        with self.lock:
+            first = not self.creates
+            self.creates.append(path)
+        if first:
+            wait_for(lambda: len(self.joiner._waiting) >= self.queued, 10)
+            if self.error is not None:
+                raise self.error
+        return path
+
+    def transaction(self, ops: list[Any]) -> list[Any]:
+        self.groups.append([op.path for op in ops])
+        if self.error is not None:
+            raise self.error
+        return [op.path for op in ops]
+
+
+def _join(joiner: Any, paths: list[str], data: bytes = b"x") -> dict[str, BaseException | None]:
+    outcome: dict[str, BaseException | None] = {}
+
+    def one(path: str) -> None:
+        try:
+            joiner.create(path, data)
+            outcome[path] = None
+        except BaseException as exc:  # noqa: BLE001 - reported
+            outcome[path] = exc
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in paths]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcome
+
+
+def test_an_unanswering_store_fails_the_group_and_every_creation_queued_behind_it_at_once() -> None:
     from walkit.errors import MetadataUnavailableError
     from walkit.metadata._creates import CreateJoiner
 
-    class Down:
-        creates = 0
+    store = _SlowStore(queued=7, error=MetadataUnavailableError("down", path="/n"))
+    store.joiner = joiner = CreateJoiner(store, max_ops=4)  # type: ignore[arg-type]
+    outcome = _join(joiner, [f"/n{i}" for i in range(8)])
+    assert all(isinstance(e, MetadataUnavailableError) for e in outcome.values()) and len(outcome) == 8
+    assert len(store.creates) == 1 and store.groups == []  # one wait for all eight: no transaction, none alone
+    assert joiner._waiting == [] and not joiner._leading
 
-        def create(self, path: str, data: bytes, make_parents: bool = False) -> str:
-            Down.creates += 1
-            time.sleep(0.2)  # the others queue meanwhile
-            raise MetadataUnavailableError("down", path=path)
 
-        def transaction(self, ops: list[Any]) -> list[Any]:
-            raise MetadataUnavailableError("down", path=ops[0].path)
+def test_groups_stay_within_their_count_and_bytes_and_every_creation_is_made() -> None:
+    from walkit.metadata._creates import CreateJoiner
 
-    joiner = CreateJoiner(Down())  # type: ignore[arg-type]
-    errors: list[BaseException] = []
+    store = _SlowStore(queued=99)
+    store.joiner = joiner = CreateJoiner(store, max_ops=64, max_bytes=1000)  # type: ignore[arg-type]
+    outcome = _join(joiner, [f"/n{i}" for i in range(100)], data=b"d" * 30)
+    assert outcome == {f"/n{i}": None for i in range(100)}
+    made = store.creates + [p for g in store.groups for p in g]
+    assert sorted(made) == sorted(f"/n{i}" for i in range(100))  # each once
+    assert all(2 <= len(g) <= 1000 // 30 for g in store.groups), [len(g) for g in store.groups]
+    assert joiner.groups == 1 + len(store.groups) and joiner.joined == 100
 
-    def one(i: int) -> None:
-        try:
-            joiner.create(f"/n{i}", b"x")
-        except MetadataUnavailableError as exc:
-            errors.append(exc)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-        time.sleep(0.02)
-    for t in threads:
-        t.join()
-    assert len(errors) == 4 and Down.creates == 1  # one plain create, one transaction: no retry alone
-    assert joiner.groups == 2 and joiner.joined == 4
+def test_a_node_larger_than_a_group_goes_alone() -> None:
+    from walkit.metadata._creates import CreateJoiner
+
+    store = _SlowStore(queued=2)
+    store.joiner = joiner = CreateJoiner(store, max_ops=64, max_bytes=100)  # type: ignore[arg-type]
+    outcome = _join(joiner, ["/a", "/b", "/c"], data=b"d" * 150)
+    assert outcome == {"/a": None, "/b": None, "/c": None}
+    assert store.groups == [] and sorted(store.creates) == ["/a", "/b", "/c"]

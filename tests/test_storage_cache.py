@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -144,14 +145,14 @@ def test_reads_that_miss_together_share_one_read_ahead(env: Env, monkeypatch: py
 
     def slow(ledger_id: int, first: int, count: int, max_bytes: int) -> list[bytes]:
         calls.append(first)
-        time.sleep(0.2)  # the other reads arrive meanwhile
+        time.sleep(0.5)  # the other reads arrive meanwhile (any that come later find the copies: the same)
         return original(ledger_id, first, count, max_bytes)
 
     monkeypatch.setattr(s, "get_entries", slow)
     got: dict[int, bytes] = {}
     threads = [threading.Thread(target=lambda e=e: got.__setitem__(e, s.get_entry(0, e))) for e in range(8)]
     threads[0].start()
-    time.sleep(0.05)
+    wait_until(lambda: calls == [0])  # entry 0's read-ahead is on its way
     for t in threads[1:]:
         t.start()
     for t in threads:
@@ -159,6 +160,42 @@ def test_reads_that_miss_together_share_one_read_ahead(env: Env, monkeypatch: py
     assert got == {e: payload(0, e) for e in range(8)}
     assert calls == [0]  # the first read's read-ahead answered the seven others
     assert s.cache_stats()["read_ahead"]["hits"] == 7
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def test_an_add_while_a_read_ahead_is_on_the_disk_is_not_undone_by_it(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = env.storage()
+    flushed(s, [0], 20)
+    original = s.get_entries
+
+    def added_meanwhile(ledger_id: int, first: int, count: int, max_bytes: int) -> list[bytes]:
+        got = original(ledger_id, first, count, max_bytes)  # entry 5's old bytes among them
+        s.add_entry(0, 5, b"rewritten")
+        return got
+
+    monkeypatch.setattr(s, "get_entries", added_meanwhile)
+    assert s.get_entry(0, 0) == payload(0, 0)
+    monkeypatch.undo()
+    assert s.memory_entry(0, 6) == payload(0, 6)  # the others were kept
+    s.flush()  # out of the write buffer: only the index (or a stale copy) could answer now
+    assert s.get_entry(0, 5) == b"rewritten" and s.memory_entry(0, 5) is None
+
+
+def test_a_read_ahead_that_finds_nothing_more_keeps_nothing(env: Env) -> None:
+    s = env.storage()
+    for e in (0, 2, 4, 6):  # a bookie holding every other entry (a striped ledger)
+        s.add_entry(0, e, payload(0, e))
+    s.add_entry(1, 0, payload(1, 0))
+    s.flush()
+    assert [s.get_entry(0, e) for e in (0, 2, 4)] == [payload(0, e) for e in (0, 2, 4)]
+    stats = s.cache_stats()["read_ahead"]
+    assert stats["filled"] == 0 and stats["bytes"] == 0 and s._read_ahead.ledger_ids == {}
 
 
 def _slot(env: Env, ledger: int, entry: int) -> tuple[str, int]:

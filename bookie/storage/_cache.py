@@ -83,6 +83,9 @@ class ReadAheadCache:
         self._ledgers: dict[int, set[int]] = {}
         #: ledger -> the read-aheads running for it: (first entry, done)
         self._running: dict[int, list[tuple[int, threading.Event]]] = {}
+        #: ledger -> entries added while a read-ahead of it ran (it may have read the old
+        #: bytes: its fill skips them)
+        self._readded: dict[int, set[int]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -118,22 +121,28 @@ class ReadAheadCache:
             running.remove((entry_id, done))
         if not running:
             self._running.pop(ledger_id, None)
+            self._readded.pop(ledger_id, None)
         done.set()
 
     def fill(self, ledger_id: int, first: int, entries: list[bytes], state: object) -> None:
         """Keep ``entries`` (``first``, ``first + 1``, ...) of the ledger whose state is
-        ``state``, evicting the oldest copies past the bound."""
+        ``state``, evicting the oldest copies past the bound; those added again since
+        the read-ahead began (:meth:`added`) are left out."""
+        readded = self._readded.get(ledger_id, ())
+        keep = [(first + i, data) for i, data in enumerate(entries) if first + i not in readded]
+        if not keep:
+            return
         stats, cached = self.stats, self._entries
         ids = self._ledgers.setdefault(ledger_id, set())
-        for i, data in enumerate(entries):
-            key = (ledger_id, first + i)
+        for entry_id, data in keep:
+            key = (ledger_id, entry_id)
             old = cached.pop(key, None)
             if old is not None:
                 stats.bytes -= len(old[1])
             cached[key] = (state, data)
-            ids.add(first + i)
+            ids.add(entry_id)
             stats.bytes += len(data)
-        stats.filled += len(entries)
+        stats.filled += len(keep)
         while stats.bytes > stats.max_bytes and cached:
             (lid, eid), (_, data) = cached.popitem(last=False)
             stats.bytes -= len(data)
@@ -144,6 +153,18 @@ class ReadAheadCache:
     def ledger_ids(self) -> dict[int, set[int]]:
         """The ledgers with copies (read only: an add tests it before dropping a copy)."""
         return self._ledgers
+
+    @property
+    def reading_ahead(self) -> dict[int, list[tuple[int, threading.Event]]]:
+        """The ledgers with a read-ahead running (read only: an add tests it)."""
+        return self._running
+
+    def added(self, ledger_id: int, entry_id: int) -> None:
+        """The entry was (re-)added: its copy goes, and a read-ahead of its ledger now
+        running (which may have read the old bytes) does not keep it."""
+        self.drop(ledger_id, entry_id)
+        if ledger_id in self._running:
+            self._readded.setdefault(ledger_id, set()).add(entry_id)
 
     def drop(self, ledger_id: int, entry_id: int) -> None:
         """An add overwrote the entry: its copy goes."""

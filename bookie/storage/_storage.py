@@ -204,7 +204,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         dirs, states = self._dirs, self._states
         ndirs = len(dirs)
         read_ahead = self._read_ahead
-        cached = read_ahead.ledger_ids  # usually empty: one test per entry
+        cached, reading = read_ahead.ledger_ids, read_ahead.reading_ahead  # usually empty: one test per entry
         with self._lock:
             pending = self._pending  # swapped by a flush, under the lock
             last_ledger, state, slots = -1, None, None
@@ -236,8 +236,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                         slots = pending[ledger_id] = {}
                     last_ledger = ledger_id
                 slots[entry_id] = location
-                if cached and ledger_id in cached:  # re-adding overwrites: a copy read ahead goes
-                    read_ahead.drop(ledger_id, entry_id)
+                if (cached or reading) and (ledger_id in cached or ledger_id in reading):
+                    read_ahead.added(ledger_id, entry_id)  # re-adding overwrites: no copy of the old bytes stays
             full = [exc for exc in map(LedgerDir.no_space, dirs) if exc is not None]
         if full:  # entries kept in memory (a log buffer the disk has no room for): say so
             self._report(self.on_no_space, full[0])
