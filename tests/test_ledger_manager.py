@@ -6,8 +6,8 @@ import multiprocessing
 import time
 import threading
 import tracemalloc
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 
@@ -27,6 +27,7 @@ from walkit.metadata._store import Create, Delete
 __all__ = ["driver", "store"]  # fixtures used by name
 
 ROOT = "/ledgers"
+T = TypeVar("T")
 
 
 def manager_on(store: ExpirableStore, layout: str = "hierarchical", **kwargs: Any) -> LedgerManager:
@@ -477,22 +478,28 @@ class _Gate:
         return list(self.store.transaction(ops))
 
 
-def _create_together(m: LedgerManager, metas: list[LedgerMetadata]) -> dict[int, BaseException | None]:
-    outcome: dict[int, BaseException | None] = {}
+def _at_once(call: Callable[[T], object], items: list[T]) -> dict[T, BaseException | None]:
+    """``call(item)`` for every item, each on a thread of its own, all at once: per
+    item, what it raised (None: nothing)."""
+    outcome: dict[T, BaseException | None] = {}
 
-    def one(md: LedgerMetadata) -> None:
+    def one(item: T) -> None:
         try:
-            m.create(md)
-            outcome[md.ledger_id] = None
+            call(item)
+            outcome[item] = None
         except BaseException as exc:  # noqa: BLE001 - reported
-            outcome[md.ledger_id] = exc
+            outcome[item] = exc
 
-    threads = [threading.Thread(target=one, args=(md,)) for md in metas]
+    threads = [threading.Thread(target=one, args=(item,)) for item in items]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     return outcome
+
+
+def _create_together(m: LedgerManager, metas: list[LedgerMetadata]) -> dict[int, BaseException | None]:
+    return {md.ledger_id: exc for md, exc in _at_once(m.create, metas).items()}
 
 
 def test_concurrent_creations_go_in_one_transaction(driver: Driver) -> None:
@@ -557,21 +564,7 @@ class _SlowStore:
 
 
 def _join(joiner: Any, paths: list[str], data: bytes = b"x") -> dict[str, BaseException | None]:
-    outcome: dict[str, BaseException | None] = {}
-
-    def one(path: str) -> None:
-        try:
-            joiner.create(path, data)
-            outcome[path] = None
-        except BaseException as exc:  # noqa: BLE001 - reported
-            outcome[path] = exc
-
-    threads = [threading.Thread(target=one, args=(p,)) for p in paths]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return outcome
+    return _at_once(lambda path: joiner.create(path, data), paths)
 
 
 def test_an_unanswering_store_fails_the_group_and_every_creation_queued_behind_it_at_once() -> None:

@@ -14,26 +14,13 @@ from collections.abc import Callable
 import pytest
 
 from bookie.fs import read_all
-from bookie.fs.mem import MemFS, _MemFile
+from bookie.fs.mem import MemFS
 from bookie.storage import LedgerStorage
 from bookie.storage._cache import KeptFirst, ReadAheadCache, RecentWrites
 from bookie.storage._format import INDEX_HEADER_SIZE, LOG_HEADER_SIZE, RECORD_HEADER, SLOT
 from test_storage import Env, env  # noqa: F401  (the same places: MemFS and RealFS; fixture)
+from test_storage_ranges import preads  # noqa: F401  (fixture: the preads of MemFS files)
 from walkit.errors import CorruptionError, InvalidArgumentError, NoSuchEntryError, NoSuchLedgerError
-
-
-@pytest.fixture
-def preads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """``(path, size)`` of every pread of a MemFS file from now on."""
-    calls: list[tuple[str, int]] = []
-    original = _MemFile.pread
-
-    def counting(self: _MemFile, size: int, offset: int) -> bytes:
-        calls.append((self.path, size))
-        return original(self, size, offset)
-
-    monkeypatch.setattr(_MemFile, "pread", counting)
-    return calls
 
 
 def payload(ledger: int, entry: int, size: int = 300) -> bytes:
