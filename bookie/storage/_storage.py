@@ -285,8 +285,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         entries: list[bytes] = []
         try:
             entries = self.get_entries(ledger_id, entry_id, read_ahead.batch, read_ahead.batch_bytes)
-        except (WalkitError, OSError):
-            pass  # damage further on, a delete: the entry is read alone below, which says what is wrong
+        except (WalkitError, OSError):  # damage further on, a delete: the entry is read alone
+            entries = []  # below, which says what is wrong
         finally:
             with self._lock:
                 if entries and self._states.get(ledger_id) is state:
