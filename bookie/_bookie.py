@@ -713,12 +713,8 @@ class Bookie:
             if last < 0:
                 return None
             data = s.memory_entry(ledger_id, entry_id)
-            if data is None:
-                return None
-            last_data = data if entry_id == last else s.memory_entry(ledger_id, last)
-            if last_data is None:
-                return None
-            return entry_id, data, self._lac(ledger_id, last_data)
+            lac = None if data is None else self._memory_lac(ledger_id, last, entry_id, data)
+            return None if data is None or lac is None else (entry_id, data, lac)
         except WalkitError:  # not stored, storage closed: the slow path gives the answer
             return None
 
@@ -732,21 +728,25 @@ class Bookie:
         s = self.storage
         try:
             data = s.memory_entry(ledger_id, entry_id)
-            if data is None:
-                return None
-            last = s.last_entry_id(ledger_id)
-            known = self._last_lacs.get(ledger_id)
-            if known is not None and known[0] == last:
-                lac = known[1]
-            else:
-                last_data = data if entry_id == last else s.memory_entry(ledger_id, last)
-                if last_data is None:
-                    return None
-                lac = parse_entry_header(last_data).lac
-            explicit = s.explicit_lac(ledger_id)
-            return data, lac if explicit is None else max(explicit, lac)
+            lac = None if data is None else self._memory_lac(ledger_id, s.last_entry_id(ledger_id), entry_id, data)
+            return None if data is None or lac is None else (data, lac)
         except WalkitError:  # not stored, storage closed: the slow path gives the answer
             return None
+
+    def _memory_lac(self, ledger_id: int, last: int, entry_id: int, data: bytes) -> int | None:
+        """What :meth:`read_lac` answers, when memory knows it: the LAC of the ledger's
+        last entry ``last`` - remembered, or that entry in memory (``data`` when it is
+        ``entry_id``) - raised to the explicit LAC; None when only a read would tell."""
+        known = self._last_lacs.get(ledger_id)
+        if known is not None and known[0] == last:
+            carried = known[1]
+        else:
+            last_data = data if entry_id == last else self.storage.memory_entry(ledger_id, last)
+            if last_data is None:
+                return None
+            carried = parse_entry_header(last_data).lac
+        explicit = self.storage.explicit_lac(ledger_id)
+        return carried if explicit is None else max(explicit, carried)
 
     def is_fenced(self, ledger_id: int) -> bool:
         """Whether normal adds are refused: a fence of the ledger is durable, or on its

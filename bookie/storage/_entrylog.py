@@ -159,7 +159,8 @@ def read_record(f: Preader, log_id: int, offset: int, ledger_id: int, entry_id: 
     return finish_record(f, f.pread(FIRST_READ, offset), offset, ledger_id, entry_id, where)
 
 
-def finish_record(f: Preader, head: bytes, offset: int, ledger_id: int, entry_id: int, where: dict[str, object]) -> bytes:
+def finish_record(f: Preader, head: bytes, offset: int, ledger_id: int, entry_id: int,
+                  where: dict[str, object]) -> bytes:
     """The verified data of the record at ``offset`` whose first bytes, read already, are
     ``head`` (the rest is read when the record is longer)."""
     total = record_length(head, where)

@@ -51,7 +51,14 @@ from typing import Any
 
 from walkit import aio
 from walkit._local_cluster import LocalCluster
-from walkit.bench._common import Meter, figure, bench_cluster, create_ledger_waiting, journals_o_direct, latency_percentiles
+from walkit.bench._common import (
+    Meter,
+    bench_cluster,
+    create_ledger_waiting,
+    figure,
+    journals_o_direct,
+    latency_percentiles,
+)
 from walkit.errors import InvalidArgumentError, NotEnoughBookiesError, WalkitError
 from walkit.metadata import Cluster, connect
 from walkit.recovery import UnderReplication

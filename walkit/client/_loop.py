@@ -213,8 +213,6 @@ async def _aclose(agen: AsyncGenerator[Any, None]) -> None:
     """(Loop) close ``agen`` (one still running a cancelled step ends by itself)."""
     try:
         await agen.aclose()
-    except RuntimeError as exc:
-        if "already running" not in str(exc):  # else: the cancellation of its running step ends it
-            log.warning("an abandoned read failed while it was closed", exc_info=True)
-    except Exception:  # nobody is left to hear of it
-        log.warning("an abandoned read failed while it was closed", exc_info=True)
+    except Exception as exc:  # nobody is left to hear of it
+        if not (isinstance(exc, RuntimeError) and "already running" in str(exc)):  # that one: the
+            log.warning("an abandoned read failed while it was closed", exc_info=True)  # cancelled step ends it
