@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from walkit.errors import DigestMismatchError, InvalidArgumentError, WalkitError
-from walkit.protocol import ENTRY_HEADER, decode_entry, digest_size, encode_entry, master_key, parse_entry_header
+from walkit.protocol import (ENTRY_HEADER, decode_entry, decode_run, digest_size, encode_entry, master_key,
+                             parse_entry_header)
 
 KEY = master_key(b"pw")
 
@@ -31,6 +32,39 @@ def test_any_flipped_byte_is_detected(digest: str, where: int) -> None:
     with pytest.raises(DigestMismatchError) as info:
         decode_entry(bytes(raw), digest=digest, key=KEY)
     assert isinstance(info.value, WalkitError)
+
+
+def _run(digest: str, ledger: int = 3, first: int = 10, count: int = 6) -> list[bytes]:
+    return [encode_entry(ledger, first + i, first + i - 1, 100 * (i + 1), bytes([i]) * (i * 37), digest=digest,
+                         key=KEY) for i in range(count)]
+
+
+@pytest.mark.parametrize("digest", ["crc32c", "mac", "none"])
+@pytest.mark.parametrize("views", [False, True])
+def test_a_run_is_checked_up_to_its_first_bad_entry(digest: str, views: bool) -> None:
+    """decode_run keeps the payloads of a run (a READ_RANGE answer) while every entry
+    checks as decode_entry would check it, and stops at the first that does not: a
+    damaged byte, another ledger, a gap or a repeat in the ids, an entry too short."""
+    run = _run(digest)
+    payloads = [bytes([i]) * (i * 37) for i in range(6)]
+
+    def decoded(entries: list[bytes], ledger: int = 3, first: int = 10) -> list[bytes]:
+        given = [memoryview(e) for e in entries] if views else entries
+        out = decode_run(given, ledger, first, digest=digest, key=KEY)
+        assert all(type(p) is bytes for p in out)  # bytes, also from views
+        return out
+
+    assert decoded(run) == payloads
+    assert decoded(run, first=11) == [] and decoded(run, ledger=4) == [] and decoded([]) == []
+    assert decoded([*run[:3], run[4], run[5]]) == payloads[:3]  # a gap
+    assert decoded([*run[:3], run[2]]) == payloads[:3]  # a repeat
+    assert decoded([*run[:2], encode_entry(9, 12, 11, 0, b"", digest=digest, key=KEY)]) == payloads[:2]
+    assert decoded([*run[:4], run[4][: ENTRY_HEADER.size - 1]]) == payloads[:4]  # too short for a header
+    if digest != "none":
+        damaged = bytearray(run[3])
+        damaged[-1 if len(damaged) > ENTRY_HEADER.size + digest_size(digest) else 20] ^= 0x01
+        assert decoded([*run[:3], bytes(damaged), *run[4:]]) == payloads[:3]
+        assert decoded([*run[:4], run[4][:-1]]) == payloads[:4]  # a payload cut short
 
 
 def test_mac_depends_on_the_key() -> None:

@@ -711,6 +711,27 @@ def test_a_range_answer_is_matched_to_its_request() -> None:
         client.receive(server.send(ReadEntryResponse(5, 12, 11, b"c", request_id=rid)))
 
 
+def test_a_range_answers_entries_are_views_of_its_frame_and_other_answers_are_bytes() -> None:
+    """A READ_RANGE answer is cut from the bytes received without copying its entries;
+    every other answer (a READ_ENTRY's data, an error's message) is made of bytes, also
+    when it arrives in pieces and is reassembled."""
+    client, server = ClientConnection(), ServerConnection()
+    rid, _ = client.send(ReadRange(5, 10, 2))
+    eid, _ = client.send(ReadEntry(5, 12))
+    frid, _ = client.send(ReadRange(5, 13, 1))
+    wire = server.send(ReadRangeResponse(5, 10, 12, (b"a" * 300, b"b" * 5), request_id=rid)) \
+        + server.send(ReadEntryResponse(5, 12, 12, b"c" * 40, request_id=eid)) \
+        + server.send(ErrorResponse(Op.READ_RANGE, Status.ENOENTRY, 5, 13, "no", request_id=frid))
+    got: list[Response] = []
+    for cut in range(0, len(wire), 7):  # in pieces: frames are reassembled before they are cut
+        got += client.receive(wire[cut : cut + 7])
+    ranged, single, refused = got
+    assert isinstance(ranged, ReadRangeResponse) and all(type(e) is memoryview for e in ranged.entries)
+    assert ranged.entries == (b"a" * 300, b"b" * 5)
+    assert isinstance(single, ReadEntryResponse) and type(single.data) is bytes and single.data == b"c" * 40
+    assert isinstance(refused, ErrorResponse) and refused.status is Status.ENOENTRY and refused.message == "no"
+
+
 # --- versions --------------------------------------------------------------------------
 
 

@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from itertools import repeat
+
 from walkit.client._read import Entry, LedgerReader, request_with_timeout
 from walkit.errors import BookieUnavailableError, DigestMismatchError, ProtocolError, WalkitError
 from walkit.protocol import (
@@ -274,16 +276,10 @@ class _Span:
         reader = self.reader
         ledger_id, lo = reader.ledger_id, self.lo
         entries = response.entries[: self.hi - lo + 1]
-        taken = size = 0
-        append = self.out.append
-        for data in entries:
-            try:
-                _, payload = reader.check(lo + taken, data)
-            except DigestMismatchError:
-                break
-            append(Entry(ledger_id, lo + taken, payload))
-            size += len(data)
-            taken += 1
+        payloads = reader.check_run(lo, entries)
+        taken = len(payloads)
+        self.out += map(tuple.__new__, repeat(Entry), zip(repeat(ledger_id), range(lo, lo + taken), payloads))
+        size = sum(map(len, entries[:taken]))
         self.lo = lo + taken
         self.size += size
         stats = reader.core.stats

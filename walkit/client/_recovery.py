@@ -189,12 +189,13 @@ async def _found_in_runs(core: ClientCore, reader: LedgerReader,
             return
 
 
-def _extend(reader: LedgerReader, first: int, entries: tuple[bytes, ...],
+def _extend(reader: LedgerReader, first: int, entries: tuple[bytes | memoryview, ...],
             found: list[tuple[EntryHeader, bytes]]) -> None:
     """Add to ``found`` (entries ``first``.. found so far) what one answer carries beyond
     it, up to its first entry whose digest or ids do not check (a bad replica's answer
     counts neither as found nor as absent)."""
-    for i, data in enumerate(entries):
+    for i, view in enumerate(entries):
+        data = bytes(view)  # kept (written again): not a view of the answer's frame
         try:
             header, _ = reader.check(first + i, data)
         except DigestMismatchError:

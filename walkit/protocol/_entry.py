@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
+from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 from crc32c import crc32c
@@ -33,6 +34,7 @@ __all__ = [
     "digest_size",
     "encode_entry",
     "decode_entry",
+    "decode_run",
     "parse_entry_header",
     "master_key",
 ]
@@ -110,3 +112,36 @@ def decode_entry(data: bytes, *, digest: str = "crc32c", key: bytes = b"") -> tu
     if not hmac.compare_digest(expected, data[ENTRY_HEADER.size : ENTRY_HEADER.size + d]):
         raise DigestMismatchError("entry digest mismatch", ledger=header.ledger_id, entry=header.entry_id, digest=digest)
     return header, payload
+
+
+def decode_run(entries: Sequence[bytes | memoryview], ledger_id: int, first: int, *, digest: str = "crc32c",
+               key: bytes = b"") -> list[bytes]:
+    """The payloads of ``entries``, which should be entries ``first``, ``first + 1``, ...
+    of ledger ``ledger_id``, in order, up to the first that does not check (its digest,
+    or other ids than expected): that one's index is the length of the list. One loop
+    over the run (a READ_RANGE answer), the same checks as :func:`decode_entry`. Entries
+    may be views (of the answer's frame); the payloads are bytes."""
+    payloads: list[bytes] = []
+    append = payloads.append
+    if digest == "crc32c":  # the usual case, inline: one unpack and two CRC calls an entry
+        unpack, head, size = _CRC_ENTRY.unpack_from, ENTRY_HEADER.size, _CRC_ENTRY.size
+        expected = first
+        for data in entries:
+            if len(data) < size:
+                break
+            ledger, entry, _, _, crc = unpack(data)
+            payload = bytes(data[size:])  # a view's bytes copied once, a slice of bytes as it is
+            if ledger != ledger_id or entry != expected or crc != crc32c(payload, crc32c(data[:head])):
+                break
+            append(payload)
+            expected += 1
+        return payloads
+    for index, data in enumerate(entries):
+        try:
+            header, payload = decode_entry(bytes(data), digest=digest, key=key)
+        except DigestMismatchError:
+            break
+        if header.ledger_id != ledger_id or header.entry_id != first + index:
+            break
+        append(payload)
+    return payloads

@@ -88,7 +88,8 @@ class ReadRangeResponse:
     ledger_id: int
     first_entry: int
     lac: int  # the bookie's LAC for the ledger when it answered
-    entries: tuple[bytes, ...]  # the stored entries first_entry, first_entry + 1, ...
+    #: the stored entries first_entry, first_entry + 1, ... (decoded answers: views of their frame)
+    entries: tuple[bytes | memoryview, ...]
     request_id: int = 0
 
     def __post_init__(self) -> None:
@@ -96,8 +97,8 @@ class ReadRangeResponse:
         _check("first_entry", self.first_entry, 0, _I63)
         _check("lac", self.lac, -1, _I63)
         if not isinstance(self.entries, tuple) or not 1 <= len(self.entries) <= MAX_RANGE_ENTRIES \
-                or not all(isinstance(e, bytes) for e in self.entries):
-            raise InvalidArgumentError("entries: a tuple of 1 to 65536 bytes objects", ledger=self.ledger_id,
+                or not all(isinstance(e, (bytes, memoryview)) for e in self.entries):
+            raise InvalidArgumentError("entries: a tuple of 1 to 65536 bytes objects (or views)", ledger=self.ledger_id,
                                        type=type(self.entries).__name__)
         if self.first_entry + len(self.entries) - 1 > _I63:
             raise InvalidArgumentError("range past the largest entry id", ledger=self.ledger_id,
@@ -120,7 +121,7 @@ def enc_range(r: ReadRange, rid: int, version: int) -> bytes:
 
 def enc_range_resp(r: ReadRangeResponse, rid: int, version: int) -> bytes:
     entries = r.entries
-    parts: list[bytes] = [b""] * (2 * len(entries) + 1)
+    parts: list[bytes | memoryview] = [b""] * (2 * len(entries) + 1)
     pack = _LEN.pack
     size = 0
     for i, data in enumerate(entries):
@@ -142,14 +143,16 @@ def dec_range(frame: bytes, n: int, flags: int, rid: int) -> ReadRange:
     return ReadRange(ledger, first, count, max_bytes, rid)
 
 
-def dec_range_resp(frame: bytes, n: int, rid: int) -> ReadRangeResponse:
+def dec_range_resp(frame: bytes | memoryview, n: int, rid: int) -> ReadRangeResponse:
+    """``frame`` is the frame after its length; its entries are slices of it (views of a
+    memoryview: no copy)."""
     if n < 12 + _RESP_BODY.size:
         raise InvalidArgumentError(f"READ_RANGE answer of {n - 12} bytes is shorter than its {_RESP_BODY.size} "
                                    "fixed bytes")
     ledger, first, lac, count = _RESP_BODY.unpack_from(frame, 12)
     if not 1 <= count <= MAX_RANGE_ENTRIES:
         raise InvalidArgumentError(f"READ_RANGE answer counts {count} entries, not 1 to {MAX_RANGE_ENTRIES}")
-    entries: list[bytes] = []
+    entries: list[bytes | memoryview] = []
     append, length_of = entries.append, _LEN.unpack_from
     off = 12 + _RESP_BODY.size
     for _ in range(count):

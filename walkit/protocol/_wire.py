@@ -718,7 +718,8 @@ _REQUEST_DECODERS: dict[int, _RequestDecoder] = {
     Op.ADMIN: dec_admin,
     Op.READ_RANGE: dec_range,
 }
-_ResponseDecoder: TypeAlias = Callable[[bytes, int, int], Response]
+_ResponseDecoder: TypeAlias = Callable[[Any, int, int], Response]  # bytes; a memoryview for READ_RANGE
+_RANGE_ANSWER = 0x80 | Op.READ_RANGE
 _RESPONSE_DECODERS: dict[int, _ResponseDecoder] = {
     0x80 | Op.ADD_ENTRY: _dec_add_resp,
     0x80 | Op.READ_ENTRY: _dec_read_resp,
@@ -737,17 +738,17 @@ def _kind_name(kind: int) -> str:
     return op.name if kind < 0x80 else f"{op.name}_RESPONSE"
 
 
-def _header(frame: Buffer) -> tuple[bytes, int, int, int, int]:
-    data = frame if type(frame) is bytes else bytes(frame)
-    if len(data) < HEADER_SIZE:
-        raise ProtocolError("frame shorter than its header", size=len(data), reason="truncated header")
-    version, kind, field, rid = _HEAD.unpack_from(data)
-    return data, version, kind, field, rid
+def _header(frame: Buffer) -> tuple[int, int, int, int]:
+    if len(frame) < HEADER_SIZE:
+        raise ProtocolError("frame shorter than its header", size=len(frame), reason="truncated header")
+    version, kind, field, rid = _HEAD.unpack_from(frame)
+    return version, kind, field, rid
 
 
 def decode_request(frame: Buffer) -> Request:
     """A request from a frame without its length prefix; ProtocolError if it is not one."""
-    data, version, kind, flags, rid = _header(frame)
+    version, kind, flags, rid = _header(frame)
+    data = frame if type(frame) is bytes else bytes(frame)  # what a request carries outlives the buffer
     if version != PROTOCOL_VERSION:
         raise ProtocolVersionError(
             f"client speaks protocol version {version}, this bookie version {PROTOCOL_VERSION}",
@@ -763,8 +764,12 @@ def decode_request(frame: Buffer) -> Request:
 
 
 def decode_response(frame: Buffer) -> Response:
-    """A response from a frame without its length prefix; ProtocolError if it is not one."""
-    data, version, kind, status, rid = _header(frame)
+    """A response from a frame without its length prefix; ProtocolError if it is not one.
+    A READ_RANGE answer given as a memoryview is decoded from it as it is, its entries
+    views of it (no copy of a megabyte's frame, nor of each entry): the caller gives a
+    view of a buffer it never reuses (:class:`ClientConnection`). Anything else is read
+    from bytes."""
+    version, kind, status, rid = _header(frame)
     if version != PROTOCOL_VERSION:
         raise ProtocolVersionError(
             f"bookie speaks protocol version {version}, this client version {PROTOCOL_VERSION}",
@@ -775,10 +780,13 @@ def decode_response(frame: Buffer) -> Response:
             op, known = _OPS.get(kind & 0x7F), _STATUSES.get(status)
             if not kind & 0x80 or op is None or known is None:
                 raise _Malformed(f"kind 0x{kind:02x} with status {status} is no error response")
-            return _dec_error(data, len(data), op, known, rid)
+            raw = frame if type(frame) is bytes else bytes(frame)
+            return _dec_error(raw, len(raw), op, known, rid)
         decoder = _RESPONSE_DECODERS.get(kind)
         if decoder is None:
             raise _Malformed(f"kind 0x{kind:02x} is no response to an op")
+        view = kind == _RANGE_ANSWER and type(frame) is memoryview
+        data = frame if type(frame) is bytes or view else bytes(frame)
         return decoder(data, len(data), rid)
     except (_Malformed, InvalidArgumentError, struct.error) as exc:
         raise ProtocolError("invalid response", op=_kind_name(kind), request_id=rid, reason=str(exc)) from exc
@@ -1128,7 +1136,9 @@ class ClientConnection:
                         off += size
                     if off != start:
                         continue  # the frame that ended the run goes through the loop's checks
-                append(self._match(decode_response(src[off + 4 : end])))
+                # a READ_RANGE answer is decoded from a view of src (a fresh buffer each call)
+                frame = view[off + 4 : end] if src[off + 5] == _RANGE_ANSWER else src[off + 4 : end]
+                append(self._match(decode_response(frame)))
                 off = end
         except ProtocolError as exc:
             self._error = exc
