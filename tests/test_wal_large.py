@@ -13,6 +13,7 @@ Entries are 4 KiB in most logs here, so that records of many entries stay cheap.
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -83,16 +84,30 @@ def test_fragment_entries_round_trip_and_are_no_record_batches() -> None:
             unpack_fragment(damaged)
 
 
-def feed(reader: RecordReader, entries: list[tuple[int, int, bytes]],
-         after: LSN | None = None) -> list[tuple[LSN, bytes]]:
-    """``(segment, entry id, payload)`` handed to ``reader`` in order, as a pass would."""
+def feed(reader: RecordReader, entries: list[tuple[int, int, bytes]], after: LSN | None = None,
+         chunk: int = 0) -> list[tuple[LSN, bytes]]:
+    """``(segment, entry id, payload)`` handed to ``reader`` in order, as a pass would:
+    one at a time (``chunk`` 0: ``records``), or in chunks of up to ``chunk`` entries of
+    one segment (``chunk``, as a replay hands them)."""
     out: list[tuple[LSN, bytes]] = []
-    for seq, entry_id, data in entries:
-        out += reader.records(Segment(seq, 100 + seq), Entry(100 + seq, entry_id, data), after)
+    if not chunk:
+        for seq, entry_id, data in entries:
+            out += reader.records(Segment(seq, 100 + seq), Entry(100 + seq, entry_id, data), after)
+        return out
+    at = 0
+    while at < len(entries):
+        seq = entries[at][0]
+        group = list(itertools.takewhile(lambda e: e[0] == seq, entries[at : at + chunk]))
+        out += reader.chunk(Segment(seq, 100 + seq), [Entry(100 + seq, e, d) for _, e, d in group], after)
+        at += len(group)
     return out
 
 
-def test_a_record_reader_hands_out_whole_records_only() -> None:
+CHUNKS = [0, 1, 2, 3, 100]  # one entry at a time, and chunks cut at every place
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_a_record_reader_hands_out_whole_records_only(chunk: int) -> None:
     big, other = blob(2500, 1), blob(1800, 2)
     parts, others = fragments(big, 1000), fragments(other, 1000)
     log = [(1, 0, pack_records([b"a", b"b"])), *[(1, 1 + i, p) for i, p in enumerate(parts)],
@@ -100,42 +115,78 @@ def test_a_record_reader_hands_out_whole_records_only() -> None:
     whole = [(LSN(1, 0, 0), b"a"), (LSN(1, 0, 1), b"b"), (LSN(1, 3, 0), big), (LSN(1, 4, 0), b"c"),
              (LSN(1, 6, 0), other)]
     reader = RecordReader("t", LogStats())
-    assert feed(reader, log) == whole
+    assert feed(reader, log, chunk=chunk) == whole
     assert reader.stats.replayed_records == 5 and reader.stats.replayed_entries == 7
     # a pass that starts inside a record skips it; one that starts before it, or at a
     # position between records, gets it whole
     for after, expected in ((LSN(1, 0, 1), whole[2:]), (LSN(1, 0, 99), whole[2:]), (LSN(1, 1, 0), whole[3:]),
                             (LSN(1, 2, 0), whole[3:]), (LSN(1, 3, 0), whole[3:]), (LSN(1, 5, 0), [])):
         start = [e for e in log if (e[0], e[1]) >= (after.segment, after.entry)]
-        assert feed(RecordReader("t", LogStats()), start, after) == expected, after
+        assert feed(RecordReader("t", LogStats()), start, after, chunk) == expected, after
     # a record its writer never finished: dropped when another segment, a batch or a new
     # record comes; never handed out
     for unfinished_then in ([(2, 0, pack_records([b"n"]))], [(1, 3, pack_records([b"n"]))],
                             [(1, 3 + i, p) for i, p in enumerate(fragments(b"n", 1000))]):
-        got = feed(RecordReader("t", LogStats()), [*log[:3], *unfinished_then])
+        reader = RecordReader("t", LogStats())
+        got = feed(reader, [*log[:3], *unfinished_then], chunk=chunk)
         assert got == [*whole[:2], (LSN(unfinished_then[-1][0], unfinished_then[-1][1], 0), b"n")]
-    assert feed(RecordReader("t", LogStats()), log[:3]) == whole[:2]  # the pass ends inside it
+        assert not reader._assembly.active  # the unfinished record's fragments are let go
+    assert feed(RecordReader("t", LogStats()), log[:3], chunk=chunk) == whole[:2]  # the pass ends inside it
     # the rest of a record without its start, in a new segment: skipped
-    assert feed(RecordReader("t", LogStats()), [(2, 0, parts[1]), (2, 1, parts[2]), (2, 2, pack_records([b"z"]))]) \
-        == [(LSN(2, 2, 0), b"z")]
+    rest = [(2, 0, parts[1]), (2, 1, parts[2]), (2, 2, pack_records([b"z"]))]
+    assert feed(RecordReader("t", LogStats()), rest, chunk=chunk) == [(LSN(2, 2, 0), b"z")]
 
 
-def test_a_record_reader_refuses_damage_and_records_over_its_limit() -> None:
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_a_record_reader_refuses_damage_and_records_over_its_limit(chunk: int) -> None:
     big = blob(2500, 3)
     parts = fragments(big, 1000)
     with pytest.raises(FormatError, match="does not follow") as caught:  # fragment 2 right after fragment 0
-        feed(RecordReader("t", LogStats()), [(1, 0, parts[0]), (1, 1, parts[2])])
+        feed(RecordReader("t", LogStats()), [(1, 0, parts[0]), (1, 1, parts[2])], chunk=chunk)
     assert caught.value.context["segment"] == 1 and caught.value.context["entry"] == 1
     short = pack_fragment(2500, 2, 3, b"x" * 10)  # the fragments add up to less than the record
     with pytest.raises(FormatError, match="do not add up"):
-        feed(RecordReader("t", LogStats()), [(1, 0, parts[0]), (1, 1, parts[1]), (1, 2, short)])
+        feed(RecordReader("t", LogStats()), [(1, 0, parts[0]), (1, 1, parts[1]), (1, 2, short)], chunk=chunk)
     with pytest.raises(FormatError, match="max_record_bytes") as caught:
-        feed(RecordReader("t", LogStats(), max_record_bytes=2499), [(1, 0, parts[0])])
+        feed(RecordReader("t", LogStats(), max_record_bytes=2499), [(1, 0, parts[0])], chunk=chunk)
     assert caught.value.context["size"] == 2500 and caught.value.context["limit"] == 2499
-    assert feed(RecordReader("t", LogStats(), max_record_bytes=2500), [(1, i, p) for i, p in enumerate(parts)]) \
-        == [(LSN(1, 2, 0), big)]
+    whole = [(1, i, p) for i, p in enumerate(parts)]
+    assert feed(RecordReader("t", LogStats(), max_record_bytes=2500), whole, chunk=chunk) == [(LSN(1, 2, 0), big)]
     with pytest.raises(InvalidArgumentError):
         RecordReader("t", LogStats(), max_record_bytes=0)
+
+
+def test_runs_of_single_records_read_in_chunks_as_one_at_a_time() -> None:
+    """A log written one append at a time (an entry per record) takes the chunk's quick
+    path; whatever else comes between (batches, a version-1 batch of one, fragments, an
+    empty entry, a length that does not add up) gives the same pairs and counts as
+    entry-by-entry reading, and damage ends a chunk only after the records before it."""
+    v1 = b"WKRB\x01\x00\x00\x00\x01\x00\x00\x00\x02v1"  # version 1, one record of 2 bytes
+    log = [(1, i, pack_records([blob(50 + i, i)])) for i in range(6)] + [
+        (1, 6, pack_records([b"x", b"y"])), (1, 7, v1), (1, 8, pack_records([b""])),
+        *[(1, 9 + i, p) for i, p in enumerate(fragments(blob(2500, 9), 1000))],
+        (1, 12, pack_records([b"q"])), (2, 0, pack_records([b"r"])), (2, 1, pack_records([b"s"]))]
+    expected = feed(RecordReader("t", LogStats()), log)
+    assert [lsn for lsn, _ in expected][:9] == [LSN(1, i, 0) for i in range(6)] + [LSN(1, 6, 0), LSN(1, 6, 1),
+                                                                                LSN(1, 7, 0)]
+    assert len(expected) == 14 and expected[-4][1] == blob(2500, 9)
+    for chunk in CHUNKS[1:]:
+        for after in (None, LSN(1, 2, 0), LSN(1, 6, 0), LSN(1, 10, 0), LSN(1, 12, 0), LSN(2, 0, 0), LSN(3, 0, 0)):
+            one, many = RecordReader("t", LogStats()), RecordReader("t", LogStats())
+            start = log if after is None else [e for e in log if (e[0], e[1]) >= (after.segment, after.entry)]
+            assert feed(many, start, after, chunk) == feed(one, start, after), (chunk, after)
+            assert (many.stats.replayed_records, many.stats.replayed_entries) \
+                == (one.stats.replayed_records, one.stats.replayed_entries)
+    # a single record whose length does not add up is damage: the records before it come first
+    bad = pack_records([b"abc"])[:-1]
+    reader = RecordReader("t", LogStats())
+    chunk = reader.chunk(Segment(1, 101), [Entry(101, i, d) for i, d in enumerate([*[e[2] for e in log[:3]], bad])],
+                         None)
+    got = []
+    with pytest.raises(FormatError, match="not a record batch") as caught:
+        for pair in chunk:
+            got.append(pair)
+    assert got == expected[:3] and caught.value.context["entry"] == 3
 
 
 def test_the_last_record_is_found_from_the_end() -> None:

@@ -47,6 +47,10 @@ MAGIC = b"WKRB"
 VERSION = 2  # written; 1 is still read
 _HEAD = struct.Struct(">4sBI")
 _LEN = struct.Struct(">I")
+#: A version-2 batch of one record starts with these 9 bytes, then the record's length:
+#: what a reader checks of an entry written by one append (``RecordReader.chunk``).
+ONE_RECORD = struct.Struct(">9sI")
+ONE_RECORD_PREFIX = _HEAD.pack(MAGIC, VERSION, 1)
 LOG_FORMAT = 1  # written; every format >= 1 is read, only formats <= this one are written
 FRAGMENT_MAGIC = b"WKRF"
 FRAGMENT_VERSION = 1  # written and read

@@ -299,22 +299,20 @@ class _Pass:
 
     def records(self) -> Iterator[tuple[LSN, bytes]]:
         """(Another thread than the client's loop) the pass's ``(lsn, record)`` pairs."""
-        unpack = self._view._record_reader().records
+        unpack = self._view._record_reader().chunk
         after = self._after
         for segment, entries in self._view._bk._loop.iterate(self._entries, self._waited):
-            for entry in entries:
-                yield from unpack(segment, entry, after)
+            yield from unpack(segment, entries, after)
 
     async def arecords(self) -> AsyncGenerator[tuple[LSN, bytes], None]:
         """(On the caller's event loop) the same pairs, awaited: no thread of that loop's
         is used (``LoopThread.aiterate``)."""
-        unpack = self._view._record_reader().records
+        unpack = self._view._record_reader().chunk
         after = self._after
         async with contextlib.aclosing(self._view._bk._loop.aiterate(self._entries, self._waited)) as batches:
             async for segment, entries in batches:
-                for entry in entries:
-                    for record in unpack(segment, entry, after):
-                        yield record
+                for record in unpack(segment, entries, after):
+                    yield record
 
 
 @contextlib.asynccontextmanager

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import repeat
 from typing import NamedTuple
 
@@ -46,6 +46,11 @@ class LSN(_Parts):
     def _slots(cls, segment: int, entry: int, count: int) -> Iterator[LSN]:
         """The LSNs of slots 0 .. count - 1 of one entry, made in C (the completer's path)."""
         return map(tuple.__new__, repeat(cls), zip(repeat(segment), repeat(entry), range(count)))
+
+    @classmethod
+    def _slot0(cls, segment: int, entries: Iterable[int]) -> Iterator[LSN]:
+        """The LSNs of slot 0 of ``entries`` of one segment (made in C, as taken)."""
+        return map(tuple.__new__, repeat(cls), zip(repeat(segment), entries, repeat(0)))
 
     @classmethod
     def _slots_between(cls, segment: int, entry: int, first: int, last: int) -> Iterator[LSN]:

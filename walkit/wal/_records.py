@@ -34,11 +34,13 @@ the magic per entry, nothing per record.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain
 
 from walkit.client import Entry
 from walkit.errors import FormatError, InvalidArgumentError
-from walkit.wal._format import DEFAULT_MAX_RECORD_BYTES, FRAGMENT_MAGIC, Segment, unpack_fragment, unpack_records
+from walkit.wal._format import (DEFAULT_MAX_RECORD_BYTES, FRAGMENT_MAGIC, ONE_RECORD, ONE_RECORD_PREFIX, Segment,
+                                unpack_fragment, unpack_records)
 from walkit.wal._lsn import LSN
 from walkit.wal._stats import LogStats
 
@@ -117,6 +119,53 @@ class RecordReader:
         self.stats = stats
         self._assembly = Assembly(log, max_record_bytes)
 
+    def chunk(self, segment: Segment, entries: Sequence[Entry], after: LSN | None) -> Iterable[tuple[LSN, bytes]]:
+        """The records of consecutive entries of ``segment`` that come after ``after``.
+
+        Entries that hold one record each (a log written one append at a time) take one
+        check of their head each, in one loop over the chunk; their pairs are made as
+        they are found. Any other entry (a batch of many, a fragment, damage, an entry
+        the pass starts inside) goes through :meth:`records`."""
+        parts: list[Iterable[tuple[LSN, bytes]]] = []  # in order: runs of single records, other entries' records
+        seq = segment.seq
+        # entries up to ``skip`` may hold records at or before ``after``: each goes through records()
+        skip = -1 if after is None or after.segment < seq else after.entry if after.segment == seq else None
+        if skip is None:  # a segment before the pass's start: nothing of it is handed out
+            return chain.from_iterable([self.records(segment, entry, after) for entry in entries])
+        # a run of single records is kept as two lists (ids, records: no object the cyclic
+        # GC tracks) and paired as the consumer takes them; a chunk's worth of LSN and pair
+        # tuples held at once would cost GC passes over them all
+        ids: list[int] = []
+        records: list[bytes] = []
+        head, size, prefix = ONE_RECORD.unpack_from, ONE_RECORD.size, ONE_RECORD_PREFIX
+        singles = 0
+        assembling = self._assembly.active  # a record begun: the entry after it decides its fate (records())
+        for entry in entries:
+            data = entry.data
+            entry_id = entry.entry_id
+            if entry_id > skip and not assembling and len(data) >= size:
+                start, length = head(data)
+                if start == prefix and length == len(data) - size:
+                    ids.append(entry_id)
+                    records.append(bytes(data[size:]))
+                    continue
+            if ids:
+                parts.append(_singles(seq, ids, records))
+                singles += len(ids)
+                ids, records = [], []
+            try:
+                parts.append(self.records(segment, entry, after))
+            except FormatError as exc:  # the records before the damage are handed out first
+                parts.append(_raising(exc))
+                break
+            assembling = self._assembly.active
+        if ids:
+            parts.append(_singles(seq, ids, records))
+            singles += len(ids)
+        self.stats.replayed_entries += singles
+        self.stats.replayed_records += singles
+        return parts[0] if len(parts) == 1 else chain.from_iterable(parts)  # none: an empty chain
+
     def records(self, segment: Segment, entry: Entry, after: LSN | None) -> Iterable[tuple[LSN, bytes]]:
         """The records of one entry of ``segment`` that come after ``after``."""
         data = entry.data
@@ -153,6 +202,17 @@ class RecordReader:
             return ()
         self.stats.replayed_records += 1
         return ((LSN._trusted(segment.seq, entry.entry_id, 0), record),)
+
+
+def _singles(seq: int, ids: list[int], records: list[bytes]) -> Iterator[tuple[LSN, bytes]]:
+    """The pairs of a run of single-record entries of segment ``seq``, made in C as taken."""
+    return zip(LSN._slot0(seq, ids), records)
+
+
+def _raising(error: FormatError) -> Iterator[tuple[LSN, bytes]]:
+    """What a chunk hands out where it met damage: the error, once reached."""
+    raise error
+    yield  # a generator: raises when iterated, not when made
 
 
 def last_record(seq: int, last: int, read: Callable[[int], bytes]) -> LSN | None:
