@@ -13,8 +13,10 @@ logs on ledgers of E=3, Qw=3, Qa=2.
   written back with ``sync`` and dropped from the page cache with
   ``posix_fadvise(DONTNEED)`` after the bookies checkpointed, so the entries come from the
   disk), then **hot** (the same replay again: the page cache holds them);
-* **replay, one record per entry**: ``one_per_entry`` records of 1 KiB appended one at a
-  time (the log of a database that logs each change), replayed cold, hot, and hot again
+* **replay, one record per entry**: ``one_per_entry`` records of 1 KiB, one per entry (the
+  log of a database that logs each change, one append at a time; written here pipelined,
+  by a writer whose ``max_entry_bytes`` leaves room for one record an entry, so that a log
+  long enough to time is written in seconds: the same entries), replayed cold, hot, and hot again
   by a client reading entry by entry (``range_reads=False``: READ_ENTRY, as before runs
   existed) - the case where a reader pays per entry, not per record;
 * **ledger read**: a closed ledger of ``ledger_entries`` entries of 1 KiB (written
@@ -45,11 +47,13 @@ Everything is removed at the end, also after an error or Ctrl-C.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +61,7 @@ from walkit.bench._common import Meter, bench_cluster, latency_percentiles
 from walkit.bench._visibility import visibility
 from walkit.client import BookieClient, BookKeeper
 from walkit.errors import InvalidArgumentError
-from walkit.wal import WriteAheadLog
+from walkit.wal import LSN, WriteAheadLog
 
 __all__ = ["run_read_bench", "format_markdown", "TARGETS"]
 
@@ -70,6 +74,8 @@ ROLL_INTERVAL, ROLL_RECORDS = 0.020, 20  # and a case whose log rolls every 20 r
 TARGETS = {"replay_100B_records_per_s": 1_000_000, "replay_1KiB_mb_per_s": 300, "tail_p50_ms": 1.0,
            "tail_p99_ms": 5.0, "ledger_entries_per_s": 150_000, "one_per_entry_records_per_s": 150_000}
 LEDGER_WINDOW = 1000  # adds in flight while writing the ledger read back
+ONE_WINDOW, ONE_INFLIGHT = 1000, 64  # appends and entries in flight writing the one-per-entry log
+ONE_ROOM = 64  # an entry's room beyond one record: less than a second record needs
 BOOKIE_OPTIONS = {"flush_interval": 1000}  # checkpoints every second: written entries reach the entry logs soon
 
 
@@ -89,10 +95,24 @@ def _write_batched(wal: WriteAheadLog, size: int, total: int) -> int:
     return calls * BATCH
 
 
-def _write_one_per_entry(wal: WriteAheadLog, size: int, count: int) -> int:
+def _write_one_per_entry(bk: BookKeeper, name: str, size: int, count: int) -> int:
+    """``count`` records of ``size`` bytes, an entry each: appended ``ONE_WINDOW`` at a time
+    by a writer whose entries have room for one record only; the records written."""
     record = os.urandom(size)
-    for _ in range(count):
-        wal.append(record)
+    room = max(1024, size + ONE_ROOM)
+    with WriteAheadLog.open(bk, name, ensemble_size=ENSEMBLE, write_quorum=WRITE_QUORUM, ack_quorum=ACK_QUORUM,
+                            max_entry_bytes=room, max_inflight_entries=ONE_INFLIGHT,
+                            roll_bytes=max(256 << 20, 2 * count * room)) as wal:  # one segment
+        pending: collections.deque[Future[LSN]] = collections.deque()
+        for _ in range(count):
+            pending.append(wal.append_async(record))
+            if len(pending) >= ONE_WINDOW:
+                pending.popleft().result()
+        for fut in pending:
+            fut.result()
+        last = wal.flush()
+    if last != LSN(1, count - 1, 0):  # one segment, an entry a record
+        raise RuntimeError(f"the one-per-entry log ends at {last}, not 1/{count - 1}/0")
     return count
 
 
@@ -209,10 +229,8 @@ def _measure(bk: BookKeeper, reader_bk: BookKeeper, each_bk: BookKeeper, data: P
         cold = _replay(reader_bk, name, meter, caches)
         hot = _replay(reader_bk, name, meter, caches)
         out["replay"][f"{size}"] = {"written": written, "cold": cold | {"files_dropped": dropped}, "hot": hot}
-    with WriteAheadLog.open(bk, "one-per-entry", ensemble_size=ENSEMBLE, write_quorum=WRITE_QUORUM,
-                            ack_quorum=ACK_QUORUM) as wal:
-        started = time.perf_counter()
-        written = _written(_write_one_per_entry(wal, 1024, one_per_entry), started, 1024)
+    started = time.perf_counter()
+    written = _written(_write_one_per_entry(bk, "one-per-entry", 1024, one_per_entry), started, 1024)
     time.sleep(2 * BOOKIE_OPTIONS["flush_interval"] / 1000)
     dropped = _drop_page_cache(data)
     out["replay"]["1024-one-per-entry"] = {
@@ -246,7 +264,7 @@ def _checks(results: dict[str, Any]) -> dict[str, bool]:
     }
 
 
-def run_read_bench(directory: str | None = None, *, gib: float = 1.0, one_per_entry: int = 20_000,
+def run_read_bench(directory: str | None = None, *, gib: float = 1.0, one_per_entry: int = 100_000,
                    ledger_entries: int = 100_000, samples: int = 2000) -> dict[str, Any]:
     """Every case on a fresh cluster of three bookie processes; the report (a dict)."""
     if not gib > 0 or one_per_entry < 1 or ledger_entries < 1 or samples < 10:

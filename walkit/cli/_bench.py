@@ -140,8 +140,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                            "and tail visibility")
     brd.add_argument("--json", action="store_true", help="print JSON instead of tables")
     brd.add_argument("--gib", type=float, default=1.0, help="GiB in each batched log (default 1)")
-    brd.add_argument("--one-per-entry", type=int, default=20_000,
-                     help="1 KiB records appended one at a time for the per-entry replay (default 20,000)")
+    brd.add_argument("--one-per-entry", type=int, default=100_000,
+                     help="1 KiB records, an entry each, for the per-entry replay (default 100,000)")
     brd.add_argument("--ledger-entries", type=int, default=100_000,
                      help="1 KiB entries of the ledger read back (default 100,000)")
     brd.add_argument("--samples", type=int, default=2000,
