@@ -7,7 +7,7 @@ import io
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -457,9 +457,9 @@ def test_a_change_that_landed_though_it_failed_keeps_its_ledger(bk: walkit.BookK
     from walkit.errors import SessionExpiredError
     from walkit.wal._log import _LogNode
 
-    with monkeypatch.context() as patch:  # open: the claim lands, the segment's reply is lost
-        patch.setattr(_LogNode, "write", _LogNode.write)  # undone on leaving the context
-        _fail_write(_LogNode, [SessionExpiredError("simulated expiry")], lands=True, skip=1)
+    with monkeypatch.context() as patch:  # open: the new log's node is made claimed (no write); the
+        patch.setattr(_LogNode, "write", _LogNode.write)  # segment's write lands, its reply is lost
+        _fail_write(_LogNode, [SessionExpiredError("simulated expiry")], lands=True, skip=0)
         with pytest.raises(SessionExpiredError):
             WriteAheadLog.open(bk, "landed", roll_bytes=300)
     _every_segment_readable(bk, "landed")
@@ -478,6 +478,72 @@ def test_a_change_that_landed_though_it_failed_keeps_its_ledger(bk: walkit.BookK
         snapshot = wal.latest_snapshot()
         assert snapshot is not None and snapshot.read() == b"state"
     assert [lsn for lsn, _ in WriteAheadLog.reader(bk, "landed").replay()] == acked
+
+
+def _meddle_while_the_segment_is_made(bk: walkit.BookKeeper, monkeypatch: pytest.MonkeyPatch, name: str,
+                                      change: Callable[[wal_log.LogMetadata], wal_log.LogMetadata]) -> None:
+    """While ``open`` makes its new segment's ledger (after its claim), the log node is
+    rewritten with ``change`` applied: another process's write between the claim and
+    the segment's add."""
+    real = type(bk)._create
+    node = wal_log._LogNode(bk, "default", name)
+
+    async def create(self: walkit.BookKeeper, *args: object) -> object:
+        def meddle() -> None:
+            meta, version = node.read()
+            node.write(change(meta), version)
+
+        await self._core.md(meddle)
+        monkeypatch.setattr(type(bk), "_create", real)  # once
+        return await real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(bk), "_create", create)
+
+
+def test_the_segments_add_writes_over_the_claim_unread_and_never_over_a_change_since(
+        bk: walkit.BookKeeper, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new log's node is made already claimed (epoch 1, version 0), and the first
+    segment is added by a compare-and-set at the version the claim left, unread. A write
+    by someone else in between fails that compare-and-set: the add reads the node again
+    and keeps that write - or, when it was another writer's claim, gives up fenced,
+    deleting the ledger it made."""
+    import dataclasses
+
+    calls: list[str] = []
+
+    def counted(kind: str) -> Callable[..., object]:
+        real = getattr(wal_log._LogNode, kind)
+
+        def call(self: wal_log._LogNode, *args: object) -> object:
+            calls.append(kind)
+            return real(self, *args)
+        return call
+
+    for kind in ("read", "write"):
+        monkeypatch.setattr(wal_log._LogNode, kind, counted(kind))
+    with WriteAheadLog.open(bk, "claimed") as wal:
+        assert calls == ["write"]  # a new log: made claimed, its segment added unread - one write after the create
+        calls.clear()
+        meta = wal.metadata()
+        assert meta.epoch == 1 and [s.seq for s in meta.segments] == [1]
+    calls.clear()
+    WriteAheadLog.open(bk, "claimed").close()
+    assert calls[:3] == ["read", "write", "write"]  # a reopen: the claim's read and write, the add's write
+    monkeypatch.undo()
+    before = set(bk.list_ledgers())
+    _meddle_while_the_segment_is_made(bk, monkeypatch, "claimed", lambda m: dataclasses.replace(
+        m, settings=dataclasses.replace(m.settings, snapshots_kept=7)))
+    with WriteAheadLog.open(bk, "claimed") as wal:  # a change since the claim: kept, the segment added
+        meta = wal.metadata()
+        assert meta.epoch == 3 and meta.settings.snapshots_kept == 7 and [s.seq for s in meta.segments] == [1, 2, 3]
+    assert len(set(bk.list_ledgers()) - before) == 1
+    _meddle_while_the_segment_is_made(bk, monkeypatch, "claimed", lambda m: dataclasses.replace(m, epoch=m.epoch + 1))
+    before = set(bk.list_ledgers())
+    with pytest.raises(WriterFencedError):  # another writer claimed the log meanwhile
+        WriteAheadLog.open(bk, "claimed")
+    meta = WriteAheadLog.reader(bk, "claimed").metadata()
+    assert meta.epoch == 5 and [s.seq for s in meta.segments] == [1, 2, 3]
+    assert set(bk.list_ledgers()) == before  # the fenced open's ledger was deleted
 
 
 def test_a_change_that_surely_failed_deletes_its_ledger(bk: walkit.BookKeeper, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -502,7 +568,7 @@ def test_a_change_that_surely_failed_deletes_its_ledger(bk: walkit.BookKeeper, m
 
         def read(self: _LogNode) -> object:
             calls[0] += 1
-            if calls[0] > 2:  # the claim's and the segment add's reads work; the settling one not
+            if calls[0] > 1:  # the claim's read works (the segment's add writes unread); the settling one not
                 raise MetadataUnavailableError("simulated outage")
             return real_read(self)
 

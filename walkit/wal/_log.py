@@ -60,6 +60,7 @@ from walkit.errors import (
     InvalidArgumentError,
     LedgerFencedError,
     NodeExistsError,
+    MetadataVersionError,
     NoNodeError,
     NoSuchLedgerError,
     NoSuchLogError,
@@ -138,10 +139,16 @@ class _LogNode:
         except (ValueError, TypeError) as exc:
             raise FormatError("unreadable namespace defaults", path=self.ns_path, reason=str(exc)[:200]) from exc
 
-    def create(self, settings: LogSettings) -> None:
-        meta = LogMetadata(0, (), (), None, settings)
-        with contextlib.suppress(NodeExistsError):
+    def create(self, settings: LogSettings) -> LogMetadata | None:
+        """Make the node of a new log, its epoch 1 claimed by the caller (a writer
+        opening it): the node made (at version 0), or None when it exists (already, or
+        made by another writer at the same time: the caller bumps the epoch)."""
+        meta = LogMetadata(1, (), (), None, settings)
+        try:
             self.store.create(self.path, meta.encode(), make_parents=True)
+        except NodeExistsError:
+            return None
+        return meta
 
     def write(self, meta: LogMetadata, version: int) -> int:
         return self.store.set(self.path, meta.encode(), version).version
@@ -593,7 +600,9 @@ class WriteAheadLog(_LogView):
 
         def claim() -> tuple[LogMetadata, int]:
             settings = LogSettings.of({**node.namespace_defaults(), **asked, **policy})
-            node.create(settings)
+            made = node.create(settings)
+            if made is not None:  # a new log: made with epoch 1, no second write to claim it
+                return made, 0
 
             def bump() -> tuple[LogMetadata, int]:
                 meta, version = node.read()
@@ -617,7 +626,14 @@ class WriteAheadLog(_LogView):
         seq = meta.segments[-1].seq + 1 if meta.segments else 1
         segment = Segment(seq, writer.ledger_id)
 
+        known = [(meta, version)]  # the node as the claim left it: the first try writes over it unread
+
         def add_segment() -> None:
+            if known:
+                mine, mine_version = known.pop()
+                with contextlib.suppress(MetadataVersionError):  # written since (or our own write, retried)
+                    node.write(dataclasses.replace(mine, segments=(*mine.segments, segment)), mine_version)
+                    return
             current, current_version = node.read()
             if segment in current.segments:
                 return  # our own write, whose reply was lost
