@@ -31,6 +31,7 @@ def test_both_stores_every_phase_and_nothing_left(tmp_path: Path, zk_server: Any
             _check(store["ledgers"][name], 40)
         for name in ("create", "get", "delete"):
             _check(store["store"][name], 40)
+            _check(store["store_cold"][name], 40)  # the warm-up, before the ledgers' phases
         for name in ("first_open", "reopen"):
             _check(store["wal"][name], 4)
         assert set(store["vs_store"]) == {"create", "open", "delete"} and all(
@@ -41,6 +42,7 @@ def test_both_stores_every_phase_and_nothing_left(tmp_path: Path, zk_server: Any
                                      "ZooKeeper_wal_opens_met"}
     table = format_markdown(report)
     assert "| local:// | ledger create |" in table and "| ZooKeeper | WAL reopen for writing |" in table
+    assert "| ZooKeeper | store create, first run (warm-up) |" in table
     assert list(tmp_path.iterdir()) == []
     store = open_metadata_store(f"zk://{zk_server.hosts}")
     try:
