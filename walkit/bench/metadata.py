@@ -8,9 +8,10 @@ What it measures
 For each store - ``local://`` (the embedded SQLite store, the default) and ZooKeeper
 (``zk="auto"`` starts Debian's ``zookeeper`` package on 127.0.0.1 as the tests do,
 ``zk="HOST:PORT"`` uses that server under a fresh root it deletes at the end,
-``zk="none"`` skips it) - a :class:`~walkit.LocalCluster` of three in-process bookies
-registered in that store, and one :class:`~walkit.BookKeeper` client. ``threads``
-threads share the client and split ``ledgers`` ledgers between them; each phase is timed
+``zk="none"`` skips it) - a :class:`~walkit.LocalCluster` of three bookie processes
+registered in that store (in other processes, as an application meets them: bookies in
+the client's own process would share its interpreter lock), and one
+:class:`~walkit.BookKeeper` client. ``threads`` threads share the client and split ``ledgers`` ledgers between them; each phase is timed
 from the first call to the last answer:
 
 * **create**: ``create_ledger(3, 3, 2, password=...)`` - a ledger id, the metadata
@@ -27,8 +28,7 @@ run once before anything else, as a warm-up, reported apart ("first run"): a Zoo
 just started (a JVM still compiling its request path) answers its first thousands of
 requests markedly slower than the long-running server an application uses, and the
 phases measured first would pay for it alone. Per phase: operations/s,
-latency p50 / p99 (ms) and the client process's CPU per operation (the in-process bookies
-are idle meanwhile).
+latency p50 / p99 (ms) and the client process's CPU per operation.
 
 **WriteAheadLog opens** (``logs`` > 0): ``logs`` new logs opened for writing by
 ``threads`` threads (each open creates the log's node and its first segment ledger),
@@ -186,7 +186,7 @@ def _zookeeper(zk: str) -> Iterator[tuple[str | None, str | None]]:
 
 
 def _one_store(base: Path, uri: str | None, ledgers: int, logs: int, threads: int) -> dict[str, Any]:
-    cluster = LocalCluster(base / "cluster", 3, metadata_uri=uri)
+    cluster = LocalCluster(base / "cluster", 3, processes=True, metadata_uri=uri)
     try:
         sample = LedgerMetadata.create(0, tuple(cluster.bookie_ids), write_quorum=3, ack_quorum=2,
                                        password=PASSWORD, ctime=int(time.time() * 1000))
