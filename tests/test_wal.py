@@ -26,7 +26,7 @@ from walkit.errors import (
     UsageError,
     WriterFencedError,
 )
-from walkit.wal import LogReader, delete_log, list_logs, set_namespace_defaults
+from walkit.wal import LogMetadata, LogReader, delete_log, list_logs, set_namespace_defaults
 from walkit.wal import _log as wal_log
 from walkit.wal._format import pack_records, unpack_records
 
@@ -481,7 +481,7 @@ def test_a_change_that_landed_though_it_failed_keeps_its_ledger(bk: walkit.BookK
 
 
 def _meddle_while_the_segment_is_made(bk: walkit.BookKeeper, monkeypatch: pytest.MonkeyPatch, name: str,
-                                      change: Callable[[wal_log.LogMetadata], wal_log.LogMetadata]) -> None:
+                                      change: Callable[[LogMetadata], LogMetadata]) -> None:
     """While ``open`` makes its new segment's ledger (after its claim), the log node is
     rewritten with ``change`` applied: another process's write between the claim and
     the segment's add."""
@@ -544,6 +544,68 @@ def test_the_segments_add_writes_over_the_claim_unread_and_never_over_a_change_s
     meta = WriteAheadLog.reader(bk, "claimed").metadata()
     assert meta.epoch == 5 and [s.seq for s in meta.segments] == [1, 2, 3]
     assert set(bk.list_ledgers()) == before  # the fenced open's ledger was deleted
+
+
+def test_a_segment_add_that_landed_though_its_compare_and_set_was_refused_is_kept_once(
+        bk: walkit.BookKeeper, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store may send a write again after losing its reply; the second try then
+    loses its compare-and-set to the first. The segment's add, written unread, reads the
+    node, finds its segment there, and the open succeeds with it once."""
+    from walkit.errors import MetadataVersionError
+
+    with monkeypatch.context() as patch:
+        patch.setattr(wal_log._LogNode, "write", wal_log._LogNode.write)
+        _fail_write(wal_log._LogNode, [MetadataVersionError("its own write, sent again")], lands=True)
+        wal = WriteAheadLog.open(bk, "retried")
+    with wal:
+        assert [s.seq for s in wal.metadata().segments] == [1] and wal.metadata().epoch == 1
+        assert wal.append(b"r") == LSN(1, 0, 0)
+
+
+def test_writers_racing_to_open_a_new_log_get_distinct_epochs_and_only_the_last_appends(
+        bk: walkit.BookKeeper) -> None:
+    """Several writers open the same new log at once: one makes the node (epoch 1), the
+    others bump it; each that opens holds its own epoch, and every one but the newest is
+    fenced at its first append."""
+    for name in ("race-1", "race-2"):
+        opened: list[WriteAheadLog] = []
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+        start = threading.Barrier(3)
+
+        def open_it() -> None:
+            start.wait()
+            try:
+                wal = WriteAheadLog.open(bk, name)
+            except WriterFencedError as exc:  # fenced while it opened: a later writer claimed the log
+                errors.append(exc)
+                return
+            with lock:
+                opened.append(wal)
+
+        threads = [threading.Thread(target=open_it) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        try:
+            assert opened and len(opened) + len(errors) == 3
+            epochs = sorted(w.epoch for w in opened)
+            meta = WriteAheadLog.reader(bk, name).metadata()
+            assert len(set(epochs)) == len(epochs) and epochs[-1] == meta.epoch <= 3
+            seqs = [s.seq for s in meta.segments]
+            assert seqs == list(range(1, len(seqs) + 1))
+            newest = max(opened, key=lambda w: w.epoch)
+            for wal in opened:
+                if wal is newest:
+                    wal.append(b"mine")
+                else:
+                    with pytest.raises(WriterFencedError):
+                        wal.append(b"stale")
+            assert [r for _, r in WriteAheadLog.reader(bk, name).replay()] == [b"mine"]
+        finally:
+            for wal in opened:
+                wal.close()
 
 
 def test_a_change_that_surely_failed_deletes_its_ledger(bk: walkit.BookKeeper, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -180,11 +180,11 @@ def test_runs_of_single_records_read_in_chunks_as_one_at_a_time() -> None:
     # a single record whose length does not add up is damage: the records before it come first
     bad = pack_records([b"abc"])[:-1]
     reader = RecordReader("t", LogStats())
-    chunk = reader.chunk(Segment(1, 101), [Entry(101, i, d) for i, d in enumerate([*[e[2] for e in log[:3]], bad])],
+    pairs = reader.chunk(Segment(1, 101), [Entry(101, i, d) for i, d in enumerate([*[e[2] for e in log[:3]], bad])],
                          None)
     got = []
     with pytest.raises(FormatError, match="not a record batch") as caught:
-        for pair in chunk:
+        for pair in pairs:
             got.append(pair)
     assert got == expected[:3] and caught.value.context["entry"] == 3
 

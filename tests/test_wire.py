@@ -730,6 +730,12 @@ def test_a_range_answers_entries_are_views_of_its_frame_and_other_answers_are_by
     assert ranged.entries == (b"a" * 300, b"b" * 5)
     assert isinstance(single, ReadEntryResponse) and type(single.data) is bytes and single.data == b"c" * 40
     assert isinstance(refused, ErrorResponse) and refused.status is Status.ENOENTRY and refused.message == "no"
+    # a view of a buffer that may change is copied first: the answer never aliases it
+    frame = bytearray(server.send(ReadRangeResponse(5, 10, 12, (b"a", b"b"), request_id=rid)))
+    answer = decode_response(memoryview(frame)[4:])
+    frame[-2:] = b"xy"  # changed under the answer: it kept copies ...
+    frame += b"z"  # ... and no view (a held view would refuse the resize: BufferError)
+    assert isinstance(answer, ReadRangeResponse) and answer.entries == (b"a", b"b")
 
 
 # --- versions --------------------------------------------------------------------------

@@ -52,7 +52,7 @@ import collections
 from itertools import repeat
 
 from walkit.client._read import Entry, LedgerReader, request_with_timeout
-from walkit.errors import BookieUnavailableError, DigestMismatchError, ProtocolError, WalkitError
+from walkit.errors import BookieUnavailableError, ProtocolError, WalkitError
 from walkit.protocol import (
     ENTRY_HEADER,
     MAX_RANGE_ENTRIES,

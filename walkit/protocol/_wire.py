@@ -765,10 +765,10 @@ def decode_request(frame: Buffer) -> Request:
 
 def decode_response(frame: Buffer) -> Response:
     """A response from a frame without its length prefix; ProtocolError if it is not one.
-    A READ_RANGE answer given as a memoryview is decoded from it as it is, its entries
-    views of it (no copy of a megabyte's frame, nor of each entry): the caller gives a
-    view of a buffer it never reuses (:class:`ClientConnection`). Anything else is read
-    from bytes."""
+    A READ_RANGE answer given as a memoryview of ``bytes`` is decoded from it as it is,
+    its entries views of it (no copy of a megabyte's frame, nor of each entry: bytes
+    never change, :class:`ClientConnection` gives such views). Anything else - another
+    answer, a view of a mutable buffer - is read from a copy."""
     version, kind, status, rid = _header(frame)
     if version != PROTOCOL_VERSION:
         raise ProtocolVersionError(
@@ -785,7 +785,7 @@ def decode_response(frame: Buffer) -> Response:
         decoder = _RESPONSE_DECODERS.get(kind)
         if decoder is None:
             raise _Malformed(f"kind 0x{kind:02x} is no response to an op")
-        view = kind == _RANGE_ANSWER and type(frame) is memoryview
+        view = kind == _RANGE_ANSWER and type(frame) is memoryview and type(frame.obj) is bytes
         data = frame if type(frame) is bytes or view else bytes(frame)
         return decoder(data, len(data), rid)
     except (_Malformed, InvalidArgumentError, struct.error) as exc:

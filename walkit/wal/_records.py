@@ -124,8 +124,9 @@ class RecordReader:
 
         Entries that hold one record each (a log written one append at a time) take one
         check of their head each, in one loop over the chunk; their pairs are made as
-        they are found. Any other entry (a batch of many, a fragment, damage, an entry
-        the pass starts inside) goes through :meth:`records`."""
+        the consumer takes them. Any other entry (a batch of many, a fragment, damage, an
+        entry the pass starts inside) goes through :meth:`records`. The reader's stats
+        count the chunk's records and entries when it is unpacked, here."""
         parts: list[Iterable[tuple[LSN, bytes]]] = []  # in order: runs of single records, other entries' records
         seq = segment.seq
         # entries up to ``skip`` may hold records at or before ``after``: each goes through records()

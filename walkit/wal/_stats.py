@@ -27,7 +27,7 @@ class LogStats(Stats):
     rolls: int = 0  # segments rolled (closed, next one started)
     snapshots: int = 0
     snapshot_bytes: int = 0
-    replayed_records: int = 0  # records replay / tail handed to the application
+    replayed_records: int = 0  # records replay / tail unpacked for the application (a chunk at a time)
     replayed_entries: int = 0
     replay_read_seconds: float = 0.0  # time spent reading entries from bookies for replay
     retention_passes: int = 0  # background retention passes made
