@@ -8,6 +8,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -568,28 +569,20 @@ def test_writers_racing_to_open_a_new_log_get_distinct_epochs_and_only_the_last_
     others bump it; each that opens holds its own epoch, and every one but the newest is
     fenced at its first append."""
     for name in ("race-1", "race-2"):
-        opened: list[WriteAheadLog] = []
-        errors: list[BaseException] = []
-        lock = threading.Lock()
         start = threading.Barrier(3)
 
-        def open_it() -> None:
+        def open_it(_: int) -> WriteAheadLog | WriterFencedError:
             start.wait()
             try:
-                wal = WriteAheadLog.open(bk, name)
+                return WriteAheadLog.open(bk, name)
             except WriterFencedError as exc:  # fenced while it opened: a later writer claimed the log
-                errors.append(exc)
-                return
-            with lock:
-                opened.append(wal)
+                return exc
 
-        threads = [threading.Thread(target=open_it) for _ in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        with ThreadPoolExecutor(3) as pool:
+            outcomes = list(pool.map(open_it, range(3)))
+        opened = [o for o in outcomes if isinstance(o, WriteAheadLog)]
         try:
-            assert opened and len(opened) + len(errors) == 3
+            assert opened
             epochs = sorted(w.epoch for w in opened)
             meta = WriteAheadLog.reader(bk, name).metadata()
             assert len(set(epochs)) == len(epochs) and epochs[-1] == meta.epoch <= 3
