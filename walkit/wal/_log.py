@@ -59,8 +59,8 @@ from walkit.client import BookKeeper, Entry, LedgerWriter, QuickFuture, ReadStat
 from walkit.errors import (
     InvalidArgumentError,
     LedgerFencedError,
-    NodeExistsError,
     MetadataVersionError,
+    NodeExistsError,
     NoNodeError,
     NoSuchLedgerError,
     NoSuchLogError,

@@ -29,7 +29,13 @@ Memory stays bounded: a record whose declared length is over the reader's
 any of it is kept, and at most one record is being put together at a time.
 
 Record batches take the path they took before fragments existed: one comparison of
-the magic per entry, nothing per record.
+the magic per entry, nothing per record. A pass hands the reader a chunk of entries at
+a time (:meth:`RecordReader.chunk`): an entry that holds exactly one record (a log
+written one append at a time) is recognised by its 13-byte head in one loop over the
+chunk, its record copied out and its pair made in C when the consumer takes it; every
+other entry - a batch of many, a fragment, damage, an entry at or before ``after`` -
+goes through :meth:`RecordReader.records`, so the pairs, errors and stats are the same
+either way (tests/test_wal_large.py reads every case both ways).
 """
 
 from __future__ import annotations
