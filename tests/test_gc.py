@@ -1159,6 +1159,60 @@ def test_a_damaged_sealed_log_that_lost_its_usage_file_is_left_alone(env: Env) -
     check(s, data, {1})
 
 
+def _full_before_a_flush(env: Env, s: LedgerStorage, plan: list[int]) -> Data:
+    """Add one entry per ledger of ``plan`` (nothing flushed), then fill the disk: the
+    flush meets ENOSPC, seals nothing, and so the rolled logs stay unsealed."""
+    data: Data = {}
+    for ledger in plan:
+        entry = sum(1 for (lid, _) in data if lid == ledger)
+        s.add_entry(ledger, entry, payload(ledger, entry))
+        data[(ledger, entry)] = payload(ledger, entry)
+    assert isinstance(env.fs, MemFS)
+    env.fs.capacity = env.fs.used_bytes()
+    with pytest.raises(OSError, match="No space left"):
+        s.flush()
+    assert s.entry_logs() == []
+    return data
+
+
+def test_unsealed_logs_of_deleted_ledgers_give_the_room_a_flush_needs(env: Env) -> None:
+    """The disk filled before any flush completed: no log is sealed. The rolled logs
+    that only deleted ledgers filled are deleted all the same - the flush that would
+    seal them needs the room they take - and then the flush succeeds."""
+    s = env.storage()
+    data = _full_before_a_flush(env, s, [2] * 20 + [1] * 5)  # logs 1-2: ledger 2; log 3 (active): ledger 1
+    gc = env.collector(s)
+    assert gc.run_pass(1).entry_logs_deleted == 0  # ledger 2 still lives: nothing to give back
+    assert s.pending_index_entries() == 25
+    s.delete_ledger(2)
+    stats = gc.run_pass(2)
+    assert (stats.entry_logs_deleted, stats.bytes_reclaimed) == (2, 2 * LOG_LIMIT)
+    assert sorted(env.files()) == [f"{3:016x}.log"]
+    check(s, data, {2})  # ledger 1's entries are read from the active log's buffer
+    s.flush()  # the room came back: this flush completes
+    assert s.pending_index_entries() == 0
+    check(s, data, {2})
+    s.close()
+    env.fs.capacity = None
+    s = env.storage()
+    check(s, data, {2})
+    assert sorted(logs_of(s)) == [3] and logs_of(s)[3].live_bytes == 5 * REC
+
+
+def test_an_active_log_of_deleted_ledgers_is_deleted_too(env: Env) -> None:
+    s = env.storage()
+    data = _full_before_a_flush(env, s, [2] * 15)  # log 1 rolled, log 2 active: all ledger 2
+    s.delete_ledger(2)
+    stats = env.collector(s).run_pass(1)
+    # the active log's buffer never reached the disk (it waited for room): it frees nothing
+    assert (stats.entry_logs_deleted, stats.bytes_reclaimed) == (2, LOG_LIMIT)
+    assert env.files() == []
+    s.add_entry(1, 0, payload(1, 0))  # the next add starts a new log, above the deleted ones
+    s.flush()
+    assert env.files() == [f"{3:016x}.log"] and s.get_entry(1, 0) == payload(1, 0)
+    check(s, data, {2})
+
+
 def test_no_log_is_removed_once_the_storage_failed(env: Env) -> None:
     """The unlink of a deleted ledger's index fails: the storage is failed and may not
     have made the deletion durable, so the log that ledger filled is not removed."""

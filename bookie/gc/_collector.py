@@ -17,7 +17,9 @@ WARNING; nothing is cut short silently):
    (first found in one check, still so in a check at least that much later, forced or
    not), and never while the ledger is marked under-replicated: a re-replication copies
    entries here before it changes the metadata, and is never undone mid-way.
-3. *Empty entry logs*: a sealed log none of whose ledgers exists any more is deleted.
+3. *Empty entry logs*: a log none of whose ledgers exists any more is deleted - sealed
+   or not: on a disk too full for a flush to complete, no log is sealed, and the logs of
+   deleted ledgers are where the room for the next flush comes from.
 4. *Compaction*: first every log with a compaction marker (a pass that was cut short or
    a crash), then, when due (``majorCompactionInterval`` / ``minorCompactionInterval``)
    or forced, the logs under that kind's threshold, emptiest first, within the kind's
@@ -326,6 +328,9 @@ class GarbageCollector:
         return True
 
     def _delete_empty_logs(self, p: _Pass) -> None:
+        for _, _, size in self._storage.remove_dead_unsealed_logs():
+            p.stats.entry_logs_deleted += 1
+            p.stats.bytes_reclaimed += size
         for info in self._storage.entry_logs():
             if info.ledgers == 0 and (info.dir, info.log_id) not in self._damaged:
                 try:

@@ -28,7 +28,9 @@ promised nothing (the journal still holds what it was writing).
 
 Sealed logs: once a flush synced a rolled log (or the storage closed), the log never
 changes again; :meth:`LedgerDir.seal` files its usage in :attr:`LedgerDir.usage`, the
-only logs garbage collection may delete or compact. At open, :meth:`LedgerDir.load_usage`
+only logs garbage collection may compact. It may also delete an unsealed log that holds
+no record of a live ledger (:meth:`LedgerDir.take_dead_logs`): on a disk too full for a
+flush to complete, nothing is sealed, and deleted ledgers' logs are where room comes from. At open, :meth:`LedgerDir.load_usage`
 reads each log's usage file or rebuilds it (and removes leftovers: ``.use.tmp`` files,
 usage files and markers of logs that are gone).
 """
@@ -271,6 +273,19 @@ class LedgerDir:
             usage.drop(ledger_id)
         for w in self.rolled + ([self.writer] if self.writer is not None else []):
             w.ledgers.pop(ledger_id, None)
+
+    def take_dead_logs(self) -> list[EntryLogWriter]:
+        """Take out of this dir the unsealed logs - rolled, or the active one once it
+        holds records - none of whose ledgers exists any more (the caller closes and
+        removes them; the next add starts a new active log). Only between flushes: a
+        running flush holds the logs it syncs."""
+        dead = [w for w in self.rolled if not w.ledgers]
+        self.rolled = [w for w in self.rolled if w.ledgers]
+        w = self.writer
+        if w is not None and not w.ledgers and w.position > LOG_HEADER_SIZE:
+            dead.append(w)
+            self.writer = None
+        return dead
 
     def write_usage(self, writer: EntryLogWriter) -> None:
         """Write a sealed log's usage file (the caller fsyncs the logs directory)."""

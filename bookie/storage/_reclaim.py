@@ -3,7 +3,9 @@
 Theory of operation
 -------------------
 Only *sealed* logs (synced, taking no more records; :mod:`bookie.storage._ledgerdir`)
-are touched. :meth:`EntryLogReclaim.entry_logs` reports each with its usage (live and
+are compacted; a log not sealed yet is deleted when none of its ledgers exists any more
+(:meth:`EntryLogReclaim.remove_dead_unsealed_logs`: a full disk may keep every flush
+from sealing anything, and such logs are then the only room GC can give back). :meth:`EntryLogReclaim.entry_logs` reports each with its usage (live and
 total record bytes, from :mod:`bookie.storage._usage`), so choosing needs no I/O.
 
 *Deleting* a log (:meth:`EntryLogReclaim.remove_log`) is allowed when no index slot can
@@ -177,6 +179,31 @@ class EntryLogReclaim:
                 self._fs.remove(path)
         self._fs.fsync_dir(d.logs_dir)
         return size
+
+    def remove_dead_unsealed_logs(self) -> list[tuple[int, int, int]]:
+        """Delete every log not sealed yet (rolled, or the active one) that holds no
+        record of a live ledger; ``(dir, log id, bytes freed)`` of each. A disk too full
+        for a flush to complete seals nothing, so without this the room deleted ledgers
+        take in those logs would come back only after a flush - which may need exactly
+        that room. No index slot or pending location points into such a log (a ledger's
+        deletion drops both), and the flush lock keeps it out of a running flush; after
+        a crash the journal may add the deleted ledgers' entries again, and GC deletes
+        them again (they are deleted in the metadata)."""
+        removed: list[tuple[int, int, int]] = []
+        with self._flush_lock:
+            with self._lock:  # a failed storage may not have made a ledger's deletion durable
+                self._check_writable()
+                dead = [(d, w) for d in self._dirs for w in d.take_dead_logs()]
+                for d, w in dead:
+                    self._recent.drop_log(d.number, w.log_id)
+            for d, w in dead:
+                self._log_files.discard((d.number, w.log_id))
+                w.close()
+                self._fs.remove(w.path)
+                removed.append((d.number, w.log_id, w.buffer_start))
+            for d in {d.number: d for d, _ in dead}.values():
+                self._fs.fsync_dir(d.logs_dir)
+        return removed
 
     # --- helpers ------------------------------------------------------------------------
     def _sealed(self, dir_no: int, log_id: int) -> LedgerDir:
