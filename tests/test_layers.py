@@ -1,7 +1,8 @@
 """The layers' arrows (docs/architecture.md "Layers"): the layers above the ledger
 client - walkit.wal, walkit.aio, walkit.spark - import from ``walkit.client`` itself,
 never from its private modules, so the client can rearrange its insides without
-breaking them; and nothing below the client imports the layers above it, but for the
+breaking them; the same holds of ``walkit.wal`` for the layers above it (aio, spark) and
+of ``walkit.metadata`` for the client's side (client, recovery, wal, aio, spark); and nothing below the client imports the layers above it, but for the
 two documented exceptions (``ALLOWED``): a source bookie pushes re-replicated copies
 with a BookieClient, and a bookie may run the autorecovery daemon."""
 
@@ -20,6 +21,10 @@ BELOW = {"walkit/client": ("walkit.wal", "walkit.aio", "walkit.spark", "walkit.c
          "bookie": ("walkit.client", "walkit.recovery", "walkit.wal", "walkit.aio", "walkit.spark", "walkit.cli",
                     "walkit.bench")}
 ALLOWED = {("bookie/_replicate.py", "walkit.client"), ("bookie/server.py", "walkit.recovery")}
+#: a package, and the layers that import it by its public name only
+PUBLIC_ONLY = {"walkit.client": ABOVE,
+               "walkit.wal": ["walkit/aio.py", "walkit/spark"],
+               "walkit.metadata": ["walkit/client", "walkit/recovery", *ABOVE]}
 
 
 def _sources(*where: str) -> list[Path]:
@@ -44,10 +49,11 @@ def _imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def test_the_layers_above_the_client_use_its_public_api_only() -> None:
-    private = [f"{path.relative_to(ROOT)}:{line}: {module}" for path in _sources(*ABOVE)
-               for line, module in _imports(path) if module.startswith("walkit.client._")]
-    assert not private, "import these from walkit.client (export them there):\n" + "\n".join(private)
+@pytest.mark.parametrize("package", sorted(PUBLIC_ONLY))
+def test_the_layers_above_a_package_use_its_public_api_only(package: str) -> None:
+    private = [f"{path.relative_to(ROOT)}:{line}: {module}" for path in _sources(*PUBLIC_ONLY[package])
+               for line, module in _imports(path) if module.startswith(package + "._")]
+    assert not private, f"import these from {package} (export them there):\n" + "\n".join(private)
 
 
 @pytest.mark.parametrize("layer", sorted(BELOW))

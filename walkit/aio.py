@@ -43,9 +43,17 @@ from typing import Any, TypeVar
 from walkit.client import BookKeeper, Entry, LedgerReader, LedgerWriter, ReadState, check_payload, check_range
 from walkit.errors import InvalidArgumentError, LedgerClosedError, UsageError, WalkitError
 from walkit.metadata import LedgerMetadata
-from walkit.wal import LSN, LogReader, Snapshot, SnapshotData, WriteAheadLog
-from walkit.wal._retention import wait_locked
-from walkit.wal._snapshots import SnapshotJob, asnapshot_chunks, check_snapshot_data
+from walkit.wal import (
+    LSN,
+    LogReader,
+    Snapshot,
+    SnapshotData,
+    SnapshotJob,
+    WriteAheadLog,
+    asnapshot_chunks,
+    check_snapshot_data,
+    wait_locked,
+)
 
 __all__ = ["AsyncBookKeeper", "AsyncLedgerHandle", "AsyncLogReader", "AsyncReadHandle", "AsyncWriteAheadLog", "Entry",
            "connect"]

@@ -339,8 +339,7 @@ def _expire(cluster: Cluster) -> None:
 
 def _registered(cluster: Cluster, bookie_id: str, old_session: int) -> bool:
     """Whether ``bookie_id``'s registration node is owned by the store's session, a new one."""
-    from walkit.metadata._cluster import cluster_path
-    from walkit.metadata._registration import READONLY
+    from walkit.metadata import READONLY, cluster_path
 
     available = cluster_path(cluster.info.root, "available")
     try:

@@ -13,15 +13,17 @@
   for retrying a change that lost its compare-and-set.
 """
 
-from walkit.metadata._cluster import ClusterInfo, init_cluster, read_cluster
+from walkit.metadata._cluster import ClusterInfo, cluster_path, init_cluster, read_cluster
 from walkit.metadata._connect import Cluster, connect
 from walkit.metadata._ledger import Fragment, LedgerMetadata, LedgerState
 from walkit.metadata._ledgers import LedgerManager
 from walkit.metadata._local import LocalMetadataStore
 from walkit.metadata._retry import retry_cas
 from walkit.metadata._registration import (
+    READONLY,
     BookieRegistration,
     BookieSet,
+    check_bookie_id,
     list_bookies,
     delete_cookie,
     read_cookie,
@@ -56,6 +58,7 @@ from walkit.metadata._uri import MetadataURI, open_metadata_store, parse_metadat
 
 __all__ = [
     "ANY_VERSION",
+    "READONLY",
     "RETRY_DEADLINE",
     "BookieRegistration",
     "BookieSet",
@@ -79,7 +82,9 @@ __all__ = [
     "Stat",
     "UnderReplication",
     "Watch",
+    "check_bookie_id",
     "check_path",
+    "cluster_path",
     "connect",
     "init_cluster",
     "iter_ledger_ids",

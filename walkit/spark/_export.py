@@ -36,7 +36,7 @@ from pyspark.sql import SparkSession
 
 from walkit.client import BookKeeper
 from walkit.errors import InvalidArgumentError
-from walkit.wal._lsn import LSN
+from walkit.wal import LSN
 from walkit.spark._plan import ReadOptions
 from walkit.spark._read import last_record
 

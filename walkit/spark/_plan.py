@@ -13,8 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from walkit.errors import InvalidArgumentError
-from walkit.wal._format import DEFAULT_MAX_RECORD_BYTES
-from walkit.wal._lsn import LSN
+from walkit.wal import DEFAULT_MAX_RECORD_BYTES, LSN
 
 __all__ = [
     "END_SLOT", "LedgerRange", "LogRange", "ReadOptions", "SegmentExtent", "lsn_key", "lsn_of_offset",

@@ -25,11 +25,17 @@ import pyarrow.compute as pc
 
 from walkit.client import BookKeeper, ReadHandle
 from walkit.errors import NoSuchEntryError, NoSuchLedgerError
-from walkit.wal._format import FRAGMENT_MAGIC, Segment, unpack_fragment, unpack_records
-from walkit.wal._log import WriteAheadLog
-from walkit.wal._lsn import LSN
-from walkit.wal._records import DEFAULT_MAX_RECORD_BYTES, Assembly
-from walkit.wal._records import last_record as last_whole_record
+from walkit.wal import (
+    DEFAULT_MAX_RECORD_BYTES,
+    FRAGMENT_MAGIC,
+    LSN,
+    Assembly,
+    Segment,
+    WriteAheadLog,
+    unpack_fragment,
+    unpack_records,
+)
+from walkit.wal import last_record as last_whole_record
 from walkit.spark._plan import END_SLOT, LSN_KEY_WIDTHS, LedgerRange, LogRange, ReadOptions, SegmentExtent
 
 __all__ = ["LEDGER_ARROW_SCHEMA", "LOG_ARROW_SCHEMA", "last_position", "last_record", "ledger_batches",

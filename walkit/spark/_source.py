@@ -29,7 +29,7 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, Str
 
 from walkit.client import BookKeeper
 from walkit.errors import InvalidArgumentError
-from walkit.wal._lsn import LSN
+from walkit.wal import LSN
 from walkit.spark._plan import (
     LedgerRange,
     LogRange,

@@ -17,8 +17,7 @@ from collections.abc import Iterator
 
 from walkit.client import BookKeeper
 from walkit.errors import NoNodeError, NoSuchLogError
-from walkit.metadata import Cluster
-from walkit.metadata._cluster import cluster_path
+from walkit.metadata import Cluster, cluster_path
 from walkit.wal._format import LogMetadata
 from walkit.wal._log import LogReader, _check_name, _LogNode, _LogView
 from walkit.wal._lsn import LSN

@@ -70,9 +70,7 @@ from walkit.errors import (
     WriterFencedError,
 )
 from walkit.logs import context
-from walkit.metadata import retry_cas
-from walkit.metadata._cluster import cluster_path
-from walkit.metadata._registration import check_bookie_id
+from walkit.metadata import check_bookie_id, cluster_path, retry_cas
 from walkit.wal._format import LogMetadata, LogSettings, Retention, Segment, SnapshotRef, pack_records
 from walkit.wal._lsn import LSN
 from walkit.wal._many import ManyFuture, complete_entry, fail_all
