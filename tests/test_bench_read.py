@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from walkit.bench.read import INTERVALS, ROLL_INTERVAL, ROLL_RECORDS, format_markdown, run_read_bench
+from walkit.bench.read import AMONG, INTERVALS, ROLL_INTERVAL, ROLL_RECORDS, format_markdown, run_read_bench
 from walkit.cli import main
 from walkit.errors import InvalidArgumentError
 
@@ -17,12 +17,13 @@ pytestmark = pytest.mark.timeout(300)
 def test_short_run_reports_every_case_and_cleans_up(tmp_path: Path) -> None:
     report = run_read_bench(str(tmp_path), gib=0.005, one_per_entry=200, ledger_entries=500, samples=20)
     replay = report["replay"]
-    assert set(replay) == {"100", "1024", "1024-one-per-entry", "ledger-1024"}
+    assert set(replay) == {"100", "1024", "1024-one-per-entry", "ledger-1024", "ledger-1024-among"}
     assert replay["ledger-1024"]["written"]["records"] == 500
+    assert replay["ledger-1024-among"]["written"]["records"] == 250 * AMONG  # AMONG ledgers of half as many
     for key, case in replay.items():
-        written = case["written"]["records"]
+        written = case["written"]["records"] // (AMONG if key == "ledger-1024-among" else 1)  # one of them is read
         assert written > 0 and case["written"]["records_per_s"] > 0, key
-        phases = ("cold", "hot") if key in ("100", "1024") else ("cold", "hot", "hot, entry by entry")
+        phases = ("cold", "hot") if key in ("100", "1024", "ledger-1024-among") else ("cold", "hot", "hot, entry by entry")
         assert set(case) == {"written", *phases}, key
         for phase in phases:
             r = case[phase]
@@ -37,6 +38,7 @@ def test_short_run_reports_every_case_and_cleans_up(tmp_path: Path) -> None:
     assert all(isinstance(ok, bool) for ok in report["checks"].values())
     table = format_markdown(report)
     assert "1 KiB records, one per entry, hot, entry by entry" in table and "ledger of 1 KiB entries" in table
+    assert f"written among {AMONG - 1} others, cold" in table
     assert "one every 250 ms" in table and "a new segment every 20" in table and "targets:" in table
     assert list(tmp_path.iterdir()) == []
 

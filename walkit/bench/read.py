@@ -22,6 +22,11 @@ logs on ledgers of E=3, Qw=3, Qa=2.
 * **ledger read**: a closed ledger of ``ledger_entries`` entries of 1 KiB (written
   pipelined), read with ``ReadHandle.read`` from its first entry to its last: cold, hot,
   and hot entry by entry - entries/s and CPU per entry of the client and the bookies;
+* **ledger read, written among others**: ``AMONG`` ledgers of ``ledger_entries // 2``
+  entries of 1 KiB written at once, their adds interleaved (as a bookie serving many
+  logs receives them: each ledger's records lie among the others' in the entry logs),
+  then the first one read as above, cold and hot - what a layout that is not sorted by
+  ledger costs a reader;
 * **tail visibility**: a writer appends on one client; a reader on another client (in
   this process: one clock) follows the log with ``tail()``; the time from ``append``
   returning (durable on a quorum) to the tail handing the record over, with appends back
@@ -74,6 +79,7 @@ ROLL_INTERVAL, ROLL_RECORDS = 0.020, 20  # and a case whose log rolls every 20 r
 TARGETS = {"replay_100B_records_per_s": 1_000_000, "replay_1KiB_mb_per_s": 300, "tail_p50_ms": 1.0,
            "tail_p99_ms": 5.0, "ledger_entries_per_s": 150_000, "one_per_entry_records_per_s": 150_000}
 LEDGER_WINDOW = 1000  # adds in flight while writing the ledger read back
+AMONG = 8  # ledgers written at once, interleaved, for the "written among others" read
 ONE_WINDOW, ONE_INFLIGHT = 1000, 64  # appends and entries in flight writing the one-per-entry log
 ONE_ROOM = 64  # an entry's room beyond one record: less than a second record needs
 BOOKIE_OPTIONS = {"flush_interval": 1000}  # checkpoints every second: written entries reach the entry logs soon
@@ -209,6 +215,25 @@ def _read_ledger(bk: BookKeeper, ledger_id: int, meter: Meter, caches: CacheMete
     return _read_report(meter, caches, entries, size)
 
 
+def _write_among(bk: BookKeeper, count: int, size: int) -> tuple[int, dict[str, Any]]:
+    """``AMONG`` closed ledgers of ``count`` entries of ``size`` bytes, written at once, an
+    add to each in turn; the first one's id and the write rate of all."""
+    data = os.urandom(size)
+    started = time.perf_counter()
+    handles = [bk.create_ledger(ENSEMBLE, WRITE_QUORUM, ACK_QUORUM) for _ in range(AMONG)]
+    pending: collections.deque[Future[int]] = collections.deque()
+    for _ in range(count):
+        for lh in handles:
+            pending.append(lh.add_entry_async(data))
+        while len(pending) >= LEDGER_WINDOW:
+            pending.popleft().result()
+    for fut in pending:
+        fut.result()
+    for lh in handles:
+        lh.close()
+    return handles[0].ledger_id, _written(count * AMONG, started, size)
+
+
 def _written(records: int, started: float, size: int) -> dict[str, Any]:
     took = time.perf_counter() - started
     return {"records": records, "seconds": round(took, 2), "records_per_s": round(records / took),
@@ -244,6 +269,12 @@ def _measure(bk: BookKeeper, reader_bk: BookKeeper, each_bk: BookKeeper, data: P
         "written": written, "cold": _read_ledger(reader_bk, ledger_id, meter, caches) | {"files_dropped": dropped},
         "hot": _read_ledger(reader_bk, ledger_id, meter, caches),
         "hot, entry by entry": _read_ledger(each_bk, ledger_id, meter, caches)}
+    ledger_id, written = _write_among(bk, max(1, ledger_entries // 2), 1024)
+    time.sleep(2 * BOOKIE_OPTIONS["flush_interval"] / 1000)
+    dropped = _drop_page_cache(data)
+    out["replay"]["ledger-1024-among"] = {
+        "written": written, "cold": _read_ledger(reader_bk, ledger_id, meter, caches) | {"files_dropped": dropped},
+        "hot": _read_ledger(reader_bk, ledger_id, meter, caches)}
     for interval in INTERVALS:
         out["tail"].append(visibility(bk, reader_bk, f"tail-{int(interval * 1000)}ms", interval, samples))
     out["tail"].append(visibility(bk, reader_bk, "tail-rolling", ROLL_INTERVAL, samples, ROLL_RECORDS))
@@ -283,7 +314,8 @@ def run_read_bench(directory: str | None = None, *, gib: float = 1.0, one_per_en
 
 
 _LABELS = {"100": "100 B records, batched", "1024": "1 KiB records, batched",
-           "1024-one-per-entry": "1 KiB records, one per entry", "ledger-1024": "ledger of 1 KiB entries (records = entries)"}
+           "1024-one-per-entry": "1 KiB records, one per entry", "ledger-1024": "ledger of 1 KiB entries (records = entries)",
+           "ledger-1024-among": f"ledger of 1 KiB entries written among {AMONG - 1} others"}
 
 
 def _rows(report: dict[str, Any]) -> Iterator[str]:

@@ -143,7 +143,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     brd.add_argument("--one-per-entry", type=int, default=100_000,
                      help="1 KiB records, an entry each, for the per-entry replay (default 100,000)")
     brd.add_argument("--ledger-entries", type=int, default=100_000,
-                     help="1 KiB entries of the ledger read back (default 100,000)")
+                     help="1 KiB entries of the ledger read back (default 100,000); the ledgers written among others"
+                          " get half as many each")
     brd.add_argument("--samples", type=int, default=2000,
                      help="records per tail-visibility case, fewer at slow rates (default 2,000)")
     brd.add_argument("--dir", default=None, help="where the cluster keeps its data (default: a temporary one here)")
