@@ -41,18 +41,23 @@ def _run(digest: str, ledger: int = 3, first: int = 10, count: int = 6) -> list[
 
 @pytest.mark.parametrize("digest", ["crc32c", "mac", "none"])
 @pytest.mark.parametrize("views", [False, True])
-def test_a_run_is_checked_up_to_its_first_bad_entry(digest: str, views: bool) -> None:
+@pytest.mark.parametrize("copy", [True, False])
+def test_a_run_is_checked_up_to_its_first_bad_entry(digest: str, views: bool, copy: bool) -> None:
     """decode_run keeps the payloads of a run (a READ_RANGE answer) while every entry
     checks as decode_entry would check it, and stops at the first that does not: a
-    damaged byte, another ledger, a gap or a repeat in the ids, an entry too short."""
+    damaged byte, another ledger, a gap or a repeat in the ids, an entry too short.
+    Without ``copy``, a crc32c run's payloads from views are views of the same bytes."""
     run = _run(digest)
     payloads = [bytes([i]) * (i * 37) for i in range(6)]
 
     def decoded(entries: list[bytes], ledger: int = 3, first: int = 10) -> list[bytes]:
         given = [memoryview(e) for e in entries] if views else entries
-        out = decode_run(given, ledger, first, digest=digest, key=KEY)
-        assert all(type(p) is bytes for p in out)  # bytes, also from views
-        return out
+        out = decode_run(given, ledger, first, digest=digest, key=KEY, copy=copy)
+        if copy or not views or digest != "crc32c":
+            assert all(type(p) is bytes for p in out)  # bytes, also from views
+        else:
+            assert all(type(p) is memoryview and p.obj is e for p, e in zip(out, entries))  # no copy
+        return [bytes(p) for p in out]
 
     assert decoded(run) == payloads
     assert decoded(run, first=11) == [] and decoded(run, ledger=4) == [] and decoded([]) == []

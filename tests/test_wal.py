@@ -126,6 +126,28 @@ def test_append_replay_and_batching(bk: walkit.BookKeeper) -> None:
     reader.close()
 
 
+def test_records_replayed_from_runs_are_bytes_of_their_own(bk: walkit.BookKeeper) -> None:
+    """Where E = Qw a pass reads in runs and its reader's entries are views of the answers'
+    frames (``payload_views``): every record it hands out - of a one-record entry, of a
+    batch, reassembled from fragments - is ``bytes`` of its own, equal to what was
+    appended, from a replay, a reader's replay and a tail alike."""
+    big = bytes(range(256)) * 40  # 10 KiB: fragments of an entry of 4 KiB at most
+    with WriteAheadLog.open(bk, "own-bytes", ensemble_size=3, write_quorum=3, ack_quorum=2,
+                            max_entry_bytes=4096) as wal:
+        lsns = [wal.append(b"one%d" % i) for i in range(5)]
+        lsns += wal.append_many([b"many%d" % i for i in range(50)]).result(30)
+        lsns.append(wal.append(big))
+        lsns.append(wal.append(b"last"))
+        expected = [b"one%d" % i for i in range(5)] + [b"many%d" % i for i in range(50)] + [big, b"last"]
+        with WriteAheadLog.reader(bk, "own-bytes") as reader:
+            tail = reader.tail(poll_timeout=0.2)
+            passes = {"replay": list(wal.replay()), "reader": list(reader.replay()),
+                      "tail": [next(tail) for _ in expected]}
+        for name, got in passes.items():
+            assert got == list(zip(lsns, expected)), name
+            assert all(type(record) is bytes for _, record in got), name
+
+
 def test_bad_input_is_refused_and_loses_nothing(bk: walkit.BookKeeper) -> None:
     with pytest.raises(InvalidArgumentError):
         WriteAheadLog.open(bk, "bad/name")

@@ -88,22 +88,29 @@ def feed(reader: RecordReader, entries: list[tuple[int, int, bytes]], after: LSN
          chunk: int = 0) -> list[tuple[LSN, bytes]]:
     """``(segment, entry id, payload)`` handed to ``reader`` in order, as a pass would:
     one at a time (``chunk`` 0: ``records``), or in chunks of up to ``chunk`` entries of
-    one segment (``chunk``, as a replay hands them)."""
+    one segment (``chunk``, as a replay hands them). A negative ``chunk`` is its absolute
+    value with every payload a view of a larger ``bytes`` (a reader's ``payload_views``,
+    as the log's passes read): the records handed out are ``bytes`` all the same."""
     out: list[tuple[LSN, bytes]] = []
+    views, chunk = chunk < 0, abs(chunk)
+
+    def entry(seq: int, entry_id: int, data: bytes) -> Entry:
+        return Entry(100 + seq, entry_id, memoryview(b"frame" + data + b"next")[5:-4] if views else data)  # type: ignore[arg-type]
+
     if not chunk:
         for seq, entry_id, data in entries:
-            out += reader.records(Segment(seq, 100 + seq), Entry(100 + seq, entry_id, data), after)
-        return out
+            out += reader.records(Segment(seq, 100 + seq), entry(seq, entry_id, data), after)
     at = 0
-    while at < len(entries):
+    while chunk and at < len(entries):
         seq = entries[at][0]
         group = list(itertools.takewhile(lambda e: e[0] == seq, entries[at : at + chunk]))
-        out += reader.chunk(Segment(seq, 100 + seq), [Entry(100 + seq, e, d) for _, e, d in group], after)
+        out += reader.chunk(Segment(seq, 100 + seq), [entry(seq, e, d) for _, e, d in group], after)
         at += len(group)
+    assert all(type(record) is bytes for _, record in out)
     return out
 
 
-CHUNKS = [0, 1, 2, 3, 100]  # one entry at a time, and chunks cut at every place
+CHUNKS = [0, 1, 2, 3, 100, -1, -3, -100]  # one entry at a time, chunks cut at every place; payloads as views
 
 
 @pytest.mark.parametrize("chunk", CHUNKS)

@@ -194,6 +194,10 @@ class LedgerReader:
         #: which replica of a fragment this reader asks first where E = Qw (modulo its size:
         #: sticky reads, in runs and entry by entry)
         self.replica_choice = random.getrandbits(16)
+        #: the entries its runs return (READ_RANGE) carry, as ``data``, a read-only view of
+        #: the answer's frame rather than bytes of their own: for a consumer that copies
+        #: what it keeps (the WriteAheadLog's passes). Off: every entry's data is bytes.
+        self.payload_views = False
 
     def check(self, entry_id: int, data: bytes) -> tuple[EntryHeader, bytes]:
         """Digest and ids of an entry a bookie returned (DigestMismatchError)."""
@@ -203,10 +207,12 @@ class LedgerReader:
                                       entry=entry_id, got_ledger=header.ledger_id, got_entry=header.entry_id)
         return header, payload
 
-    def check_run(self, first: int, entries: Sequence[bytes | memoryview]) -> list[bytes]:
+    def check_run(self, first: int, entries: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
         """The payloads of a run of entries from ``first`` a bookie returned, up to the
-        first whose digest or ids do not check (:meth:`check` for each, in one loop)."""
-        return decode_run(entries, self.ledger_id, first, digest=self.metadata.digest, key=self.key)
+        first whose digest or ids do not check (:meth:`check` for each, in one loop);
+        views of ``entries`` where they are views and :attr:`payload_views` is on."""
+        return decode_run(entries, self.ledger_id, first, digest=self.metadata.digest, key=self.key,
+                          copy=not self.payload_views)
 
     def verified(self, response: Response | None, error: WalkitError | None,
                  entry_id: int | None = None) -> tuple[EntryHeader, bytes] | WalkitError:

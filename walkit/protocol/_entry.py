@@ -21,7 +21,7 @@ import hashlib
 import hmac
 import struct
 from collections.abc import Sequence
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, overload
 
 from crc32c import crc32c
 
@@ -114,14 +114,26 @@ def decode_entry(data: bytes, *, digest: str = "crc32c", key: bytes = b"") -> tu
     return header, payload
 
 
+@overload
+def decode_run(entries: Sequence[bytes | memoryview], ledger_id: int, first: int, *, digest: str = ...,
+               key: bytes = ..., copy: Literal[True] = ...) -> list[bytes]: ...
+
+
+@overload
+def decode_run(entries: Sequence[bytes | memoryview], ledger_id: int, first: int, *, digest: str = ...,
+               key: bytes = ..., copy: bool) -> list[bytes | memoryview]: ...
+
+
 def decode_run(entries: Sequence[bytes | memoryview], ledger_id: int, first: int, *, digest: str = "crc32c",
-               key: bytes = b"") -> list[bytes]:
+               key: bytes = b"", copy: bool = True) -> list[bytes] | list[bytes | memoryview]:
     """The payloads of ``entries``, which should be entries ``first``, ``first + 1``, ...
     of ledger ``ledger_id``, in order, up to the first that does not check (its digest,
     or other ids than expected): that one's index is the length of the list. One loop
     over the run (a READ_RANGE answer), the same checks as :func:`decode_entry`. Entries
-    may be views (of the answer's frame); the payloads are bytes."""
-    payloads: list[bytes] = []
+    may be views (of the answer's frame); the payloads are bytes - or, without ``copy``,
+    a view's payload is a view of the same bytes (no copy: for a consumer that copies
+    what it keeps)."""
+    payloads: list[bytes | memoryview] = []
     append = payloads.append
     if digest == "crc32c":  # the usual case, inline: one unpack and two CRC calls an entry
         unpack, head, size = _CRC_ENTRY.unpack_from, ENTRY_HEADER.size, _CRC_ENTRY.size
@@ -130,7 +142,8 @@ def decode_run(entries: Sequence[bytes | memoryview], ledger_id: int, first: int
             if len(data) < size:
                 break
             ledger, entry, _, _, crc = unpack(data)
-            payload = bytes(data[size:])  # a view's bytes copied once, a slice of bytes as it is
+            # a view's bytes copied once (or not at all without ``copy``), a slice of bytes as it is
+            payload = bytes(data[size:]) if copy else data[size:]
             if ledger != ledger_id or entry != expected or crc != crc32c(payload, crc32c(data[:head])):
                 break
             append(payload)
@@ -138,10 +151,10 @@ def decode_run(entries: Sequence[bytes | memoryview], ledger_id: int, first: int
         return payloads
     for index, data in enumerate(entries):
         try:
-            header, payload = decode_entry(bytes(data), digest=digest, key=key)
+            header, checked = decode_entry(bytes(data), digest=digest, key=key)
         except DigestMismatchError:
             break
         if header.ledger_id != ledger_id or header.entry_id != first + index:
             break
-        append(payload)
+        append(checked)
     return payloads

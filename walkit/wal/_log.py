@@ -191,11 +191,13 @@ class _LogView:
         """(Client loop) a reader of the segment's ledger; a segment deleted under the
         reader (retention after a newer snapshot) is an error, never a silent gap."""
         try:
-            return await self._bk._open(segment.ledger_id, self._password, False)
+            state = await self._bk._open(segment.ledger_id, self._password, False)
         except NoSuchLedgerError as exc:
             raise NoSuchLedgerError("a segment of the log was deleted (truncated) while it was being read; "
                                     "start again from the latest snapshot", log=self.name, segment=segment.seq,
                                     ledger=segment.ledger_id) from exc
+        state.reader.payload_views = True  # its entries only reach RecordReader.chunk, which copies what it keeps
+        return state
 
     def _record_reader(self) -> RecordReader:
         """The records of one pass (a replay, a tail): one reader, every entry in order."""

@@ -175,9 +175,9 @@ class RecordReader:
 
     def records(self, segment: Segment, entry: Entry, after: LSN | None) -> Iterable[tuple[LSN, bytes]]:
         """The records of one entry of ``segment`` that come after ``after``."""
-        data = entry.data
+        data = bytes(entry.data)  # a view (a reader's ``payload_views``) copied: records outlive its frame
         if data[:4] == FRAGMENT_MAGIC:
-            return self._fragment(segment, entry, after)
+            return self._fragment(segment, entry.entry_id, data, after)
         if self._assembly.active:
             self._assembly.drop()  # a record batch after a record begun: its writer died mid-record
         try:
@@ -196,19 +196,19 @@ class RecordReader:
             return zip(LSN._slots(seq, entry_id, count), records)
         return zip(LSN._slots_between(seq, entry_id, first, count), records[first:])
 
-    def _fragment(self, segment: Segment, entry: Entry, after: LSN | None) -> Iterable[tuple[LSN, bytes]]:
+    def _fragment(self, segment: Segment, entry_id: int, data: bytes, after: LSN | None) -> Iterable[tuple[LSN, bytes]]:
         """A fragment entry: the record it completes, if the record began after ``after``
         (an ``after`` inside a record - a position no record has - counts as past it: the
         pass did not start early enough to read the record's first fragment)."""
         self.stats.replayed_entries += 1
-        whole = self._assembly.add(segment.seq, entry.entry_id, entry.data)
+        whole = self._assembly.add(segment.seq, entry_id, data)
         if whole is None:
             return ()
         first, record = whole
         if after is not None and (after.segment, after.entry) >= (segment.seq, first):
             return ()
         self.stats.replayed_records += 1
-        return ((LSN._trusted(segment.seq, entry.entry_id, 0), record),)
+        return ((LSN._trusted(segment.seq, entry_id, 0), record),)
 
 
 def _singles(seq: int, ids: list[int], records: list[bytes]) -> Iterator[tuple[LSN, bytes]]:
