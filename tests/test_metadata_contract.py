@@ -196,6 +196,25 @@ def test_watch_data(driver: Driver) -> None:
     assert seen[-1] is None
 
 
+def test_a_change_right_after_a_watch_first_read_is_reported(driver: Driver) -> None:
+    """The node changes between the watch's first read and the end of its first report
+    (here: by that report), while the store's watcher threads run on: the change is
+    reported next, not lost until some later change."""
+    watcher, writer = driver.make_store(), driver.make_store()
+    writer.create("/r", b"0")
+    seen: list[bytes | None] = []
+
+    def changed(data: bytes | None, stat: Stat | None) -> None:
+        seen.append(data)
+        if len(seen) == 1:
+            writer.set("/r", b"1")
+            time.sleep(0.3)  # a local store's poller (every 50 ms) sees the change meanwhile
+
+    watcher.watch_data("/r", changed)
+    wait_for(lambda: seen[-1:] == [b"1"])
+    assert seen == [b"0", b"1"]
+
+
 def test_watch_children(driver: Driver) -> None:
     watcher, writer = driver.make_store(), driver.make_store()
     writer.create("/c")

@@ -34,7 +34,9 @@ Guarantees.
   it compares each watched path's ``mzxid`` / ``pzxid`` / existence with what it last
   reported and calls back on the poller thread. Several changes between two polls are
   reported once, with the latest state (as ZooKeeper watches do). The first call, with
-  the state at registration, runs synchronously in the registering thread.
+  the state at registration, runs synchronously in the registering thread; the watch is
+  registered before that first read, so a change right after it is reported next (a
+  watch's reports are serialised by its lock: the poller waits for the first one).
 
 Assumptions. The processes share one clock (``time.time``) and a local file system
 with working POSIX locks (not NFS). Callbacks do not block for long and do not call
@@ -71,7 +73,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
 from walkit.errors import (
@@ -377,6 +379,8 @@ class _Watch:
     children: bool
     callback: Callable[..., None]
     token: tuple[int, ...] | None = None  # None: not observed yet; (-1,): node absent
+    #: held while the watch reads and reports: one report at a time, in order
+    lock: threading.RLock = field(default_factory=threading.RLock)
 
     def cancel(self) -> None:
         self.store._watches.pop(self.key, None)
@@ -542,11 +546,19 @@ class LocalMetadataStore:
     # -- watches -----------------------------------------------------------------------
 
     def _add_watch(self, path: str, children: bool, callback: Callable[..., None]) -> Watch:
+        """Registered before its first read: a change made after that read (even by the
+        first callback) moves ``meta.seq`` past what the poller saw, so the poller
+        reports it - after the first report, which holds the watch's lock."""
         watch = _Watch(self, next(self._keys), path, children, callback)
-        args = self._observe(watch)
-        assert args is not None  # a fresh watch has no token yet, so it always reports
-        callback(*args)
-        self._watches[watch.key] = watch
+        with watch.lock:
+            self._watches[watch.key] = watch
+            try:
+                args = self._observe(watch)
+                assert args is not None  # a fresh watch has no token yet, and the poller waits for the lock
+                callback(*args)
+            except BaseException:
+                watch.cancel()  # not set up: the caller gets the error, and no watch
+                raise
         return watch
 
     def _observe(self, watch: _Watch) -> tuple[object, ...] | None:
@@ -582,10 +594,11 @@ class LocalMetadataStore:
         return seq
 
     def _fire(self, watch: _Watch) -> None:
-        args = self._observe(watch)
-        if args is None or watch.key not in self._watches:
-            return
-        try:
-            watch.callback(*args)
-        except Exception:
-            _log.exception("watch callback failed path=%s", watch.path)
+        with watch.lock:
+            args = self._observe(watch)
+            if args is None or watch.key not in self._watches:
+                return
+            try:
+                watch.callback(*args)
+            except Exception:
+                _log.exception("watch callback failed path=%s", watch.path)
