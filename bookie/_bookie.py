@@ -201,13 +201,27 @@ class BookieFailure:
 
 
 class _StorageReplay:
-    """Journal replay applies records straight to ledger storage."""
+    """Journal replay applies records straight to ledger storage; the storage is flushed
+    whenever its write cache holds ``cache_bytes`` (a long journal replayed does not sit
+    in memory whole; no mark is written, so a crash meanwhile replays from the same mark,
+    and re-adds overwrite)."""
 
-    def __init__(self, storage: LedgerStorage) -> None:
+    def __init__(self, storage: LedgerStorage, cache_bytes: int) -> None:
         self.s = storage
+        self.cache_bytes = cache_bytes
+        self.flushes = 0
 
     def replay_entry(self, ledger_id: int, entry_id: int, data: bytes) -> None:
         self.s.add_entry(ledger_id, entry_id, data)
+        if self.s.cached_bytes() >= self.cache_bytes:
+            try:
+                self.s.flush()
+            except OSError as exc:
+                if not is_no_space(exc):
+                    raise
+                self.cache_bytes = _BY_COUNT  # a full disk: the rest waits in memory for the first checkpoint
+            else:
+                self.flushes += 1
 
     def replay_master_key(self, ledger_id: int, key: bytes) -> None:
         self.s.set_master_key(ledger_id, key)
@@ -245,6 +259,8 @@ class Bookie:
         #: Runs before empty disks are stamped as this bookie's (the server's may refuse them).
         self.before_stamp: Callable[[], None] = lambda: None
         self.replay_report: ReplayReport | None = None
+        #: storage flushes during the last start's journal replay (each time the write cache filled)
+        self.replay_flushes = 0
         self._lock = threading.Lock()
         self._ckpt_lock = threading.Lock()
         self.checkpoints = 0  # checkpoints done, and how long each took (bookie/_metrics.py)
@@ -252,6 +268,7 @@ class Bookie:
         self._ckpt_wake = threading.Event()
         self._ckpt_thread: threading.Thread | None = None
         self._pending = 0
+        self._write_cache_bytes = self.config.write_cache_max_size_mb << 20
         self._running = False
         self._max_entry_size = min(config.netty_max_frame_size_bytes, MAX_ENTRY_SIZE)
         self._storage: LedgerStorage | None = None
@@ -296,11 +313,13 @@ class Bookie:
         self._storage.on_no_space = lambda exc: self._no_space(self._where(exc, c.ledger_directories), exc)
         self._records = LedgerRecords(self._storage)
         mark = highest_mark(fs, list(c.ledger_directories))
-        self.replay_report = replay(fs, c.journal_directory, mark, _StorageReplay(self._storage))
+        applier = _StorageReplay(self._storage, self._write_cache_bytes)
+        self.replay_report = replay(fs, c.journal_directory, mark, applier)
+        self.replay_flushes = applier.flushes
         log.info(
-            "bookie %s replayed %d records (%d entries) from %s, torn tails: %d",
-            c.effective_bookie_id, self.replay_report.records, self.replay_report.entries, mark, len(self.replay_report.torn),
-            extra=context(bookie=c.effective_bookie_id),
+            "bookie %s replayed %d records (%d entries) from %s, torn tails: %d, storage flushed %d times meanwhile",
+            c.effective_bookie_id, self.replay_report.records, self.replay_report.entries, mark,
+            len(self.replay_report.torn), applier.flushes, extra=context(bookie=c.effective_bookie_id),
         )
         self._journal = Journal(fs, _journal_config(c))
         self._journal.on_failure = lambda exc: self._failed(c.journal_directory, exc)
@@ -799,8 +818,11 @@ class Bookie:
             raise
 
     def _count_pending(self, n: int) -> None:
+        """``n`` more entries wait in memory: a checkpoint starts early once they are
+        ``flushEntriesThreshold`` many, or the write cache holds ``dbStorage_writeCacheMaxSizeMb``."""
         self._pending += n
-        if self._pending >= self.config.flush_entries_threshold:
+        if self._pending >= self.config.flush_entries_threshold \
+                or self.storage.cached_bytes() >= self._write_cache_bytes:
             self._ckpt_wake.set()
 
     def _checkpoint_loop(self) -> None:

@@ -112,6 +112,9 @@ class BookieConfig:
     flush_interval: int = _key("flushInterval", 60000, "ms between checkpoints (storage synced, lastMark written)")
     flush_entries_threshold: int = _key("flushEntriesThreshold", 200_000, "walkit: checkpoint early once this "
                                         "many entries wait in memory, bounding RAM")
+    write_cache_max_size_mb: int = _key("dbStorage_writeCacheMaxSizeMb", 64, "MiB of entries added since the last "
+                                        "checkpoint (the write cache, placed sorted by ledger at the next one) "
+                                        "before a checkpoint starts early (BookKeeper: a quarter of direct memory)")
     # Read caches (bookie/storage/_cache.py): a single read (READ_ENTRY) that goes to an
     # entry log reads the entries after it ahead; log buffers written lately stay in memory.
     read_ahead_cache_max_size_mb: int = _key("dbStorage_readAheadCacheMaxSizeMb", 64, "MiB of entries read ahead "
@@ -232,6 +235,7 @@ class BookieConfig:
             "openFileLimit": self.open_file_limit,
             "flushInterval": self.flush_interval,
             "flushEntriesThreshold": self.flush_entries_threshold,
+            "dbStorage_writeCacheMaxSizeMb": self.write_cache_max_size_mb,
             "nettyMaxFrameSizeBytes": self.netty_max_frame_size_bytes,
             "zkTimeout": self.zk_timeout,
             "metadataRetryDeadlineMs": self.metadata_retry_deadline_ms,

@@ -178,6 +178,9 @@ def _storage(server: BookieServer) -> Iterator[Metric]:
         held.add_metric([name], stats["bytes"])
         bound.add_metric([name], stats["max_bytes"])
     yield from (hits, misses, held, bound)
+    yield GaugeMetricFamily("walkit_bookie_write_cache_bytes", "Bytes of entries added since the last checkpoint "
+                            "began, waiting to be placed in the entry logs (a checkpoint starts early at "
+                            "dbStorage_writeCacheMaxSizeMb)", value=server.bookie.storage.cached_bytes())
 
 
 def _sizes(directory: str) -> tuple[int, int]:

@@ -4,6 +4,7 @@ torn and corrupt journals, configuration, concurrency and journal I/O failures."
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import os
@@ -1182,3 +1183,31 @@ def test_a_batch_looks_up_all_its_ledgers_at_once_as_one_by_one(mem: Place) -> N
     assert views[4] == (b"k4", False, False) and views[5][2], views
     records.drop([key, fence], BookieShutdownError("test over"))
     assert records.look_many(ids) == {i: records.look(i) for i in ids}
+
+
+def test_a_long_journal_is_replayed_a_write_cache_at_a_time() -> None:
+    """A restart replays what the journal holds past the mark into ledger storage; the
+    storage is flushed each time its write cache holds ``dbStorage_writeCacheMaxSizeMb``,
+    so a long journal never sits in memory whole - and every acknowledged entry is there."""
+    fs = MemFS()
+    values: dict[str, Any] = dict(bookie_id="b:1", journal_directory="/bk/journal", ledger_directories=["/bk/led"],
+                                  journal_pre_alloc_size_mb=1, flush_interval=3_600_000)
+    b = Bookie(BookieConfig(**values), fs=fs)  # a 64 MiB write cache: no checkpoint while these are added
+    b.start()
+    mark = highest_mark(fs, ["/bk/led"])  # the start's checkpoint
+    sent = {e: entry(1, e, bytes([e]) * (64 << 10)) for e in range(48)}  # 3 MiB
+    for fut in [b.add_entry(1, e, KEY, data) for e, data in sent.items()]:
+        ok(fut)
+    assert b.storage.cached_bytes() >= 3 << 20 and highest_mark(fs, ["/bk/led"]) == mark  # all in the journal
+    fs.arm_crash(1)  # the power goes: the shutdown's checkpoint cannot happen
+    with contextlib.suppress(Exception):
+        b.shutdown()
+    fs.crash()
+    b = Bookie(BookieConfig(**values, write_cache_max_size_mb=1), fs=fs)
+    b.start()
+    try:
+        assert b.replay_report is not None and b.replay_report.entries == len(sent)
+        assert b.replay_flushes >= 2, "the replay flushed the storage each time the cache held 1 MiB"
+        assert all(b.read_entry(1, e) == data for e, data in sent.items())
+    finally:
+        b.shutdown()

@@ -759,3 +759,25 @@ def test_single_reads_of_entries_read_ahead_are_answered_without_the_read_pool(
             assert pooled == [0, 100, 101]
 
     run(body)
+
+
+def test_the_write_cache_is_measured_and_emptied_by_a_checkpoint(tmp_path: Path) -> None:
+    """Adds wait in the write cache, answered from there; ``/metrics`` shows its bytes;
+    a checkpoint places them in the entry logs and empties it."""
+    async def body() -> None:
+        async with in_process(config(tmp_path, flush_interval=3_600_000)) as server:
+            assert server.bookie is not None
+
+            def cached() -> float:
+                (family,) = [m for m in BookieCollector(server).collect() if m.name == "walkit_bookie_write_cache_bytes"]
+                return family.samples[0].value
+
+            before = cached()
+            await ask(server, *(AddEntry(1, e, KEY, entry(1, e)) for e in range(50)))
+            assert cached() - before == sum(len(entry(1, e)) for e in range(50))
+            (read,) = await ask(server, ReadEntry(1, 7))
+            assert isinstance(read, ReadEntryResponse) and read.data == entry(1, 7)
+            server.bookie.checkpoint()
+            assert cached() == 0 and server.bookie.storage.pending_index_entries() == 0
+
+    run(body)

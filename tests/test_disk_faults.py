@@ -68,6 +68,7 @@ from bookie.native import io_error
 from bookie.journal import Journal, JournalConfig, LogMark, highest_mark, journal_name, replay
 from bookie.server import BookieServer
 from bookie.storage import LedgerStorage
+from bookie.storage._format import RECORD_HEADER
 from bookie_support import KEY, config, entry
 from disk_support import MIB, fill, loop_ext4, tmpfs, usage
 from gc_support import bookie_ids_registered, delete_ledgers, payload, read_from_bookie, wait_until
@@ -213,17 +214,21 @@ def test_storage_keeps_entries_while_a_log_buffer_cannot_be_written() -> None:
     fs.capacity = fs.used_bytes() + 32 * KIB
     stored = {e: bytes([e]) * (2 * KIB) for e in range(40)}  # 80 KiB: the buffer cannot be written out
     for e, data in stored.items():
-        s.add_entry(1, e, data)  # never refused: the record waits in the buffer
-    assert told and is_no_space(told[0]) and s.failure is None
+        s.add_entry(1, e, data)  # never refused: the entry waits in the write cache
     with pytest.raises(OSError) as info:
-        s.flush()
+        s.flush()  # places them: the records that do not fit wait in the log buffer
     assert info.value.errno == errno.ENOSPC and s.failure is None
+    assert told and is_no_space(told[0])
+    assert s._cache.count() == 0 and s.pending_index_entries() == len(stored)  # placed, waiting in the buffer
+    s.add_entry(2, 0, b"more")  # an add while a buffer waits for room: the bookie is told again
+    assert len(told) >= 2 and s.get_entry(2, 0) == b"more"
+    stored_2 = {0: b"more"}
     assert all(s.get_entry(1, e) == data for e, data in stored.items()), "entries waiting in memory are readable"
     fs.capacity = None
     s.flush()
     s.close()
     s.open()  # from disk only
-    assert all(s.get_entry(1, e) == data for e, data in stored.items())
+    assert all(s.get_entry(1, e) == data for e, data in stored.items()) and s.get_entry(2, 0) == stored_2[0]
     s.close()
 
 
@@ -235,11 +240,12 @@ def test_storage_undoes_a_flush_whose_index_does_not_fit() -> None:
     stored = {(ledger, e): b"L%dE%d" % (ledger, e) for ledger in (1, 2) for e in range(1, 4)}
     for (ledger, e), data in stored.items():
         s.add_entry(ledger, e, data)
-    buffered = sum(len(d.writer._buf) for d in s._dirs if d.writer is not None)
-    fs.capacity = fs.used_bytes() + buffered  # the log buffer fits exactly; ledger 2's new index file does not
+    placed = sum(RECORD_HEADER.size + len(data) for data in stored.values())  # what the flush adds to log 1
+    fs.capacity = fs.used_bytes() + placed  # the log's records fit exactly; ledger 2's new index file does not
     with pytest.raises(OSError) as info:
         s.flush()
     assert is_no_space(info.value) and s.failure is None
+    assert all(d.writer is not None and not d.writer._buf for d in s._dirs), "the log was written: the index failed"
     assert s.pending_index_entries() == len(stored), "the undone flush gave its slots back"
     assert all(s.get_entry(*k) == data for k, data in stored.items())
     fs.capacity = None

@@ -408,7 +408,9 @@ def _cleanup(e: Env) -> None:
 
 def fill(s: LedgerStorage, plan: Plan, start: dict[int, int] | None = None) -> Data:
     """Add one entry per record of ``plan`` (entry ids counted per ledger), then one of
-    ROLL that rolls the last planned log, and flush: every planned log is sealed."""
+    ROLL that rolls the last planned log, and flush: every planned log is sealed. Each
+    planned log's entries are flushed before the next log's are added (a flush places
+    the entries it finds sorted by ledger: within one log, in the plan's order by ledger)."""
     next_entry = dict(start or {})
     data: Data = {}
     for ledgers in plan + [[ROLL]]:
@@ -417,7 +419,7 @@ def fill(s: LedgerStorage, plan: Plan, start: dict[int, int] | None = None) -> D
             next_entry[ledger] = entry + 1
             s.add_entry(ledger, entry, payload(ledger, entry))
             data[(ledger, entry)] = payload(ledger, entry)
-    s.flush()
+        s.flush()
     return data
 
 
@@ -769,8 +771,8 @@ def test_compaction_when_due(env: Env) -> None:
 def _big_log(env: Env, live: int = 150, dead: int = 50) -> tuple[LedgerStorage, Data]:
     """One sealed log of ``live`` records of ledger 1 and ``dead`` of deleted ledger 2."""
     s = env.storage(limit=LOG_HEADER_SIZE + (live + dead) * REC)
-    plan = [([1] * (live // dead) + [2]) * dead + [1] * (live % dead)]
-    data = fill(s, plan)
+    order = ([1] * (live // dead) + [2]) * dead + [1] * (live % dead)
+    data = fill(s, [[ledger] for ledger in order])  # a flush after each: the records lie in this order
     s.delete_ledger(2)
     assert sorted(logs_of(s)) == [1]
     return s, data
@@ -911,7 +913,8 @@ def test_damaged_log_is_never_removed(env: Env) -> None:
     data = fill(s, [[1, 2, 2, 1, 2, 1, 2, 2, 2, 1], [1] * 6 + [2] * 4])
     s.delete_ledger(2)
     s.close()
-    flip(env.fs, env.log_path(1), LOG_HEADER_SIZE + 5 * REC + RECORD_HEADER.size + 3)  # ledger 1 entry 2
+    # log 1 holds ledger 1's entries 0-3, then ledger 2's (a flush places by ledger): damage entry 2
+    flip(env.fs, env.log_path(1), LOG_HEADER_SIZE + 2 * REC + RECORD_HEADER.size + 3)
     s = env.storage()
     gc = env.collector(s)
     stats = gc.run_pass(1, forced=True, compact="major")
@@ -1037,12 +1040,14 @@ def test_bookie_shutdown_during_slow_compaction_and_restart() -> None:
         futures: list[Future[None]] = []
         expect: Data = {}
         counts = {1: 0, 2: 0, ROLL: 0}
-        for ledger in ([1, 1, 1, 2] * 50) + [ROLL]:
-            expect[(ledger, counts[ledger])] = bookie_entry(ledger, counts[ledger])
-            futures.append(b.add_entry(ledger, counts[ledger], KEY, expect[(ledger, counts[ledger])]))
-            counts[ledger] += 1
-        for fut in futures:
-            fut.result(20)
+        for group in [[1, 1, 1, 2]] * 50 + [[ROLL]]:  # a checkpoint after each: ledger 2's records among 1's
+            for ledger in group:
+                expect[(ledger, counts[ledger])] = bookie_entry(ledger, counts[ledger])
+                futures.append(b.add_entry(ledger, counts[ledger], KEY, expect[(ledger, counts[ledger])]))
+                counts[ledger] += 1
+            for fut in futures:
+                fut.result(20)
+            b.checkpoint()
         b.delete_ledger(2)
         b.checkpoint()
         assert [round(i.live_fraction, 2) for i in b.storage.entry_logs()] == [0.75]
@@ -1159,16 +1164,18 @@ def test_a_damaged_sealed_log_that_lost_its_usage_file_is_left_alone(env: Env) -
     check(s, data, {1})
 
 
-def _full_before_a_flush(env: Env, s: LedgerStorage, plan: list[int]) -> Data:
-    """Add one entry per ledger of ``plan`` (nothing flushed), then fill the disk: the
-    flush meets ENOSPC, seals nothing, and so the rolled logs stay unsealed."""
+def _full_before_a_flush(env: Env, s: LedgerStorage, plan: list[int], room: int) -> Data:
+    """Add one entry per ledger of ``plan`` (nothing flushed), leave ``room`` bytes free on
+    the disk and flush: the flush places the entries (the logs it rolls are written out),
+    then has no room to write the active log's buffer - it seals nothing, and so the
+    rolled logs stay unsealed."""
     data: Data = {}
     for ledger in plan:
         entry = sum(1 for (lid, _) in data if lid == ledger)
         s.add_entry(ledger, entry, payload(ledger, entry))
         data[(ledger, entry)] = payload(ledger, entry)
     assert isinstance(env.fs, MemFS)
-    env.fs.capacity = env.fs.used_bytes()
+    env.fs.capacity = env.fs.used_bytes() + room
     with pytest.raises(OSError, match="No space left"):
         s.flush()
     assert s.entry_logs() == []
@@ -1180,28 +1187,30 @@ def test_unsealed_logs_of_deleted_ledgers_give_the_room_a_flush_needs(env: Env) 
     that only deleted ledgers filled are deleted all the same - the flush that would
     seal them needs the room they take - and then the flush succeeds."""
     s = env.storage()
-    data = _full_before_a_flush(env, s, [2] * 20 + [1] * 5)  # logs 1-2: ledger 2; log 3 (active): ledger 1
+    # a flush places ledger 1 first: logs 1-2 hold ledger 1 (written out as they rolled),
+    # log 3 (active) ledger 2, with no room to write it
+    data = _full_before_a_flush(env, s, [2] * 5 + [1] * 20, room=2 * LOG_LIMIT + 100)
     gc = env.collector(s)
-    assert gc.run_pass(1).entry_logs_deleted == 0  # ledger 2 still lives: nothing to give back
+    assert gc.run_pass(1).entry_logs_deleted == 0  # ledger 1 still lives: nothing to give back
     assert s.pending_index_entries() == 25
-    s.delete_ledger(2)
+    s.delete_ledger(1)
     stats = gc.run_pass(2)
     assert (stats.entry_logs_deleted, stats.bytes_reclaimed) == (2, 2 * LOG_LIMIT)
     assert sorted(env.files()) == [f"{3:016x}.log"]
-    check(s, data, {2})  # ledger 1's entries are read from the active log's buffer
+    check(s, data, {1})  # ledger 2's entries are read from the active log's buffer
     s.flush()  # the room came back: this flush completes
     assert s.pending_index_entries() == 0
-    check(s, data, {2})
+    check(s, data, {1})
     s.close()
     env.fs.capacity = None
     s = env.storage()
-    check(s, data, {2})
+    check(s, data, {1})
     assert sorted(logs_of(s)) == [3] and logs_of(s)[3].live_bytes == 5 * REC
 
 
 def test_an_active_log_of_deleted_ledgers_is_deleted_too(env: Env) -> None:
     s = env.storage()
-    data = _full_before_a_flush(env, s, [2] * 15)  # log 1 rolled, log 2 active: all ledger 2
+    data = _full_before_a_flush(env, s, [2] * 15, room=LOG_LIMIT + 100)  # log 1 rolled, log 2 active: ledger 2
     s.delete_ledger(2)
     stats = env.collector(s).run_pass(1)
     # the active log's buffer never reached the disk (it waited for room): it frees nothing

@@ -390,8 +390,11 @@ def test_torn_tail_after_a_crash_is_not_damage() -> None:
             s.add_entry(2, e, payload)
         s.flush()  # log 1 holds ledgers 1 and 2, durable
         for e in range(20):
-            s.add_entry(3, e, b"x" * 300)  # written out past the buffer, never synced
-        fs.crash(random.Random(seed))
+            s.add_entry(3, e, b"x" * 300)
+        fs.fail_next_sync()  # the flush places them (written out past the buffer), its sync fails
+        with pytest.raises(OSError):
+            s.flush()
+        fs.crash(random.Random(seed))  # never synced: partly lost
         s = LedgerStorage(fs, ["/d"])
         s.open()
         f = open_log_for_read(fs, "/d/current/logs/0000000000000001.log", 1)

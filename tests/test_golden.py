@@ -348,10 +348,14 @@ def test_ledger_storage_writes_the_same_bytes(tmp_path: Path) -> None:
     storage = LedgerStorage(RealFS(), [str(tmp_path / "ledgers")])
     storage.open()
     try:
+        # a flush after each add: the records lie in the order they were added, as in the
+        # golden files (written before the write cache; one flush would place 7/1 before 9/0)
         storage.set_master_key(7, KEY_7)
         storage.add_entry(7, 0, E7_0)
+        storage.flush()
         storage.set_master_key(9, KEY_9)
         storage.add_entry(9, 0, E9_0)
+        storage.flush()
         storage.add_entry(7, 1, E7_1)
         storage.flush()
         storage.set_explicit_lac(7, 1)

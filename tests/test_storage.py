@@ -13,7 +13,9 @@ from bookie.fs import File, FileSystem, read_all
 from bookie.fs.mem import MemFS, PowerLoss
 from bookie.storage import LedgerStorage
 from bookie.storage._format import INDEX_HEADER_SIZE, LOG_HEADER_SIZE, RECORD_HEADER, SLOT
+from bookie.storage._entrylog import open_log_for_read
 from bookie.storage._handles import HandleCache
+from bookie.storage._usage import scan_records
 from walkit.errors import (
     CorruptionError,
     FormatError,
@@ -216,10 +218,58 @@ def test_unflushed_entries_are_read_from_memory(env: Env) -> None:
     s.add_entry(0, 0, b"buffered")
     s.add_entry(0, 1, b"x" * 1000)
     assert s.get_entry(0, 0) == b"buffered" and s.get_entry(0, 1) == b"x" * 1000
-    assert [env.fs.open(p).size() for p in env.logs(0)] == [0]  # nothing written yet
+    assert env.logs(0) == []  # nothing written yet: the entries wait in the write cache
     assert s.pending_index_entries() == 2
     s.flush()
     assert s.pending_index_entries() == 0 and s.get_entry(0, 0) == b"buffered"
+
+
+def test_a_flush_places_each_ledgers_entries_together(env: Env) -> None:
+    """Entries of ledgers 0, 2 and 4 (one dir's) added interleaved are placed by the
+    flush ledger by ledger, entry by entry: each ledger's records lie one after another,
+    in entry order, whatever order they came in."""
+    s = env.storage()
+    order = [(ledger, e) for e in range(30) for ledger in (4, 0, 2)]
+    random.Random(3).shuffle(order)
+    for ledger, e in order:
+        s.add_entry(ledger, e, b"L%dE%d" % (ledger, e) * 10)
+    s.flush()
+    f = open_log_for_read(env.fs, env.log_path(1, 0), 1)
+    try:
+        records = [(ledger, entry_id) for _, ledger, entry_id, _ in scan_records(f, 1)]
+    finally:
+        f.close()
+    assert records == [(ledger, e) for ledger in (0, 2, 4) for e in range(30)]
+    s.close()
+    s = env.storage()
+    assert all(s.get_entry(ledger, e) == b"L%dE%d" % (ledger, e) * 10 for ledger, e in order)
+
+
+def test_the_write_cache_is_read_like_the_storage(env: Env) -> None:
+    """Entries waiting in the write cache are read, listed, re-added, deleted and read in
+    runs as placed ones are; a re-add replaces the cached copy, also of an entry already
+    placed; a flush leaves nothing cached."""
+    s = env.storage()
+    for e in range(5):
+        s.add_entry(0, e, b"old%d" % e)
+    s.flush()  # entries 0-4 placed and indexed
+    s.add_entry(0, 3, b"new3")  # cached, newer than the placed copy
+    for e in range(5, 8):
+        s.add_entry(0, e, b"c%d" % e)
+    assert s.get_entry(0, 3) == b"new3" and s.memory_entry(0, 3) == b"new3" and s.get_entry(0, 6) == b"c6"
+    assert s.get_entries(0, 2, 100, 1 << 20) == [b"old2", b"new3", b"old4", b"c5", b"c6", b"c7"]
+    assert s.get_entries(0, 5, 100, 4) == [b"c5", b"c6"] and s.get_entries(0, 5, 100, 1) == [b"c5"]  # the budget
+    assert s.stored_entries(0, 0, 10) == list(range(8)) and s.pending_index_entries() == 4
+    s.add_entry(2, 0, b"two")
+    s.delete_ledger(2)  # its cached entry goes with it
+    with pytest.raises(NoSuchLedgerError):
+        s.get_entry(2, 0)
+    s.flush()
+    assert s.pending_index_entries() == 0 and s.cached_bytes() == 0
+    s.close()
+    s = env.storage()
+    assert [s.get_entry(0, e) for e in range(8)] == [b"old0", b"old1", b"old2", b"new3", b"old4", b"c5", b"c6", b"c7"]
+    assert not s.has_ledger(2)
 
 
 def test_many_index_files_through_a_small_handle_cache(env: Env) -> None:

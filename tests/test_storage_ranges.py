@@ -302,7 +302,7 @@ def test_a_ledger_written_among_others_is_read_without_their_bytes(preads: list[
     for e in range(50):  # ledger 0's small entries between ledger 2's large ones, in one log
         s.add_entry(0, e, bytes([e]) * 1000)
         s.add_entry(2, e, bytes([e]) * (200 << 10))
-    s.flush()
+        s.flush()  # each pair placed by its own flush: interleaved (one flush would sort them)
     s.get_entries(0, 0, 1, BIG)  # opens the log (its header read)
     preads.clear()
     assert s.get_entries(0, 0, 50, BIG) == [bytes([e]) * 1000 for e in range(50)]
@@ -313,11 +313,20 @@ def test_a_ledger_written_among_others_is_read_without_their_bytes(preads: list[
     s.close()
 
 
-def test_buffered_entries_are_copied_only_as_far_as_max_bytes_can_take_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    s = LedgerStorage(MemFS(), ["/d"], write_buffer_size=4 << 20, recent_writes_bytes=0)
+def test_entries_in_memory_are_taken_only_as_far_as_max_bytes_can_take_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries in the write cache, and entries placed in a log buffer that waits for room
+    on a full disk: a run takes them up to its byte budget, and copies out of the buffer
+    only what it takes (the lock is held meanwhile)."""
+    fs = MemFS()
+    s = LedgerStorage(fs, ["/d"], write_buffer_size=4 << 20, recent_writes_bytes=0)
     s.open()
     for e in range(1000):
         s.add_entry(0, e, bytes([e % 256]) * 1000)
+    assert s.get_entries(0, 10, 1000, 3500) == [bytes([e]) * 1000 for e in range(10, 13)]  # from the cache
+    fs.capacity = fs.used_bytes()  # the flush places them, then finds no room for the buffer
+    with pytest.raises(OSError, match="No space left"):
+        s.flush()
+    assert s.pending_index_entries() == 1000
     copied: list[int] = []
     read_buffered = LedgerDir.read_buffered
 
@@ -328,6 +337,7 @@ def test_buffered_entries_are_copied_only_as_far_as_max_bytes_can_take_them(monk
     monkeypatch.setattr(LedgerDir, "read_buffered", counting)
     assert s.get_entries(0, 10, 1000, 3500) == [bytes([e]) * 1000 for e in range(10, 13)]
     assert copied == list(range(10, 14))  # under the storage lock: the fourth one shows the limit passed
+    fs.capacity = None
     s.close()
 
 

@@ -65,43 +65,62 @@ _MAX_GAP = 64 << 10
 _HEAD = RECORD_HEADER.size  # a record is this header and then the entry's data
 
 
-def in_memory(tables: list[dict[int, int]], read_buffered: Callable[[int, int, int], bytes | None],
-              buffer_span: tuple[int, int], ledger_id: int, first: int, count: int, max_bytes: int,
-              on_disk: bool) -> list[bytes | int]:
-    """Step 1 (the storage lock held): for the entries ``first``.., the data of those still
-    in a log's write buffer, else the location memory has for them (``tables``: the
-    ledger's pending and flushing maps, newest first), else 0. Cut where nothing more
-    could be taken: at an entry found nowhere when the ledger has no index file, or when
-    the buffered data alone passes ``max_bytes``.
+def in_memory(cached: list[dict[int, bytes]], tables: list[dict[int, int]],
+              read_buffered: Callable[[int, int, int], bytes | None], buffer_span: tuple[int, int], ledger_id: int,
+              first: int, count: int, max_bytes: int, on_disk: bool) -> list[bytes | int]:
+    """Step 1 (the storage lock held): for the entries ``first``.., the data of those in
+    the write cache (``cached``: the ledger's cached entries, newest first) or still in a
+    log's write buffer, else the location memory has for them (``tables``: the ledger's
+    pending and flushing maps, newest first), else 0. Cut where nothing more could be
+    taken: at an entry found nowhere when the ledger has no index file, or when the data
+    found in memory alone passes ``max_bytes``.
 
     Only locations within ``buffer_span`` (the active log's buffer, ``[lo, hi)``) can be
     in a buffer: the lookups are comprehensions and ``read_buffered`` is called for those
     alone, so the lock is held ~60 ns an entry (a tail catching up on small entries asks
     for thousands)."""
-    if not tables:
+    if not tables and not cached:
         return [0] * count if on_disk else []
     ids = range(first, first + count)
-    if len(tables) == 1:
+    if not tables:
+        locations = [0] * count
+    elif len(tables) == 1:
         get = tables[0].get
         locations = [get(e, 0) for e in ids]
     else:
         newer, older = tables[0].get, tables[1].get
         locations = [newer(e, 0) or older(e, 0) for e in ids]
-    if not on_disk and 0 in locations:
-        del locations[locations.index(0):]
+    known = cast("list[bytes | int]", locations)  # data found in memory replaces the locations
+    in_cache: list[int] = []
+    if cached:
+        for table in reversed(cached):  # the older copy first: a newer one replaces it
+            for i, e in enumerate(ids):
+                copy = table.get(e)
+                if copy is not None:
+                    known[i] = copy
+        in_cache = [i for i, item in enumerate(known) if type(item) is bytes]
+    if not on_disk and 0 in known:
+        del known[known.index(0):]
     lo, hi = buffer_span
-    in_buffer = [i for i, location in enumerate(locations) if lo <= location < hi]
-    known = cast("list[bytes | int]", locations)  # the buffered ones' data replaces their locations
-    buffered = 0
-    for i in in_buffer:
-        data = read_buffered(locations[i], ledger_id, first + i)
-        if data is None:
-            continue
-        buffered += len(data)
-        if i and buffered > max_bytes:
+    if in_cache:
+        in_buffer = [i for i, item in enumerate(known) if type(item) is int and lo <= item < hi]
+        memory = sorted(in_cache + in_buffer)
+    else:
+        memory = [i for i, location in enumerate(locations) if lo <= location < hi]
+    held = 0
+    for i in memory:
+        if i >= len(known):
+            break  # cut above: nothing found for an entry before it
+        item = known[i]
+        if isinstance(item, int):
+            buffered = read_buffered(item, ledger_id, first + i)
+            if buffered is None:
+                continue
+            known[i] = item = buffered
+        held += len(item)
+        if i and held > max_bytes:
             del known[i:]
             break
-        known[i] = data
     return known
 
 

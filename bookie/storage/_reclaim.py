@@ -53,6 +53,7 @@ from bookie.storage._handles import HandleCache
 from bookie.storage._index import LedgerState, read_slot, read_slots
 from bookie.storage._ledgerdir import LedgerDir
 from bookie.storage._usage import scan_records
+from bookie.storage._writecache import WriteCache
 from walkit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ class EntryLogReclaim:
     _flush_lock: threading.Lock
     _states: dict[int, LedgerState]
     _pending: dict[int, dict[int, int]]
+    _cache: WriteCache
     _index_files: HandleCache[int]
     _log_files: HandleCache[tuple[int, int]]
     _recent: RecentWrites
@@ -152,7 +154,8 @@ class EntryLogReclaim:
                 self._check_writable()
                 for _, ledger_id, entry_id, data in live:
                     pending = self._pending.get(ledger_id)
-                    if ledger_id not in self._states or (pending is not None and entry_id in pending):
+                    if ledger_id not in self._states or (pending is not None and entry_id in pending) \
+                            or self._cache.get(ledger_id, entry_id) is not None:
                         continue  # deleted, or added again since: the newer copy wins
                     location = self._append(d, ledger_id, entry_id, data)
                     self._pending.setdefault(ledger_id, {})[entry_id] = location

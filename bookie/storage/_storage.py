@@ -2,16 +2,20 @@
 
 Theory of operation
 -------------------
-``add_entry`` appends a record to the active entry log of the ledger's dir
-(``ledger_id % len(dirs)``) through an in-memory buffer and remembers the entry's
-location in a *pending* map (``add_entries`` does the same for several entries under
-one lock acquisition; a refused entry does not stop the others); ``set_master_key`` / ``set_fenced`` / ``set_explicit_lac``
+``add_entry`` puts the entry in the *write cache* (:mod:`bookie.storage._writecache`;
+``add_entries`` does the same for several entries under one lock acquisition; a refused
+entry does not stop the others); ``set_master_key`` / ``set_fenced`` / ``set_explicit_lac``
 change the ledger's in-memory state and mark it dirty. Nothing is durable until
 :meth:`LedgerStorage.flush` (the bookie's checkpoint), whose order is the whole
 crash-safety argument:
 
+0. *place* the write cache: ledger by ledger and entry by entry in id order, each entry
+   is appended as a record to the active entry log of its ledger's dir
+   (``ledger_id % len(dirs)``) through an in-memory buffer, and its location goes into
+   a *pending* map (a batch of entries per lock acquisition; a ledger's entries added
+   between two flushes so lie one after another in the log);
 1. under the lock: write out the log buffers, take the pending map and snapshots of the
-   dirty headers (new adds go to a fresh pending map meanwhile);
+   dirty headers (new adds go to the write cache meanwhile);
 2. without the lock: sync every entry log written since the last flush, fsync the logs
    directory if a log was created — now every taken record is durable and reachable;
 3. write the taken slots and headers into the index files and sync each (a new index
@@ -21,10 +25,11 @@ crash-safety argument:
 
 So an index slot never points at bytes that are not durable; after a crash an entry
 is either reachable and byte-identical or absent, and everything a completed flush
-covered is there. The RAM kept per entry is the pending map only: empty after a flush.
+covered is there. The RAM kept per entry is the write cache (the entries added since
+the last flush began) and the pending map while a flush runs.
 
-Reads look an entry up under the lock (the pending and flushing maps, then the index
-slot) and read and verify its record outside it; an entry still in a log's write buffer
+Reads look an entry up under the lock (the write cache, the pending and flushing maps,
+then the index slot) and read and verify its record outside it; an entry still in a log's write buffer
 is copied under the lock. :meth:`LedgerStorage.get_entries` reads a run of consecutive
 entries the same way with one index pread and few log preads (:mod:`bookie.storage._ranges`).
 Two bounded caches (:mod:`bookie.storage._cache`) sit in front: a single read that
@@ -32,8 +37,9 @@ goes to the disk reads the entries after it ahead, and log buffers written out l
 are kept, so preads of them are answered from memory.
 
 A full disk is not a failure: a log buffer that cannot be written (ENOSPC) stays in
-memory, readable, and an add that needs a new log is refused; a flush that meets ENOSPC
-before step 2 took nothing, and one that meets it in step 3 is undone
+memory, readable; a placement that needs a new log the disk has no room for stops, and
+what it did not place stays in the write cache; a flush that meets ENOSPC before step 2
+took nothing, and one that meets it in step 3 is undone
 (:meth:`LedgerStorage._abort_flush`) - either way it raises, the next flush starts
 over, and ``on_no_space`` is told. Failed syncs are never "no space": they fail the
 storage (their dirty pages may be gone; only a reopen and the journal's replay know).
@@ -74,6 +80,7 @@ from bookie.storage._ledgerdir import LedgerDir, LogFlush
 from bookie.storage._ranges import in_memory, located, read_range
 from bookie.storage._reclaim import EntryLogReclaim
 from bookie.storage._state import LedgerStates
+from bookie.storage._writecache import PLACE_BATCH, WriteCache
 from walkit.errors import (
     CorruptionError,
     EntryTooLargeError,
@@ -140,6 +147,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             for i, root in enumerate(ledger_dirs)
         ]
         self._flush_lock = threading.Lock()
+        #: entries added since the last flush, placed sorted by the next (guarded by the lock)
+        self._cache = WriteCache()
         self._pending: dict[int, dict[int, int]] = {}
         self._flushing: dict[int, dict[int, int]] = {}
         self._index_files: HandleCache[int] = HandleCache(self._open_index, open_index_files)
@@ -152,6 +161,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             if self._is_open:
                 return
             self._states, self._pending, self._flushing, self._dirty = {}, {}, {}, set()
+            self._cache.clear()
             self._failure = None
             self._read_ahead.clear()
             self._recent.clear()
@@ -181,6 +191,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 self._index_files.close_all()
                 self._log_files.close_all()
                 self._pending, self._flushing = {}, {}
+                self._cache.clear()
                 self._read_ahead.clear()
                 self._recent.clear()
                 self._is_open = False
@@ -197,16 +208,18 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         :meth:`add_entry` would. A refused entry does not stop the others; returns the
         refusals as ``(index in entries, error)`` (empty when every entry was stored).
 
-        The hot path: an entry of a ledger already known, ids in range, ``bytes`` data,
-        a storage that has not failed, goes straight to its dir's log; anything else
-        takes :meth:`_add_checked`, which checks each point and raises the right error."""
+        An entry goes to the write cache (:mod:`bookie.storage._writecache`): the next
+        flush places it in its dir's log. The hot path: an entry of a ledger already
+        known, ids in range, ``bytes`` data, a storage that has not failed, is one dict
+        insert; anything else takes :meth:`_add_checked`, which checks each point and
+        raises the right error."""
         failed: list[tuple[int, Exception]] = []
-        dirs, states = self._dirs, self._states
-        ndirs = len(dirs)
+        dirs, states, cache = self._dirs, self._states, self._cache
         read_ahead = self._read_ahead
         cached, reading = read_ahead.ledger_ids, read_ahead.reading_ahead  # usually empty: one test per entry
+        added = 0
         with self._lock:
-            pending = self._pending  # swapped by a flush, under the lock
+            active = cache.active  # swapped by a flush, under the lock
             last_ledger, state, slots = -1, None, None
             for i, (ledger_id, entry_id, data) in enumerate(entries):
                 if ledger_id != last_ledger:
@@ -215,42 +228,40 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 if (state is None or self._failure is not None or type(data) is not bytes
                         or not 0 <= entry_id <= MAX_ENTRY_ID or len(data) > MAX_ENTRY_SIZE):
                     try:
-                        location, state = self._add_checked(ledger_id, entry_id, data)
+                        data, state = self._add_checked(ledger_id, entry_id, data)
                     except Exception as exc:  # noqa: BLE001 - refuses this entry only
                         failed.append((i, exc))
                         last_ledger = -1
-                        continue
-                else:
-                    try:
-                        location = dirs[ledger_id % ndirs].append(ledger_id, entry_id, data)
-                    except Exception as exc:  # noqa: BLE001 - refuses this entry only, and
-                        self._latch(exc)  # leaves the storage failed (as `_failing`) unless the disk is full
-                        failed.append((i, exc))
                         continue
                 assert state is not None
                 if entry_id > state.last_entry_id:
                     state.last_entry_id = entry_id
                 if slots is None:
-                    slots = pending.get(ledger_id)
+                    slots = active.get(ledger_id)
                     if slots is None:
-                        slots = pending[ledger_id] = {}
+                        slots = active[ledger_id] = {}
                     last_ledger = ledger_id
-                slots[entry_id] = location
+                slots[entry_id] = data
+                added += len(data)
                 if (cached or reading) and (ledger_id in cached or ledger_id in reading):
                     read_ahead.added(ledger_id, entry_id)  # re-adding overwrites: no copy of the old bytes stays
+            cache.bytes += added
             full = [exc for exc in map(LedgerDir.no_space, dirs) if exc is not None]
-        if full:  # entries kept in memory (a log buffer the disk has no room for): say so
+        if full:  # entries placed in a log buffer the disk has no room for wait in memory: say so
             self._report(self.on_no_space, full[0])
         return failed
 
-    def _add_checked(self, ledger_id: int, entry_id: int, data: bytes) -> tuple[int, LedgerState]:
-        """One entry with every check (lock held): its location and its ledger's state."""
+    def _add_checked(self, ledger_id: int, entry_id: int, data: bytes) -> tuple[bytes, LedgerState]:
+        """One entry with every check (lock held): its bytes (a copy of anything else)
+        and its ledger's state."""
         check_entry_ids(ledger_id, entry_id)
         if len(data) > MAX_ENTRY_SIZE:
             raise EntryTooLargeError("entry too large", ledger=ledger_id, entry=entry_id, size=len(data))
-        state = self._writable_state(ledger_id)
-        with self._failing:
-            return self._dir(ledger_id).append(ledger_id, entry_id, bytes(data)), state
+        return bytes(data), self._writable_state(ledger_id)
+
+    def cached_bytes(self) -> int:
+        """Bytes of the entries the write cache took since the last flush began."""
+        return self._cache.bytes
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes:
         """The entry's data, verified (CRC and ids) against the stored record. From
@@ -329,7 +340,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             if not 0 <= first <= state.last_entry_id:
                 raise NoSuchEntryError("entry not stored", ledger=ledger_id, entry=first)
             tables = [t[ledger_id] for t in (self._pending, self._flushing) if ledger_id in t]
-            known = in_memory(tables, d.read_buffered, d.buffer_span(), ledger_id, first,
+            known = in_memory(self._cache.tables(ledger_id), tables, d.read_buffered, d.buffer_span(), ledger_id, first,
                               min(count, state.last_entry_id - first + 1),
                               max_bytes, state.on_disk)
         slots: list[int] = []
@@ -349,6 +360,9 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         d = self._dir(ledger_id)
         with self._lock:
             state = self._existing_state(ledger_id)
+            data = self._cache.get(ledger_id, entry_id)
+            if data is not None:
+                return data
             location = self._memory_slot(ledger_id, entry_id)
             data = d.read_buffered(location, ledger_id, entry_id) if location else None
             return self._read_ahead.get(ledger_id, entry_id, state) if data is None else data
@@ -369,6 +383,9 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             state = self._existing_state(ledger_id)
             if not 0 <= entry_id <= MAX_ENTRY_ID:
                 raise NoSuchEntryError("entry id out of range", ledger=ledger_id, entry=entry_id)
+            data = self._cache.get(ledger_id, entry_id)
+            if data is not None:
+                return 0, data, state
             location = self._memory_slot(ledger_id, entry_id)
             if location:
                 data = d.read_buffered(location, ledger_id, entry_id)
@@ -396,6 +413,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             state = self._existing_state(ledger_id)
             found = {e for table in (self._pending, self._flushing) for e in table.get(ledger_id, {})
                      if first <= e <= last}
+            found |= {e for e in self._cache.entry_ids(ledger_id) if first <= e <= last}
             on_disk = state.on_disk
         if on_disk:
             with self._index_file(ledger_id) as f:
@@ -412,6 +430,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 self._check_writable()
                 state = self._existing_state(ledger_id)
                 del self._states[ledger_id]
+                self._cache.drop_ledger(ledger_id)
                 self._pending.pop(ledger_id, None)
                 self._read_ahead.drop_ledger(ledger_id)
                 self._dirty.discard(ledger_id)
@@ -423,9 +442,10 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             self._index_files.discard(ledger_id)
 
     def pending_index_entries(self) -> int:
-        """Entries whose location is only in RAM (0 right after a flush)."""
+        """Entries only in RAM: in the write cache, or placed with their location only in
+        RAM (0 right after a flush)."""
         with self._lock:
-            return sum(len(m) for t in (self._pending, self._flushing) for m in t.values())
+            return sum(len(m) for t in (self._pending, self._flushing) for m in t.values()) + self._cache.count()
 
     # --- flush ----------------------------------------------------------------------
     def flush(self) -> None:
@@ -434,6 +454,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         raise but leaves the storage as it was - the entries stay reachable in memory,
         the next flush tries again; any other error fails the storage."""
         with self._flush_lock:
+            self._place()
             with self._lock:
                 self._check_writable()
                 with self._failing:
@@ -450,6 +471,37 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 raise
             with self._lock:
                 self._end_flush(plan)
+
+    def _place(self) -> None:
+        """Step 0 (flush lock held): the write cache's entries appended to their dirs'
+        logs, ledger by ledger and entry by entry in id order, their locations put in the
+        pending map, ``PLACE_BATCH`` entries per acquisition of the lock. A full disk
+        (no room for a new log) stops it: the rest stays cached for the next flush."""
+        cache = self._cache
+        with self._lock:
+            self._check_writable()
+            ledgers = cache.begin()
+        for ledger_id in ledgers:
+            with self._lock:
+                order = cache.order(ledger_id)
+            d = self._dir(ledger_id)
+            for at in range(0, len(order), PLACE_BATCH):
+                ids = order[at : at + PLACE_BATCH]
+                with self._lock:
+                    self._check_writable()
+                    slots = cache.placing[ledger_id]
+                    pending = self._pending  # swapped by _begin_flush, never while placing: the flush lock
+                    table = pending.get(ledger_id)
+                    if table is None:
+                        table = pending[ledger_id] = {}
+                    done = 0
+                    try:
+                        with self._failing:
+                            for entry_id in ids:
+                                table[entry_id] = d.append(ledger_id, entry_id, slots[entry_id])
+                                done += 1
+                    finally:
+                        cache.placed(ledger_id, ids[:done])
 
     def _begin_flush(self) -> _FlushPlan:
         for d in self._dirs:  # first, as it may find the disk full: nothing is taken yet

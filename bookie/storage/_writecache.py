@@ -1,0 +1,111 @@
+"""The write cache: entries added since the last flush, placed in the entry logs sorted
+by ledger and entry when a flush comes (DbLedgerStorage's write cache, our way).
+
+Theory of operation
+-------------------
+An add does not touch an entry log: :meth:`LedgerStorage.add_entries` puts the entry's
+bytes in :attr:`WriteCache.active` (ledger id -> entry id -> data; a re-add replaces the
+older bytes), under the storage lock - one dict insert, no CRC, no copy. The journal
+makes the entry durable, as before; the storage promised nothing until a flush.
+
+A flush first *places* the cache (:meth:`WriteCache.begin` swaps :attr:`active` into
+:attr:`placing`, where adds made meanwhile cannot land): ledger by ledger in id order,
+entry by entry in id order, each entry is appended to its ledger dir's active log and its
+location goes into the storage's pending map, in batches of at most ``PLACE_BATCH``
+entries under the storage lock (adds wait for one batch at most). Then the flush goes on
+as it always did (sync the logs, write the index). So the records of one ledger added
+between two flushes lie one after another in the logs, whatever else was added among
+them: a reader of that ledger later reads them with few preads, and the read-ahead reads
+only that ledger's bytes.
+
+Reads look in the cache first (:attr:`active`, then :attr:`placing`: the newest copy);
+an entry leaves the cache only once its location is in the pending map, under the same
+lock, so a reader finds it in one place or the other. A flush that fails while placing
+(a full disk: no room for a new log) leaves what it did not place in :attr:`placing`;
+the next flush places it first (adds made since are newer: they replace it).
+
+Memory: the cache holds the entries added since the last flush started. The bookie
+starts a checkpoint early once it holds ``dbStorage_writeCacheMaxSizeMb``
+(:meth:`LedgerStorage.cached_bytes`), as it does after ``flushEntriesThreshold`` adds, so
+it holds about that much plus what arrives while one flush runs.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PLACE_BATCH", "WriteCache"]
+
+PLACE_BATCH = 1024  # entries placed under one acquisition of the storage lock (~1 ms: adds wait that long at most)
+
+
+class WriteCache:
+    """See the module docstring. Every method is called with the storage lock held."""
+
+    __slots__ = ("active", "placing", "bytes")
+
+    def __init__(self) -> None:
+        #: entries added since the last flush began: ledger id -> entry id -> data
+        self.active: dict[int, dict[int, bytes]] = {}
+        #: entries a flush is placing (or a failed flush left): read as the cache's older half
+        self.placing: dict[int, dict[int, bytes]] = {}
+        #: bytes of data added to :attr:`active` (a re-added entry counts again until it is placed)
+        self.bytes = 0
+
+    def clear(self) -> None:
+        self.active, self.placing, self.bytes = {}, {}, 0
+
+    def get(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """The newest cached bytes of the entry, or None."""
+        for table in (self.active, self.placing):
+            slots = table.get(ledger_id)
+            if slots is not None:
+                data = slots.get(entry_id)
+                if data is not None:
+                    return data
+        return None
+
+    def tables(self, ledger_id: int) -> list[dict[int, bytes]]:
+        """The ledger's cached entries, newest first (none: an empty list)."""
+        return [t[ledger_id] for t in (self.active, self.placing) if ledger_id in t]
+
+    def entry_ids(self, ledger_id: int) -> set[int]:
+        return {e for table in self.tables(ledger_id) for e in table}
+
+    def count(self) -> int:
+        """Entries cached (each copy of a re-added one)."""
+        return sum(len(m) for t in (self.active, self.placing) for m in t.values())
+
+    def drop_ledger(self, ledger_id: int) -> None:
+        for table in (self.active, self.placing):
+            table.pop(ledger_id, None)
+
+    def begin(self) -> list[int]:
+        """A flush starts placing: the active entries join those left to place (newer
+        ones replace older); the ledgers to place, in id order."""
+        if self.active:
+            if self.placing:
+                for ledger_id, slots in self.active.items():
+                    left = self.placing.get(ledger_id)
+                    if left is None:
+                        self.placing[ledger_id] = slots
+                    else:
+                        left.update(slots)
+            else:
+                self.placing = self.active
+            self.active, self.bytes = {}, 0
+        return sorted(self.placing)
+
+    def order(self, ledger_id: int) -> list[int]:
+        """The ledger's entries left to place, in id order (only a flush, holding the
+        flush lock, changes :attr:`placing`: the list stays true while it places them)."""
+        return sorted(self.placing.get(ledger_id, ()))
+
+    def placed(self, ledger_id: int, entry_ids: list[int]) -> None:
+        """Those entries' locations are in the pending map now: out of the cache."""
+        slots = self.placing.get(ledger_id)
+        if slots is None:
+            return
+        if len(entry_ids) == len(slots):
+            del self.placing[ledger_id]
+            return
+        for entry_id in entry_ids:
+            del slots[entry_id]
