@@ -114,7 +114,8 @@ class BookieConfig:
                                         "many entries wait in memory, bounding RAM")
     write_cache_max_size_mb: int = _key("dbStorage_writeCacheMaxSizeMb", 64, "MiB of entries added since the last "
                                         "checkpoint (the write cache, placed sorted by ledger at the next one) "
-                                        "before a checkpoint starts early (BookKeeper: a quarter of direct memory)")
+                                        "before a checkpoint starts early; past twice this, adds are written "
+                                        "straight to the entry logs (BookKeeper: a quarter of direct memory)")
     # Read caches (bookie/storage/_cache.py): a single read (READ_ENTRY) that goes to an
     # entry log reads the entries after it ahead; log buffers written lately stay in memory.
     read_ahead_cache_max_size_mb: int = _key("dbStorage_readAheadCacheMaxSizeMb", 64, "MiB of entries read ahead "

@@ -178,9 +178,10 @@ def _storage(server: BookieServer) -> Iterator[Metric]:
         held.add_metric([name], stats["bytes"])
         bound.add_metric([name], stats["max_bytes"])
     yield from (hits, misses, held, bound)
-    yield GaugeMetricFamily("walkit_bookie_write_cache_bytes", "Bytes of entries added since the last checkpoint "
-                            "began, waiting to be placed in the entry logs (a checkpoint starts early at "
-                            "dbStorage_writeCacheMaxSizeMb)", value=server.bookie.storage.cached_bytes())
+    yield GaugeMetricFamily("walkit_bookie_write_cache_bytes", "Bytes of entries in the write cache, waiting to "
+                            "be placed in the entry logs by a flush (a checkpoint starts early at "
+                            "dbStorage_writeCacheMaxSizeMb; past twice that adds are written through)",
+                            value=server.bookie.storage.cached_bytes())
 
 
 def _sizes(directory: str) -> tuple[int, int]:

@@ -272,6 +272,33 @@ def test_the_write_cache_is_read_like_the_storage(env: Env) -> None:
     assert not s.has_ledger(2)
 
 
+def test_a_full_write_cache_writes_adds_through(env: Env) -> None:
+    """The write cache never holds more than twice its bound: past it (adds outrunning the
+    flushes) an add is written straight to its log, as before the cache - unless the
+    cache holds a copy of that entry, which the newer one then replaces there (newest
+    wins, also after the flush). Deleting a ledger gives its cached bytes back."""
+    s = env.storage(write_cache_bytes=4 << 10)  # through past 8 KiB
+    for e in range(20):
+        s.add_entry(0, e, bytes([e]) * 1024)
+    assert 8 << 10 <= s.cached_bytes() < 9 << 10 and s.pending_index_entries() == 20
+    assert env.logs(0), "the adds past the bound went to a log"
+    s.add_entry(0, 3, b"newer")  # 3 is cached: the newer copy replaces it in the cache
+    assert s.get_entry(0, 3) == b"newer" and [s.get_entry(0, e) for e in (0, 12, 19)] == [
+        bytes([0]) * 1024, bytes([12]) * 1024, bytes([19]) * 1024]
+    s.add_entry(2, 0, b"x" * 100)
+    s.delete_ledger(0)
+    assert s.cached_bytes() == 100  # ledger 2's add (cached: 3's shorter copy made room); nothing of 0's
+    for e in range(20):
+        s.add_entry(4, e, bytes([e]) * 1024)
+    s.add_entry(4, 19, b"last")
+    s.flush()
+    assert s.cached_bytes() == 0 and s.pending_index_entries() == 0
+    s.close()
+    s = env.storage(write_cache_bytes=4 << 10)
+    assert [s.get_entry(4, e) for e in range(19)] == [bytes([e]) * 1024 for e in range(19)]
+    assert s.get_entry(4, 19) == b"last" and s.get_entry(2, 0) == b"x" * 100 and not s.has_ledger(0)
+
+
 def test_many_index_files_through_a_small_handle_cache(env: Env) -> None:
     s = env.storage(open_index_files=3)
     for ledger in range(20):

@@ -6,9 +6,10 @@ Theory of operation
 ``first + 1``, ... of a ledger, at most ``count`` of them and ``max_bytes`` of data" for
 much less than one :meth:`~bookie.storage.LedgerStorage.get_entry` per entry:
 
-1. under the storage lock, once (:func:`in_memory`): the ledger's in-memory slots for the
-   range (pending and flushing maps) and the data of the entries still in the active
-   log's write buffer, which may be written out and dropped once the lock is released;
+1. under the storage lock, once (:func:`in_memory`): the data of the range's entries in
+   the write cache, the ledger's in-memory slots for the range (pending and flushing
+   maps) and the data of the entries still in the active log's write buffer, which may
+   be written out and dropped once the lock is released;
 2. one pread of the index slots of the range, when an entry was not found in memory and
    the ledger has an index file;
 3. :func:`located`: per entry, in order, its data or its ``(log id, offset)``, stopping

@@ -80,7 +80,7 @@ from bookie.storage._ledgerdir import LedgerDir, LogFlush
 from bookie.storage._ranges import in_memory, located, read_range
 from bookie.storage._reclaim import EntryLogReclaim
 from bookie.storage._state import LedgerStates
-from bookie.storage._writecache import PLACE_BATCH, WriteCache
+from bookie.storage._writecache import PLACE_BATCH, PLACE_BATCH_BYTES, WriteCache
 from walkit.errors import (
     CorruptionError,
     EntryTooLargeError,
@@ -103,6 +103,7 @@ READ_AHEAD_CACHE = 64 << 20
 READ_AHEAD_BATCH = 100
 READ_AHEAD_BATCH_BYTES = 1 << 20
 RECENT_WRITES_CACHE = 16 << 20
+WRITE_CACHE = 64 << 20  # dbStorage_writeCacheMaxSizeMb's default: adds are written through past twice that
 _READ_AHEAD_WAIT = 10.0  # seconds a read waits for a running read-ahead of its entry at most
 
 
@@ -129,13 +130,15 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         read_ahead_batch: int = READ_AHEAD_BATCH,
         read_ahead_batch_bytes: int = READ_AHEAD_BATCH_BYTES,
         recent_writes_bytes: int = RECENT_WRITES_CACHE,
+        write_cache_bytes: int = WRITE_CACHE,
     ) -> None:
         check_limits(ledger_dirs, entry_log_size_limit, open_index_files, write_buffer_size)
-        if min(read_ahead_cache_bytes, read_ahead_batch_bytes, recent_writes_bytes) < 0 or read_ahead_batch < 1:
+        if min(read_ahead_cache_bytes, read_ahead_batch_bytes, recent_writes_bytes, write_cache_bytes) < 0 \
+                or read_ahead_batch < 1:
             raise InvalidArgumentError("cache bounds must not be negative, the read-ahead batch at least 1",
                                        read_ahead_cache_bytes=read_ahead_cache_bytes,
                                        read_ahead_batch=read_ahead_batch, read_ahead_batch_bytes=read_ahead_batch_bytes,
-                                       recent_writes_bytes=recent_writes_bytes)
+                                       recent_writes_bytes=recent_writes_bytes, write_cache_bytes=write_cache_bytes)
         super().__init__()
         self._fs = fs
         #: entries read ahead by single reads (guarded by the lock)
@@ -149,6 +152,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         self._flush_lock = threading.Lock()
         #: entries added since the last flush, placed sorted by the next (guarded by the lock)
         self._cache = WriteCache()
+        #: the cache's hard bound: past it adds are written through to the logs
+        self._write_through_at = 2 * write_cache_bytes
         self._pending: dict[int, dict[int, int]] = {}
         self._flushing: dict[int, dict[int, int]] = {}
         self._index_files: HandleCache[int] = HandleCache(self._open_index, open_index_files)
@@ -220,6 +225,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         added = 0
         with self._lock:
             active = cache.active  # swapped by a flush, under the lock
+            room = self._write_through_at - cache.bytes  # past it: written through
             last_ledger, state, slots = -1, None, None
             for i, (ledger_id, entry_id, data) in enumerate(entries):
                 if ledger_id != last_ledger:
@@ -234,6 +240,19 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                         last_ledger = -1
                         continue
                 assert state is not None
+                if added >= room and not cache.holds(ledger_id, entry_id):
+                    try:  # the cache is full (adds outrun the checkpoints): straight to the log
+                        with self._failing:
+                            location = dirs[ledger_id % len(dirs)].append(ledger_id, entry_id, data)
+                    except Exception as exc:  # noqa: BLE001 - refuses this entry only (a full disk)
+                        failed.append((i, exc))
+                        continue
+                    self._pending.setdefault(ledger_id, {})[entry_id] = location
+                    if entry_id > state.last_entry_id:
+                        state.last_entry_id = entry_id
+                    if (cached or reading) and (ledger_id in cached or ledger_id in reading):
+                        read_ahead.added(ledger_id, entry_id)
+                    continue
                 if entry_id > state.last_entry_id:
                     state.last_entry_id = entry_id
                 if slots is None:
@@ -241,8 +260,9 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                     if slots is None:
                         slots = active[ledger_id] = {}
                     last_ledger = ledger_id
+                old = slots.get(entry_id)
                 slots[entry_id] = data
-                added += len(data)
+                added += len(data) if old is None else len(data) - len(old)
                 if (cached or reading) and (ledger_id in cached or ledger_id in reading):
                     read_ahead.added(ledger_id, entry_id)  # re-adding overwrites: no copy of the old bytes stays
             cache.bytes += added
@@ -482,26 +502,29 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             self._check_writable()
             ledgers = cache.begin()
         for ledger_id in ledgers:
-            with self._lock:
-                order = cache.order(ledger_id)
+            # only this flush changes ``placing`` (the flush lock): sorted without the lock
+            order = cache.order(ledger_id)
+            slots = cache.placing[ledger_id]
             d = self._dir(ledger_id)
-            for at in range(0, len(order), PLACE_BATCH):
-                ids = order[at : at + PLACE_BATCH]
+            at = 0
+            while at < len(order):
                 with self._lock:
                     self._check_writable()
-                    slots = cache.placing[ledger_id]
                     pending = self._pending  # swapped by _begin_flush, never while placing: the flush lock
                     table = pending.get(ledger_id)
                     if table is None:
                         table = pending[ledger_id] = {}
-                    done = 0
+                    start, size, end = at, 0, min(len(order), at + PLACE_BATCH)
                     try:
                         with self._failing:
-                            for entry_id in ids:
-                                table[entry_id] = d.append(ledger_id, entry_id, slots[entry_id])
-                                done += 1
+                            while at < end and (at == start or size < PLACE_BATCH_BYTES):
+                                entry_id = order[at]
+                                data = slots[entry_id]
+                                table[entry_id] = d.append(ledger_id, entry_id, data)
+                                size += len(data)
+                                at += 1
                     finally:
-                        cache.placed(ledger_id, ids[:done])
+                        cache.placed(ledger_id, order[start:at], size)
 
     def _begin_flush(self) -> _FlushPlan:
         for d in self._dirs:  # first, as it may find the disk full: nothing is taken yet

@@ -12,7 +12,8 @@ A flush first *places* the cache (:meth:`WriteCache.begin` swaps :attr:`active` 
 :attr:`placing`, where adds made meanwhile cannot land): ledger by ledger in id order,
 entry by entry in id order, each entry is appended to its ledger dir's active log and its
 location goes into the storage's pending map, in batches of at most ``PLACE_BATCH``
-entries under the storage lock (adds wait for one batch at most). Then the flush goes on
+entries and ``PLACE_BATCH_BYTES`` under the storage lock (adds wait for one batch at
+most; the sorting is done outside the lock). Then the flush goes on
 as it always did (sync the logs, write the index). So the records of one ledger added
 between two flushes lie one after another in the logs, whatever else was added among
 them: a reader of that ledger later reads them with few preads, and the read-ahead reads
@@ -24,17 +25,21 @@ lock, so a reader finds it in one place or the other. A flush that fails while p
 (a full disk: no room for a new log) leaves what it did not place in :attr:`placing`;
 the next flush places it first (adds made since are newer: they replace it).
 
-Memory: the cache holds the entries added since the last flush started. The bookie
-starts a checkpoint early once it holds ``dbStorage_writeCacheMaxSizeMb``
-(:meth:`LedgerStorage.cached_bytes`), as it does after ``flushEntriesThreshold`` adds, so
-it holds about that much plus what arrives while one flush runs.
+Memory: the cache holds the entries added since the last flush started (and those a
+running flush has not placed yet). The bookie starts a checkpoint early once it holds
+``dbStorage_writeCacheMaxSizeMb`` (:meth:`LedgerStorage.cached_bytes`), as it does
+after ``flushEntriesThreshold`` adds. It never holds more than twice that: past it (adds
+faster than checkpoints place them) an add is written straight to its dir's log, in
+arrival order, as it was before the cache existed - unless the cache holds a copy of
+that entry, which the newer one must replace there (newest wins).
 """
 
 from __future__ import annotations
 
-__all__ = ["PLACE_BATCH", "WriteCache"]
+__all__ = ["PLACE_BATCH", "PLACE_BATCH_BYTES", "WriteCache"]
 
-PLACE_BATCH = 1024  # entries placed under one acquisition of the storage lock (~1 ms: adds wait that long at most)
+PLACE_BATCH = 1024  # entries placed under one acquisition of the storage lock at most ...
+PLACE_BATCH_BYTES = 1 << 20  # ... and bytes (the first entry always): adds wait about one such batch
 
 
 class WriteCache:
@@ -47,7 +52,7 @@ class WriteCache:
         self.active: dict[int, dict[int, bytes]] = {}
         #: entries a flush is placing (or a failed flush left): read as the cache's older half
         self.placing: dict[int, dict[int, bytes]] = {}
-        #: bytes of data added to :attr:`active` (a re-added entry counts again until it is placed)
+        #: bytes of the data cached, both halves
         self.bytes = 0
 
     def clear(self) -> None:
@@ -74,9 +79,15 @@ class WriteCache:
         """Entries cached (each copy of a re-added one)."""
         return sum(len(m) for t in (self.active, self.placing) for m in t.values())
 
+    def holds(self, ledger_id: int, entry_id: int) -> bool:
+        return any(entry_id in t.get(ledger_id, ()) for t in (self.active, self.placing))
+
     def drop_ledger(self, ledger_id: int) -> None:
         for table in (self.active, self.placing):
-            table.pop(ledger_id, None)
+            slots = table.pop(ledger_id, None)
+            if slots:
+                self.bytes -= sum(map(len, slots.values()))
+        self.bytes = max(0, self.bytes)
 
     def begin(self) -> list[int]:
         """A flush starts placing: the active entries join those left to place (newer
@@ -91,7 +102,8 @@ class WriteCache:
                         left.update(slots)
             else:
                 self.placing = self.active
-            self.active, self.bytes = {}, 0
+            self.active = {}
+            self.bytes = sum(sum(map(len, slots.values())) for slots in self.placing.values())
         return sorted(self.placing)
 
     def order(self, ledger_id: int) -> list[int]:
@@ -99,8 +111,10 @@ class WriteCache:
         flush lock, changes :attr:`placing`: the list stays true while it places them)."""
         return sorted(self.placing.get(ledger_id, ()))
 
-    def placed(self, ledger_id: int, entry_ids: list[int]) -> None:
-        """Those entries' locations are in the pending map now: out of the cache."""
+    def placed(self, ledger_id: int, entry_ids: list[int], size: int) -> None:
+        """Those entries (``size`` bytes of data) have their locations in the pending map
+        now: out of the cache."""
+        self.bytes = max(0, self.bytes - size)
         slots = self.placing.get(ledger_id)
         if slots is None:
             return
