@@ -280,7 +280,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         return bytes(data), self._writable_state(ledger_id)
 
     def cached_bytes(self) -> int:
-        """Bytes of the entries the write cache took since the last flush began."""
+        """Bytes of the entries in the write cache: added since the last flush began, or
+        not placed yet by a flush running (or one that failed)."""
         return self._cache.bytes
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes:
@@ -495,7 +496,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
     def _place(self) -> None:
         """Step 0 (flush lock held): the write cache's entries appended to their dirs'
         logs, ledger by ledger and entry by entry in id order, their locations put in the
-        pending map, ``PLACE_BATCH`` entries per acquisition of the lock. A full disk
+        pending map, ``PLACE_BATCH`` entries or ``PLACE_BATCH_BYTES`` (the first entry
+        always) per acquisition of the lock. A full disk
         (no room for a new log) stops it: the rest stays cached for the next flush."""
         cache = self._cache
         with self._lock:
