@@ -27,6 +27,18 @@ logs on ledgers of E=3, Qw=3, Qa=2.
   logs receives them: each ledger's records lie among the others' in the entry logs),
   then the first one read as above, cold and hot - what a layout that is not sorted by
   ledger costs a reader;
+* **ledger read, still being written** (tailing catch-up): a ledger of ``ledger_entries``
+  entries of 1 KiB written pipelined and left open; while its writer goes on adding
+  ``CATCH_UP_WRITES`` entries a second, a reader on another client opens it without
+  recovery and follows it (``ReadHandle.follow``) from entry 0 until it has read them all -
+  a standby or a read replica starting behind a live log (reads bounded by the LAC, not by
+  a close);
+* **local baselines** (no replication, no network), in the same run and directory: the
+  naive local log (length-prefixed records in one file, fsynced, read back in 1 MiB blocks
+  with each record cut out) and an SQLite table (an integer key and a blob, ``SELECT`` in
+  key order), of 100 B records (as many as the batched log, at most
+  ``BASELINE_MAX_RECORDS``) and of 1 KiB (``one_per_entry`` of them), cold and hot; walkit's
+  hot replays are reported as ratios to them;
 * **tail visibility**: a writer appends on one client; a reader on another client (in
   this process: one clock) follows the log with ``tail()``; the time from ``append``
   returning (durable on a quorum) to the tail handing the record over, with appends back
@@ -43,8 +55,8 @@ and the bookies' read caches' hit rates during each read (``storage.caches``: th
 read-ahead cache answers single reads, the recent-writes cache entry-log preads).
 Targets (issue: performance, second round): replay >= 1,000,000 records/s of 100 B and
 >= 300 MB/s of 1 KiB from three bookies; tail visibility p50 <= 1 ms (issue: reads as fast as
-writes: p99 <= 5 ms; a ledger read >= 150,000 entries/s of 1 KiB; a log written one record
-per entry replayed at >= 150,000 records/s).
+writes: p99 <= 5 ms; a ledger read >= 150,000 entries/s of 1 KiB, >= 100,000 while it is
+still being written; a log written one record per entry replayed at >= 150,000 records/s).
 
 Everything is removed at the end, also after an error or Ctrl-C.
 """
@@ -55,7 +67,12 @@ import asyncio
 import collections
 import contextlib
 import datetime
+import itertools
 import os
+import shutil
+import sqlite3
+import struct
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -68,7 +85,7 @@ from walkit.client import BookieClient, BookKeeper
 from walkit.errors import InvalidArgumentError
 from walkit.wal import LSN, WriteAheadLog
 
-__all__ = ["run_read_bench", "format_markdown", "TARGETS"]
+__all__ = ["run_read_bench", "format_markdown", "ratios", "TARGETS"]
 
 BOOKIES, ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 3, 2
 SIZES = (100, 1024)
@@ -77,10 +94,13 @@ WINDOW = 8  # append_many calls in flight while writing
 INTERVALS = (0.0, 0.020, 0.250)  # seconds between appends in the tail-visibility cases
 ROLL_INTERVAL, ROLL_RECORDS = 0.020, 20  # and a case whose log rolls every 20 records (one every 20 ms)
 TARGETS = {"replay_100B_records_per_s": 1_000_000, "replay_1KiB_mb_per_s": 300, "tail_p50_ms": 1.0,
-           "tail_p99_ms": 5.0, "ledger_entries_per_s": 150_000, "one_per_entry_records_per_s": 150_000}
+           "tail_p99_ms": 5.0, "ledger_entries_per_s": 150_000, "catch_up_entries_per_s": 100_000, "one_per_entry_records_per_s": 150_000}
 LEDGER_WINDOW = 1000  # adds in flight while writing the ledger read back
 AMONG = 8  # ledgers written at once, interleaved, for the "written among others" read
 ONE_WINDOW, ONE_INFLIGHT = 1000, 64  # appends and entries in flight writing the one-per-entry log
+CATCH_UP_WRITES = 1000  # entries a second the writer goes on adding while a follower catches up
+FILE_BLOCK = 1 << 20  # the local-file baseline's reads
+BASELINE_MAX_RECORDS = 2_000_000  # of 100 B: the baselines' logs hold as many records as the batched one, at most this
 ONE_ROOM = 64  # an entry's room beyond one record: less than a second record needs
 BOOKIE_OPTIONS = {"flush_interval": 1000}  # checkpoints every second: written entries reach the entry logs soon
 
@@ -177,10 +197,11 @@ def _replay(bk: BookKeeper, name: str, meter: Meter, caches: CacheMeter) -> dict
     return _read_report(meter, caches, records, size)
 
 
-def _read_report(meter: Meter, caches: CacheMeter, records: int, size: int) -> dict[str, Any]:
-    """A read's row: ``records`` of ``size`` bytes in all, since ``meter.start()``."""
+def _read_report(meter: Meter, caches: CacheMeter | None, records: int, size: int) -> dict[str, Any]:
+    """A read's row: ``records`` of ``size`` bytes in all, since ``meter.start()`` (and
+    ``caches.start()``; None: a baseline, no bookie read)."""
     report = meter.stop(records)
-    return {"caches": caches.stop(), "records": records, "seconds": report["seconds"], "records_per_s": report["entries_per_s"],
+    return {"caches": caches.stop() if caches is not None else dict.fromkeys(CacheMeter.CACHES), "records": records, "seconds": report["seconds"], "records_per_s": report["entries_per_s"],
             # from the rate, not the seconds (rounded: a short read's round to 0)
             "mb_per_s": round(report["entries_per_s"] * size / records / 1e6, 1) if records else 0.0,
             "client_cpu_us_per_record": report["client_cpu_us_per_entry"],
@@ -215,6 +236,134 @@ def _read_ledger(bk: BookKeeper, ledger_id: int, meter: Meter, caches: CacheMete
     return _read_report(meter, caches, entries, size)
 
 
+def _catch_up(bk: BookKeeper, reader_bk: BookKeeper, count: int, size: int, meter: Meter,
+              caches: CacheMeter) -> dict[str, Any]:
+    """A ledger still being written, read by a follower that starts ``count`` entries behind.
+
+    ``count`` entries of ``size`` bytes are added pipelined (the backlog); then, while the
+    writer goes on adding ``CATCH_UP_WRITES`` entries a second, a reader on another client
+    opens the ledger without recovery and follows it (``ReadHandle.follow``) from entry 0
+    until it has read the backlog. The catch-up's row, and the backlog's write rate."""
+    data = os.urandom(size)
+    started = time.perf_counter()
+    lh = bk.create_ledger(ENSEMBLE, WRITE_QUORUM, ACK_QUORUM)
+    pending: collections.deque[Future[int]] = collections.deque()
+    for _ in range(count):
+        pending.append(lh.add_entry_async(data))
+        if len(pending) >= LEDGER_WINDOW:
+            pending.popleft().result()
+    for fut in pending:
+        fut.result()
+    written = _written(count, started, size)
+    stop = threading.Event()
+    added: list[Future[int]] = []
+
+    def keep_writing() -> None:  # CATCH_UP_WRITES a second, in bursts of a tenth of them
+        burst = max(1, CATCH_UP_WRITES // 10)
+        while not stop.wait(0.1):
+            added.extend(lh.add_entry_async(data) for _ in range(burst))
+
+    writer = threading.Thread(target=keep_writing, name="catch-up-writer", daemon=True)
+    writer.start()
+    try:
+        entries = read = 0
+        caches.start()
+        meter.start()
+        with reader_bk.open_ledger(lh.ledger_id, recovery=False) as rh:
+            for entry in rh.follow(0):
+                entries += 1
+                read += len(entry.data)
+                if entry.entry_id >= count - 1:
+                    break
+        report = _read_report(meter, caches, entries, read)
+    finally:
+        stop.set()
+        writer.join()
+    for fut in added:
+        fut.result()  # the writer's adds all succeeded: the ledger was being written throughout
+    lh.close()
+    if entries != count:
+        raise RuntimeError(f"the catch-up read {entries:,} entries, not {count:,}")
+    return {"written": written, "catching up": report | {"written_meanwhile": len(added)}}
+
+
+def _file_baseline(path: Path, size: int, count: int, meter: Meter) -> dict[str, Any]:
+    """The naive local log read back: ``count`` length-prefixed records of ``size`` bytes
+    in one file (written, fsynced), read from its start in blocks of ``FILE_BLOCK`` bytes,
+    each record cut out (a copy, as a reader hands it on): cold, then hot."""
+    record = os.urandom(size)
+    framed = struct.pack(">I", size) + record
+    started = time.perf_counter()
+    with open(path, "wb") as f:
+        per_block = max(1, FILE_BLOCK // len(framed))
+        for done in range(0, count, per_block):
+            f.write(framed * min(per_block, count - done))
+        f.flush()
+        os.fsync(f.fileno())
+    written = _written(count, started, size)
+
+    def read() -> dict[str, Any]:
+        records = total = 0
+        meter.start()
+        unpack = struct.Struct(">I").unpack_from
+        with open(path, "rb", buffering=0) as f:
+            left = b""
+            while block := f.read(FILE_BLOCK):
+                buf = left + block if left else block
+                at, end = 0, len(buf)
+                while at + 4 <= end:
+                    (n,) = unpack(buf, at)
+                    if at + 4 + n > end:
+                        break
+                    rec = buf[at + 4:at + 4 + n]
+                    records += 1
+                    total += len(rec)
+                    at += 4 + n
+                left = buf[at:]
+        if records != count:
+            raise RuntimeError(f"the local file gave back {records:,} records, not {count:,}")
+        return _read_report(meter, None, records, total)
+
+    _drop_page_cache(path.parent)
+    return {"written": written, "cold": read(), "hot": read()}
+
+
+def _sqlite_baseline(path: Path, size: int, count: int, meter: Meter) -> dict[str, Any]:
+    """A local SQLite table read back: ``count`` rows (an integer key, a blob of ``size``
+    bytes) inserted in one transaction, then ``SELECT`` in key order: cold, then hot."""
+    record = os.urandom(size)
+    started = time.perf_counter()
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("CREATE TABLE log (seq INTEGER PRIMARY KEY, record BLOB NOT NULL)")
+        db.execute("BEGIN")
+        db.executemany("INSERT INTO log (record) VALUES (?)", itertools.repeat((record,), count))
+        db.execute("COMMIT")
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        db.close()
+    written = _written(count, started, size)
+
+    def read() -> dict[str, Any]:
+        records = total = 0
+        meter.start()
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            for _seq, rec in db.execute("SELECT seq, record FROM log ORDER BY seq"):
+                records += 1
+                total += len(rec)
+        finally:
+            db.close()
+        if records != count:
+            raise RuntimeError(f"SQLite gave back {records:,} rows, not {count:,}")
+        return _read_report(meter, None, records, total)
+
+    _drop_page_cache(path.parent)
+    return {"written": written, "cold": read(), "hot": read()}
+
+
 def _write_among(bk: BookKeeper, count: int, size: int) -> tuple[int, dict[str, Any]]:
     """``AMONG`` closed ledgers of ``count`` entries of ``size`` bytes, written at once, an
     add to each in turn; the first one's id and the write rate of all."""
@@ -240,7 +389,20 @@ def _written(records: int, started: float, size: int) -> dict[str, Any]:
             "mb_per_s": round(records * size / 1e6 / took, 1)}
 
 
-def _measure(bk: BookKeeper, reader_bk: BookKeeper, each_bk: BookKeeper, data: Path, meter: Meter,
+def _baselines(directory: Path, meter: Meter, records_100: int, records_1024: int) -> dict[str, Any]:
+    """The local-only read baselines, in a directory of their own (its page cache dropped
+    before each cold read)."""
+    out: dict[str, Any] = {}
+    for size, count in ((100, min(records_100, BASELINE_MAX_RECORDS)), (1024, records_1024)):
+        where = directory / f"baseline-{size}"
+        where.mkdir()
+        out[f"file-{size}"] = _file_baseline(where / "log", size, count, meter)
+        out[f"sqlite-{size}"] = _sqlite_baseline(where / "log.db", size, count, meter)
+        shutil.rmtree(where)
+    return out
+
+
+def _measure(bk: BookKeeper, reader_bk: BookKeeper, each_bk: BookKeeper, data: Path, base: Path, meter: Meter,
              caches: CacheMeter, gib: float, one_per_entry: int, ledger_entries: int, samples: int) -> dict[str, Any]:
     out: dict[str, Any] = {"replay": {}, "tail": []}
     for size in SIZES:
@@ -269,6 +431,8 @@ def _measure(bk: BookKeeper, reader_bk: BookKeeper, each_bk: BookKeeper, data: P
         "written": written, "cold": _read_ledger(reader_bk, ledger_id, meter, caches) | {"files_dropped": dropped},
         "hot": _read_ledger(reader_bk, ledger_id, meter, caches),
         "hot, entry by entry": _read_ledger(each_bk, ledger_id, meter, caches)}
+    out["baseline"] = _baselines(base, meter, out["replay"]["100"]["written"]["records"], one_per_entry)
+    out["replay"]["ledger-1024-catch-up"] = _catch_up(bk, reader_bk, ledger_entries, 1024, meter, caches)
     ledger_id, written = _write_among(bk, max(1, ledger_entries // 2), 1024)
     time.sleep(2 * BOOKIE_OPTIONS["flush_interval"] / 1000)
     dropped = _drop_page_cache(data)
@@ -290,6 +454,8 @@ def _checks(results: dict[str, Any]) -> dict[str, bool]:
         "tail_p50_met": all(case["p50_ms"] <= TARGETS["tail_p50_ms"] for case in steady),
         "tail_p99_met": all(case["p99_ms"] <= TARGETS["tail_p99_ms"] for case in steady),
         "ledger_rate_met": replay["ledger-1024"]["hot"]["records_per_s"] >= TARGETS["ledger_entries_per_s"],
+        "catch_up_rate_met": replay["ledger-1024-catch-up"]["catching up"]["records_per_s"]
+        >= TARGETS["catch_up_entries_per_s"],
         "one_per_entry_rate_met": replay["1024-one-per-entry"]["hot"]["records_per_s"]
         >= TARGETS["one_per_entry_records_per_s"],
     }
@@ -306,7 +472,7 @@ def run_read_bench(directory: str | None = None, *, gib: float = 1.0, one_per_en
         meter = Meter([cluster.bookie_pid(i) for i in range(BOOKIES)])
         caches = CacheMeter([cluster.bookie_address(i)[1] for i in range(BOOKIES)])
         with cluster.client() as bk, cluster.client() as reader_bk, cluster.client(range_reads=False) as each_bk:
-            results = _measure(bk, reader_bk, each_bk, cluster.data_dir, meter, caches, gib, one_per_entry,
+            results = _measure(bk, reader_bk, each_bk, cluster.data_dir, base, meter, caches, gib, one_per_entry,
                                ledger_entries, samples)
     return {"started": started, "cpus": os.cpu_count(), "bookies": BOOKIES, "ensemble": ENSEMBLE,
             "write_quorum": WRITE_QUORUM, "ack_quorum": ACK_QUORUM, "gib": gib, "one_per_entry": one_per_entry,
@@ -315,17 +481,37 @@ def run_read_bench(directory: str | None = None, *, gib: float = 1.0, one_per_en
 
 _LABELS = {"100": "100 B records, batched", "1024": "1 KiB records, batched",
            "1024-one-per-entry": "1 KiB records, one per entry", "ledger-1024": "ledger of 1 KiB entries (records = entries)",
+           "ledger-1024-catch-up": "ledger of 1 KiB entries still being written, a follower",
            "ledger-1024-among": f"ledger of 1 KiB entries written among {AMONG - 1} others"}
 
 
+_BASELINE_LABELS = {"file-100": "baseline: local file, 100 B records", "sqlite-100": "baseline: SQLite table, 100 B rows",
+                    "file-1024": "baseline: local file, 1 KiB records", "sqlite-1024": "baseline: SQLite table, 1 KiB rows"}
+# walkit's hot read / each baseline's hot read of records of the same size: (label, walkit case, baseline size, figure)
+_RATIOS = (("100 B records, batched log (records/s)", "100", "100", "records_per_s"),
+           ("1 KiB records, batched log (MB/s)", "1024", "1024", "mb_per_s"),
+           ("1 KiB records, one per entry (records/s)", "1024-one-per-entry", "1024", "records_per_s"))
+
+
+def ratios(report: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """walkit's hot replays / the local baselines' hot reads, by case."""
+    out = {}
+    for label, case, size, figure in _RATIOS:
+        ours = report["replay"][case]["hot"][figure]
+        out[label] = {kind: round(ours / report["baseline"][f"{kind}-{size}"]["hot"][figure], 2)
+                      for kind in ("file", "sqlite")}
+    return out
+
+
 def _rows(report: dict[str, Any]) -> Iterator[str]:
-    for key, case in report["replay"].items():
+    labels = _LABELS | _BASELINE_LABELS
+    for key, case in [*report["replay"].items(), *report["baseline"].items()]:
         w = case["written"]
-        for phase in ("cold", "hot", "hot, entry by entry"):
+        for phase in ("cold", "hot", "hot, entry by entry", "catching up"):
             if phase in case:
                 r = case[phase]
                 hits = " | ".join("-" if r["caches"][c] is None else f"{r['caches'][c]:.0%}" for c in CacheMeter.CACHES)
-                yield (f"| {_LABELS[key]}, {phase} | {r['records']:,} | {r['records_per_s']:,} | {r['mb_per_s']} "
+                yield (f"| {labels[key]}, {phase} | {r['records']:,} | {r['records_per_s']:,} | {r['mb_per_s']} "
                        f"| {w['records_per_s']:,} | {r['client_cpu_us_per_record']} | {r['bookie_cpu_us_per_record']} "
                        f"| {hits} | {r['other_cpu_cores']} | {r['steal_cores']} |")
 
@@ -342,6 +528,8 @@ def format_markdown(report: dict[str, Any]) -> str:
              "| replay | records | records/s | MB/s | written records/s | client CPU µs/record "
              "| bookies CPU µs/record | read-ahead hits | recent-writes hits | other cores | steal cores |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *_rows(report), "",
+             "| hot read, walkit / local baseline | / local file | / SQLite |", "|---|---:|---:|",
+             *(f"| {label} | {r['file']} | {r['sqlite']} |" for label, r in ratios(report).items()), "",
              "| tail visibility | samples | p50 ms | p99 ms | p99.9 ms |", "|---|---:|---:|---:|---:|"]
     for case in report["tail"]:
         label = "back to back" if not case["interval_ms"] else f"one every {case['interval_ms']:g} ms"
@@ -352,7 +540,9 @@ def format_markdown(report: dict[str, Any]) -> str:
                   f"{met(checks['replay_100B_rate_met'])}; replay 1 KiB >= {TARGETS['replay_1KiB_mb_per_s']} MB/s: "
                   f"{met(checks['replay_1KiB_mb_met'])}; tail visibility p50 <= {TARGETS['tail_p50_ms']} ms: "
                   f"{met(checks['tail_p50_met'])}, p99 <= {TARGETS['tail_p99_ms']} ms: {met(checks['tail_p99_met'])}; "
-                  f"ledger read >= {TARGETS['ledger_entries_per_s']:,} entries/s: {met(checks['ledger_rate_met'])}; "
+                  f"ledger read >= {TARGETS['ledger_entries_per_s']:,} entries/s: {met(checks['ledger_rate_met'])}, "
+                  f"catching up on a ledger being written >= {TARGETS['catch_up_entries_per_s']:,}: "
+                  f"{met(checks['catch_up_rate_met'])}; "
                   f"one record per entry >= {TARGETS['one_per_entry_records_per_s']:,} records/s: "
                   f"{met(checks['one_per_entry_rate_met'])}"]
     return "\n".join(lines)
