@@ -4,6 +4,7 @@ into entries with whatever else is queued, in call order, on both metadata drive
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,6 +52,42 @@ def test_groups_complete_with_their_lsns_whatever_the_entry_boundaries(calls: li
         want = lsns[at:at + n]
         assert fut.result() == (want if isinstance(fut, ManyFuture) else want[0])
         at += n
+
+
+def test_a_groups_lsns_are_made_once_when_first_asked_for_by_any_waiter() -> None:
+    """The completer notes runs only; the list is made by the first ``result()`` - a
+    waiting thread, a done callback or an asyncio caller - and every caller gets that
+    same list, also when several threads ask at once."""
+    fut = ManyFuture(5)
+    complete_entry([fut] * 2, 3, 7)
+    complete_entry([fut] * 3, 3, 8)
+    assert fut.done() and fut.runs == [(3, 7, 0, 2), (3, 8, 0, 3)]
+    want = [LSN(3, 7, 0), LSN(3, 7, 1), LSN(3, 8, 0), LSN(3, 8, 1), LSN(3, 8, 2)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: fut.result(), range(64)))
+    assert got[0] == want and all(g is got[0] for g in got)  # one list, made once
+    assert all(lsn.__class__ is LSN for lsn in got[0])
+
+    waiting = ManyFuture(2)  # asked for before it completes: a blocked waiter, a callback, asyncio
+    seen: list[list[LSN]] = []
+    waiting.add_done_callback(lambda f: seen.append(f.result()))
+    waiter = concurrent.futures.ThreadPoolExecutor(1)
+    blocked = waiter.submit(waiting.result, 10)
+
+    async def main() -> list[LSN]:
+        wrapped = asyncio.wrap_future(waiting)
+        asyncio.get_running_loop().call_later(0.05, complete_entry, [waiting] * 2, 4, 0)
+        return await wrapped
+
+    assert asyncio.run(main()) == [LSN(4, 0, 0), LSN(4, 0, 1)]
+    assert blocked.result(10) is seen[0] is waiting.result()
+    waiter.shutdown()
+
+    failed = ManyFuture(3)
+    complete_entry([failed], 1, 0)
+    failed.set_exception(WriterFencedError("fenced", log="x"))
+    with pytest.raises(WriterFencedError):
+        failed.result()
 
 
 # -- on a cluster ------------------------------------------------------------------------------------

@@ -13,15 +13,19 @@ several entries.
 An entry whose records include such a group is completed by :func:`complete_entry`,
 which walks the entry's slots a *run* at a time: a run of a group's records is as long
 as the group's records still waiting, or the rest of the entry, whichever is shorter
-(a group's records are contiguous). The group gathers its LSNs run by run and completes
-when its last record's entry did; entries complete in order, so groups do too. An
+(a group's records are contiguous). The group notes each run and completes when its
+last record's entry did (entries complete in order, so groups do too); its list of LSNs is
+made from the runs when it is first asked for. An
 entry without a group takes the one-pass path, as before.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
+from concurrent.futures._base import FINISHED
+from itertools import chain
 from typing import Any
 
 from walkit.client import QuickFuture
@@ -32,21 +36,42 @@ __all__ = ["ManyFuture", "complete_entry"]
 
 class ManyFuture(QuickFuture[list[LSN]]):
     """The future of ``count`` records appended together: their LSNs, in order, once the
-    last of them is durable."""
+    last of them is durable.
 
-    __slots__ = ("lsns", "waiting")
+    The completer (the client's loop) records only where the group's records went - a run
+    ``(segment, entry, first slot, end slot)`` an entry - and the list of LSNs is made by the
+    first ``result()`` (the caller's thread, or the loop of an asyncio caller). An LSN made
+    on the loop would live until the caller takes it; made when taken, it lives as long as
+    the caller keeps it, and the loop, which every entry's acknowledgements wait for, spends
+    nothing a record on the group."""
+
+    __slots__ = ("runs", "waiting")
 
     def __init__(self, count: int) -> None:
         super().__init__()
-        self.lsns: list[LSN] = []
+        self.runs: list[tuple[int, int, int, int]] = []
         self.waiting = count  # records not yet in a completed entry
 
     def take(self, segment: int, entry: int, first: int, last: int) -> None:
         """Slots ``first`` .. ``last - 1`` of an entry are this group's records."""
-        self.lsns += LSN._slots_between(segment, entry, first, last)
+        self.runs.append((segment, entry, first, last))
         self.waiting -= last - first
         if self.waiting == 0:
-            self.set_result(self.lsns)
+            self.set_result(None)  # type: ignore[arg-type]  # the list is made when asked for
+
+    def result(self, timeout: float | None = None) -> list[LSN]:
+        if self._state != FINISHED or self._exception is not None:
+            super().result(timeout)  # waits; raises the writer's error
+        lsns: list[LSN] | None = self._result
+        if lsns is None:
+            with _MAKING:  # once, whoever asks first
+                lsns = self._result
+                if lsns is None:
+                    lsns = self._result = list(chain.from_iterable(LSN._slots_between(*run) for run in self.runs))
+        return lsns
+
+
+_MAKING = threading.Lock()
 
 
 def complete_entry(futures: Sequence[Any], segment: int, entry: int) -> None:
