@@ -116,6 +116,10 @@ class BookieConfig:
                                         "checkpoint (the write cache, placed sorted by ledger at the next one) "
                                         "before a checkpoint starts early; past twice this, adds are written "
                                         "straight to the entry logs (BookKeeper: a quarter of direct memory)")
+    flush_entrylog_bytes: int = _key("flushEntrylogBytes", 2 << 20, "bytes a checkpoint writes to a ledger "
+                                     "directory's entry log between two syncs of it (0: one sync at its end); small "
+                                     "syncs spread the checkpoint's writeback, so journal syncs on the same disk do "
+                                     "not wait behind a large one (BookKeeper: 0)")
     # Read caches (bookie/storage/_cache.py): a single read (READ_ENTRY) that goes to an
     # entry log reads the entries after it ahead; log buffers written lately stay in memory.
     read_ahead_cache_max_size_mb: int = _key("dbStorage_readAheadCacheMaxSizeMb", 64, "MiB of entries read ahead "
@@ -263,6 +267,7 @@ class BookieConfig:
             "journalBufferedEntriesThreshold": self.journal_buffered_entries_threshold,
             "journalMaxBackups": self.journal_max_backups,
             "journalRecycleFiles": self.journal_recycle_files,
+            "flushEntrylogBytes": self.flush_entrylog_bytes,
             "dbStorage_readAheadCacheMaxSizeMb": self.read_ahead_cache_max_size_mb,
             "recentWritesCacheMaxSizeMb": self.recent_writes_cache_max_size_mb,
             "lostBookieRecoveryDelay": self.lost_bookie_recovery_delay,

@@ -58,6 +58,7 @@ import errno
 import functools
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -104,6 +105,7 @@ READ_AHEAD_BATCH = 100
 READ_AHEAD_BATCH_BYTES = 1 << 20
 RECENT_WRITES_CACHE = 16 << 20
 WRITE_CACHE = 64 << 20  # dbStorage_writeCacheMaxSizeMb's default: adds are written through past twice that
+PLACEMENT_SYNC = 2 << 20  # flushEntrylogBytes' default: a flush syncs a dir's log each time it placed this much
 _READ_AHEAD_WAIT = 10.0  # seconds a read waits for a running read-ahead of its entry at most
 
 
@@ -131,14 +133,16 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         read_ahead_batch_bytes: int = READ_AHEAD_BATCH_BYTES,
         recent_writes_bytes: int = RECENT_WRITES_CACHE,
         write_cache_bytes: int = WRITE_CACHE,
+        placement_sync_bytes: int = PLACEMENT_SYNC,
     ) -> None:
         check_limits(ledger_dirs, entry_log_size_limit, open_index_files, write_buffer_size)
-        if min(read_ahead_cache_bytes, read_ahead_batch_bytes, recent_writes_bytes, write_cache_bytes) < 0 \
-                or read_ahead_batch < 1:
+        if min(read_ahead_cache_bytes, read_ahead_batch_bytes, recent_writes_bytes, write_cache_bytes,
+               placement_sync_bytes) < 0 or read_ahead_batch < 1:
             raise InvalidArgumentError("cache bounds must not be negative, the read-ahead batch at least 1",
                                        read_ahead_cache_bytes=read_ahead_cache_bytes,
                                        read_ahead_batch=read_ahead_batch, read_ahead_batch_bytes=read_ahead_batch_bytes,
-                                       recent_writes_bytes=recent_writes_bytes, write_cache_bytes=write_cache_bytes)
+                                       recent_writes_bytes=recent_writes_bytes, write_cache_bytes=write_cache_bytes,
+                                       placement_sync_bytes=placement_sync_bytes)
         super().__init__()
         self._fs = fs
         #: entries read ahead by single reads (guarded by the lock)
@@ -150,6 +154,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             for i, root in enumerate(ledger_dirs)
         ]
         self._flush_lock = threading.Lock()
+        #: bytes a flush places in a dir's log between two syncs of it (0: synced once, at the end)
+        self._placement_sync = placement_sync_bytes
         #: entries added since the last flush, placed sorted by the next (guarded by the lock)
         self._cache = WriteCache()
         #: the cache's hard bound: past it adds are written through to the logs
@@ -497,12 +503,17 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         """Step 0 (flush lock held): the write cache's entries appended to their dirs'
         logs, ledger by ledger and entry by entry in id order, their locations put in the
         pending map, ``PLACE_BATCH`` entries or ``PLACE_BATCH_BYTES`` (the first entry
-        always) per acquisition of the lock. A full disk
-        (no room for a new log) stops it: the rest stays cached for the next flush."""
+        always) per acquisition of the lock, yielding between two. Each time it placed
+        ``placement_sync_bytes`` in a dir, that dir's active log is synced, outside the
+        lock: the flush's writeback is spread in small syncs, so that a journal on the same
+        disk never waits behind a large one (and the flush's own sync finds little left).
+        A full disk (no room for a new log) stops it: the rest stays cached for the next
+        flush."""
         cache = self._cache
         with self._lock:
             self._check_writable()
             ledgers = cache.begin()
+        unsynced: dict[int, int] = {}
         for ledger_id in ledgers:
             # only this flush changes ``placing`` (the flush lock): sorted without the lock
             order = cache.order(ledger_id)
@@ -527,6 +538,13 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                                 at += 1
                     finally:
                         cache.placed(ledger_id, order[start:at], size)
+                    unsynced[d.number] = unsynced.get(d.number, 0) + size
+                    writer = d.writer if self._placement_sync and unsynced[d.number] >= self._placement_sync else None
+                if writer is not None:  # synced outside the lock: adds go on meanwhile
+                    unsynced[d.number] = 0
+                    with self._failing:
+                        writer.file.sync()
+                time.sleep(0)  # let an add waiting for the lock take it: released, it is retaken at once
 
     def _begin_flush(self) -> _FlushPlan:
         for d in self._dirs:  # first, as it may find the disk full: nothing is taken yet

@@ -12,8 +12,13 @@ A flush first *places* the cache (:meth:`WriteCache.begin` swaps :attr:`active` 
 :attr:`placing`, where adds made meanwhile cannot land): ledger by ledger in id order,
 entry by entry in id order, each entry is appended to its ledger dir's active log and its
 location goes into the storage's pending map, in batches of at most ``PLACE_BATCH``
-entries and ``PLACE_BATCH_BYTES`` under the storage lock (adds wait for one batch at
-most; the sorting is done outside the lock). Then the flush goes on
+entries and ``PLACE_BATCH_BYTES`` under the storage lock (the sorting is done outside
+it). Between two batches the flush yields (``time.sleep(0)``), so that an add woken by
+the release takes the lock before the flush retakes it: an add waits for the batch under
+way, not for the whole placement. Each time it placed ``flushEntrylogBytes`` (2 MiB) in a
+ledger dir, it syncs that dir's active log, outside the lock: the placement's writeback
+goes to the disk in small syncs, not in one large one at the end, which a journal syncing
+on the same disk would wait behind. Then the flush goes on
 as it always did (sync the logs, write the index). So the records of one ledger added
 between two flushes lie one after another in the logs, whatever else was added among
 them: a reader of that ledger later reads them with few preads, and the read-ahead reads
