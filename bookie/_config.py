@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from bookie.journal._format import MIN_ALIGNMENT
 from walkit.errors import ConfigError, WalkitError
-from walkit.metadata._store import RETRY_DEADLINE
+from walkit.metadata import RETRY_DEADLINE, parse_metadata_uri
 
 __all__ = ["BookieConfig", "reference"]
 
@@ -285,8 +285,6 @@ class BookieConfig:
             if not 0 <= port <= 65535:
                 _bad(key, "must be 0..65535", port)
         if self.metadata_service_uri:
-            from walkit.metadata._uri import parse_metadata_uri  # on use: a bare bookie never needs it
-
             try:
                 parse_metadata_uri(self.metadata_service_uri)
             except WalkitError as exc:
