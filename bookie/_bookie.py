@@ -29,7 +29,11 @@ ledger storage, write M into every ledger directory, delete journal files behind
 beyond ``journalMaxBackups``. Every record before M is in storage - an entry (and a key
 that came with it) was put there before it was journaled, a state record by its
 callback, which returned before the journal settled M - so after the flush it is durable
-in storage; replaying from M is enough.
+in storage; replaying from M is enough. Between checkpoints, once the write cache holds
+``dbStorage_writeCacheMaxSizeMb``, the checkpoint thread only *places* it in the entry
+logs (``LedgerStorage.place``: sorted by ledger, locations kept in memory until the next
+checkpoint writes the index): the cache's size bounds memory without making checkpoints
+- whose index writes cost per ledger touched - come more often.
 
 *Restart*: check the cookies, open storage, replay journals from the highest mark
 (a torn tail is truncated and reported; corruption stops the start), start a new
@@ -265,6 +269,7 @@ class Bookie:
         self._ckpt_lock = threading.Lock()
         self.checkpoints = 0  # checkpoints done, and how long each took (bookie/_metrics.py)
         self.checkpoint_seconds = Histogram(LATENCY_BUCKETS)
+        self.placements = 0  # a full write cache placed between checkpoints (the checkpoint thread only)
         self._ckpt_wake = threading.Event()
         self._ckpt_thread: threading.Thread | None = None
         self._pending = 0
@@ -820,7 +825,8 @@ class Bookie:
 
     def _count_pending(self, n: int) -> None:
         """``n`` more entries wait in memory: a checkpoint starts early once they are
-        ``flushEntriesThreshold`` many, or the write cache holds ``dbStorage_writeCacheMaxSizeMb``."""
+        ``flushEntriesThreshold`` many; the write cache is placed once it holds
+        ``dbStorage_writeCacheMaxSizeMb``."""
         self._pending += n
         if self._pending >= self.config.flush_entries_threshold \
                 or self.storage.cached_bytes() >= self._write_cache_bytes:
@@ -828,14 +834,21 @@ class Bookie:
 
     def _checkpoint_loop(self) -> None:
         interval = self.config.flush_interval / 1000.0
+        last = time.monotonic()  # the last checkpoint (or attempt)
         while True:
-            self._ckpt_wake.wait(interval)
+            self._ckpt_wake.wait(max(0.0, last + interval - time.monotonic()))
             self._ckpt_wake.clear()
             if not self._running:
                 return
             if self._mark_failed or (self._storage is not None and self._storage.failure is not None):
+                last = time.monotonic()
                 continue  # a failed storage (or mark) flushes nothing more: the mark stays where it is
             try:
+                if self._pending < self.config.flush_entries_threshold and time.monotonic() - last < interval:
+                    self.storage.place()  # woken by a full write cache: placed, not checkpointed
+                    self.placements += 1
+                    continue
+                last = time.monotonic()
                 self._checkpoint_now()
                 self._ckpt_no_space = False
             except OSError as exc:

@@ -112,10 +112,10 @@ class BookieConfig:
     flush_interval: int = _key("flushInterval", 60000, "ms between checkpoints (storage synced, lastMark written)")
     flush_entries_threshold: int = _key("flushEntriesThreshold", 200_000, "walkit: checkpoint early once this "
                                         "many entries wait in memory, bounding RAM")
-    write_cache_max_size_mb: int = _key("dbStorage_writeCacheMaxSizeMb", 64, "MiB of entries added since the last "
-                                        "checkpoint (the write cache, placed sorted by ledger at the next one) "
-                                        "before a checkpoint starts early; past twice this, adds are written "
-                                        "straight to the entry logs (BookKeeper: a quarter of direct memory)")
+    write_cache_max_size_mb: int = _key("dbStorage_writeCacheMaxSizeMb", 64, "MiB of entries the write cache "
+                                        "holds before it is placed in the entry logs, sorted by ledger (every "
+                                        "checkpoint places it too); past twice this, adds are written straight "
+                                        "to the entry logs (BookKeeper: a quarter of direct memory)")
     flush_entrylog_bytes: int = _key("flushEntrylogBytes", 2 << 20, "bytes a checkpoint writes to a ledger "
                                      "directory's entry log between two syncs of it (0: one sync at its end); small "
                                      "syncs spread the checkpoint's writeback, so journal syncs on the same disk do "

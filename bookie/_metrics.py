@@ -121,6 +121,8 @@ class BookieCollector:
         yield CounterMetricFamily("walkit_bookie_checkpoints", "Checkpoints (storage flushed, mark written)",
                                   value=bookie.checkpoints)
         yield bookie.checkpoint_seconds.family("walkit_bookie_checkpoint_seconds", "Time one checkpoint took")
+        yield CounterMetricFamily("walkit_bookie_write_cache_placements", "Times a full write cache was placed in "
+                                  "the entry logs between two checkpoints", value=bookie.placements)
         yield from _gc(bookie)
 
 
@@ -179,8 +181,8 @@ def _storage(server: BookieServer) -> Iterator[Metric]:
         bound.add_metric([name], stats["max_bytes"])
     yield from (hits, misses, held, bound)
     yield GaugeMetricFamily("walkit_bookie_write_cache_bytes", "Bytes of entries in the write cache, waiting to "
-                            "be placed in the entry logs by a flush (a checkpoint starts early at "
-                            "dbStorage_writeCacheMaxSizeMb; past twice that adds are written through)",
+                            "be placed in the entry logs (at dbStorage_writeCacheMaxSizeMb, or by a checkpoint; "
+                            "past twice that adds are written through)",
                             value=server.bookie.storage.cached_bytes())
 
 

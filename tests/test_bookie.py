@@ -11,6 +11,7 @@ import os
 import random
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -1183,6 +1184,44 @@ def test_a_batch_looks_up_all_its_ledgers_at_once_as_one_by_one(mem: Place) -> N
     assert views[4] == (b"k4", False, False) and views[5][2], views
     records.drop([key, fence], BookieShutdownError("test over"))
     assert records.look_many(ids) == {i: records.look(i) for i in ids}
+
+
+def test_a_full_write_cache_is_placed_not_checkpointed() -> None:
+    """Once the write cache holds ``dbStorage_writeCacheMaxSizeMb``, the checkpoint thread
+    places it in the entry logs and does not checkpoint: the mark stays (the journal still
+    holds every entry), the locations wait in memory for the next checkpoint's index
+    write, reads find the entries in the logs; a power cut then loses nothing, and a
+    checkpoint after it writes the index."""
+    fs = MemFS()
+    values: dict[str, Any] = dict(bookie_id="b:1", journal_directory="/bk/journal", ledger_directories=["/bk/led"],
+                                  journal_pre_alloc_size_mb=1, flush_interval=3_600_000, write_cache_max_size_mb=1)
+    b = Bookie(BookieConfig(**values), fs=fs)
+    b.start()
+    mark, checkpoints = highest_mark(fs, ["/bk/led"]), b.checkpoints  # the start's checkpoint
+    sent = {e: entry(1, e, bytes([e]) * (64 << 10)) for e in range(48)}  # 3 MiB
+    for fut in [b.add_entry(1, e, KEY, data) for e, data in sent.items()]:
+        ok(fut)
+    deadline = time.monotonic() + 20
+    while b.storage.cached_bytes() >= 1 << 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert b.placements >= 2 and b.storage.cached_bytes() < 1 << 20, (b.placements, b.storage.cached_bytes())
+    assert b.checkpoints == checkpoints and highest_mark(fs, ["/bk/led"]) == mark, "placed, not checkpointed"
+    assert b.storage.pending_index_entries() >= 32  # placed: located in the logs, not indexed yet
+    assert all(b.read_entry(1, e) == data for e, data in sent.items())
+    fs.arm_crash(1)  # the power goes: the shutdown's checkpoint cannot happen
+    with contextlib.suppress(Exception):
+        b.shutdown()
+    fs.crash()
+    b = Bookie(BookieConfig(**values), fs=fs)
+    b.start()  # replays the journal from the mark
+    try:
+        assert b.replay_report is not None and b.replay_report.entries == len(sent)
+        assert all(b.read_entry(1, e) == data for e, data in sent.items())
+        b.checkpoint()
+        assert b.storage.pending_index_entries() == 0 and b.storage.cached_bytes() == 0
+        assert all(b.read_entry(1, e) == data for e, data in sent.items())
+    finally:
+        b.shutdown()
 
 
 def test_a_long_journal_is_replayed_a_write_cache_at_a_time() -> None:

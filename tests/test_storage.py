@@ -273,7 +273,9 @@ def test_adds_are_not_starved_by_a_placing_flush(monkeypatch: pytest.MonkeyPatch
         appended[0] = 0
         flusher = threading.Thread(target=s.flush)
         flusher.start()
+        deadline = time.monotonic() + 30
         while appended[0] < 25:  # the placement is under way, mid-batch
+            assert flusher.is_alive() and time.monotonic() < deadline, "the placement did not get under way"
             time.sleep(0.0002)
         before = appended[0]
         s.add_entry(2, 0, b"y")
@@ -287,13 +289,14 @@ def test_adds_are_not_starved_by_a_placing_flush(monkeypatch: pytest.MonkeyPatch
 @pytest.mark.parametrize("every", [64 << 10, 0])
 def test_a_flush_syncs_its_logs_as_it_places_them(monkeypatch: pytest.MonkeyPatch, every: int) -> None:
     """With ``placement_sync_bytes`` (flushEntrylogBytes), a flush syncs a dir's log each
-    time it placed that much, outside the storage lock, before the index is written: the
-    writeback goes out in small syncs, not one large one a journal on the same disk would
-    wait behind. With 0, the log is synced once, after the placement."""
-    s = LedgerStorage(MemFS(), ["/d"], placement_sync_bytes=every)
+    time that much more of it was written out, outside the storage lock, before the index
+    is written: the writeback goes out in small syncs, each with new data, not one large
+    one a journal on the same disk would wait behind. With 0, the log is synced once,
+    after the placement."""
+    s = LedgerStorage(MemFS(), ["/d"], placement_sync_bytes=every)  # log buffers of 256 KiB
     s.open()
-    for e in range(700):
-        s.add_entry(e % 7, e // 7, b"x" * 1000)  # ~700 KB, 7 ledgers interleaved
+    for e in range(2100):
+        s.add_entry(e % 7, e // 7, b"x" * 1000)  # ~2.1 MB, 7 ledgers interleaved
     synced: list[int] = []  # the log's length at each of its syncs
     sync = _MemFile.sync
 
@@ -306,12 +309,31 @@ def test_a_flush_syncs_its_logs_as_it_places_them(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(_MemFile, "sync", spy)
     s.flush()
     if every:
-        assert len(synced) >= 7  # each ledger's batch (~100 KB) passed 64 KiB: a sync after each
-        assert synced == sorted(synced) and synced[0] < 200_000  # as the log grew, from its start
+        assert len(synced) >= 6  # about one a buffer written out (~8 of them), and the flush's own
+        assert synced[0] > 0 and all(a < b for a, b in zip(synced, synced[1:])), synced  # each found new data
+        assert synced[-2] > 1_500_000  # the placement's syncs went on to near the end
     else:
-        assert len(synced) == 1 and synced[0] > 700_000  # once, everything placed
+        assert len(synced) == 1 and synced[0] > 2_100_000  # once, everything placed
     monkeypatch.undo()
-    assert all(s.get_entry(e % 7, e // 7) == b"x" * 1000 for e in range(700))
+    assert all(s.get_entry(e % 7, e // 7) == b"x" * 1000 for e in range(2100))
+    s.close()
+
+
+def test_a_placement_yields_by_the_entries_placed_not_by_the_ledgers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The placement yields (``time.sleep(0)``) once per ``PLACE_BATCH`` entries (or
+    ``PLACE_BATCH_BYTES``) placed, across ledgers: a cache of 3,000 ledgers of one entry
+    each is placed with 3 yields, not 3,000 (each yield may wait a switch interval, 5 ms,
+    for a busy thread to give the interpreter back)."""
+    s = LedgerStorage(MemFS(), ["/d"])
+    s.open()
+    for ledger in range(3000):
+        s.add_entry(ledger, 0, b"e%d" % ledger)
+    yields = []
+    monkeypatch.setattr(storage_module.time, "sleep", lambda seconds: yields.append(seconds))
+    s.flush()
+    monkeypatch.undo()
+    assert yields == [0] * (3000 // storage_module.PLACE_BATCH)
+    assert all(s.get_entry(ledger, 0) == b"e%d" % ledger for ledger in range(0, 3000, 7))
     s.close()
 
 

@@ -119,6 +119,17 @@ def test_append_many_in_order_with_single_appends_and_across_entries(bk: walkit.
         assert list(replayed.values()) == [b"first", *batch, *(b"after %d" % i for i in range(50)), b"ba", b"mv"]
 
 
+def test_a_flush_waits_for_a_group_without_making_its_lsns(bk: walkit.BookKeeper) -> None:
+    """``flush()`` after ``append_many`` waits for the group on the client's loop without
+    taking its result: the LSNs are made by the caller who asks for them, not there."""
+    with WriteAheadLog.open(bk, "many-flush") as wal:
+        many = wal.append_many([b"r%d" % i for i in range(300)])
+        last = wal.flush()
+        assert isinstance(many, ManyFuture) and many.done() and many.runs and many._result is None
+        lsns = many.result()
+        assert len(lsns) == 300 and lsns[-1] == last and not many.runs
+
+
 def test_append_many_refuses_bad_input_whole(bk: walkit.BookKeeper) -> None:
     with WriteAheadLog.open(bk, "strict", max_entry_bytes=4096, max_record_bytes=6000) as wal:
         lsn = wal.append(b"ok")

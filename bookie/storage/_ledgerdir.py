@@ -21,7 +21,9 @@ found, and never appends to an old log (its tail may hold torn records after a c
 :meth:`LedgerDir.begin_flush` hands the flush every log written since the last flush;
 rolled logs are closed only after that flush synced them. Assumptions: the storage's
 lock serialises every call except the syncs of a :class:`LogFlush`, which a single
-flush performs outside that lock. Recovery: :meth:`LedgerDir.scan_logs` and
+flush performs outside that lock, and the syncs of the active log a placement makes
+outside it (``flushEntrylogBytes``); both run under the storage's flush lock, which
+keeps every log they sync open. Recovery: :meth:`LedgerDir.scan_logs` and
 :meth:`LedgerDir.scan_index` parse names strictly (a foreign name is a FormatError) and
 remove ``.idx.tmp`` leftovers: they belong to a flush that never completed, which
 promised nothing (the journal still holds what it was writing).

@@ -13,7 +13,11 @@ crash-safety argument:
    is appended as a record to the active entry log of its ledger's dir
    (``ledger_id % len(dirs)``) through an in-memory buffer, and its location goes into
    a *pending* map (a batch of entries per lock acquisition; a ledger's entries added
-   between two flushes so lie one after another in the log);
+   between two placements so lie one after another in the log). The placement syncs an
+   active log each time ``placement_sync_bytes`` more of it was written out, outside the
+   lock: only earlier than step 2 would, which orders nothing differently.
+   :meth:`LedgerStorage.place` does this step alone (the bookie, when the write cache is
+   full between checkpoints): the pending map then waits for the next flush;
 1. under the lock: write out the log buffers, take the pending map and snapshots of the
    dirty headers (new adds go to the write cache meanwhile);
 2. without the lock: sync every entry log written since the last flush, fsync the logs
@@ -26,7 +30,8 @@ crash-safety argument:
 So an index slot never points at bytes that are not durable; after a crash an entry
 is either reachable and byte-identical or absent, and everything a completed flush
 covered is there. The RAM kept per entry is the write cache (the entries added since
-the last flush began) and the pending map while a flush runs.
+the last placement began) and the pending map (a location per entry placed since the
+last flush; the bookie bounds it with ``flushEntriesThreshold``).
 
 Reads look an entry up under the lock (the write cache, the pending and flushing maps,
 then the index slot) and read and verify its record outside it; an entry still in a log's write buffer
@@ -475,6 +480,14 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             return sum(len(m) for t in (self._pending, self._flushing) for m in t.values()) + self._cache.count()
 
     # --- flush ----------------------------------------------------------------------
+    def place(self) -> None:
+        """Place the write cache in the entry logs now (a flush's step 0, alone): the
+        entries leave memory for the logs, their locations wait in memory for the next
+        flush, which writes the index. A full disk raises (what was not placed stays
+        cached); any other I/O error fails the storage."""
+        with self._flush_lock:
+            self._place()
+
     def flush(self) -> None:
         """Make everything added so far durable (see the module docstring for the order).
         A full disk (ENOSPC while writing a log buffer or an index file) makes the flush
@@ -502,18 +515,21 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
     def _place(self) -> None:
         """Step 0 (flush lock held): the write cache's entries appended to their dirs'
         logs, ledger by ledger and entry by entry in id order, their locations put in the
-        pending map, ``PLACE_BATCH`` entries or ``PLACE_BATCH_BYTES`` (the first entry
-        always) per acquisition of the lock, yielding between two. Each time it placed
-        ``placement_sync_bytes`` in a dir, that dir's active log is synced, outside the
-        lock: the flush's writeback is spread in small syncs, so that a journal on the same
-        disk never waits behind a large one (and the flush's own sync finds little left).
+        pending map, at most ``PLACE_BATCH`` entries or ``PLACE_BATCH_BYTES`` (the first
+        entry always) of one ledger per acquisition of the lock; after each such amount
+        placed (across ledgers) it yields, so that an add waiting for the lock gets it.
+        Each time ``placement_sync_bytes`` more of a dir's active log was written out, that
+        log is synced, outside the lock: the flush's writeback goes to the disk in small
+        syncs, so that a journal on the same disk never waits behind a large one (and the
+        flush's own sync finds little left; the flush lock keeps the log open meanwhile).
         A full disk (no room for a new log) stops it: the rest stays cached for the next
         flush."""
         cache = self._cache
         with self._lock:
             self._check_writable()
             ledgers = cache.begin()
-        unsynced: dict[int, int] = {}
+        synced: dict[int, tuple[EntryLogWriter, int]] = {}  # dir -> a log, and its bytes written out when synced
+        since_entries = since_bytes = 0  # placed since the last yield
         for ledger_id in ledgers:
             # only this flush changes ``placing`` (the flush lock): sorted without the lock
             order = cache.order(ledger_id)
@@ -538,13 +554,27 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                                 at += 1
                     finally:
                         cache.placed(ledger_id, order[start:at], size)
-                    unsynced[d.number] = unsynced.get(d.number, 0) + size
-                    writer = d.writer if self._placement_sync and unsynced[d.number] >= self._placement_sync else None
-                if writer is not None:  # synced outside the lock: adds go on meanwhile
-                    unsynced[d.number] = 0
+                    to_sync = self._due_sync(d, synced)
+                if to_sync is not None:  # outside the lock: adds go on meanwhile
                     with self._failing:
-                        writer.file.sync()
-                time.sleep(0)  # let an add waiting for the lock take it: released, it is retaken at once
+                        to_sync.file.sync()
+                since_entries, since_bytes = since_entries + at - start, since_bytes + size
+                if since_entries >= PLACE_BATCH or since_bytes >= PLACE_BATCH_BYTES:
+                    since_entries = since_bytes = 0
+                    time.sleep(0)  # an add woken by the lock's release takes it: else it is retaken at once
+
+    def _due_sync(self, d: LedgerDir, synced: dict[int, tuple[EntryLogWriter, int]]) -> EntryLogWriter | None:
+        """(Lock held, placing) ``d``'s active log if ``placement_sync_bytes`` more of it
+        were written out since its last sync by this placement (noted as synced now)."""
+        w = d.writer
+        if not self._placement_sync or w is None:
+            return None
+        last = synced.get(d.number)
+        done = last[1] if last is not None and last[0] is w else 0
+        if w.buffer_start - done < self._placement_sync:
+            return None
+        synced[d.number] = (w, w.buffer_start)
+        return w
 
     def _begin_flush(self) -> _FlushPlan:
         for d in self._dirs:  # first, as it may find the disk full: nothing is taken yet

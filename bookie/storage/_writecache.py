@@ -12,31 +12,33 @@ A flush first *places* the cache (:meth:`WriteCache.begin` swaps :attr:`active` 
 :attr:`placing`, where adds made meanwhile cannot land): ledger by ledger in id order,
 entry by entry in id order, each entry is appended to its ledger dir's active log and its
 location goes into the storage's pending map, in batches of at most ``PLACE_BATCH``
-entries and ``PLACE_BATCH_BYTES`` under the storage lock (the sorting is done outside
-it). Between two batches the flush yields (``time.sleep(0)``), so that an add woken by
-the release takes the lock before the flush retakes it: an add waits for the batch under
-way, not for the whole placement. Each time it placed ``flushEntrylogBytes`` (2 MiB) in a
-ledger dir, it syncs that dir's active log, outside the lock: the placement's writeback
-goes to the disk in small syncs, not in one large one at the end, which a journal syncing
-on the same disk would wait behind. Then the flush goes on
-as it always did (sync the logs, write the index). So the records of one ledger added
-between two flushes lie one after another in the logs, whatever else was added among
-them: a reader of that ledger later reads them with few preads, and the read-ahead reads
-only that ledger's bytes.
+entries and ``PLACE_BATCH_BYTES`` of one ledger under the storage lock (the sorting is
+done outside it). After each such amount placed (across ledgers) the placement yields
+(``time.sleep(0)``), so that an add woken by the lock's release usually takes it before
+the placement retakes it: an add waits for about a batch, not for the whole placement.
+Each time ``flushEntrylogBytes`` (2 MiB) more of a dir's active log was written out, the
+placement syncs that log, outside the lock: its writeback goes to the disk in small
+syncs, not in one large one at the end, which a journal syncing on the same disk would
+wait behind. Then the flush goes on as it always did (sync the logs, write the index).
+The bookie also places a full cache between checkpoints (:meth:`LedgerStorage.place`:
+this step alone; the locations wait in the pending map for the next checkpoint). So the
+records of one ledger added between two placements lie one after another in the logs,
+whatever else was added among them: a reader of that ledger later reads them with few
+preads, and the read-ahead reads only that ledger's bytes.
 
 Reads look in the cache first (:attr:`active`, then :attr:`placing`: the newest copy);
 an entry leaves the cache only once its location is in the pending map, under the same
-lock, so a reader finds it in one place or the other. A flush that fails while placing
-(a full disk: no room for a new log) leaves what it did not place in :attr:`placing`;
-the next flush places it first (adds made since are newer: they replace it).
+lock, so a reader finds it in one place or the other. A placement that fails (a full
+disk: no room for a new log) leaves what it did not place in :attr:`placing`; the next
+one places it first (adds made since are newer: they replace it).
 
-Memory: the cache holds the entries added since the last flush started (and those a
-running flush has not placed yet). The bookie starts a checkpoint early once it holds
-``dbStorage_writeCacheMaxSizeMb`` (:meth:`LedgerStorage.cached_bytes`), as it does
-after ``flushEntriesThreshold`` adds. It never holds more than twice that: past it (adds
-faster than checkpoints place them) an add is written straight to its dir's log, in
-arrival order, as it was before the cache existed - unless the cache holds a copy of
-that entry, which the newer one must replace there (newest wins).
+Memory: the cache holds the entries added since the last placement started (and those
+a running one has not placed yet). The bookie places it once it holds
+``dbStorage_writeCacheMaxSizeMb`` (:meth:`LedgerStorage.cached_bytes`), and every
+checkpoint places it first. It never holds more than twice that: past it (adds faster
+than placements) an add is written straight to its dir's log, in arrival order, as it
+was before the cache existed - unless the cache holds a copy of that entry, which the
+newer one must replace there (newest wins).
 """
 
 from __future__ import annotations

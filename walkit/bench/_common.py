@@ -8,6 +8,8 @@ import collections
 import contextlib
 import os
 import shutil
+import sqlite3
+import struct
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -86,6 +88,21 @@ def create_ledger_waiting(bk: BookKeeper, ensemble: int, write_quorum: int, ack_
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def framed_record(payload: bytes) -> bytes:
+    """A record as the local-file baselines keep it: its length (4 bytes, big-endian), then it."""
+    return struct.pack(">I", len(payload)) + payload
+
+
+def sqlite_log(path: Path) -> sqlite3.Connection:
+    """The SQLite baselines' database: WAL mode, ``synchronous=FULL``, a table ``log``
+    (``seq`` integer key, ``record`` blob), autocommit (``BEGIN`` / ``COMMIT`` by hand)."""
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE log (seq INTEGER PRIMARY KEY, record BLOB NOT NULL)")
+    return db
 
 
 def latency_percentiles(samples_ns: list[int]) -> dict[str, float]:

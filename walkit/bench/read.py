@@ -79,9 +79,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from walkit.bench._common import Meter, bench_cluster, latency_percentiles
+from walkit.bench._common import Meter, bench_cluster, framed_record, latency_percentiles, sqlite_log
 from walkit.bench._visibility import visibility
-from walkit.client import BookieClient, BookKeeper
+from walkit.client import BookieClient, BookKeeper, LedgerHandle
 from walkit.errors import InvalidArgumentError
 from walkit.wal import LSN, WriteAheadLog
 
@@ -209,20 +209,23 @@ def _read_report(meter: Meter, caches: CacheMeter | None, records: int, size: in
             "other_cpu_cores": report["other_cpu_cores"], "steal_cores": report["steal_cores"]}
 
 
-def _write_ledger(bk: BookKeeper, count: int, size: int) -> tuple[int, dict[str, Any]]:
-    """A closed ledger of ``count`` entries of ``size`` bytes; its id and write rate."""
+def _write_ledger(bk: BookKeeper, count: int, size: int, *,
+                  close: bool = True) -> tuple[LedgerHandle, dict[str, Any]]:
+    """A ledger of ``count`` entries of ``size`` bytes added pipelined (closed unless
+    ``close`` is False); its handle and write rate."""
     data = os.urandom(size)
     started = time.perf_counter()
     lh = bk.create_ledger(ENSEMBLE, WRITE_QUORUM, ACK_QUORUM)
-    pending = []
+    pending: collections.deque[Future[int]] = collections.deque()
     for _ in range(count):
         pending.append(lh.add_entry_async(data))
         if len(pending) >= LEDGER_WINDOW:
-            pending.pop(0).result()
+            pending.popleft().result()
     for fut in pending:
         fut.result()
-    lh.close()
-    return lh.ledger_id, _written(count, started, size)
+    if close:
+        lh.close()
+    return lh, _written(count, started, size)
 
 
 def _read_ledger(bk: BookKeeper, ledger_id: int, meter: Meter, caches: CacheMeter) -> dict[str, Any]:
@@ -240,48 +243,52 @@ def _catch_up(bk: BookKeeper, reader_bk: BookKeeper, count: int, size: int, mete
               caches: CacheMeter) -> dict[str, Any]:
     """A ledger still being written, read by a follower that starts ``count`` entries behind.
 
-    ``count`` entries of ``size`` bytes are added pipelined (the backlog); then, while the
-    writer goes on adding ``CATCH_UP_WRITES`` entries a second, a reader on another client
-    opens the ledger without recovery and follows it (``ReadHandle.follow``) from entry 0
-    until it has read the backlog. The catch-up's row, and the backlog's write rate."""
+    ``count`` entries of ``size`` bytes are added pipelined (the backlog; one more, whose
+    add tells the bookies the backlog's last entry is confirmed, so the follower can read
+    to it whatever the writer does next); then, while the writer goes on adding
+    ``CATCH_UP_WRITES`` entries a second, a reader on another client opens the ledger
+    without recovery and follows it (``ReadHandle.follow``) from entry 0 until it has read
+    the backlog. The catch-up's row, and the backlog's write rate."""
+    lh, written = _write_ledger(bk, count, size, close=False)
     data = os.urandom(size)
-    started = time.perf_counter()
-    lh = bk.create_ledger(ENSEMBLE, WRITE_QUORUM, ACK_QUORUM)
-    pending: collections.deque[Future[int]] = collections.deque()
-    for _ in range(count):
-        pending.append(lh.add_entry_async(data))
-        if len(pending) >= LEDGER_WINDOW:
-            pending.popleft().result()
-    for fut in pending:
-        fut.result()
-    written = _written(count, started, size)
-    stop = threading.Event()
-    added: list[Future[int]] = []
-
-    def keep_writing() -> None:  # CATCH_UP_WRITES a second, in bursts of a tenth of them
-        burst = max(1, CATCH_UP_WRITES // 10)
-        while not stop.wait(0.1):
-            added.extend(lh.add_entry_async(data) for _ in range(burst))
-
-    writer = threading.Thread(target=keep_writing, name="catch-up-writer", daemon=True)
-    writer.start()
     try:
-        entries = read = 0
-        caches.start()
-        meter.start()
-        with reader_bk.open_ledger(lh.ledger_id, recovery=False) as rh:
-            for entry in rh.follow(0):
-                entries += 1
-                read += len(entry.data)
-                if entry.entry_id >= count - 1:
-                    break
-        report = _read_report(meter, caches, entries, read)
+        lh.add_entry(data)
+        stop = threading.Event()
+        added: list[Future[int]] = []
+        failed: list[BaseException] = []
+
+        def keep_writing() -> None:  # CATCH_UP_WRITES a second, in bursts of a tenth of them
+            burst = max(1, CATCH_UP_WRITES // 10)
+            try:
+                while True:
+                    added.extend(lh.add_entry_async(data) for _ in range(burst))
+                    if stop.wait(0.1):
+                        return
+            except BaseException as exc:  # noqa: BLE001 - raised again by the benchmark's thread
+                failed.append(exc)
+
+        writer = threading.Thread(target=keep_writing, name="catch-up-writer", daemon=True)
+        writer.start()
+        try:
+            entries = read = 0
+            caches.start()
+            meter.start()
+            with reader_bk.open_ledger(lh.ledger_id, recovery=False) as rh:
+                for entry in rh.follow(0):
+                    entries += 1
+                    read += len(entry.data)
+                    if entry.entry_id >= count - 1:
+                        break
+            report = _read_report(meter, caches, entries, read)
+        finally:
+            stop.set()
+            writer.join()
+        if failed:
+            raise failed[0]
+        for fut in added:
+            fut.result()  # the writer's adds all succeeded: the ledger was being written throughout
     finally:
-        stop.set()
-        writer.join()
-    for fut in added:
-        fut.result()  # the writer's adds all succeeded: the ledger was being written throughout
-    lh.close()
+        lh.close()
     if entries != count:
         raise RuntimeError(f"the catch-up read {entries:,} entries, not {count:,}")
     return {"written": written, "catching up": report | {"written_meanwhile": len(added)}}
@@ -291,8 +298,7 @@ def _file_baseline(path: Path, size: int, count: int, meter: Meter) -> dict[str,
     """The naive local log read back: ``count`` length-prefixed records of ``size`` bytes
     in one file (written, fsynced), read from its start in blocks of ``FILE_BLOCK`` bytes,
     each record cut out (a copy, as a reader hands it on): cold, then hot."""
-    record = os.urandom(size)
-    framed = struct.pack(">I", size) + record
+    framed = framed_record(os.urandom(size))
     started = time.perf_counter()
     with open(path, "wb") as f:
         per_block = max(1, FILE_BLOCK // len(framed))
@@ -333,11 +339,8 @@ def _sqlite_baseline(path: Path, size: int, count: int, meter: Meter) -> dict[st
     bytes) inserted in one transaction, then ``SELECT`` in key order: cold, then hot."""
     record = os.urandom(size)
     started = time.perf_counter()
-    db = sqlite3.connect(path, isolation_level=None)
+    db = sqlite_log(path)
     try:
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.execute("CREATE TABLE log (seq INTEGER PRIMARY KEY, record BLOB NOT NULL)")
         db.execute("BEGIN")
         db.executemany("INSERT INTO log (record) VALUES (?)", itertools.repeat((record,), count))
         db.execute("COMMIT")
@@ -424,7 +427,8 @@ def _measure(bk: BookKeeper, reader_bk: BookKeeper, each_bk: BookKeeper, data: P
         "written": written, "cold": _replay(reader_bk, "one-per-entry", meter, caches) | {"files_dropped": dropped},
         "hot": _replay(reader_bk, "one-per-entry", meter, caches),
         "hot, entry by entry": _replay(each_bk, "one-per-entry", meter, caches)}
-    ledger_id, written = _write_ledger(bk, ledger_entries, 1024)
+    lh, written = _write_ledger(bk, ledger_entries, 1024)
+    ledger_id = lh.ledger_id
     time.sleep(2 * BOOKIE_OPTIONS["flush_interval"] / 1000)
     dropped = _drop_page_cache(data)
     out["replay"]["ledger-1024"] = {

@@ -48,14 +48,14 @@ import functools
 import operator
 import os
 import sqlite3
-import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from walkit._local_cluster import LocalCluster
-from walkit.bench._common import Meter, bench_cluster, journals_o_direct, latency_percentiles, window_loop
+from walkit.bench._common import (Meter, bench_cluster, framed_record, journals_o_direct, latency_percentiles,
+                                  sqlite_log, window_loop)
 from walkit.bench._visibility import visibility
 from walkit.client import BookKeeper
 from walkit.errors import InvalidArgumentError
@@ -183,7 +183,7 @@ def _wal_report(report: dict[str, Any], latencies: list[int], entries: _Entries,
 def _file_fdatasync(path: Path, payload: bytes, meter: Meter, warmup: float, seconds: float) -> dict[str, Any]:
     """The naive local log: append a length-prefixed record, fdatasync, next."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    framed = struct.pack(">I", len(payload)) + payload
+    framed = framed_record(payload)
     write, sync = os.write, os.fdatasync
 
     def step() -> int:
@@ -200,11 +200,8 @@ def _file_fdatasync(path: Path, payload: bytes, meter: Meter, warmup: float, sec
 
 def _sqlite(path: Path, payload: bytes, meter: Meter, warmup: float, seconds: float, batch: int) -> dict[str, Any]:
     """SQLite in WAL mode with synchronous=FULL: ``batch`` inserts per transaction."""
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
+    db = sqlite_log(path)
     try:
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.execute("CREATE TABLE log (seq INTEGER PRIMARY KEY, record BLOB NOT NULL)")
         insert, rows = "INSERT INTO log (record) VALUES (?)", [(payload,)] * batch
 
         def one() -> int:

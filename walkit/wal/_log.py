@@ -777,8 +777,7 @@ class WriteAheadLog(_LogView):
 
     async def _flushed(self, last: Future[Any] | None) -> LSN | None:
         if last is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wrap_future(last)  # the error (if any) is the records' to report
+            await _done(last)  # its error (if any) is the records' to report
         await self._wait_idle()
         if self._error is not None:
             raise self._error
@@ -1177,6 +1176,26 @@ class _LargeRecord:
         self.count = fragment_count(len(record), room)
         self.index = 0  # the next fragment to send
         self.queued_at = queued_at
+
+
+async def _done(fut: Future[Any]) -> None:
+    """(Client loop) until ``fut`` is done, its result not taken: a group's LSNs
+    (``append_many``) are made by whoever asks for them, not by a flush that waits."""
+    if fut.done():
+        return
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: Future[Any]) -> None:
+        loop.call_soon_threadsafe(_resolve, waiter)
+
+    fut.add_done_callback(wake)
+    await waiter
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _settle(node: _LogNode, present: Any) -> bool | None:

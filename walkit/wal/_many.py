@@ -40,10 +40,11 @@ class ManyFuture(QuickFuture[list[LSN]]):
 
     The completer (the client's loop) records only where the group's records went - a run
     ``(segment, entry, first slot, end slot)`` an entry - and the list of LSNs is made by the
-    first ``result()`` (the caller's thread, or the loop of an asyncio caller). An LSN made
-    on the loop would live until the caller takes it; made when taken, it lives as long as
-    the caller keeps it, and the loop, which every entry's acknowledgements wait for, spends
-    nothing a record on the group."""
+    first ``result()`` (the caller's thread, or the loop of an asyncio caller; a done
+    callback that asks makes it where it runs). An LSN made on the client's loop would live
+    until the caller takes it; made when taken, it lives as long as the caller keeps it,
+    and the client's loop, which every entry's acknowledgements wait for, does not make
+    them (``WriteAheadLog.flush`` waits for a group without taking its result)."""
 
     __slots__ = ("runs", "waiting")
 
@@ -68,6 +69,7 @@ class ManyFuture(QuickFuture[list[LSN]]):
                 lsns = self._result
                 if lsns is None:
                     lsns = self._result = list(chain.from_iterable(LSN._slots_between(*run) for run in self.runs))
+                    self.runs = []  # made: not needed any more
         return lsns
 
 
