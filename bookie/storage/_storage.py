@@ -110,7 +110,7 @@ READ_AHEAD_BATCH = 100
 READ_AHEAD_BATCH_BYTES = 1 << 20
 RECENT_WRITES_CACHE = 16 << 20
 WRITE_CACHE = 64 << 20  # dbStorage_writeCacheMaxSizeMb's default: adds are written through past twice that
-PLACEMENT_SYNC = 2 << 20  # flushEntrylogBytes' default: a flush syncs a dir's log each time it placed this much
+PLACEMENT_SYNC = 2 << 20  # flushEntrylogBytes' default: a placement syncs a log each time this much more is written
 _READ_AHEAD_WAIT = 10.0  # seconds a read waits for a running read-ahead of its entry at most
 
 
@@ -159,7 +159,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             for i, root in enumerate(ledger_dirs)
         ]
         self._flush_lock = threading.Lock()
-        #: bytes a flush places in a dir's log between two syncs of it (0: synced once, at the end)
+        #: bytes of a dir's log a placement writes out between two syncs of it (0: synced by the flush only)
         self._placement_sync = placement_sync_bytes
         #: entries added since the last flush, placed sorted by the next (guarded by the lock)
         self._cache = WriteCache()
