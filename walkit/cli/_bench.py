@@ -199,8 +199,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      "(default 1,000,000; full size 10,000,000)")
     bsc.add_argument("--concurrent", type=int, default=10_000, help="throughput: most ledgers written at once; "
                      "1, 100, 1,000 below it are measured too (default 10,000)")
-    bsc.add_argument("--seconds", type=float, default=10.0, help="throughput: duration of each row after a 1 s "
-                     "warm-up (default 10)")
+    bsc.add_argument("--seconds", type=float, default=20.0, help="throughput: duration of each row after a 1 s "
+                     "warm-up, long enough for checkpoints to be part of it (default 20)")
     bsc.add_argument("--in-flight", type=int, default=1000, help="throughput: adds in flight (default 1000)")
     bsc.add_argument("--gib", type=float, default=1.0, help="restart: GiB stored at the largest point; 0, 1/100 "
                      "and 1/10 are measured too (default 1; full size 10)")
