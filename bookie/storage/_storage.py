@@ -291,8 +291,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         return bytes(data), self._writable_state(ledger_id)
 
     def cached_bytes(self) -> int:
-        """Bytes of the entries in the write cache: added since the last flush began, or
-        not placed yet by a flush running (or one that failed)."""
+        """Bytes of the entries in the write cache: added since the last placement began,
+        or not placed yet by one running (or one that failed)."""
         return self._cache.bytes
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes:

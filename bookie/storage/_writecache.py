@@ -55,7 +55,7 @@ class WriteCache:
     __slots__ = ("active", "placing", "bytes")
 
     def __init__(self) -> None:
-        #: entries added since the last flush began: ledger id -> entry id -> data
+        #: entries added since the last placement began: ledger id -> entry id -> data
         self.active: dict[int, dict[int, bytes]] = {}
         #: entries a flush is placing (or a failed flush left): read as the cache's older half
         self.placing: dict[int, dict[int, bytes]] = {}
@@ -97,20 +97,20 @@ class WriteCache:
         self.bytes = max(0, self.bytes)
 
     def begin(self) -> list[int]:
-        """A flush starts placing: the active entries join those left to place (newer
+        """A placement starts: the active entries join those left to place (newer
         ones replace older); the ledgers to place, in id order."""
         if self.active:
-            if self.placing:
+            if self.placing:  # a failed placement's leftovers: newer copies replace theirs, recounted
                 for ledger_id, slots in self.active.items():
                     left = self.placing.get(ledger_id)
                     if left is None:
                         self.placing[ledger_id] = slots
                     else:
                         left.update(slots)
+                self.bytes = sum(sum(map(len, slots.values())) for slots in self.placing.values())
             else:
-                self.placing = self.active
+                self.placing = self.active  # the count stays exact: nothing merged
             self.active = {}
-            self.bytes = sum(sum(map(len, slots.values())) for slots in self.placing.values())
         return sorted(self.placing)
 
     def order(self, ledger_id: int) -> list[int]:
