@@ -1197,17 +1197,22 @@ def test_a_full_write_cache_is_placed_not_checkpointed() -> None:
                                   journal_pre_alloc_size_mb=1, flush_interval=3_600_000, write_cache_max_size_mb=1)
     b = Bookie(BookieConfig(**values), fs=fs)
     b.start()
-    mark, checkpoints = highest_mark(fs, ["/bk/led"]), b.checkpoints  # the start's checkpoint
-    sent = {e: entry(1, e, bytes([e]) * (64 << 10)) for e in range(48)}  # 3 MiB
-    for fut in [b.add_entry(1, e, KEY, data) for e, data in sent.items()]:
-        ok(fut)
-    deadline = time.monotonic() + 20
-    while b.storage.cached_bytes() >= 1 << 20 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert b.placements >= 2 and b.storage.cached_bytes() < 1 << 20, (b.placements, b.storage.cached_bytes())
-    assert b.checkpoints == checkpoints and highest_mark(fs, ["/bk/led"]) == mark, "placed, not checkpointed"
-    assert b.storage.pending_index_entries() >= 32  # placed: located in the logs, not indexed yet
-    assert all(b.read_entry(1, e) == data for e, data in sent.items())
+    try:
+        mark, checkpoints = highest_mark(fs, ["/bk/led"]), b.checkpoints  # the start's checkpoint
+        sent = {e: entry(1, e, bytes([e]) * (64 << 10)) for e in range(48)}  # 3 MiB, in two fills of 1.5 MiB
+        for fill, placed in ((range(24), 1), (range(24, 48), 2)):  # each fill is placed: the cache fills again
+            for fut in [b.add_entry(1, e, KEY, sent[e]) for e in fill]:
+                ok(fut)
+            deadline = time.monotonic() + 20
+            while (b.placements < placed or b.storage.cached_bytes() >= 1 << 20) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert b.placements >= placed and b.storage.cached_bytes() < 1 << 20, (b.placements, b.storage.cached_bytes())
+        assert b.checkpoints == checkpoints and highest_mark(fs, ["/bk/led"]) == mark, "placed, not checkpointed"
+        assert b.storage.pending_index_entries() >= 32  # placed: located in the logs, not indexed yet
+        assert all(b.read_entry(1, e) == data for e, data in sent.items())
+    except BaseException:
+        b.shutdown()  # no bookie threads left behind for later tests
+        raise
     fs.arm_crash(1)  # the power goes: the shutdown's checkpoint cannot happen
     with contextlib.suppress(Exception):
         b.shutdown()
