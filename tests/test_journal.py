@@ -851,6 +851,38 @@ def test_a_slow_disk_sends_kicked_batches_to_the_sync_thread(mem: Env, monkeypat
     assert acks.threads[1] == "bookie-journal-sync", acks.threads
 
 
+def test_an_inline_flush_wakes_no_other_thread(mem: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle journal's inline kick writes, syncs and calls back on the caller's thread
+    and leaves the journal's threads asleep: the sync thread is not woken at the flush's
+    end (a wake-up per lone add was a tenth of a bookie's CPU), nor the journal thread."""
+    from bookie.journal import _writer
+
+    monkeypatch.setattr(_writer, "INLINE_MAX_SYNC", 60.0)  # a slow test machine's disk still flushes inline
+    j = mem.journal()
+    acks = ThreadAcks()
+    j.log_entries([(1, 0, b"a")], acks, "a", defer=True)
+    j.kick()
+    assert acks.threads == [threading.current_thread().name]
+    deadline = time.monotonic() + 5  # both threads parked again after the first flush
+    while not (j._waiting == _writer._UNTIMED and j._sync_cond._waiters) and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.001)
+    woken: list[str] = []
+    for cond in (j._sync_cond, j._cond):  # a woken thread loops and waits again: counted here
+        wait = cond.wait
+
+        def counted(timeout: float | None = None, _wait: Any = wait) -> bool:
+            woken.append(threading.current_thread().name)
+            return bool(_wait(timeout))
+
+        monkeypatch.setattr(cond, "wait", counted)
+    for e in range(1, 51):
+        j.log_entries([(1, e, b"x")], acks, e, defer=True)
+        j.kick()
+    time.sleep(0.05)
+    assert acks.threads == [threading.current_thread().name] * 51 and j.stats.flushes == 51
+    assert woken == [], f"threads woken by inline flushes: {woken}"
+
+
 def test_a_kick_under_a_group_wait_wakes_the_journal_thread(mem: Env) -> None:
     """When the policy says wait (journalFlushWhenQueueEmpty off), the kick wakes the
     journal thread, which times the group wait and flushes for MAX_WAIT."""

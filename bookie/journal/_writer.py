@@ -244,8 +244,14 @@ class Journal:
         self._file_pos = 0  # file offset of the next batch; always aligned
         self._durable = LogMark(-1, 0)
         self._settled = LogMark(-1, 0)  # the durable mark, once the callbacks before it returned
-        # Hand-off to the sync thread: at most one batch in flight.
-        self._sync_cond = threading.Condition(threading.Lock())
+        # Hand-off to the sync thread: at most one batch in flight. Two conditions on one
+        # lock, so that each wake-up reaches only the thread that waits for it: the sync
+        # thread waits on _sync_cond for a batch (or the stop); the journal thread waits
+        # on _idle_cond for the flush in flight to end. An inline flush (kick) then wakes
+        # nobody when nobody waits - not the idle sync thread at every add.
+        sync_lock = threading.Lock()
+        self._sync_cond = threading.Condition(sync_lock)
+        self._idle_cond = threading.Condition(sync_lock)
         self._zero_block = fs.alloc_buffer(a)
         self._terminator: memoryview | None = None
         self._handoff: _Batch | None = None
@@ -482,7 +488,7 @@ class Journal:
             self._write_batch(batch)  # a failure killed the journal (and woke its thread)
         with self._sync_cond:  # records framed meanwhile woke the journal thread, which waits for this
             self._sync_busy = False
-            self._sync_cond.notify_all()
+            self._idle_cond.notify_all()
 
     def _reason(self) -> FlushReason | None:
         """The policy's verdict on the batch being built (producers, lock held)."""
@@ -509,6 +515,7 @@ class Journal:
             with self._sync_cond:
                 self._sync_stop = True
                 self._sync_cond.notify_all()
+                self._idle_cond.notify_all()
             if self._error is not None:
                 self._die(self._error)
 
@@ -637,7 +644,7 @@ class Journal:
         with self._sync_cond:
             while self._sync_busy and self._error is None:
                 waited = True
-                self._sync_cond.wait()
+                self._idle_cond.wait()
         if self._error is not None:
             raise self._error
         return waited
@@ -681,7 +688,7 @@ class Journal:
             with self._sync_cond:
                 self._handoff = None
                 self._sync_busy = False
-                self._sync_cond.notify_all()
+                self._idle_cond.notify_all()
             if failed:
                 return
 
