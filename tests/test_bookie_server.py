@@ -9,6 +9,7 @@ import shutil
 import ssl
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -542,6 +543,73 @@ def test_half_closed_client_gets_every_answer(tmp_path: Path) -> None:
             assert sorted(r.request_id for r in responses) == list(range(1, 201))
             assert all(isinstance(r, AddEntryResponse) for r in responses)
             writer.close()
+
+    run(body)
+
+
+def test_frames_split_across_reads_of_several_connections(tmp_path: Path) -> None:
+    """Every connection is read into the server's one read buffer: a frame split across
+    reads stays whole while other connections' reads come in between."""
+
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            streams = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(3)]
+            frames = {c: [encode_request(AddEntry(c + 1, e, KEY, entry(c + 1, e, payload=bytes([c]) * (3000 * e + 1)),
+                                                  request_id=e + 1)) for e in range(40)] for c in range(3)}
+            data = {c: b"".join(f) for c, f in frames.items()}
+            step = 997  # cuts frames anywhere, headers included
+            for off in range(0, max(len(d) for d in data.values()), step):
+                for c, (_, writer) in enumerate(streams):
+                    writer.write(data[c][off : off + step])
+                    await writer.drain()
+                await asyncio.sleep(0)
+            for c, (reader, writer) in enumerate(streams):
+                wire = ClientConnection()
+                for e in range(40):
+                    wire.send(AddEntry(c + 1, e, KEY, b""))
+                got: list[Response] = []
+                while len(got) < 40:
+                    got += wire.receive(await asyncio.wait_for(reader.read(1 << 16), 30))
+                assert sorted(r.request_id for r in got) == list(range(1, 41))
+                assert all(isinstance(r, AddEntryResponse) and r.ledger_id == c + 1 for r in got), got
+                writer.close()
+            client = await client_of(server)
+            for c in range(3):
+                for e in (0, 39):
+                    assert (await client.read_entry(c + 1, e)).data == entry(c + 1, e, payload=bytes([c]) * (3000 * e + 1))
+            await client.close()
+
+    run(body)
+
+
+def test_a_lone_add_is_answered_by_the_kick_that_flushed_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lone add on an idle bookie is flushed inline at the end of the loop iteration
+    that read it (journalInlineFlush) and its answer is written by that same kick: no
+    drain and no write are left for another loop iteration."""
+    from bookie.journal import _writer
+
+    monkeypatch.setattr(_writer, "INLINE_MAX_SYNC", 60.0)  # a slow test machine's disk still flushes inline
+
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            client = await client_of(server)
+            await client.add_entry(1, 0, KEY, entry(1, 0))
+            loop = asyncio.get_running_loop()
+            scheduled: list[str] = []
+            call_soon = loop.call_soon
+
+            def counted(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
+                owner = getattr(callback, "__self__", None)
+                if owner is server or type(owner).__module__ == "bookie.server":
+                    scheduled.append(callback.__name__)
+                return call_soon(callback, *args, **kwargs)
+
+            monkeypatch.setattr(loop, "call_soon", counted)
+            for e in range(1, 31):
+                await client.add_entry(1, e, KEY, entry(1, e))
+            monkeypatch.undo()
+            assert scheduled == ["_kick_journal"] * 30, scheduled
+            await client.close()
 
     run(body)
 
