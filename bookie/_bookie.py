@@ -125,6 +125,7 @@ def _journal_config(c: BookieConfig) -> JournalConfig:
         sync_data=c.journal_sync_data,
         direct_io=c.journal_direct_io,
         sync_warn=c.journal_sync_warn_millis / 1000.0,
+        zero_fill_rate=c.journal_zero_fill_rate_mb << 20,
     )
 
 

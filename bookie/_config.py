@@ -97,6 +97,10 @@ class BookieConfig:
     journal_max_backups: int = _key("journalMaxBackups", 5, "journal files kept behind the checkpoint mark")
     journal_recycle_files: int = _key("journalRecycleFiles", 2, "walkit: retired journals kept for reuse, so "
                                       "appends overwrite written blocks instead of converting fresh extents")
+    journal_zero_fill_rate_mb: int = _key(
+        "journalZeroFillRateMB", 64, "walkit: MiB/s of zeros a thread writes ahead of a new journal file's tail "
+        "(8 MiB ahead), so that adds land on written blocks rather than converting fallocated extents at each "
+        "fdatasync (0: off)")
     journal_alignment_size: int = _key("journalAlignmentSize", 4096, "bytes, a power of two >= 512 (>= 4096 with "
                                        "journalDirectIO): journal write alignment (BookKeeper: 512)")
     journal_sync_data: bool = _key("journalSyncData", True, "fdatasync before acknowledging (false: acknowledge "
@@ -267,6 +271,7 @@ class BookieConfig:
             "journalBufferedEntriesThreshold": self.journal_buffered_entries_threshold,
             "journalMaxBackups": self.journal_max_backups,
             "journalRecycleFiles": self.journal_recycle_files,
+            "journalZeroFillRateMB": self.journal_zero_fill_rate_mb,
             "flushEntrylogBytes": self.flush_entrylog_bytes,
             "dbStorage_readAheadCacheMaxSizeMb": self.read_ahead_cache_max_size_mb,
             "recentWritesCacheMaxSizeMb": self.recent_writes_cache_max_size_mb,

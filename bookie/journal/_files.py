@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bookie.fs import File, FileSystem, is_no_space
 from bookie.journal._format import JournalHeader, journal_name, parse_journal_name
@@ -53,16 +53,51 @@ class OpenJournal:
     prealloc_size: int
     #: the last step did not fit: batches reserve exactly their size (warned once)
     tight: bool = False
+    # Shared with the zero filler (bookie.journal._zero, whose docstring says why this is
+    # safe), under ``cond``: bytes below ``allocated`` are the journal's, the filler
+    # writes only at and past it.
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    #: the end of the last batch reserved
+    tail: int = 0
+    #: the filler fills up to here (0: this file is not filled)
+    zero_limit: int = 0
+    #: the filler is woken when a batch leaves fewer bytes than this filled ahead
+    zero_low_water: int = 0
+    #: while filled: a batch past the filled bytes fallocates this much at a time (the
+    #: filler's chunk), not ``prealloc_size``, so the filler soon takes over again
+    zero_step: int = 0
+    #: a chunk starting at ``allocated`` is being written
+    zeroing: bool = False
+    #: batches waiting for that chunk (the filler claims no other meanwhile)
+    waiters: int = 0
+    filler_parked: bool = False
+    detached: bool = False
 
     def reserve(self, end: int) -> None:
         """Make sure bytes up to ``end`` are allocated, so an fdatasync need not grow the
-        file (fallocate, in ``prealloc_size`` steps). When a whole step does not fit
-        (ENOSPC) exactly ``end`` is asked for: a nearly full disk still takes batches
-        until it is really full, rather than refusing writes with megabytes free. If
-        that fails too, the error is raised (:func:`bookie.fs.is_no_space` tells it)."""
-        if end <= self.allocated:
-            return
-        target = -(-end // self.prealloc_size) * self.prealloc_size
+        file: zero-filled by the filler already, or else fallocate, in ``prealloc_size``
+        steps. When a whole step does not fit (ENOSPC) exactly ``end`` is asked for: a
+        nearly full disk still takes batches until it is really full, rather than
+        refusing writes with megabytes free. If that fails too, the error is raised
+        (:func:`bookie.fs.is_no_space` tells it)."""
+        with self.cond:
+            self.tail = max(self.tail, end)
+            if end > self.allocated and self.zeroing:  # the chunk in flight starts at allocated
+                self.waiters += 1
+                try:
+                    while self.zeroing:
+                        self.cond.wait()
+                finally:
+                    self.waiters -= 1
+                self.cond.notify_all()  # the filler parked for us
+            elif self.filler_parked and self.allocated - end < self.zero_low_water:
+                self.cond.notify_all()  # the filler tops up the space ahead
+            if end > self.allocated:
+                self._allocate(end)
+
+    def _allocate(self, end: int) -> None:
+        step = self.zero_step if self.zero_limit and not self.detached else self.prealloc_size
+        target = -(-end // step) * step
         try:
             self.file.allocate(self.allocated, target - self.allocated)
         except OSError as exc:

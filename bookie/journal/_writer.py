@@ -107,6 +107,7 @@ from bookie.journal._format import FrameType, frame_seed
 from bookie.journal._framing import ENTRY, FrameBuffer, Segment
 from bookie.journal._mark import LogMark
 from bookie.journal._policy import FlushReason, GroupCommitPolicy, flush_reason, wait_timeout
+from bookie.journal._zero import ZeroFiller
 from walkit.errors import BookieShutdownError, InvalidArgumentError
 from walkit.logs import context
 from walkit.metrics import COUNT_BUCKETS, LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
@@ -137,6 +138,7 @@ class JournalConfig:
     direct_io: bool = True  # O_DIRECT when the file system allows it
     buffer_size: int = 1 << 20  # one segment; a larger batch is several (written with one pwritev)
     sync_warn: float = 1.0  # journalSyncWarnMillis (s here): a write+sync slower than this is logged
+    zero_fill_rate: int = 64 << 20  # walkit's journalZeroFillRateMB: zeros ahead of a new file's tail, bytes/s (0: off)
 
 
 @dataclass
@@ -240,6 +242,7 @@ class Journal:
             max_backups=config.max_backups, recycle_files=config.recycle_files,
         )
         self._current: OpenJournal | None = None
+        self._filler = ZeroFiller(fs, config.zero_fill_rate) if config.zero_fill_rate > 0 else None
         self._journal_id = -1
         self._file_pos = 0  # file offset of the next batch; always aligned
         self._durable = LogMark(-1, 0)
@@ -298,6 +301,8 @@ class Journal:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
+        if self._filler is not None:
+            self._filler.start()
         if no_space is not None and self.on_no_space is not None:
             self.on_no_space(no_space)
         return self._durable
@@ -323,6 +328,8 @@ class Journal:
             self._cond.notify()
         for t in self._threads:
             t.join()
+        if self._filler is not None:
+            self._filler.stop()
         if self._current is not None:
             self._current.file.close()
             self._current = None
@@ -808,7 +815,11 @@ class Journal:
         return self._journal_id if self._current is None else self._journal_id + 1
 
     def _open_file(self, journal_id: int) -> None:
+        """Open journal ``journal_id`` as the one appended to (the zero filler moves to it:
+        no zero write goes to the file before once this returns)."""
         cur = self._current = self._files.open(journal_id)
+        if self._filler is not None:
+            self._filler.attach(cur, self._cfg.max_size)
         self.direct = cur.file.direct
         self._journal_id = journal_id
         self._file_pos = self._cfg.alignment
