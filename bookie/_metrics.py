@@ -143,6 +143,13 @@ def _journal(bookie: object) -> Iterator[Metric]:
     yield CounterMetricFamily("walkit_bookie_journal_no_space",
                               "Journal batches refused because the disk had no room for them (ENOSPC)",
                               value=js.no_space)
+    zero_bytes, zero_failures = bookie.journal.zero_filled  # type: ignore[attr-defined]
+    yield CounterMetricFamily("walkit_bookie_journal_zero_filled_bytes",
+                              "Zeros written ahead of new journal files' tails (journalZeroFillRateMB)",
+                              value=zero_bytes)
+    yield CounterMetricFamily("walkit_bookie_journal_zero_fill_failures",
+                              "Zero writes ahead of a journal's tail that failed (each ended one file's filling)",
+                              value=zero_failures)
     yield js.sync_seconds.family("walkit_bookie_journal_sync_seconds", "One batch's write + fdatasync")
     yield js.queue_wait_seconds.family("walkit_bookie_journal_queue_wait_seconds",
                                        "How long a batch's oldest record waited before its write began")

@@ -129,6 +129,8 @@ def test_every_endpoint_and_metrics_that_move_with_traffic(tmp_path: Path) -> No
             assert m[("walkit_bookie_journal_flush_records_sum", ())] == m[("walkit_bookie_journal_records_total", ())]
             assert sum(v for (name, _), v in m.items() if name == "walkit_bookie_journal_flushes_total") == flushes
             assert m[("walkit_bookie_journal_written_bytes_total", ())] >= n * 100
+            assert m[("walkit_bookie_journal_zero_filled_bytes_total", ())] > 0  # a new journal: filled ahead
+            assert m[("walkit_bookie_journal_zero_fill_failures_total", ())] == 0
             assert m[("walkit_bookie_received_bytes_total", ())] - before[("walkit_bookie_received_bytes_total", ())] \
                 > n * 100
             assert m[("walkit_bookie_sent_bytes_total", ())] > 0

@@ -338,6 +338,13 @@ class Journal:
         self._pool.clear()
 
     @property
+    def zero_filled(self) -> tuple[int, int]:
+        """Bytes of zeros the filler wrote ahead of new files' tails, and its zero writes
+        that failed (each ended the filling of one file)."""
+        f = self._filler
+        return (f.written, f.failures) if f is not None else (0, 0)
+
+    @property
     def failed(self) -> BaseException | None:
         """The I/O error that killed the journal, if one did."""
         return self._error
