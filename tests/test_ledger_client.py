@@ -535,29 +535,6 @@ def test_an_idle_writer_publishes_its_lac_at_once(tmp_path: Path, driver: Driver
         assert _write_lacs(cluster) == 4 * 2
 
 
-def test_a_writer_appending_back_to_back_lets_its_entries_carry_the_lac(tmp_path: Path, driver: Driver,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A writer whose adds come back within STREAMING_GAP of its going idle sends no
-    WRITE_LAC between them: the next entry carries the LAC (one request per bookie less
-    per add). When it stops, the last LAC is still published on its own - a few
-    milliseconds later rather than at once - and a reader on another client sees it."""
-    from walkit.client import _writer
-
-    monkeypatch.setattr(_writer, "STREAMING_GAP", 60.0)  # any gap counts as back to back here
-    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster, idle_lac=True) as bk, \
-            client(cluster) as reader_bk:
-        lh = bk.create_ledger()
-        lh.add_entry(b"first")  # after a long idle (the writer's start): published at once
-        time.sleep(0.2)
-        assert _write_lacs(cluster) == 2
-        for i in range(1, 101):
-            lh.add_entry(b"%d" % i)
-        rh = reader_bk.open_ledger(lh.ledger_id, recovery=False)
-        assert rh.wait_for_lac(99, 5.0) == 100, "the last LAC of the run was never published"
-        time.sleep(0.2)
-        assert _write_lacs(cluster) == 2 + 2, "WRITE_LACs between back-to-back adds, or more than one at the end"
-
-
 def test_a_follower_gets_the_entry_with_the_poll(tmp_path: Path, driver: Driver,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A long poll names the entry after the poller's LAC and a bookie that holds it

@@ -61,13 +61,6 @@ __all__ = ["LedgerWriter"]
 log = logging.getLogger(__name__)
 
 _SAMPLE = 7  # adds whose entry id is a multiple of 8 are timed: the latency histogram's sample
-#: A writer whose adds came less than this long (s) after it last went idle appends back
-#: to back (one add at a time, the next submitted as soon as the last completed): when it
-#: goes idle again, its LAC waits IDLE_LAC_WAIT for the next entry to carry it (the timer
-#: is cancelled when one is sent) before it is published on its own. A writer that waits
-#: for anything between adds (a tailing reader, a client) takes longer and publishes at once.
-STREAMING_GAP = 0.00015
-IDLE_LAC_WAIT = 0.001  # the event loop's timers fire no sooner than this anyway (epoll: ms)
 
 
 class _Add:
@@ -116,9 +109,6 @@ class LedgerWriter:
         self.explicit_lac_interval = core.config.explicit_lac_interval  # a WAL sets its own
         # a WAL turns it on unless the client said False; a recoverer's LAC is the close's business
         self.idle_lac = bool(core.config.idle_lac) and not recovery
-        self._idle_since = -1.0  # when the writer last went idle (monotonic)
-        self._streaming = False  # its adds came back within STREAMING_GAP of that
-        self._idle_timer: asyncio.TimerHandle | None = None  # a deferred idle LAC (see STREAMING_GAP)
         self._set_ensemble()
         # submission (any thread)
         self._lock = threading.Lock()
@@ -207,11 +197,6 @@ class LedgerWriter:
         with self._lock:
             batch, self._incoming = self._incoming, []
             self._scheduled = False
-        if batch and self.idle_lac:
-            if self._idle_timer is not None:  # these entries carry the LAC the timer would have sent
-                self._idle_timer.cancel()
-                self._idle_timer = None
-            self._streaming = time.monotonic() - self._idle_since < STREAMING_GAP
         for add in batch:
             if self.error is not None:
                 self._settle(add, self.error)
@@ -301,22 +286,10 @@ class LedgerWriter:
         if not self.recovery:  # a recoverer's re-adds are not the application's
             stats.adds += len(ready)
         if not pending:
-            if self.idle_lac and not self._incoming and ready:  # idle: no entry carries this LAC yet
-                acked = [b for b in self.ensemble if b in ready[-1].acked] or None
-                self._idle_since = time.monotonic()
-                if self._streaming:  # the next entry is likely on its way: it will carry the LAC
-                    self._idle_timer = asyncio.get_running_loop().call_later(IDLE_LAC_WAIT, self._idle_publish,
-                                                                             acked)
-                else:
-                    self._publish_lac(acked)
+            if self.idle_lac and not self._incoming and ready:  # idle: no entry will carry this LAC soon
+                acked = [b for b in self.ensemble if b in ready[-1].acked]
+                self._publish_lac(acked or None)
             self._wake_drained()
-
-    def _idle_publish(self, to: list[str] | None) -> None:
-        """The deferred idle LAC of a writer that appended back to back: no entry came
-        to carry it (a new one cancels this)."""
-        self._idle_timer = None
-        if self.error is None and self.meta.state is not LedgerState.CLOSED and not self.pending:
-            self._publish_lac(to)
 
     def _settle(self, add: _Add, error: WalkitError | None) -> None:
         if add.slot:
@@ -530,10 +503,9 @@ class LedgerWriter:
         await self.drain()
         while self._changing:  # an ensemble change already under way lands first
             await asyncio.sleep(0.01)
-        for timer in (self._lac_timer, self._idle_timer):
-            if timer is not None:
-                timer.cancel()
-        self._lac_timer = self._idle_timer = None
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
         if self.recovery:
             self.meta, self.version = await self.core.md(self._write_recovered, self.meta, self.lac, self.lac_length)
         else:
