@@ -884,9 +884,9 @@ class BookieServer:
         self._kicking = True  # an inline flush's answers: drained and written below, not scheduled
         try:
             self.bookie.kick_journal(self.config.journal_inline_flush)
-            if self._done:
-                self._drain()
         finally:
+            if self._done:
+                self._drain()  # never raises (each completion's failure is logged)
             self._kicking = False
             unflushed, self._unflushed = self._unflushed, []
             for conn in unflushed:

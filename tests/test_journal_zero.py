@@ -302,3 +302,19 @@ def test_no_filler_when_its_rate_is_zero() -> None:
         assert fs.zero_writes() == []
     finally:
         j.shutdown()
+
+
+def test_a_buffered_journal_is_not_filled() -> None:
+    """Zeros through the page cache would be dirty pages that the journal's own
+    fdatasyncs write out: a journal without O_DIRECT is not filled."""
+    fs = LogFS(MemFS())
+    j = Journal(fs, JournalConfig("/journal", prealloc_size=64 * KIB, direct_io=False,  # type: ignore[arg-type]
+                                  zero_fill_rate=1 << 30))
+    j.start()
+    try:
+        logged = _sequential(j, 1, range(20))
+        time.sleep(0.05)
+        assert fs.zero_writes() == [] and j.zero_filled == (0, 0)
+    finally:
+        j.shutdown()
+    assert _replayed_entries(fs._inner, "/journal") == logged

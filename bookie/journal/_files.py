@@ -90,13 +90,16 @@ class OpenJournal:
                 finally:
                     self.waiters -= 1
                 self.cond.notify_all()  # the filler parked for us
-            elif self.filler_parked and self.allocated - end < self.zero_low_water:
-                self.cond.notify_all()  # the filler tops up the space ahead
             if end > self.allocated:
                 self._allocate(end)
+                if self.filler_parked:
+                    self.cond.notify_all()  # the filler goes on past what was just reserved
+            elif self.filler_parked and self.allocated - end < self.zero_low_water:
+                self.cond.notify_all()  # the filler tops up the space ahead
 
     def _allocate(self, end: int) -> None:
-        step = self.zero_step if self.zero_limit and not self.detached else self.prealloc_size
+        filling = self.allocated < self.zero_limit and not self.detached  # the filler goes on past this
+        step = self.zero_step if filling else self.prealloc_size
         target = -(-end // step) * step
         try:
             self.file.allocate(self.allocated, target - self.allocated)

@@ -242,7 +242,7 @@ class Journal:
             max_backups=config.max_backups, recycle_files=config.recycle_files,
         )
         self._current: OpenJournal | None = None
-        self._filler = ZeroFiller(fs, config.zero_fill_rate) if config.zero_fill_rate > 0 else None
+        self._filler = ZeroFiller(fs, config.zero_fill_rate, alignment=a) if config.zero_fill_rate > 0 else None
         self._journal_id = -1
         self._file_pos = 0  # file offset of the next batch; always aligned
         self._durable = LogMark(-1, 0)

@@ -19,9 +19,12 @@ new file's space past the tail reads as zeros whether written or not, so replay 
 tell and a power cut loses nothing), until :data:`AHEAD` bytes past the tail are written,
 paced to ``journalZeroFillRateMB`` so that a busy disk gives it at most that bandwidth.
 The journal's batches then land on written blocks, and their fdatasyncs only flush the
-device. Under a load that outruns the pacing the journal reserves space with fallocate
-as before, and the filler goes on past it. Recycled files are not filled (their blocks
-are written already).
+device. The filler claims a chunk only while the tail is at least a quarter chunk behind
+it - so the first batch of a file, and a journal outrunning the pacing, reserve their
+next bytes with fallocate themselves (in chunk-sized steps while the filler goes on past
+them) rather than wait for a whole chunk write. Recycled files are not filled (their
+blocks are written already), nor are buffered (not O_DIRECT) files: their zeros would be
+dirty pages that the journal's own fdatasyncs write out.
 
 Safety rests on one invariant: **bytes below ``OpenJournal.allocated`` belong to the
 journal; the filler writes only at and past it.** The filler claims a chunk starting at
@@ -58,9 +61,11 @@ class ZeroFiller:
     """The ``bookie-journal-zero`` thread of one journal (see the module docstring).
     :meth:`attach` gives it the file being appended to (or None), :meth:`stop` ends it."""
 
-    def __init__(self, fs: FileSystem, rate: int, *, chunk: int = 0, ahead: int = 0) -> None:
+    def __init__(self, fs: FileSystem, rate: int, *, alignment: int, chunk: int = 0, ahead: int = 0) -> None:
         self._fs = fs
+        self._alignment = alignment
         self._chunk, self._ahead = chunk or CHUNK, ahead or AHEAD
+        self._lead = self._chunk // 4
         self._pace = self._chunk / rate  # seconds per chunk at ``rate`` bytes/s
         self._buf: AlignedBuffer = fs.alloc_buffer(self._chunk)  # zero-filled
         self._state = threading.Condition()
@@ -84,7 +89,10 @@ class ZeroFiller:
             old, self._file = self._file, None
         if old is not None:
             _detach(old)
-        if journal is not None and journal.previous_id == 0 and limit > journal.allocated:
+        # Only O_DIRECT files: buffered zeros would be dirty pages that the journal's own
+        # fdatasyncs write out - the very cost the filling is there to take away.
+        limit = limit // self._alignment * self._alignment  # O_DIRECT writes whole blocks
+        if journal is not None and journal.previous_id == 0 and journal.file.direct and limit > journal.allocated:
             with journal.cond:
                 journal.zero_limit = limit
                 journal.zero_low_water = self._ahead // 2
@@ -122,7 +130,7 @@ class ZeroFiller:
     def _fill(self, f: OpenJournal) -> bool:
         """Write chunks into ``f`` while it is attached; True when the file needs no more
         (its limit reached, or a write failed), False when it was detached."""
-        chunk, ahead = self._chunk, self._ahead
+        chunk, ahead, lead = self._chunk, self._ahead, self._lead
         while True:
             with f.cond:
                 while True:
@@ -130,10 +138,15 @@ class ZeroFiller:
                         return False
                     if f.allocated >= f.zero_limit:
                         return True
-                    if not f.waiters and f.allocated < f.tail + ahead:
+                    if not f.waiters and f.tail + lead <= f.allocated < f.tail + ahead:
                         break
-                    f.filler_parked = True  # a batch waits to reserve, or enough is written:
-                    f.cond.wait()  # woken when the tail comes near (OpenJournal.reserve)
+                    # A batch waits to reserve, or enough is written, or the tail is too
+                    # near (a batch would soon need the chunk and wait for all of it: the
+                    # journal reserves its next bytes itself, and the filler goes on
+                    # past them). Woken when the tail comes near or the journal
+                    # reserved more (OpenJournal.reserve).
+                    f.filler_parked = True
+                    f.cond.wait()
                     f.filler_parked = False
                 start = f.allocated
                 end = min(start + chunk, f.zero_limit)
@@ -141,15 +154,16 @@ class ZeroFiller:
             failed: BaseException | None = None
             try:
                 f.file.pwrite(self._buf.view[: end - start], start)
-            except OSError as exc:
+            except BaseException as exc:  # noqa: BLE001 - whatever it is, batches must not wait for it
                 failed = exc
-            with f.cond:
-                f.zeroing = False
-                if failed is None:
-                    f.allocated = end  # it cannot have moved: a batch needing more waited for this chunk
-                else:
-                    f.zero_limit = 0
-                f.cond.notify_all()
+            finally:
+                with f.cond:
+                    f.zeroing = False
+                    if failed is None:
+                        f.allocated = end  # it cannot have moved: a batch needing more waited for this chunk
+                    else:
+                        f.zero_limit = 0
+                    f.cond.notify_all()
             if failed is not None:
                 self.failures += 1
                 log.warning("journal %s: zero-filling ahead of the tail failed at %d (%s); the journal reserves"
