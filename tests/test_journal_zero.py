@@ -133,7 +133,7 @@ def check_zeros_never_meet_frames(fs: LogFS) -> None:
 
 def _fs(kind: str, tmp_path: Any) -> tuple[FileSystem, str]:
     if kind == "mem":
-        return MemFS(), "/journal"
+        return MemFS(zero_fill_pays=True), "/journal"
     try:
         return RealFS(native.get_backend(kind)), str(tmp_path / "journal")
     except ImportError as exc:
@@ -249,7 +249,7 @@ def test_a_recycled_file_is_not_filled(monkeypatch: pytest.MonkeyPatch) -> None:
     """A recycled file's blocks are written already: the filler leaves it alone."""
     monkeypatch.setattr(_zero, "CHUNK", 64 * KIB)
     monkeypatch.setattr(_zero, "AHEAD", 256 * KIB)
-    inner = MemFS()
+    inner = MemFS(zero_fill_pays=True)
     j = Journal(inner, JournalConfig("/journal", max_size=512 * KIB, prealloc_size=64 * KIB, zero_fill_rate=1 << 30,
                                      max_backups=0))
     j.start()
@@ -275,7 +275,7 @@ def test_a_failed_zero_write_ends_the_filling_and_the_journal_goes_on(
     """A zero write that fails is logged once and ends the filling of that file: batches
     reserve their space with fallocate again, and nothing is lost."""
     monkeypatch.setattr(_zero, "CHUNK", 64 * KIB)
-    inner = MemFS()
+    inner = MemFS(zero_fill_pays=True)
     fs = LogFS(inner)
     fs.fail_zeros = True
     j = Journal(fs, JournalConfig("/journal", prealloc_size=64 * KIB, zero_fill_rate=1 << 30))  # type: ignore[arg-type]
@@ -292,7 +292,7 @@ def test_a_failed_zero_write_ends_the_filling_and_the_journal_goes_on(
 
 
 def test_no_filler_when_its_rate_is_zero() -> None:
-    fs = LogFS(MemFS())
+    fs = LogFS(MemFS(zero_fill_pays=True))
     j = Journal(fs, JournalConfig("/journal", prealloc_size=64 * KIB, zero_fill_rate=0))  # type: ignore[arg-type]
     j.start()
     try:
@@ -307,7 +307,7 @@ def test_no_filler_when_its_rate_is_zero() -> None:
 def test_a_buffered_journal_is_not_filled() -> None:
     """Zeros through the page cache would be dirty pages that the journal's own
     fdatasyncs write out: a journal without O_DIRECT is not filled."""
-    fs = LogFS(MemFS())
+    fs = LogFS(MemFS(zero_fill_pays=True))
     j = Journal(fs, JournalConfig("/journal", prealloc_size=64 * KIB, direct_io=False,  # type: ignore[arg-type]
                                   zero_fill_rate=1 << 30))
     j.start()

@@ -87,6 +87,10 @@ class FileSystem(Protocol):
 
     #: Alignment (bytes) of O_DIRECT I/O on this file system.
     alignment: int
+    #: Whether zeros written ahead of a journal's tail pay off: on a real file system
+    #: fallocated space is unwritten extents that the first write into them converts
+    #: (bookie/journal/_zero.py); in memory there is nothing to convert.
+    zero_fill_pays: bool
 
     def open(self, path: str, *, create: bool = False, direct: bool = False) -> File:
         """Open read-write. ``direct`` asks for O_DIRECT; where the file system refuses

@@ -75,6 +75,7 @@ class FaultyFS:
     def __init__(self, inner: FileSystem) -> None:
         self.inner = inner
         self.alignment = inner.alignment
+        self.zero_fill_pays = inner.zero_fill_pays
         self._lock = threading.Lock()
         self._armed: dict[str, int] = {}  # directory -> syncs still to fail
         self.failed = 0  # syncs failed so far

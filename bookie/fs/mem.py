@@ -198,9 +198,13 @@ class _MemFile:
 class MemFS:
     """In-memory :class:`bookie.fs.FileSystem` with crash and fault injection."""
 
-    def __init__(self, *, alignment: int = 4096, direct_ok: bool = True) -> None:
+    def __init__(self, *, alignment: int = 4096, direct_ok: bool = True, zero_fill_pays: bool = False) -> None:
         self.alignment = alignment
         self.direct_ok = direct_ok
+        #: Off by default: a journal zero filler's writes would take part in the fault
+        #: injection below (the next write, the crash after N operations) at moments no
+        #: test controls; its own tests turn it on.
+        self.zero_fill_pays = zero_fill_pays
         self.usage = 0.1
         #: Bytes the files may hold in all (None: no limit): a full disk (ENOSPC).
         self.capacity: int | None = None

@@ -127,6 +127,7 @@ class RealFS:
     backend (``None``: the one ``WALKIT_NATIVE`` chose)."""
 
     alignment = ALIGNMENT
+    zero_fill_pays = True
 
     def __init__(self, backend: native.Backend | None = None) -> None:
         self.backend = backend if backend is not None else native.default_backend()

@@ -24,7 +24,8 @@ it - so the first batch of a file, and a journal outrunning the pacing, reserve 
 next bytes with fallocate themselves (in chunk-sized steps while the filler goes on past
 them) rather than wait for a whole chunk write. Recycled files are not filled (their
 blocks are written already), nor are buffered (not O_DIRECT) files: their zeros would be
-dirty pages that the journal's own fdatasyncs write out.
+dirty pages that the journal's own fdatasyncs write out; nor are files of a file system
+where it does not pay (``FileSystem.zero_fill_pays``: MemFS, unless asked).
 
 Safety rests on one invariant: **bytes below ``OpenJournal.allocated`` belong to the
 journal; the filler writes only at and past it.** The filler claims a chunk starting at
@@ -92,7 +93,8 @@ class ZeroFiller:
         # Only O_DIRECT files: buffered zeros would be dirty pages that the journal's own
         # fdatasyncs write out - the very cost the filling is there to take away.
         limit = limit // self._alignment * self._alignment  # O_DIRECT writes whole blocks
-        if journal is not None and journal.previous_id == 0 and journal.file.direct and limit > journal.allocated:
+        if journal is not None and self._fs.zero_fill_pays and journal.previous_id == 0 and journal.file.direct \
+                and limit > journal.allocated:
             with journal.cond:
                 journal.zero_limit = limit
                 journal.zero_low_water = self._ahead // 2
