@@ -56,7 +56,7 @@ class OpenJournal:
     # Shared with the zero filler (bookie.journal._zero, whose docstring says why this is
     # safe), under ``cond``: bytes below ``allocated`` are the journal's, the filler
     # writes only at and past it.
-    cond: threading.Condition = field(default_factory=threading.Condition)
+    cond: threading.Condition = field(default_factory=lambda: threading.Condition(threading.Lock()))  # taken per batch
     #: the end of the last batch reserved
     tail: int = 0
     #: the filler fills up to here (0: this file is not filled)
