@@ -89,6 +89,14 @@ def _error(err: int, op: str, paths: Mapping[int, str] | None,
     return io_error(err, op, path=path, fd=fd, **context)
 
 
+def _kernel_at_least(major: int, minor: int) -> bool:
+    """Whether this is Linux ``major.minor`` or later."""
+    if os.uname().sysname != "Linux":
+        return False
+    numbers = [int(n) for n in os.uname().release.split("-")[0].split(".")[:2] if n.isdigit()]
+    return len(numbers) == 2 and (numbers[0], numbers[1]) >= (major, minor)
+
+
 class Backend(ABC):
     """File I/O on descriptors. Offsets are absolute; every method may raise
     :class:`NativeIOError`. Subclasses implement the abstract primitives."""
@@ -176,6 +184,16 @@ class Backend(ABC):
     @abstractmethod
     def alloc_aligned(self, size: int, align: int = 4096) -> AlignedBuffer:
         """A zero-filled buffer whose start is ``align``-aligned."""
+
+    #: Whether :meth:`syncfs` is there and reports writeback errors (the shim, on Linux
+    #: 5.8 or later: an older syncfs(2) returns 0 whatever failed).
+    has_syncfs = False
+
+    def syncfs(self, fd: int) -> None:
+        """syncfs(2) of the file system holding ``fd``: every file's data, size and
+        names durable at once. A writeback error of that file system since ``fd`` was
+        opened (or since the last syncfs through it) raises, once."""
+        raise io_error(errno.ENOSYS, "syncfs", fd=fd)
 
 
 class _AlignedBuffer:
@@ -381,6 +399,11 @@ class _NativeBackend(Backend):
 
     def fsync_dir(self, path: str) -> None:
         self._check(self._lib.wk_fsync_dir(os.fsencode(path)), "fsync_dir", path=path)
+
+    has_syncfs = _kernel_at_least(5, 8)
+
+    def syncfs(self, fd: int) -> None:
+        self._check(self._lib.wk_syncfs(fd), "syncfs", fd)
 
     def alloc_aligned(self, size: int, align: int = 4096) -> AlignedBuffer:
         ffi, lib = self._ffi, self._lib

@@ -217,3 +217,13 @@ int wk_fsync_dir(const char *path)
     close(fd);
     return -err;
 }
+
+int wk_syncfs(int fd)
+{
+    int rc;
+
+    do
+        rc = syncfs(fd);
+    while (rc < 0 && errno == EINTR);
+    return rc < 0 ? -errno : 0;
+}

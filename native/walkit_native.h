@@ -65,6 +65,11 @@ int wk_close(int fd);
 /* open the directory, fsync(2) it, close it: makes its entries durable. */
 int wk_fsync_dir(const char *path);
 
+/* syncfs(2) of the file system holding fd: every file's data, size and names durable in
+ * one call. Since Linux 5.8 it reports a writeback error of that file system once per fd,
+ * for errors since the fd was opened (so the caller keeps the fd open across writes). */
+int wk_syncfs(int fd);
+
 /* cdef-end */
 
 #endif /* WALKIT_NATIVE_H */

@@ -11,6 +11,7 @@ import ctypes
 import errno
 import logging
 import os
+import random
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -294,3 +295,85 @@ def test_memfs_pwritev_sync_is_a_write_then_a_sync() -> None:
         torn.add(read_all(g, "/d/j"))
     assert b"s" * 512 in torn and b"s" * 512 + b"t" * 2048 in torn
     assert any(len(t) == 2560 and t.count(b"t") < 2048 for t in torn), "some crash tears the write"
+
+
+# --- syncfs ----------------------------------------------------------------------------
+def test_a_syncer_where_the_backend_has_syncfs(rfs: RealFS, tmp_path: Path) -> None:
+    """The shim's backend gives a syncer on Linux 5.8 or later (its syncfs reports
+    writeback errors); the pure-Python one never does. A closed syncer refuses to sync."""
+    syncer = rfs.open_syncer(str(tmp_path))
+    if not rfs.backend.has_syncfs:
+        assert syncer is None and (rfs.backend.name == "python" or not native._kernel_at_least(5, 8))
+        return
+    assert syncer is not None
+    f = rfs.open(str(tmp_path / "f"), create=True)
+    f.pwrite(b"x" * 100, 0)
+    syncer.sync()
+    f.close()
+    syncer.close()
+    with pytest.raises(NativeIOError) as caught:
+        syncer.sync()
+    assert caught.value.errno == errno.EBADF and caught.value.context["op"] == "syncfs"
+    syncer.close()  # twice: nothing
+
+
+def test_python_backend_has_no_syncfs() -> None:
+    backend = native.get_backend("python")
+    assert not backend.has_syncfs
+    with pytest.raises(NativeIOError) as caught:
+        backend.syncfs(0)
+    assert caught.value.errno == errno.ENOSYS
+
+
+@pytest.mark.parametrize(("sysname", "release", "expected"), [
+    ("Linux", "5.7.19", False), ("Linux", "5.8.0", True), ("Linux", "6.18.44-fc-v657", True),
+    ("Linux", "4.19.0-26-amd64", False), ("Linux", "weird", False), ("Darwin", "23.1.0", False),
+])
+def test_kernel_version_for_syncfs(monkeypatch: pytest.MonkeyPatch, sysname: str, release: str,
+                                   expected: bool) -> None:
+    uname = os.uname_result((sysname, "host", release, "#1", "x86_64"))
+    monkeypatch.setattr(native.os, "uname", lambda: uname)
+    assert native._kernel_at_least(5, 8) is expected
+
+
+def test_memfs_syncer_makes_everything_durable() -> None:
+    """MemFS's syncer is syncfs: every file's bytes and every name survive a power cut;
+    a failed one forgets the dirty sectors (as Linux does) and raises."""
+    fs = MemFS()
+    fs.makedirs("/a/b")
+    f, g = fs.open("/a/f", create=True), fs.open("/a/b/g", create=True)
+    f.pwrite(b"f" * 1000, 0)
+    g.pwrite(b"g" * 10, 0)
+    fs.rename("/a/b/g", "/a/b/h")
+    syncer = fs.open_syncer("/a")
+    assert syncer is not None
+    syncer.sync()
+    f.pwrite(b"late", 0)  # after the sync: may go
+    fs.fail_next_sync()
+    with pytest.raises(OSError):
+        syncer.sync()
+    fs.crash(random.Random(3))
+    assert read_all(fs, "/a/f") == b"f" * 1000 and read_all(fs, "/a/b/h") == b"g" * 10
+    assert not fs.exists("/a/b/g")
+    assert MemFS(syncfs=False).open_syncer("/") is None
+    with pytest.raises(FileNotFoundError):
+        fs.open_syncer("/nowhere")
+
+
+def test_faulty_syncer_fails_for_any_armed_directory_of_its_tree() -> None:
+    """FaultyFS fails a syncer's sync when a directory above, at or under its own is
+    armed (syncfs reports any file's failed writeback); a directory beside it is not."""
+    from bookie.fs.faulty import FaultyFS
+
+    for armed, fails in (("/r/d/sub", True), ("/r/d", True), ("/r", True), ("/r/other", False)):
+        fs = FaultyFS(MemFS())
+        fs.makedirs("/r/d/sub")
+        syncer = fs.open_syncer("/r/d")
+        assert syncer is not None
+        fs.fail_syncs(armed, 1)
+        if fails:
+            with pytest.raises(NativeIOError):
+                syncer.sync()
+        else:
+            syncer.sync()
+        assert fs.failed == fails

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import random
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
-from bookie.fs import File, FileSystem, read_all
+from bookie.fs import File, FileSystem, Syncer, read_all
+from bookie.fs.faulty import FaultyFS
 from bookie.fs.mem import MemFS, PowerLoss, _MemFile
 from bookie.storage import LedgerStorage
 from bookie.storage import _storage as storage_module
@@ -289,14 +292,14 @@ def test_adds_are_not_starved_by_a_placing_flush(monkeypatch: pytest.MonkeyPatch
 @pytest.mark.parametrize("every", [64 << 10, 0])
 def test_a_flush_syncs_its_logs_as_it_places_them(monkeypatch: pytest.MonkeyPatch, every: int) -> None:
     """With ``placement_sync_bytes`` (flushEntrylogBytes), a flush syncs a dir's log each
-    time that much more of it was written out, outside the storage lock, before the index
-    is written: the writeback goes out in small syncs, each with new data, not one large
-    one a journal on the same disk would wait behind. With 0, the log is synced once,
-    after the placement."""
+    time that much more of it was written out - checked after each batch it places
+    (``PLACE_BATCH_BYTES``) - outside the storage lock, before the index is written: the
+    writeback goes out in small syncs, each with new data, not one large one a journal on
+    the same disk would wait behind. With 0, the log is synced once, after the placement."""
     s = LedgerStorage(MemFS(), ["/d"], placement_sync_bytes=every)  # log buffers of 256 KiB
     s.open()
-    for e in range(2100):
-        s.add_entry(e % 7, e // 7, b"x" * 1000)  # ~2.1 MB, 7 ledgers interleaved
+    for e in range(6300):
+        s.add_entry(e % 7, e // 7, b"x" * 1000)  # ~6.3 MB, 7 ledgers interleaved
     synced: list[int] = []  # the log's length at each of its syncs
     sync = _MemFile.sync
 
@@ -309,21 +312,23 @@ def test_a_flush_syncs_its_logs_as_it_places_them(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(_MemFile, "sync", spy)
     s.flush()
     if every:
-        assert len(synced) >= 6  # about one a buffer written out (~8 of them), and the flush's own
+        assert len(synced) >= 6  # about one a batch placed (~6 of them), and the flush's own
         assert synced[0] > 0 and all(a < b for a, b in zip(synced, synced[1:])), synced  # each found new data
-        assert synced[-2] > 1_500_000  # the placement's syncs went on to near the end
+        gaps = [b - a for a, b in zip([0] + synced, synced)]
+        assert max(gaps) <= storage_module.PLACE_BATCH_BYTES + (256 << 10) + 8192, gaps  # a batch and a buffer
     else:
-        assert len(synced) == 1 and synced[0] > 2_100_000  # once, everything placed
+        assert len(synced) == 1 and synced[0] > 6_300_000  # once, everything placed
     monkeypatch.undo()
-    assert all(s.get_entry(e % 7, e // 7) == b"x" * 1000 for e in range(2100))
+    assert all(s.get_entry(e % 7, e // 7) == b"x" * 1000 for e in range(6300))
     s.close()
 
 
 def test_a_placement_yields_by_the_entries_placed_not_by_the_ledgers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The placement yields (``time.sleep(0)``) once per ``PLACE_BATCH`` entries (or
-    ``PLACE_BATCH_BYTES``) placed, across ledgers: a cache of 3,000 ledgers of one entry
-    each is placed with 3 yields, not 3,000 (each yield may wait a switch interval, 5 ms,
-    for a busy thread to give the interpreter back)."""
+    """The placement holds the lock once per ``PLACE_BATCH`` entries (or
+    ``PLACE_BATCH_BYTES``) placed, across ledgers, and yields (``time.sleep(0)``) after
+    each full batch: a cache of 3,000 ledgers of one entry each is placed in 3 holds of
+    the lock and 2 yields, not 3,000 (each yield may wait a switch interval, 5 ms, for a
+    busy thread to give the interpreter back)."""
     s = LedgerStorage(MemFS(), ["/d"])
     s.open()
     for ledger in range(3000):
@@ -332,9 +337,13 @@ def test_a_placement_yields_by_the_entries_placed_not_by_the_ledgers(monkeypatch
     me, sleep = threading.current_thread(), time.sleep  # time.sleep is every thread's: count only ours
     monkeypatch.setattr(storage_module.time, "sleep",
                         lambda seconds: yields.append(seconds) if threading.current_thread() is me else sleep(seconds))
+    batches = []
+    place_batch = s._place_batch
+    monkeypatch.setattr(s, "_place_batch", lambda batch, synced: (batches.append(len(batch)), place_batch(batch, synced)))
     s.flush()
     monkeypatch.undo()
     assert yields == [0] * (3000 // storage_module.PLACE_BATCH)
+    assert batches == [1024, 1024, 952]  # ledgers a hold of the lock: one batch each
     assert all(s.get_entry(ledger, 0) == b"e%d" % ledger for ledger in range(0, 3000, 7))
     s.close()
 
@@ -401,6 +410,97 @@ def test_many_index_files_through_a_small_handle_cache(env: Env) -> None:
     for ledger in list(range(20)) * 2:
         assert s.get_entry(ledger, 0) == str(ledger).encode()
     assert len(s._index_files) <= 3
+
+
+class _Counted:
+    """A file or a syncer whose syncs are counted in ``counts[name]``."""
+
+    def __init__(self, inner: Any, counts: dict[str, int], name: str) -> None:
+        self._inner, self._counts, self._name = inner, counts, name
+
+    def sync(self) -> None:
+        self._counts[self._name] = self._counts.get(self._name, 0) + 1
+        self._inner.sync()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _count_index_syncs(s: LedgerStorage) -> dict[str, int]:
+    """Counts of ``s``'s index file syncs ("file") and syncfs calls ("syncfs")."""
+    counts: dict[str, int] = {}
+    for d in s._dirs:
+        if d.syncer is not None:
+            d.syncer = _Counted(d.syncer, counts, "syncfs")  # type: ignore[assignment]
+    opener = s._index_files._opener
+    s._index_files._opener = lambda key, create: _Counted(opener(key, create), counts, "file")  # type: ignore[assignment,misc]
+    return counts
+
+
+def test_a_flush_of_many_index_files_syncs_them_with_one_syncfs(env: Env) -> None:
+    """A flush that writes ``SYNCFS_FILES`` index files of a dir or more syncs them with
+    one syncfs of that dir's file system, and the new names with a second one - no sync
+    per file, no fsync per bucket; a dir with fewer files syncs each. All read back after
+    a reopen (on the real disk and on MemFS)."""
+    ledgers = 2 * storage_module.SYNCFS_FILES  # SYNCFS_FILES in each of the two dirs
+    s = env.storage()
+    if s._dirs[0].syncer is None:
+        pytest.skip("no syncfs here (the pure-Python backend, or Linux before 5.8)")
+    counts = _count_index_syncs(s)
+    for ledger in range(ledgers):
+        s.add_entry(ledger, 0, b"a%d" % ledger)
+    s.flush()
+    assert counts == {"syncfs": 4}  # data, then names, in each dir
+    counts.clear()
+    for ledger in range(ledgers):
+        s.add_entry(ledger, 1, b"b%d" % ledger)
+    s.flush()
+    assert counts == {"syncfs": 2}  # no new name
+    counts.clear()
+    for ledger in (0, 1, 2):
+        s.add_entry(ledger, 2, b"c%d" % ledger)
+    s.flush()
+    assert counts == {"file": 3}  # too few: each on its own
+    s.close()
+    s = env.storage()
+    for ledger in range(ledgers):
+        assert s.get_entries(ledger, 0, 10, 1 << 20)[:2] == [b"a%d" % ledger, b"b%d" % ledger]
+
+
+def test_index_files_are_synced_one_by_one_without_a_syncer() -> None:
+    """On a file system without syncfs every index file is synced on its own."""
+    s = LedgerStorage(MemFS(syncfs=False), ["/d"])
+    s.open()
+    counts = _count_index_syncs(s)
+    for ledger in range(3 * storage_module.SYNCFS_FILES):
+        s.add_entry(ledger, 0, b"x")
+    s.flush()
+    assert counts == {"file": 3 * storage_module.SYNCFS_FILES}
+    s.close()
+
+
+def test_a_failed_syncfs_fails_the_storage() -> None:
+    """A syncfs that fails (a background writeback of the file system failed) fails the
+    flush and the storage, as a failed fdatasync does; a reopen starts from what the
+    previous flush made durable."""
+    fs = FaultyFS(MemFS())
+    s = LedgerStorage(fs, ["/d"])
+    s.open()
+    for ledger in range(storage_module.SYNCFS_FILES):
+        s.add_entry(ledger, 0, b"first")
+    s.flush()
+    for ledger in range(storage_module.SYNCFS_FILES):
+        s.add_entry(ledger, 1, b"second")
+    fs.fail_syncs("/d/current/index/00")  # a directory under the syncer's: its writeback failed
+    with pytest.raises(OSError) as caught:
+        s.flush()
+    assert caught.value.errno == errno.EIO and fs.failed == 1
+    with pytest.raises(StorageError):
+        s.add_entry(0, 2, b"third")
+    s.close()
+    s.open()
+    assert [s.get_entry(ledger, 0) for ledger in range(storage_module.SYNCFS_FILES)] == [b"first"] * storage_module.SYNCFS_FILES
+    s.close()
 
 
 def test_storage_fails_after_io_error() -> None:
@@ -651,18 +751,36 @@ class _RecordingFile:
         self._inner.close()
 
 
+class _RecordingSyncer:
+    """A MemFS syncer that tells its TearingFS that every header is synced."""
+
+    def __init__(self, fs: TearingFS, inner: Syncer) -> None:
+        self._fs, self._inner = fs, inner
+
+    def sync(self) -> None:
+        self._inner.sync()
+        self._fs.unsynced_headers = set()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
 class TearingFS(MemFS):
     """MemFS whose power cuts also tear index header sectors that were being written
     (MemFS never tears inside a sector; real disks may leave one unreadable)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, syncfs: bool = True) -> None:
+        super().__init__(syncfs=syncfs)
         self.unsynced_headers: set[tuple[str, int]] = set()
 
     def open(  # type: ignore[override]  # wraps MemFS's files
         self, path: str, *, create: bool = False, direct: bool = False
     ) -> File:
         return _RecordingFile(self, super().open(path, create=create, direct=direct))
+
+    def open_syncer(self, path: str) -> Syncer | None:  # type: ignore[override]  # wraps MemFS's
+        inner = super().open_syncer(path)
+        return None if inner is None else _RecordingSyncer(self, inner)
 
     def crash(self, rng: random.Random | None = None) -> None:
         super().crash(rng)
@@ -721,9 +839,9 @@ def _check(s: LedgerStorage, m: Model) -> None:
     assert all(s.is_fenced(l) for l in m.fenced)
 
 
-def _crash_run(seed: int) -> None:
+def _crash_run(seed: int, syncfs: bool) -> None:
     rng = random.Random(seed)
-    fs = TearingFS()
+    fs = TearingFS(syncfs=syncfs)
     limits = {"entry_log_size_limit": rng.choice([2048, 8192, 1 << 20]),
               "write_buffer_size": rng.choice([512, 4096, 1 << 16])}
     s = LedgerStorage(fs, ["/d0", "/d1"], **limits)
@@ -749,9 +867,13 @@ def _crash_run(seed: int) -> None:
 
 
 @pytest.mark.parametrize("block", range(8))
-def test_crash_safety(block: int) -> None:
+def test_crash_safety(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half the blocks sync the index files of every flush with one syncfs (a syncer,
+    from the first file on), half file by file (a file system without a syncer)."""
+    syncfs = block < 4
+    monkeypatch.setattr(storage_module, "SYNCFS_FILES", 1)
     for seed in range(block * 50, block * 50 + 50):
-        _crash_run(seed)
+        _crash_run(seed, syncfs)
 
 
 def test_torn_header_never_loses_key_or_fence() -> None:

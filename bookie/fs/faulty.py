@@ -13,7 +13,9 @@ it), as a failing disk would:
   inner file system put it: this models the error, not the lost pages);
 * ``File.pwritev_sync()`` (the journal's write + fdatasync in one call) raises *before*
   writing: the batch never reaches the file, as if its pages were dropped - the case a
-  bookie that trusted a retried sync would get wrong.
+  bookie that trusted a retried sync would get wrong;
+* a :class:`~bookie.fs.Syncer`'s ``sync()`` (syncfs of the whole file system) raises when
+  a directory above, at or under its own is armed: the failed writeback may be any file's.
 
 Only syncs fail; reads, writes and directory operations pass through unchanged. It is
 test machinery (``walkit.testing.FaultyCluster.fail_sync`` arms it on a serving bookie),
@@ -27,7 +29,7 @@ import os
 import threading
 
 from bookie import native
-from bookie.fs import AlignedBuffer, File, FileSystem
+from bookie.fs import AlignedBuffer, File, FileSystem, Syncer
 
 __all__ = ["FaultyFS"]
 
@@ -69,6 +71,18 @@ class _FaultyFile:
         self._inner.close()
 
 
+class _FaultySyncer:
+    def __init__(self, fs: FaultyFS, inner: Syncer, path: str) -> None:
+        self._fs, self._inner, self.path = fs, inner, path
+
+    def sync(self) -> None:
+        self._fs._check_sync(self.path, "syncfs", tree=True)
+        self._inner.sync()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
 class FaultyFS:
     """``inner`` (a FileSystem) with :meth:`fail_syncs`. Thread-safe."""
 
@@ -90,10 +104,14 @@ class FaultyFS:
             else:
                 self._armed.pop(key, None)
 
-    def _check_sync(self, path: str, op: str) -> None:
+    def _check_sync(self, path: str, op: str, *, tree: bool = False) -> None:
+        """Fail this sync of ``path`` if a directory above it is armed (``tree``: a sync
+        of the whole file system through the directory ``path``, failed by any armed
+        directory above, at or under it)."""
         with self._lock:
             for directory, left in self._armed.items():
-                if path.startswith(directory + os.sep):
+                if path.startswith(directory + os.sep) or tree and (
+                        directory == path or directory.startswith(path + os.sep)):
                     if left <= 1:
                         del self._armed[directory]
                     else:
@@ -128,6 +146,10 @@ class FaultyFS:
 
     def fsync_dir(self, path: str) -> None:
         self.inner.fsync_dir(path)
+
+    def open_syncer(self, path: str) -> Syncer | None:
+        inner = self.inner.open_syncer(path)
+        return None if inner is None else _FaultySyncer(self, inner, os.path.normpath(path))
 
     def disk_usage(self, path: str) -> float:
         return self.inner.disk_usage(path)

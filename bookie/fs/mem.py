@@ -10,7 +10,8 @@ back, for removed and renamed ones). Directories themselves are durable once mad
 :meth:`MemFS.arm_crash` makes the machine die after a number of mutating operations:
 that operation and every later one raise :class:`PowerLoss` until ``crash()`` - so a
 workload running on several threads stops at an exact, reproducible point.
-:meth:`fail_next_write` and :meth:`fail_next_sync` inject a single EIO. A failed sync
+:meth:`fail_next_write` and :meth:`fail_next_sync` inject a single EIO (the next sync of
+a file, a directory or the whole file system through a syncer). A failed sync
 behaves as Linux's does: the dirty sectors it was to write are forgotten (the bytes stay
 readable, as in the page cache, but a later sync that succeeds does not make them
 durable) - so code that retries a failed fsync and trusts it loses data at ``crash()``.
@@ -195,12 +196,48 @@ class _MemFile:
         self._closed = True
 
 
-class MemFS:
-    """In-memory :class:`bookie.fs.FileSystem` with crash and fault injection."""
+class _MemSyncer:
+    """syncfs(2) of a MemFS: every file's bytes and every name durable."""
 
-    def __init__(self, *, alignment: int = 4096, direct_ok: bool = True, zero_fill_pays: bool = False) -> None:
+    def __init__(self, fs: MemFS, path: str) -> None:
+        self._fs = fs
+        self._epoch = fs._epoch
+        self.path = path
+        self._closed = False
+
+    def sync(self) -> None:
+        fs = self._fs
+        with fs._lock:
+            if self._closed:
+                raise ValueError(f"sync through a closed syncer of {self.path}")
+            if self._epoch != fs._epoch:
+                raise PowerLoss()
+            inodes = {id(i): i for i in fs._names.values()}.values()
+            try:
+                fs._mutate("sync")
+            except PowerLoss:
+                raise
+            except OSError:  # as Linux: the failed writeback's pages count as clean now
+                for inode in inodes:
+                    inode.dirty.clear()
+                raise
+            for inode in inodes:
+                inode.sync()
+            fs._durable = dict(fs._names)
+
+    def close(self) -> None:
+        self._closed = True
+
+
+class MemFS:
+    """In-memory :class:`bookie.fs.FileSystem` with crash and fault injection;
+    ``syncfs=False`` offers no syncer (as a machine without syncfs(2))."""
+
+    def __init__(self, *, alignment: int = 4096, direct_ok: bool = True, zero_fill_pays: bool = False,
+                 syncfs: bool = True) -> None:
         self.alignment = alignment
         self.direct_ok = direct_ok
+        self.syncfs = syncfs
         #: Off by default: a journal zero filler's writes would take part in the fault
         #: injection below (the next write, the crash after N operations) at moments no
         #: test controls; its own tests turn it on.
@@ -344,6 +381,13 @@ class MemFS:
             for p, inode in self._names.items():
                 if parent_dir(p) == path:
                     self._durable[p] = inode
+
+    def open_syncer(self, path: str) -> _MemSyncer | None:
+        path = self._norm(path)
+        with self._lock:
+            if path not in self._dirs:
+                raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+        return _MemSyncer(self, path) if self.syncfs else None
 
     def disk_usage(self, path: str) -> float:
         if self.capacity is not None:

@@ -33,7 +33,7 @@ import threading
 from bookie import native
 from bookie.fs import AlignedBuffer
 
-__all__ = ["ALIGNMENT", "RealFS"]
+__all__ = ["ALIGNMENT", "RealFS", "RealSyncer"]
 
 #: O_DIRECT alignment of offsets, lengths and buffers (a page: safe on 4Kn disks).
 ALIGNMENT = 4096
@@ -122,6 +122,31 @@ class RealFile:
         return f"<RealFile {self.path!r} direct={self.direct} closed={self._closed}>"
 
 
+class RealSyncer:
+    """:class:`bookie.fs.Syncer` on a descriptor of a directory, open until :meth:`close`
+    (syncfs(2) reports the file system's writeback errors since the descriptor was
+    opened: one opened just before the sync would miss those of the writes it covers)."""
+
+    def __init__(self, backend: native.Backend, path: str) -> None:
+        self._backend = backend
+        self.path = path
+        self._fd, _ = backend.open_file(path, readonly=True)
+        self._closed = False
+
+    def sync(self) -> None:
+        if self._closed:
+            raise native.io_error(errno.EBADF, "syncfs", path=self.path)
+        self._backend.syncfs(self._fd)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._backend.close(self._fd)
+
+    def __repr__(self) -> str:
+        return f"<RealSyncer {self.path!r} closed={self._closed}>"
+
+
 class RealFS:
     """:class:`bookie.fs.FileSystem` on the real disk through a :mod:`bookie.native`
     backend (``None``: the one ``WALKIT_NATIVE`` chose)."""
@@ -180,6 +205,9 @@ class RealFS:
 
     def fsync_dir(self, path: str) -> None:
         self.backend.fsync_dir(path)
+
+    def open_syncer(self, path: str) -> RealSyncer | None:
+        return RealSyncer(self.backend, path) if self.backend.has_syncfs else None
 
     def disk_usage(self, path: str) -> float:
         """Used / (used + available to us), as ``df`` counts it: 1.0 means the next

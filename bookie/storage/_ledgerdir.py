@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from bookie.fs import FileSystem, is_no_space
+from bookie.fs import FileSystem, Syncer, is_no_space
 import logging
 
 from bookie.storage._cache import RecentWrites
@@ -102,6 +102,9 @@ class LedgerDir:
     _found: dict[int, set[str]] = field(default_factory=dict)
     #: Where written-out log buffers are kept for readers (None or a bound of 0: nowhere).
     recent: RecentWrites | None = None
+    #: syncfs of the dir's file system, open from :meth:`prepare` to :meth:`close` (None:
+    #: the file system has none; index files are then synced one by one).
+    syncer: Syncer | None = None
 
     @property
     def current_dir(self) -> str:
@@ -140,6 +143,8 @@ class LedgerDir:
         self.fs.makedirs(self.index_dir)
         for path in (self.root, self.current_dir):
             self.fs.fsync_dir(path)
+        if self.syncer is None:  # before any write of this opening: it reports their failures
+            self.syncer = self.fs.open_syncer(self.current_dir)
 
     def ensure_bucket(self, ledger_id: int) -> bool:
         """Make the ledger's bucket directory; True if it is new (fsync ``index/``)."""
@@ -368,6 +373,9 @@ class LedgerDir:
         for w in self.rolled + ([self.writer] if self.writer is not None else []):
             w.close()
         self.writer, self.rolled = None, []
+        if self.syncer is not None:
+            self.syncer.close()
+            self.syncer = None
 
     def _roll(self) -> EntryLogWriter:
         """Start the next log. Nothing changes if it fails (e.g. a full disk while the

@@ -22,9 +22,12 @@ crash-safety argument:
    dirty headers (new adds go to the write cache meanwhile);
 2. without the lock: sync every entry log written since the last flush, fsync the logs
    directory if a log was created — now every taken record is durable and reachable;
-3. write the taken slots and headers into the index files and sync each (a new index
-   file is written as ``.tmp``, synced, renamed), fsync the directories that got a
-   new index file or bucket;
+3. write the taken slots and headers into the index files and sync them (a new index
+   file is written as ``.tmp``, synced, renamed), then make the new names durable. A dir
+   that got ``SYNCFS_FILES`` files or more, on a file system with a syncer (Linux
+   syncfs(2), :class:`bookie.fs.Syncer`), syncs them all with one syncfs and the names
+   with a second; otherwise each file is synced and each directory that got a new index
+   file or bucket is fsynced;
 4. under the lock: drop the taken map (reads now find those entries in the index).
 
 So an index slot never points at bytes that are not durable; after a crash an entry
@@ -110,6 +113,9 @@ READ_AHEAD_BATCH = 100
 READ_AHEAD_BATCH_BYTES = 1 << 20
 RECENT_WRITES_CACHE = 16 << 20
 WRITE_CACHE = 64 << 20  # dbStorage_writeCacheMaxSizeMb's default: adds are written through past twice that
+#: A flush that writes this many index files of a dir or more syncs them with one syncfs
+#: where the file system has a syncer (:meth:`LedgerStorage._write_index`).
+SYNCFS_FILES = 8
 PLACEMENT_SYNC = 2 << 20  # flushEntrylogBytes' default: a placement syncs a log each time this much more is written
 _READ_AHEAD_WAIT = 10.0  # seconds a read waits for a running read-ahead of its entry at most
 
@@ -181,13 +187,18 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             self._failure = None
             self._read_ahead.clear()
             self._recent.clear()
-            for d in self._dirs:
-                d.prepare()
-                d.scan_logs()
-                for ledger_id, path in d.scan_index():
-                    self._load_ledger(d, ledger_id, path)
-            for d in self._dirs:
-                d.load_usage(self._states)
+            try:
+                for d in self._dirs:
+                    d.prepare()
+                    d.scan_logs()
+                    for ledger_id, path in d.scan_index():
+                        self._load_ledger(d, ledger_id, path)
+                for d in self._dirs:
+                    d.load_usage(self._states)
+            except BaseException:
+                for d in self._dirs:  # their syncers
+                    d.close()
+                raise
             self._is_open = True
 
     def close(self) -> None:
@@ -515,9 +526,10 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
     def _place(self) -> None:
         """Step 0 (flush lock held): the write cache's entries appended to their dirs'
         logs, ledger by ledger and entry by entry in id order, their locations put in the
-        pending map, at most ``PLACE_BATCH`` entries or ``PLACE_BATCH_BYTES`` (the first
-        entry always) of one ledger per acquisition of the lock; after each such amount
-        placed (across ledgers) it yields, so that an add waiting for the lock gets it.
+        pending map. They are placed in batches of at most ``PLACE_BATCH`` entries or
+        ``PLACE_BATCH_BYTES`` (the first entry always), across ledgers, one acquisition of
+        the lock each (10,000 ledgers of a few entries are ~10 acquisitions, not 10,000);
+        after each full batch it yields, so that an add waiting for the lock gets it.
         Each time ``placement_sync_bytes`` more of a dir's active log was written out, that
         log is synced, outside the lock: the flush's writeback goes to the disk in small
         syncs, so that a journal on the same disk never waits behind a large one (and the
@@ -529,39 +541,57 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             self._check_writable()
             ledgers = cache.begin()
         synced: dict[int, tuple[EntryLogWriter, int]] = {}  # dir -> a log, and its bytes written out when synced
-        since_entries = since_bytes = 0  # placed since the last yield
+        batch: list[tuple[int, list[int], dict[int, bytes]]] = []
+        count = size = 0
         for ledger_id in ledgers:
-            # only this flush changes ``placing`` (the flush lock): sorted without the lock
+            # only this flush changes ``placing`` (the flush lock): sorted and sized without the lock
             order = cache.order(ledger_id)
             slots = cache.placing[ledger_id]
-            d = self._dir(ledger_id)
-            at = 0
-            while at < len(order):
-                with self._lock:
-                    self._check_writable()
-                    pending = self._pending  # swapped by _begin_flush, never while placing: the flush lock
-                    table = pending.get(ledger_id)
-                    if table is None:
-                        table = pending[ledger_id] = {}
-                    start, size, end = at, 0, min(len(order), at + PLACE_BATCH)
-                    try:
-                        with self._failing:
-                            while at < end and (at == start or size < PLACE_BATCH_BYTES):
-                                entry_id = order[at]
-                                data = slots[entry_id]
-                                table[entry_id] = d.append(ledger_id, entry_id, data)
-                                size += len(data)
-                                at += 1
-                    finally:
-                        cache.placed(ledger_id, order[start:at], size)
-                    to_sync = self._due_sync(d, synced)
-                if to_sync is not None:  # outside the lock: adds go on meanwhile
-                    with self._failing:
-                        to_sync.file.sync()
-                since_entries, since_bytes = since_entries + at - start, since_bytes + size
-                if since_entries >= PLACE_BATCH or since_bytes >= PLACE_BATCH_BYTES:
-                    since_entries = since_bytes = 0
+            start = 0
+            for at, entry_id in enumerate(order, 1):
+                count, size = count + 1, size + len(slots[entry_id])
+                if count >= PLACE_BATCH or size >= PLACE_BATCH_BYTES:
+                    batch.append((ledger_id, order[start:at], slots))
+                    self._place_batch(batch, synced)
                     time.sleep(0)  # an add woken by the lock's release takes it: else it is retaken at once
+                    batch, count, size, start = [], 0, 0, at
+            if start < len(order):
+                batch.append((ledger_id, order[start:], slots))
+        if batch:
+            self._place_batch(batch, synced)
+
+    def _place_batch(self, batch: list[tuple[int, list[int], dict[int, bytes]]],
+                     synced: dict[int, tuple[EntryLogWriter, int]]) -> None:
+        """One hold of the lock of :meth:`_place`: ``(ledger, entry ids, its slots)``
+        appended to the logs; then the logs due a sync synced, outside it."""
+        cache, due = self._cache, []
+        with self._lock:
+            self._check_writable()
+            pending = self._pending  # swapped by _begin_flush, never while placing: the flush lock
+            dirs: dict[int, LedgerDir] = {}
+            for ledger_id, entry_ids, slots in batch:
+                table = pending.get(ledger_id)
+                if table is None:
+                    table = pending[ledger_id] = {}
+                d = self._dir(ledger_id)
+                dirs[d.number] = d
+                placed = size = 0
+                try:
+                    with self._failing:
+                        for entry_id in entry_ids:
+                            data = slots[entry_id]
+                            table[entry_id] = d.append(ledger_id, entry_id, data)
+                            size += len(data)
+                            placed += 1
+                finally:
+                    cache.placed(ledger_id, entry_ids if placed == len(entry_ids) else entry_ids[:placed], size)
+            for d in dirs.values():
+                to_sync = self._due_sync(d, synced)
+                if to_sync is not None:
+                    due.append(to_sync)
+        for writer in due:  # outside the lock: adds go on meanwhile
+            with self._failing:
+                writer.file.sync()
 
     def _due_sync(self, d: LedgerDir, synced: dict[int, tuple[EntryLogWriter, int]]) -> EntryLogWriter | None:
         """(Lock held, placing) ``d``'s active log if ``placement_sync_bytes`` more of it
@@ -612,21 +642,44 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                         [w.log_id for w in writers], d.root, exc)
 
     def _write_index(self, plan: _FlushPlan) -> None:
-        new_dirs: set[str] = set()
-        for ledger_id in sorted(plan.slots.keys() | plan.headers.keys()):
+        """Step 3: the taken slots and the dirty headers into the index files, synced;
+        new files renamed into place, then their names made durable. A dir whose file
+        system has a syncer and that got ``SYNCFS_FILES`` files or more syncs them all
+        with one syncfs, and their names with a second (a sync per file cost ~80 µs of
+        CPU and ~0.1 ms of disk each: seconds per checkpoint at 10,000 ledgers)."""
+        ledgers = sorted(plan.slots.keys() | plan.headers.keys())
+        dirs = self._dirs
+        files = [0] * len(dirs)
+        for ledger_id in ledgers:
+            files[ledger_id % len(dirs)] += 1
+        batched = [d for d, n in zip(dirs, files) if d.syncer is not None and n >= SYNCFS_FILES]
+        each = [n < SYNCFS_FILES or d.syncer is None for d, n in zip(dirs, files)]
+        new_dirs: set[str] = set()  # to fsync: of the dirs synced file by file
+        for ledger_id in ledgers:
             created = ledger_id in plan.created
+            alone = each[ledger_id % len(dirs)]
             if created:
-                new_dirs |= self._make_bucket(ledger_id)
+                made = self._make_bucket(ledger_id)
+                if alone:
+                    new_dirs |= made
             with self._index_files.use(ledger_id, create=created) as f:
                 header = plan.headers.get(ledger_id)
                 if header is not None:
                     write_header(f, header)
                 write_slots(f, plan.slots.get(ledger_id, {}))
-                f.sync()
-            if created:  # reopen later under the final name (clearer errors)
-                d = self._dir(ledger_id)
-                self._fs.rename(d.new_index_path(ledger_id), d.index_path(ledger_id))
-                self._index_files.discard(ledger_id)
+                if alone:
+                    f.sync()
+        for d in batched:
+            d.syncer.sync()  # type: ignore[union-attr]  # batched: it has one
+        renamed: set[int] = set()
+        for ledger_id in sorted(plan.created):  # reopened later under the final name (clearer errors)
+            d = self._dir(ledger_id)
+            self._fs.rename(d.new_index_path(ledger_id), d.index_path(ledger_id))
+            self._index_files.discard(ledger_id)
+            renamed.add(d.number)
+        for d in batched:
+            if d.number in renamed:
+                d.syncer.sync()  # type: ignore[union-attr]  # the new names and buckets
         for path in sorted(new_dirs, key=len, reverse=True):  # buckets before index/
             self._fs.fsync_dir(path)
 
