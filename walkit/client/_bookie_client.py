@@ -116,7 +116,10 @@ class BookieClient:
     def __init__(self, address: str, max_frame_size: int) -> None:
         self.address = address
         self._wire = ClientConnection(max_frame_size)
-        self._pending: dict[int, tuple[ResponseCallback, Any]] = {}
+        # request id -> its callback, and -> its context: two dicts, not a tuple per request
+        # (three adds in flight per entry, each a tuple the cyclic GC would track)
+        self._pending: dict[int, ResponseCallback] = {}
+        self._contexts: dict[int, Any] = {}
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -227,7 +230,8 @@ class BookieClient:
         else:
             request_id, frame = self._wire.send(request)
             self._out.append(frame)
-        self._pending[request_id] = (cb, ctx)
+        self._pending[request_id] = cb
+        self._contexts[request_id] = ctx
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -253,23 +257,22 @@ class BookieClient:
             if self._transport is not None:
                 self._transport.close()
             return
-        pending = self._pending
+        pending, contexts = self._pending, self._contexts
         for response in responses:
             if response.__class__ is int:  # an add made durable: nothing to hand on but that
-                waiter = pending.pop(response, None)
-                if waiter is None:
+                cb = pending.pop(response, None)
+                if cb is None:
                     continue
-                cb, ctx = waiter
                 try:
-                    cb(None, None, ctx)
+                    cb(None, None, contexts.pop(response))
                 except Exception:  # one failing callback must not strand the other responses
                     _log.exception("response callback failed")
                 continue
             assert not isinstance(response, int)
-            waiter = pending.pop(response.request_id, None)
-            if waiter is None:
+            cb = pending.pop(response.request_id, None)
+            if cb is None:
                 continue
-            cb, ctx = waiter
+            ctx = contexts.pop(response.request_id)
             try:
                 if isinstance(response, ErrorResponse):
                     cb(None, error_for(response), ctx)
@@ -281,8 +284,10 @@ class BookieClient:
     def _lost(self, exc: WalkitError) -> None:
         if self._failure is None:
             self._failure = exc
-        pending, self._pending = self._pending, {}
-        for cb, ctx in pending.values():
+        pending, contexts = self._pending, self._contexts
+        self._pending, self._contexts = {}, {}
+        for request_id, cb in pending.items():
+            ctx = contexts[request_id]
             try:
                 cb(None, exc, ctx)
             except Exception:

@@ -3,7 +3,7 @@
 A bookie is named by its id; :class:`BookiePool` resolves the id to the endpoint the
 bookie registered (``available/<id>`` or ``available/readonly/<id>``, JSON
 ``{"endpoint": "host:port", "tls": bool}``), connects once, and sends every request for
-that bookie down the same connection (:meth:`BookiePool.request_each_cb`: to several at
+that bookie down the same connection (:meth:`BookiePool.request_each`: to several at
 once, as a writer sends an entry to its write set). Requests made while the connection
 is being opened wait for it; a failed connect fails them with
 :class:`~walkit.errors.BookieUnavailableError`. A lost connection is dropped from the
@@ -14,18 +14,29 @@ bookie may have moved).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from walkit.client._bookie_client import BookieClient, ResponseCallback, client_ssl_context
 from walkit.client._config import ClientConfig
 from walkit.errors import BookieUnavailableError, WalkitError
-from walkit.protocol import Request
+from walkit.protocol import Request, Response
 
-__all__ = ["BookiePool", "Endpoint", "parse_endpoint"]
+__all__ = ["Answered", "BookiePool", "Endpoint", "parse_endpoint"]
+
+
+class Answered(Protocol):
+    """What :meth:`BookiePool.request_each` tells of each bookie's answer."""
+
+    def answered(self, bookie: str, response: Response | None, error: WalkitError | None) -> None: ...
+
+
+def _relay(bookie: str, response: Response | None, error: WalkitError | None, target: Answered) -> None:
+    target.answered(bookie, response, error)
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,7 @@ class BookiePool:
         self._ssl: ssl.SSLContext | None = None
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._relays: dict[str, ResponseCallback] = {}  # bookie -> its answers' relay to request_each's target
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:
@@ -89,15 +101,19 @@ class BookiePool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def request_each_cb(self, bookies: Iterable[str], request: Request, cb: ResponseCallback, ctx: Any) -> None:
-        """:meth:`request_cb` to each of ``bookies``, the callback's context ``(ctx, bookie)``
-        (a writer's path: one call per entry, and an ADD_ENTRY frame per bookie that only
-        differs in its header)."""
-        clients = self._clients
+    def request_each(self, bookies: Iterable[str], request: Request, target: Answered) -> None:
+        """:meth:`request_cb` to each of ``bookies``; each answer (or failure) is
+        ``target.answered(bookie, response, error)``, once per bookie. A writer's path:
+        one call per entry, an ADD_ENTRY frame per bookie that only differs in its
+        header, and nothing made per request (the relay to the target is the bookie's own)."""
+        clients, relays = self._clients, self._relays
         for bookie in bookies:
+            relay = relays.get(bookie)
+            if relay is None:
+                relay = relays[bookie] = functools.partial(_relay, bookie)
             client = clients.get(bookie)
-            if client is None or not client.try_request_cb(request, cb, (ctx, bookie)):
-                self.request_cb(bookie, request, cb, (ctx, bookie))  # connects (again)
+            if client is None or not client.try_request_cb(request, relay, target):
+                self.request_cb(bookie, request, relay, target)  # connects (again)
 
     def flush(self, bookies: Iterable[str]) -> None:
         """Write what is queued for ``bookies`` now (see :meth:`BookieClient.flush`)."""

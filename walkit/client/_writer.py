@@ -64,23 +64,35 @@ _SAMPLE = 7  # adds whose entry id is a multiple of 8 are timed: the latency his
 
 
 class _Add:
-    __slots__ = ("entry_id", "payload", "length", "future", "data", "sent", "acked", "sent_at", "quorum", "done",
-                 "slot", "started")
+    """One add in flight. What it keeps is made for the cyclic GC, which walks every
+    object that lives past a collection or two (an add lives a few ms to a few tens):
+    the bookies it went to and that acknowledged it are tuples of ``str`` (the write
+    set's own tuple, usually; the GC stops tracking tuples of strings), and it is its
+    own context for the bookies' answers (:meth:`answered`) - a QuickFuture and this
+    object per add, nothing else."""
 
-    def __init__(self, entry_id: int, payload: bytes, length: int, future: Future[int], data: bytes = b"",
-                 slot: bool = True) -> None:
+    __slots__ = ("writer", "entry_id", "payload", "length", "future", "data", "sent", "acked", "sent_at", "quorum",
+                 "done", "slot", "started")
+
+    def __init__(self, writer: LedgerWriter, entry_id: int, payload: bytes, length: int, future: Future[int],
+                 data: bytes = b"", slot: bool = True) -> None:
+        self.writer = writer
         self.entry_id = entry_id
         self.payload = payload
         self.length = length  # the ledger's length including this entry
         self.future = future
         self.data = data  # the encoded entry, made when first sent (recovery: as read)
-        self.sent: set[str] = set()  # bookies of the current write set it went to
-        self.acked: set[str] = set()
+        self.sent: tuple[str, ...] = ()  # bookies of the current write set it went to
+        self.acked: tuple[str, ...] = ()  # those of them that acknowledged it
         self.sent_at = 0.0
         self.quorum = False
         self.done = False
         self.slot = slot  # holds one of the writer's max_pending_adds slots
         self.started = 0.0  # when submitted, for one add in 8 (0: not timed)
+
+    def answered(self, bookie: str, response: Response | None, error: WalkitError | None) -> None:
+        """(Loop) ``bookie``'s answer to this add (BookiePool.request_each's target)."""
+        self.writer.on_ack(self, bookie, error)
 
 
 class LedgerWriter:
@@ -155,7 +167,7 @@ class LedgerWriter:
                 entry_id = self._next_entry_id
                 self._next_entry_id += 1
                 self._length += len(payload)
-                add = _Add(entry_id, payload, self._length, fut)
+                add = _Add(self, entry_id, payload, self._length, fut)
                 if not entry_id & _SAMPLE:  # one add in 8 is timed (walkit_client_add_seconds)
                     add.started = time.monotonic()
                 self._incoming.append(add)
@@ -181,7 +193,7 @@ class LedgerWriter:
         """(Loop, recovery writer) re-add an entry exactly as it was read (recovery's
         own read window bounds these: they take no slot)."""
         fut: QuickFuture[int] = QuickFuture()
-        add = _Add(entry_id, b"", length, fut, data, slot=False)
+        add = _Add(self, entry_id, b"", length, fut, data, slot=False)
         self.pending.append(add)
         if self.error is not None:
             self._settle(add, self.error)
@@ -195,7 +207,11 @@ class LedgerWriter:
         """(Loop) send the adds submitted since the last call; ``flush``: write them to
         the bookies now (else the caller flushes, once for many writers)."""
         with self._lock:
-            batch, self._incoming = self._incoming, []
+            # a copy, not a fresh list for _incoming: that one would live until the
+            # ledger's next add, long enough to reach the GC's oldest generation when
+            # thousands of ledgers are written round-robin (and make its full passes come often)
+            batch = self._incoming.copy()
+            self._incoming.clear()
             self._scheduled = False
         for add in batch:
             if self.error is not None:
@@ -240,12 +256,14 @@ class LedgerWriter:
             write_set = tuple(b for b in write_set if b not in failed and b not in sent)
             if not write_set:
                 return
-        sent.update(write_set)  # before sending: no callback runs inside request_each_cb
+            add.sent = sent + write_set
+        else:
+            add.sent = write_set  # the write set's own tuple: nothing made
         request = AddEntry(self.ledger_id, add.entry_id, self.key, add.data, self.recovery)
-        self.core.pool.request_each_cb(write_set, request, self._on_ack, add)
+        self.core.pool.request_each(write_set, request, add)  # after add.sent: no answer comes inside it
 
-    def _on_ack(self, response: Response | None, error: WalkitError | None, ctx: Any) -> None:
-        add, bookie = ctx
+    def on_ack(self, add: _Add, bookie: str, error: WalkitError | None) -> None:
+        """(Loop) ``bookie`` answered ``add``."""
         if error is not None:
             if isinstance(error, LedgerFencedError):
                 self._fail(LedgerFencedError("ledger fenced: another client recovered it; this writer is done",
@@ -255,9 +273,9 @@ class LedgerWriter:
             else:
                 self.bookie_failed(bookie, error)
             return
-        if add.done or bookie not in add.sent:
+        if add.done or bookie not in add.sent or bookie in add.acked:
             return  # late: completed already, or from a bookie since replaced
-        add.acked.add(bookie)
+        add.acked += (bookie,)
         if not add.quorum and len(add.acked) >= self.quorum_size:
             add.quorum = True
             if self.pending and self.pending[0] is add:
@@ -335,8 +353,8 @@ class LedgerWriter:
         need = self.quorum_size
         for add in self.pending:
             if bookie in add.sent:
-                add.sent.discard(bookie)
-                add.acked.discard(bookie)
+                add.sent = tuple(b for b in add.sent if b != bookie)
+                add.acked = tuple(b for b in add.acked if b != bookie)
                 add.quorum = len(add.acked) >= need
         if self._degraded:
             self._check_reachable(NotEnoughBookiesError("too few bookies left for the ack quorum",
@@ -445,7 +463,7 @@ class LedgerWriter:
         deadline = now - self.core.config.add_timeout
         for add in list(self.pending):
             if add.sent_at < deadline and not add.done:
-                waiting = add.sent - add.acked
+                waiting = [b for b in add.sent if b not in add.acked]
                 for bookie in waiting:
                     self.bookie_failed(bookie, BookieTimeoutError("add timed out", bookie=bookie,
                                                                   ledger=self.ledger_id, entry=add.entry_id))
