@@ -185,8 +185,10 @@ class Backend(ABC):
     def alloc_aligned(self, size: int, align: int = 4096) -> AlignedBuffer:
         """A zero-filled buffer whose start is ``align``-aligned."""
 
-    #: Whether :meth:`syncfs` is there and reports writeback errors (the shim, on Linux
-    #: 5.8 or later: an older syncfs(2) returns 0 whatever failed).
+    #: Whether :meth:`syncfs` is there and reports what failed (the shim, on Linux 5.17 or
+    #: later: before 5.8 syncfs(2) returned 0 whatever failed, before 5.17 it ignored the
+    #: file system's own sync - an ext4 journal commit, an XFS log force - that makes new
+    #: names and sizes durable).
     has_syncfs = False
 
     def syncfs(self, fd: int) -> None:
@@ -326,6 +328,8 @@ class _NativeBackend(Backend):
     def __init__(self, ffi: Any, lib: Any) -> None:
         super().__init__()
         self._ffi, self._lib = ffi, lib
+        # an extension built before wk_syncfs existed (an editable install not rebuilt) has none
+        self.has_syncfs = _kernel_at_least(5, 17) and hasattr(lib, "wk_syncfs")
 
     def _check(self, rc: int, op: str, fd: int | None = None, **context: object) -> int:
         if rc < 0:
@@ -399,8 +403,6 @@ class _NativeBackend(Backend):
 
     def fsync_dir(self, path: str) -> None:
         self._check(self._lib.wk_fsync_dir(os.fsencode(path)), "fsync_dir", path=path)
-
-    has_syncfs = _kernel_at_least(5, 8)
 
     def syncfs(self, fd: int) -> None:
         self._check(self._lib.wk_syncfs(fd), "syncfs", fd)

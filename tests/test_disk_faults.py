@@ -249,7 +249,12 @@ def test_storage_undoes_a_flush_whose_index_does_not_fit() -> None:
     assert s.pending_index_entries() == len(stored), "the undone flush gave its slots back"
     assert all(s.get_entry(*k) == data for k, data in stored.items())
     fs.capacity = None
+    synced_dirs: list[str] = []
+    fsync_dir = fs.fsync_dir
+    fs.fsync_dir = lambda path: (synced_dirs.append(path), fsync_dir(path))[1]  # type: ignore[method-assign]
     s.flush()
+    # the undone flush made bucket 02 but never made it durable in index/: the retry does
+    assert synced_dirs[-2:] == ["/d/current/index/02", "/d/current/index"], synced_dirs
     assert s.pending_index_entries() == 0
     s.close()
     s.open()

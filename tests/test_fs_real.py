@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -303,7 +304,7 @@ def test_a_syncer_where_the_backend_has_syncfs(rfs: RealFS, tmp_path: Path) -> N
     writeback errors); the pure-Python one never does. A closed syncer refuses to sync."""
     syncer = rfs.open_syncer(str(tmp_path))
     if not rfs.backend.has_syncfs:
-        assert syncer is None and (rfs.backend.name == "python" or not native._kernel_at_least(5, 8))
+        assert syncer is None and (rfs.backend.name == "python" or not native._kernel_at_least(5, 17))
         return
     assert syncer is not None
     f = rfs.open(str(tmp_path / "f"), create=True)
@@ -326,14 +327,49 @@ def test_python_backend_has_no_syncfs() -> None:
 
 
 @pytest.mark.parametrize(("sysname", "release", "expected"), [
-    ("Linux", "5.7.19", False), ("Linux", "5.8.0", True), ("Linux", "6.18.44-fc-v657", True),
+    ("Linux", "5.16.20", False), ("Linux", "5.17.0", True), ("Linux", "6.18.44-fc-v657", True),
     ("Linux", "4.19.0-26-amd64", False), ("Linux", "weird", False), ("Darwin", "23.1.0", False),
 ])
 def test_kernel_version_for_syncfs(monkeypatch: pytest.MonkeyPatch, sysname: str, release: str,
                                    expected: bool) -> None:
     uname = os.uname_result((sysname, "host", release, "#1", "x86_64"))
     monkeypatch.setattr(native.os, "uname", lambda: uname)
-    assert native._kernel_at_least(5, 8) is expected
+    assert native._kernel_at_least(5, 17) is expected
+
+
+def test_no_syncer_on_file_systems_whose_syncfs_is_not_trusted(tmp_path: Path) -> None:
+    """The file system type comes from the mount table (the longest mount point that
+    holds the path; of two on one point the later); syncers only on the listed types,
+    and none from a shim built before syncfs was in it."""
+    from bookie.fs import real
+
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        "22 1 253:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+        "30 22 0:26 / /mnt/fuse rw - fuse.sshfs host:/x rw\n"
+        "31 22 0:27 / /mnt/my\\040disk rw - xfs /dev/vdb rw\n"
+        "32 22 0:28 / /mnt/nfs rw - nfs4 host:/e rw\n"
+        "33 32 0:29 / /mnt/nfs rw - tmpfs tmpfs rw\n")
+    assert real.file_system_type("/var/lib/x", str(table)) == "ext4"
+    assert real.file_system_type("/mnt/fuse/a/b", str(table)) == "fuse.sshfs"
+    assert real.file_system_type("/mnt/my disk/ledgers", str(table)) == "xfs"
+    assert real.file_system_type("/mnt/nfs", str(table)) == "tmpfs"  # mounted over the nfs one
+    assert real.file_system_type("/mnt/fusex", str(table)) == "ext4"
+    assert real.file_system_type("/x", str(tmp_path / "none")) is None
+    assert "fuse.sshfs" not in real.SYNCFS_TYPES and "nfs4" not in real.SYNCFS_TYPES
+    try:
+        backend = native.get_backend("native")
+    except ImportError:
+        pytest.skip("no C shim")
+
+    class OldShim:  # an extension built before wk_syncfs
+        def __getattr__(self, name: str) -> Any:
+            if name == "wk_syncfs":
+                raise AttributeError(name)
+            return getattr(backend._lib, name)  # type: ignore[attr-defined]
+
+    old = type(backend)(backend._ffi, OldShim())  # type: ignore[attr-defined]
+    assert not old.has_syncfs and RealFS(old).open_syncer(str(tmp_path)) is None
 
 
 def test_memfs_syncer_makes_everything_durable() -> None:

@@ -479,6 +479,23 @@ def test_index_files_are_synced_one_by_one_without_a_syncer() -> None:
     s.close()
 
 
+def test_a_failure_from_before_the_opening_is_taken_at_open(caplog: pytest.LogCaptureFixture) -> None:
+    """syncfs reports a background write failure that nobody was told of, also one from
+    before its descriptor was opened: the storage takes it with a first syncfs at open
+    (logged, not this opening's data), so its first checkpoint does not fail for it."""
+    fs = FaultyFS(MemFS())
+    fs.fail_syncs("/d/current/index")  # a failure nobody heard of yet, under the syncer's directory
+    s = LedgerStorage(fs, ["/d"])
+    with caplog.at_level("WARNING", logger="bookie.storage"):
+        s.open()
+    assert any("failed before the storage opened" in r.getMessage() for r in caplog.records)
+    for ledger in range(storage_module.SYNCFS_FILES):
+        s.add_entry(ledger, 0, b"x")
+    s.flush()
+    assert s.failure is None and fs.failed == 1
+    s.close()
+
+
 def test_a_failed_syncfs_fails_the_storage() -> None:
     """A syncfs that fails (a background writeback of the file system failed) fails the
     flush and the storage, as a failed fdatasync does; a reopen starts from what the

@@ -92,9 +92,10 @@ class Syncer(Protocol):
     def sync(self) -> None:
         """Make the data, sizes and names of every file of the file system durable -
         as ``sync()`` of each file and ``fsync_dir`` of each directory would. A write
-        of that file system that failed in the background since the syncer was opened
-        (or since its last ``sync``) makes it raise, once: after that, as after any
-        failed sync, what was written may be gone."""
+        of that file system that failed in the background since the syncer's last
+        ``sync`` - or since it was opened, or before that if no syncfs reported it yet -
+        makes it raise, once: after that, as after any failed sync, what was written
+        may be gone."""
         ...
 
     def close(self) -> None: ...

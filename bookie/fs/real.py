@@ -33,7 +33,7 @@ import threading
 from bookie import native
 from bookie.fs import AlignedBuffer
 
-__all__ = ["ALIGNMENT", "RealFS", "RealSyncer"]
+__all__ = ["ALIGNMENT", "SYNCFS_TYPES", "RealFS", "RealSyncer", "file_system_type"]
 
 #: O_DIRECT alignment of offsets, lengths and buffers (a page: safe on 4Kn disks).
 ALIGNMENT = 4096
@@ -122,10 +122,37 @@ class RealFile:
         return f"<RealFile {self.path!r} direct={self.direct} closed={self._closed}>"
 
 
+#: File systems whose syncfs(2) syncs and reports everything (Linux 5.17 or later).
+SYNCFS_TYPES = frozenset({"ext4", "xfs", "btrfs", "f2fs", "tmpfs"})
+
+
+def file_system_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The type of the file system ``path`` is on (the mount whose point is the
+    longest prefix of its real path, from ``mountinfo``); None when unknown."""
+    target = os.path.realpath(path)
+    best, kind = -1, None
+    try:
+        with open(mountinfo, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields, sep, rest = line.partition(" - ")
+        parts, tail = fields.split(), rest.split()
+        if not sep or len(parts) < 5 or not tail:
+            continue
+        point = parts[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best:  # the later of two mounts on one point is the visible one
+            best, kind = len(point), tail[0]
+    return kind
+
+
 class RealSyncer:
     """:class:`bookie.fs.Syncer` on a descriptor of a directory, open until :meth:`close`
     (syncfs(2) reports the file system's writeback errors since the descriptor was
-    opened: one opened just before the sync would miss those of the writes it covers)."""
+    opened, and those no syncfs reported before: one opened just before the sync would
+    miss those of the writes it covers that a sync through another descriptor took)."""
 
     def __init__(self, backend: native.Backend, path: str) -> None:
         self._backend = backend
@@ -207,7 +234,13 @@ class RealFS:
         self.backend.fsync_dir(path)
 
     def open_syncer(self, path: str) -> RealSyncer | None:
-        return RealSyncer(self.backend, path) if self.backend.has_syncfs else None
+        """A syncer where the backend has syncfs and ``path`` is on a local file system
+        whose syncfs makes everything durable and reports what failed (ext4, XFS,
+        btrfs, f2fs; tmpfs, where nothing is durable anyway); None elsewhere - a FUSE or
+        network file system may not pass syncfs on to what stores the data."""
+        if not self.backend.has_syncfs or file_system_type(path) not in SYNCFS_TYPES:
+            return None
+        return RealSyncer(self.backend, path)
 
     def disk_usage(self, path: str) -> float:
         """Used / (used + available to us), as ``df`` counts it: 1.0 means the next

@@ -12,9 +12,11 @@ Layout of a ledger dir (the ``COOKIE`` file next to ``current/`` belongs to
 
 ``current/``, ``logs/`` and ``index/`` are made (and fsynced into their parents) when the
 storage opens; a bucket is made by the first flush that creates an index file in it,
-which then fsyncs ``index/`` as well as the bucket. A new index file is built as
-``<ledger id:016x>.idx.tmp``, synced, then renamed, so a ``.idx`` name always holds a
-synced header.
+which then makes ``index/`` durable as well as the bucket (an fsync of each, or the
+syncfs of a flush that syncs the whole file system; a flush undone for lack of space
+forgets the buckets it made, so that the next one does it again). A new index file is
+built as ``<ledger id:016x>.idx.tmp``, synced, then renamed, so a ``.idx`` name always
+holds a synced header.
 
 Guarantees: log ids only grow — a restart starts a new log one above the highest name
 found, and never appends to an old log (its tail may hold torn records after a crash).
@@ -145,6 +147,13 @@ class LedgerDir:
             self.fs.fsync_dir(path)
         if self.syncer is None:  # before any write of this opening: it reports their failures
             self.syncer = self.fs.open_syncer(self.current_dir)
+            if self.syncer is not None:
+                try:  # takes a failure nobody was told of yet: one from before this opening
+                    self.syncer.sync()
+                except OSError as exc:
+                    log.warning("%s: a write on its file system failed before the storage opened (%s): "
+                                "not this opening's data; the journal replays what the last checkpoint "
+                                "did not cover", self.root, exc, extra=context(directory=self.root))
 
     def ensure_bucket(self, ledger_id: int) -> bool:
         """Make the ledger's bucket directory; True if it is new (fsync ``index/``)."""
@@ -370,12 +379,14 @@ class LedgerDir:
         self.recent.keep(self.number, log_id, start, data)
 
     def close(self) -> None:
-        for w in self.rolled + ([self.writer] if self.writer is not None else []):
-            w.close()
-        self.writer, self.rolled = None, []
-        if self.syncer is not None:
-            self.syncer.close()
-            self.syncer = None
+        syncer, self.syncer = self.syncer, None
+        try:
+            if syncer is not None:
+                syncer.close()
+        finally:
+            for w in self.rolled + ([self.writer] if self.writer is not None else []):
+                w.close()
+            self.writer, self.rolled = None, []
 
     def _roll(self) -> EntryLogWriter:
         """Start the next log. Nothing changes if it fails (e.g. a full disk while the

@@ -196,8 +196,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 for d in self._dirs:
                     d.load_usage(self._states)
             except BaseException:
-                for d in self._dirs:  # their syncers
-                    d.close()
+                self._close_dirs()  # their syncers
                 raise
             self._is_open = True
 
@@ -213,8 +212,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                         self._write_usage(d, [d.writer])
         finally:
             with self._flush_lock, self._lock:
-                for d in self._dirs:
-                    d.close()
+                self._close_dirs()
                 self._index_files.close_all()
                 self._log_files.close_all()
                 self._pending, self._flushing = {}, {}
@@ -222,6 +220,18 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 self._read_ahead.clear()
                 self._recent.clear()
                 self._is_open = False
+
+    def _close_dirs(self) -> None:
+        """Close every dir's files and syncer (one that fails to close does not keep the
+        others open; the first error is raised)."""
+        error: BaseException | None = None
+        for d in self._dirs:
+            try:
+                d.close()
+            except BaseException as exc:  # noqa: BLE001 - raised below, after the others closed
+                error = error or exc
+        if error is not None:
+            raise error
 
     # --- entries --------------------------------------------------------------------
     def add_entry(self, ledger_id: int, entry_id: int, data: bytes) -> None:
@@ -704,6 +714,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         self._dirty |= plan.headers.keys() & self._states.keys()
         for ledger_id in plan.created:
             self._index_files.discard(ledger_id)
+            d = self._dir(ledger_id)  # its bucket may not be durable in index/: the retry makes it so
+            d.buckets.discard(d.bucket_dir(ledger_id))
         for d, log_flush in zip(self._dirs, plan.logs):
             d.rolled = log_flush.close + d.rolled
 

@@ -12,8 +12,8 @@ A flush first *places* the cache (:meth:`WriteCache.begin` swaps :attr:`active` 
 :attr:`placing`, where adds made meanwhile cannot land): ledger by ledger in id order,
 entry by entry in id order, each entry is appended to its ledger dir's active log and its
 location goes into the storage's pending map, in batches of at most ``PLACE_BATCH``
-entries and ``PLACE_BATCH_BYTES`` of one ledger under the storage lock (the sorting is
-done outside it). After each such amount placed (across ledgers) the placement yields
+entries and ``PLACE_BATCH_BYTES``, of as many ledgers as they take, under the storage
+lock (the sorting is done outside it). After each full batch the placement yields
 (``time.sleep(0)``), so that an add woken by the lock's release usually takes it before
 the placement retakes it: an add waits for about a batch, not for the whole placement.
 Each time ``flushEntrylogBytes`` (2 MiB) more of a dir's active log was written out, the
