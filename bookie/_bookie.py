@@ -314,6 +314,7 @@ class Bookie:
             read_ahead_batch_bytes=c.read_ahead_cache_batch_bytes_size if c.read_ahead_cache_batch_bytes_size > 0
             else _BY_COUNT, recent_writes_bytes=c.recent_writes_cache_max_size_mb << 20,
             write_cache_bytes=self._write_cache_bytes, placement_sync_bytes=c.flush_entrylog_bytes,
+            slot_log_bytes=c.index_slot_log_max_size_mb << 20,
         )
         self._storage.open()
         self._storage.on_failure = lambda exc: self._failed(self._where(exc, c.ledger_directories), exc)

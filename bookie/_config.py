@@ -124,6 +124,11 @@ class BookieConfig:
                                      "directory's entry log between two syncs of it (0: one sync at its end); small "
                                      "syncs spread the checkpoint's writeback, so journal syncs on the same disk do "
                                      "not wait behind a large one (BookKeeper: 0)")
+    index_slot_log_max_size_mb: int = _key("indexSlotLogMaxSizeMb", 32, "walkit: MiB of index slots a ledger "
+                                           "directory's slot log holds (8 bytes each, kept in RAM too): a checkpoint "
+                                           "of many ledgers appends their slots there instead of writing an index "
+                                           "file per ledger; past this, they are written to the index files at once "
+                                           "(0: no slot log)")
     # Read caches (bookie/storage/_cache.py): a single read (READ_ENTRY) that goes to an
     # entry log reads the entries after it ahead; log buffers written lately stay in memory.
     read_ahead_cache_max_size_mb: int = _key("dbStorage_readAheadCacheMaxSizeMb", 64, "MiB of entries read ahead "
@@ -273,6 +278,7 @@ class BookieConfig:
             "journalRecycleFiles": self.journal_recycle_files,
             "journalZeroFillRateMB": self.journal_zero_fill_rate_mb,
             "flushEntrylogBytes": self.flush_entrylog_bytes,
+            "indexSlotLogMaxSizeMb": self.index_slot_log_max_size_mb,
             "dbStorage_readAheadCacheMaxSizeMb": self.read_ahead_cache_max_size_mb,
             "recentWritesCacheMaxSizeMb": self.recent_writes_cache_max_size_mb,
             "lostBookieRecoveryDelay": self.lost_bookie_recovery_delay,

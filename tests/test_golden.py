@@ -16,6 +16,7 @@ never regenerate or edit a golden file to make this test pass.
 from __future__ import annotations
 
 import dataclasses
+from array import array
 import shutil
 import struct
 import threading
@@ -44,6 +45,15 @@ from bookie.journal import (
 )
 from bookie.storage import EntryLogFile, EntryLogInfo, EntryLogRecord, LedgerStorage
 from bookie.storage._format import IndexHeader, decode_index_copy, encode_index_copy, encode_log_header
+from bookie.storage._slotlog import (
+    KIND_DELETED,
+    KIND_RUN,
+    SLOT_LOG_HEADER_SIZE,
+    encode_deleted,
+    encode_run,
+    encode_slot_log_header,
+    parse_records,
+)
 from bookie.storage._usage import LogUsage, decode_usage, encode_usage
 from journal_support import Recorder
 from walkit.client import Entry
@@ -107,6 +117,10 @@ FILES = {
     "ledger-dir/v1/current/logs/0000000000000001.use": 80,
     "ledger-dir/v1/current/index/07/0000000000000007.idx": 1040,
     "ledger-dir/v1/current/index/09/0000000000000009.idx": 1032,
+    "ledger-dir/v1-slots/current/slots.log": 612,
+    "ledger-dir/v1-slots/current/logs/0000000000000001.log": 831,
+    "ledger-dir/v1-slots/current/logs/0000000000000001.use": 64,
+    "ledger-dir/v1-slots/current/index/07/0000000000000007.idx": 1032,
     "cookie/v1/COOKIE": 165,
     "wal/batch-v1.bin": 38,
     "wal/batch-v2.bin": 38,
@@ -290,6 +304,7 @@ LOG = f"{LEDGER_DIR}/current/logs/0000000000000001.log"
 USE = f"{LEDGER_DIR}/current/logs/0000000000000001.use"
 IDX_7 = f"{LEDGER_DIR}/current/index/07/0000000000000007.idx"
 IDX_9 = f"{LEDGER_DIR}/current/index/09/0000000000000009.idx"
+SLOTS = "ledger-dir/v1-slots/current/slots.log"
 
 
 def test_ledger_storage_opens_the_golden_dir(tmp_path: Path) -> None:
@@ -304,6 +319,28 @@ def test_ledger_storage_opens_the_golden_dir(tmp_path: Path) -> None:
         assert [storage.get_entry(7, 0), storage.get_entry(7, 1), storage.get_entry(9, 0)] == [E7_0, E7_1, E9_0]
         assert storage.entry_logs() == [EntryLogInfo(dir=0, log_id=1, total_bytes=225, live_bytes=225, ledgers=2,
                                                      compacting=False, end=737)]
+    finally:
+        storage.close()
+
+
+def test_ledger_storage_opens_the_golden_dir_with_a_slot_log(tmp_path: Path) -> None:
+    """Ledger 7's entry 1 is found through the slot log only; ledger 9's records there
+    are void (deleted); the records decode to what was written."""
+    raw = golden(SLOTS)
+    assert raw[:SLOT_LOG_HEADER_SIZE] == encode_slot_log_header()
+    records, end = parse_records(raw[SLOT_LOG_HEADER_SIZE:])
+    assert end == len(raw) - SLOT_LOG_HEADER_SIZE
+    assert [(kind, ledger, first, list(locations)) for kind, ledger, first, locations in records] == [
+        (KIND_RUN, 7, 1, [(1 << 32) | 671]), (KIND_RUN, 9, 1, [(1 << 32) | 737]), (KIND_DELETED, 9, 0, [])]
+    assert raw[SLOT_LOG_HEADER_SIZE:] == b"".join([encode_run(7, 1, array("Q", [(1 << 32) | 671])),
+                                                     encode_run(9, 1, array("Q", [(1 << 32) | 737])),
+                                                     encode_deleted(9)])
+    storage = LedgerStorage(RealFS(), [copy_of("ledger-dir/v1-slots", tmp_path)])
+    storage.open()
+    try:
+        assert storage.ledgers() == [7] and storage.last_entry_id(7) == 1
+        assert [storage.get_entry(7, 0), storage.get_entry(7, 1)] == [E7_0, E7_1]
+        assert storage.get_entries(7, 0, 10, 1 << 20) == [E7_0, E7_1]
     finally:
         storage.close()
 
@@ -367,6 +404,7 @@ def test_ledger_storage_writes_the_same_bytes(tmp_path: Path) -> None:
                for p in (tmp_path / "ledgers").rglob("*") if p.is_file()}
     expected = {str(p.relative_to(GOLDEN / LEDGER_DIR)): p.read_bytes()
                 for p in (GOLDEN / LEDGER_DIR).rglob("*") if p.is_file()}
+    assert written.pop("current/slots.log") == encode_slot_log_header()  # made since, empty here
     assert written == expected
 
 

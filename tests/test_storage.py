@@ -443,7 +443,7 @@ def test_a_flush_of_many_index_files_syncs_them_with_one_syncfs(env: Env) -> Non
     per file, no fsync per bucket; a dir with fewer files syncs each. All read back after
     a reopen (on the real disk and on MemFS)."""
     ledgers = 2 * storage_module.SYNCFS_FILES  # SYNCFS_FILES in each of the two dirs
-    s = env.storage()
+    s = env.storage(slot_log_bytes=0)  # no slot log: every flush writes the index files
     if s._dirs[0].syncer is None:
         pytest.skip("no syncfs here (the pure-Python backend, or Linux before 5.8)")
     counts = _count_index_syncs(s)
@@ -501,7 +501,7 @@ def test_a_failed_syncfs_fails_the_storage() -> None:
     flush and the storage, as a failed fdatasync does; a reopen starts from what the
     previous flush made durable."""
     fs = FaultyFS(MemFS())
-    s = LedgerStorage(fs, ["/d"])
+    s = LedgerStorage(fs, ["/d"], slot_log_bytes=0)  # the second flush writes the index files too
     s.open()
     for ledger in range(storage_module.SYNCFS_FILES):
         s.add_entry(ledger, 0, b"first")
@@ -856,41 +856,64 @@ def _check(s: LedgerStorage, m: Model) -> None:
     assert all(s.is_fenced(l) for l in m.fenced)
 
 
-def _crash_run(seed: int, syncfs: bool) -> None:
+def _observed(s: LedgerStorage, m: Model) -> Model:
+    """A model of what ``s`` holds after a crash (everything in it is durable now)."""
+    seen = Model()
+    for (l, e) in m.maybe:
+        try:
+            seen.current[(l, e)] = s.get_entry(l, e)
+        except (NoSuchLedgerError, NoSuchEntryError):
+            continue
+    for l in s.ledgers():
+        seen.state[l] = (s.master_key(l), s.is_fenced(l), s.explicit_lac(l))
+    seen.flushed()
+    return seen
+
+
+def _crash_run(seed: int, syncfs: bool, rounds: int = 1) -> None:
+    """``rounds`` times: random operations with a power cut somewhere, then a reopen that
+    must hold everything durable (later rounds start from what the reopen holds)."""
     rng = random.Random(seed)
     fs = TearingFS(syncfs=syncfs)
     limits = {"entry_log_size_limit": rng.choice([2048, 8192, 1 << 20]),
-              "write_buffer_size": rng.choice([512, 4096, 1 << 16])}
+              "write_buffer_size": rng.choice([512, 4096, 1 << 16]),
+              "slot_log_bytes": rng.choice([0, 200, 2048, 1 << 20])}
     s = LedgerStorage(fs, ["/d0", "/d1"], **limits)
     s.open()
     m = Model()
-    ops = rng.randint(5, 60)
-    arm_at = rng.randint(0, ops) if rng.random() < 0.7 else None
-    try:
-        for i in range(ops):
-            if i == arm_at:
-                fs.arm_crash(after_ops=rng.randint(1, 30))
-            if i == arm_at and rng.random() < 0.5:
-                s.flush()
-                m.flushed()
-            _step(s, m, rng)
-    except PowerLoss:
-        pass
-    fs.crash(random.Random(seed * 7919))
-    s = LedgerStorage(fs, ["/d0", "/d1"], **limits)
-    s.open()
-    _check(s, m)
+    for round_ in range(rounds):
+        ops = rng.randint(5, 60)
+        arm_at = rng.randint(0, ops) if rng.random() < 0.7 else None
+        try:
+            for i in range(ops):
+                if i == arm_at:
+                    fs.arm_crash(after_ops=rng.randint(1, 30))
+                if i == arm_at and rng.random() < 0.5:
+                    s.flush()
+                    m.flushed()
+                _step(s, m, rng)
+        except PowerLoss:
+            pass
+        fs.crash(random.Random(seed * 7919 + round_))
+        s = LedgerStorage(fs, ["/d0", "/d1"], **limits)
+        s.open()
+        _check(s, m)
+        m = _observed(s, m)
     s.close()
 
 
 @pytest.mark.parametrize("block", range(8))
 def test_crash_safety(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Half the blocks sync the index files of every flush with one syncfs (a syncer,
-    from the first file on), half file by file (a file system without a syncer)."""
+    from the first file on), half file by file (a file system without a syncer); in odd
+    blocks every flush may use the slot log (of a random bound, 0: none, or small enough
+    to merge often), and each seed crashes twice (the second time after a replay)."""
     syncfs = block < 4
     monkeypatch.setattr(storage_module, "SYNCFS_FILES", 1)
+    if block % 2:
+        monkeypatch.setattr(storage_module, "SLOT_LOG_LEDGERS", 1)
     for seed in range(block * 50, block * 50 + 50):
-        _crash_run(seed, syncfs)
+        _crash_run(seed, syncfs, rounds=1 + block % 2)
 
 
 def test_torn_header_never_loses_key_or_fence() -> None:

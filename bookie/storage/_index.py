@@ -24,6 +24,8 @@ copies can only be damage and raise :class:`~walkit.errors.CorruptionError`.
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
 from dataclasses import dataclass
 
 from bookie.fs import File
@@ -37,7 +39,7 @@ from bookie.storage._format import (
 )
 from walkit.errors import CorruptionError
 
-__all__ = ["LedgerState", "load_index", "write_header", "write_slots", "read_slot", "read_slots"]
+__all__ = ["LedgerState", "load_index", "write_header", "write_slots", "write_run", "read_slot", "read_slots"]
 
 _SCAN_SLOTS = 8192  # slots read per step when looking for the last entry at open
 
@@ -117,6 +119,14 @@ def write_slots(f: File, slots: dict[int, int]) -> None:
             raw = struct.pack(f"<{len(run)}Q", *(slots[e] for e in run))
             f.pwrite(raw, INDEX_HEADER_SIZE + SLOT.size * run[0])
             start = i
+
+
+def write_run(f: File, first: int, locations: array[int]) -> None:
+    """Write the slots of entries ``first, first + 1, ...`` (an ``array('Q')``) in one ``pwrite``."""
+    if sys.byteorder != "little":
+        locations = array("Q", locations)
+        locations.byteswap()
+    f.pwrite(locations.tobytes(), INDEX_HEADER_SIZE + SLOT.size * first)
 
 
 def read_slots(f: File, first: int, count: int) -> list[int]:

@@ -9,6 +9,7 @@ Layout of a ledger dir (the ``COOKIE`` file next to ``current/`` belongs to
     <dir>/current/logs/<log id:016x>.use          a sealed log's usage (bookie.storage._usage)
     <dir>/current/logs/<log id:016x>.compact      marker: the log is being compacted
     <dir>/current/index/<ledger & 0xff:02x>/<ledger id:016x>.idx
+    <dir>/current/slots.log                       slots not yet in index files (bookie.storage._slotlog)
 
 ``current/``, ``logs/`` and ``index/`` are made (and fsynced into their parents) when the
 storage opens; a bucket is made by the first flush that creates an index file in it,
@@ -59,6 +60,7 @@ from bookie.storage._format import (
     parse_logs_dir_name,
     unpack_location,
 )
+from bookie.storage._slotlog import SlotLog
 from bookie.storage._usage import LogUsage, read_usage_file, rebuild_usage, write_usage_file
 from walkit.errors import CorruptionError, FormatError, FormatVersionError, StorageError, WalkitError
 from walkit.logs import context
@@ -107,6 +109,12 @@ class LedgerDir:
     #: syncfs of the dir's file system, open from :meth:`prepare` to :meth:`close` (None:
     #: the file system has none; index files are then synced one by one).
     syncer: Syncer | None = None
+    #: Bytes the slot log may hold before a flush writes its runs to the index files (0: never used).
+    slot_log_bytes: int = 0
+    slot_log: SlotLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.slot_log = SlotLog(self.fs, f"{self.current_dir}/slots.log", self.slot_log_bytes)
 
     @property
     def current_dir(self) -> str:
@@ -381,8 +389,11 @@ class LedgerDir:
     def close(self) -> None:
         syncer, self.syncer = self.syncer, None
         try:
-            if syncer is not None:
-                syncer.close()
+            try:
+                if syncer is not None:
+                    syncer.close()
+            finally:
+                self.slot_log.close()
         finally:
             for w in self.rolled + ([self.writer] if self.writer is not None else []):
                 w.close()

@@ -236,8 +236,15 @@ class EntryLogReclaim:
         return live
 
     def _slots(self, ledger_id: int, entries: list[int]) -> dict[int, int]:
+        """The ledger's location of each of ``entries``: its slot log's runs (newer), else
+        its index file (flush lock held: neither changes meanwhile)."""
         lo, hi = min(entries), max(entries)
+        with self._lock:
+            logged = self._dirs[ledger_id % len(self._dirs)].slot_log.window(ledger_id, lo, hi - lo + 1)
         with self._index_files.use(ledger_id) as f:
             if hi - lo < _SLOT_RUN:
-                return dict(zip(range(lo, hi + 1), read_slots(f, lo, hi - lo + 1)))
-            return {e: read_slot(f, e) for e in entries}
+                slots = dict(zip(range(lo, hi + 1), read_slots(f, lo, hi - lo + 1)))
+            else:
+                slots = {e: read_slot(f, e) for e in entries if e not in logged}
+        slots.update(logged)
+        return slots

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import errno
 import functools
+from array import array
 import logging
 import threading
 import time
@@ -84,10 +85,19 @@ from bookie.storage._format import (
     unpack_location,
 )
 from bookie.storage._handles import HandleCache
-from bookie.storage._index import LedgerState, load_index, read_slot, read_slots, write_header, write_slots
+from bookie.storage._index import (
+    LedgerState,
+    load_index,
+    read_slot,
+    read_slots,
+    write_header,
+    write_run,
+    write_slots,
+)
 from bookie.storage._ledgerdir import LedgerDir, LogFlush
 from bookie.storage._ranges import in_memory, located, read_range
 from bookie.storage._reclaim import EntryLogReclaim
+from bookie.storage._slotlog import SLOT_LOG_HEADER_SIZE, SlotLog, encode_run
 from bookie.storage._state import LedgerStates
 from bookie.storage._writecache import PLACE_BATCH, PLACE_BATCH_BYTES, WriteCache
 from walkit.errors import (
@@ -116,8 +126,30 @@ WRITE_CACHE = 64 << 20  # dbStorage_writeCacheMaxSizeMb's default: adds are writ
 #: A flush that writes this many index files of a dir or more syncs them with one syncfs
 #: where the file system has a syncer (:meth:`LedgerStorage._write_index`).
 SYNCFS_FILES = 8
+#: A flush that gives a dir this many ledgers or more appends their slots to its slot log
+#: (:mod:`bookie.storage._slotlog`) rather than writing an index file per ledger.
+SLOT_LOG_LEDGERS = 8
+SLOT_LOG = 32 << 20  # indexSlotLogMaxSizeMb's default: bytes a dir's slot log holds before a merge
 PLACEMENT_SYNC = 2 << 20  # flushEntrylogBytes' default: a placement syncs a log each time this much more is written
 _READ_AHEAD_WAIT = 10.0  # seconds a read waits for a running read-ahead of its entry at most
+
+
+@dataclass
+class _DirIndex:
+    """Step 3 in one ledger dir: which index files it writes and what its slot log gets."""
+
+    #: Ledgers whose index file is written (their runs in the slot log first, then the new slots).
+    files: list[int]
+    #: Ledgers whose new slots go to the slot log only: ``(first entry id, locations)``.
+    deferred: dict[int, tuple[int, array[int]]]
+    #: Of ``files``: ledgers whose new slots are appended to the slot log too.
+    logged: set[int]
+    #: The records appended to the slot log (first the *deleted* records of ``voided``).
+    records: bytes
+    #: Deleted ledgers whose earlier records this flush makes void.
+    voided: set[int]
+    #: The slot log's runs all go to their index files, and the log is emptied.
+    merge: bool
 
 
 @dataclass
@@ -126,6 +158,7 @@ class _FlushPlan:
     slots: dict[int, dict[int, int]]
     headers: dict[int, IndexHeader]
     created: set[int]
+    index: list[_DirIndex] | None = None
 
 
 class LedgerStorage(EntryLogReclaim, LedgerStates):
@@ -145,15 +178,16 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         recent_writes_bytes: int = RECENT_WRITES_CACHE,
         write_cache_bytes: int = WRITE_CACHE,
         placement_sync_bytes: int = PLACEMENT_SYNC,
+        slot_log_bytes: int = SLOT_LOG,
     ) -> None:
         check_limits(ledger_dirs, entry_log_size_limit, open_index_files, write_buffer_size)
         if min(read_ahead_cache_bytes, read_ahead_batch_bytes, recent_writes_bytes, write_cache_bytes,
-               placement_sync_bytes) < 0 or read_ahead_batch < 1:
+               placement_sync_bytes, slot_log_bytes) < 0 or read_ahead_batch < 1:
             raise InvalidArgumentError("cache bounds must not be negative, the read-ahead batch at least 1",
                                        read_ahead_cache_bytes=read_ahead_cache_bytes,
                                        read_ahead_batch=read_ahead_batch, read_ahead_batch_bytes=read_ahead_batch_bytes,
                                        recent_writes_bytes=recent_writes_bytes, write_cache_bytes=write_cache_bytes,
-                                       placement_sync_bytes=placement_sync_bytes)
+                                       placement_sync_bytes=placement_sync_bytes, slot_log_bytes=slot_log_bytes)
         super().__init__()
         self._fs = fs
         #: entries read ahead by single reads (guarded by the lock)
@@ -161,7 +195,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         #: log buffers written out lately (its own lock)
         self._recent = RecentWrites(recent_writes_bytes)
         self._dirs = [
-            LedgerDir(fs, root, i, entry_log_size_limit, write_buffer_size, recent=self._recent)
+            LedgerDir(fs, root, i, entry_log_size_limit, write_buffer_size, recent=self._recent,
+                      slot_log_bytes=slot_log_bytes)
             for i, root in enumerate(ledger_dirs)
         ]
         self._flush_lock = threading.Lock()
@@ -193,6 +228,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                     d.scan_logs()
                     for ledger_id, path in d.scan_index():
                         self._load_ledger(d, ledger_id, path)
+                    self._load_slot_log(d)
                 for d in self._dirs:
                     d.load_usage(self._states)
             except BaseException:
@@ -393,6 +429,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             if not 0 <= first <= state.last_entry_id:
                 raise NoSuchEntryError("entry not stored", ledger=ledger_id, entry=first)
             tables = [t[ledger_id] for t in (self._pending, self._flushing) if ledger_id in t]
+            if ledger_id in d.slot_log.runs:  # older than the maps, newer than the index file
+                tables.append(d.slot_log.window(ledger_id, first, min(count, state.last_entry_id - first + 1)))
             known = in_memory(self._cache.tables(ledger_id), tables, d.read_buffered, d.buffer_span(), ledger_id, first,
                               min(count, state.last_entry_id - first + 1),
                               max_bytes, state.on_disk)
@@ -466,6 +504,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             state = self._existing_state(ledger_id)
             found = {e for table in (self._pending, self._flushing) for e in table.get(ledger_id, {})
                      if first <= e <= last}
+            found |= self._dir(ledger_id).slot_log.window(ledger_id, first, last - first + 1).keys()
             found |= {e for e in self._cache.entry_ids(ledger_id) if first <= e <= last}
             on_disk = state.on_disk
         if on_disk:
@@ -482,6 +521,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             with self._lock:
                 self._check_writable()
                 state = self._existing_state(ledger_id)
+                d.slot_log.forget(ledger_id)  # its runs; the next flush voids its records
                 del self._states[ledger_id]
                 self._cache.drop_ledger(ledger_id)
                 self._pending.pop(ledger_id, None)
@@ -652,46 +692,85 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                         [w.log_id for w in writers], d.root, exc)
 
     def _write_index(self, plan: _FlushPlan) -> None:
-        """Step 3: the taken slots and the dirty headers into the index files, synced;
-        new files renamed into place, then their names made durable. A dir whose file
-        system has a syncer and that got ``SYNCFS_FILES`` files or more syncs them all
-        with one syncfs, and their names with a second (a sync per file cost ~80 µs of
+        """Step 3: the taken slots and the dirty headers into the index files or the slot
+        logs (:meth:`_plan_index`), synced; new files renamed into place, then their names
+        made durable; a slot log that merged emptied last. A dir whose file system has a
+        syncer and that writes ``SYNCFS_FILES`` files or more syncs them all (and its slot
+        log) with one syncfs, and their names with a second (a sync per file cost ~80 µs of
         CPU and ~0.1 ms of disk each: seconds per checkpoint at 10,000 ledgers)."""
-        ledgers = sorted(plan.slots.keys() | plan.headers.keys())
         dirs = self._dirs
-        files = [0] * len(dirs)
-        for ledger_id in ledgers:
-            files[ledger_id % len(dirs)] += 1
-        batched = [d for d, n in zip(dirs, files) if d.syncer is not None and n >= SYNCFS_FILES]
-        each = [n < SYNCFS_FILES or d.syncer is None for d, n in zip(dirs, files)]
+        plan.index = index = [self._plan_index(d, plan) for d in dirs]
+        batched = [d.syncer is not None and len(i.files) >= SYNCFS_FILES for d, i in zip(dirs, index)]
         new_dirs: set[str] = set()  # to fsync: of the dirs synced file by file
-        for ledger_id in ledgers:
-            created = ledger_id in plan.created
-            alone = each[ledger_id % len(dirs)]
-            if created:
-                made = self._make_bucket(ledger_id)
-                if alone:
-                    new_dirs |= made
-            with self._index_files.use(ledger_id, create=created) as f:
-                header = plan.headers.get(ledger_id)
-                if header is not None:
-                    write_header(f, header)
-                write_slots(f, plan.slots.get(ledger_id, {}))
-                if alone:
-                    f.sync()
-        for d in batched:
-            d.syncer.sync()  # type: ignore[union-attr]  # batched: it has one
+        for d, i, together in zip(dirs, index, batched):
+            runs = d.slot_log.runs
+            for ledger_id in i.files:
+                created = ledger_id in plan.created
+                if created:
+                    made = self._make_bucket(ledger_id)
+                    if not together:
+                        new_dirs |= made
+                with self._index_files.use(ledger_id, create=created) as f:
+                    header = plan.headers.get(ledger_id)
+                    if header is not None:
+                        write_header(f, header)
+                    for first, locations in runs.get(ledger_id, ()):  # oldest first: the newest wins
+                        write_run(f, first, locations)
+                    write_slots(f, plan.slots.get(ledger_id, {}))
+                    if not together:
+                        f.sync()
+            if i.records:
+                d.slot_log.append(i.records)
+                if not together:
+                    d.slot_log.sync()
+            if together:
+                d.syncer.sync()  # type: ignore[union-attr]  # batched: it has one
+            if i.merge:  # every run is in its synced index file now; before any new name (see _slotlog)
+                d.slot_log.reset()
         renamed: set[int] = set()
         for ledger_id in sorted(plan.created):  # reopened later under the final name (clearer errors)
             d = self._dir(ledger_id)
             self._fs.rename(d.new_index_path(ledger_id), d.index_path(ledger_id))
             self._index_files.discard(ledger_id)
             renamed.add(d.number)
-        for d in batched:
-            if d.number in renamed:
+        for d, together in zip(dirs, batched):
+            if together and d.number in renamed:
                 d.syncer.sync()  # type: ignore[union-attr]  # the new names and buckets
         for path in sorted(new_dirs, key=len, reverse=True):  # buckets before index/
             self._fs.fsync_dir(path)
+
+    def _plan_index(self, d: LedgerDir, plan: _FlushPlan) -> _DirIndex:
+        """Which of the dir's ledgers get their index file written and which only a slot
+        log record (see :mod:`bookie.storage._slotlog`): with ``SLOT_LOG_LEDGERS`` ledgers
+        or more in the dir, a ledger that has an index file, no header to write and new
+        slots of consecutive ids is deferred. A ledger written whose slots the log holds
+        gets its new slots logged too (the log's last record of an entry is the newest).
+        A log that would pass its bound merges instead: every ledger with runs gets its
+        index file written, and nothing is logged."""
+        sl, n = d.slot_log, len(self._dirs)
+        mine = sorted(lid for lid in plan.slots.keys() | plan.headers.keys() if lid % n == d.number)
+        may_defer = sl.max_bytes > 0 and len(mine) >= SLOT_LOG_LEDGERS
+        files: list[int] = []
+        deferred: dict[int, tuple[int, array[int]]] = {}
+        logged: set[int] = set()
+        voided = {lid for lid in sl.voided if lid % n == d.number}  # all of them: they are its ledgers
+        records: list[bytes] = [sl.void_records(voided)] if voided else []
+        for ledger_id in mine:
+            slots = plan.slots.get(ledger_id, {})
+            first = min(slots) if slots else 0
+            if (may_defer and slots and ledger_id not in plan.headers and max(slots) - first + 1 == len(slots)):
+                locations = array("Q", [slots[e] for e in range(first, first + len(slots))])
+                deferred[ledger_id] = (first, locations)
+                records.append(encode_run(ledger_id, first, locations))
+                continue
+            files.append(ledger_id)
+            if ledger_id in sl.logged and slots:
+                logged.add(ledger_id)
+                records += [encode_run(ledger_id, run[0], array("Q", [slots[e] for e in run])) for run in _runs(slots)]
+        raw = b"".join(records)
+        if raw and sl.end + len(raw) > sl.max_bytes:
+            return _DirIndex(sorted(set(mine) | sl.runs.keys()), {}, set(), b"", set(), True)
+        return _DirIndex(files, deferred, logged, raw, voided, False)
 
     def _make_bucket(self, ledger_id: int) -> set[str]:
         """The directories to fsync once the ledger's new index file is in place."""
@@ -716,6 +795,8 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             self._index_files.discard(ledger_id)
             d = self._dir(ledger_id)  # its bucket may not be durable in index/: the retry makes it so
             d.buckets.discard(d.bucket_dir(ledger_id))
+        for d in self._dirs:  # what an append left past the log's end is cut by the next one
+            d.slot_log.failed()
         for d, log_flush in zip(self._dirs, plan.logs):
             d.rolled = log_flush.close + d.rolled
 
@@ -726,6 +807,18 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 state.seq = header.seq
                 state.on_disk = True
         self._flushing = {}
+        for d, i in zip(self._dirs, plan.index or ()):
+            sl = d.slot_log
+            if i.merge:
+                sl.emptied()
+                continue
+            for ledger_id in i.files:
+                sl.written(ledger_id, ledger_id in i.logged)
+            for ledger_id, (first, locations) in i.deferred.items():
+                if ledger_id in self._states:
+                    sl.defer(ledger_id, first, locations)
+            sl.voided_written(i.voided)
+            sl.appended(len(i.records))
         for d, log_flush in zip(self._dirs, plan.logs):
             for writer in log_flush.close:
                 d.seal(writer)
@@ -745,11 +838,21 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             f.close()
 
     def _memory_slot(self, ledger_id: int, entry_id: int) -> int:
+        """(Lock held) the newest location memory knows: the pending and flushing maps,
+        then the slot log's runs (durable, not yet in the index file); 0: ask the file."""
         for table in (self._pending, self._flushing):
             slots = table.get(ledger_id)
             if slots is not None and entry_id in slots:
                 return slots[entry_id]
-        return 0
+        return self._dir(ledger_id).slot_log.slot(ledger_id, entry_id)
+
+    def _load_slot_log(self, d: LedgerDir) -> None:
+        """Replay the dir's slot log (at open, after its index files): the runs it holds
+        may reach past the last entry an index file has."""
+        d.slot_log.load(self._states, d.current_dir)
+        for ledger_id, runs in d.slot_log.runs.items():
+            state = self._states[ledger_id]
+            state.last_entry_id = max(state.last_entry_id, *(first + len(locations) - 1 for first, locations in runs))
 
     def _disk_slot(self, ledger_id: int, entry_id: int) -> int:
         try:  # not through _index_file: a generator context costs a single read ~3 us
@@ -810,3 +913,13 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         d = self._dirs[key[0]]
         return open_log_for_read(self._fs, d.log_path(key[1]), key[1])
 
+
+def _runs(slots: dict[int, int]) -> list[range]:
+    """The entry ids of ``slots`` as runs of consecutive ids, in order."""
+    ids = sorted(slots)
+    runs, start = [], 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[i - 1] + 1:
+            runs.append(range(ids[start], ids[i - 1] + 1))
+            start = i
+    return runs

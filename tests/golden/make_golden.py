@@ -144,6 +144,34 @@ def write_ledger_dir(out: Path) -> None:
         shutil.copytree(f"{tmp}/ledgers", target)
 
 
+def write_ledger_dir_slots(out: Path) -> None:
+    """ledger-dir/v1-slots/: a ledger dir whose slot log holds runs and a deletion (the slot
+    log, added 2026-11-28)."""
+    target = out / "ledger-dir/v1-slots"
+    if target.exists():
+        raise SystemExit(f"{target} exists: golden files are never rewritten (--out DIR for a fresh set)")
+    from bookie.storage import _storage
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _storage.SLOT_LOG_LEDGERS = 1  # every flush that can defers (the default wants 8 ledgers)
+        storage = LedgerStorage(RealFS(), [f"{tmp}/ledgers"])
+        storage.open()
+        try:
+            storage.set_master_key(7, KEY_7)
+            storage.add_entry(7, 0, E7_0)
+            storage.set_master_key(9, KEY_9)
+            storage.add_entry(9, 0, E9_0)
+            storage.flush()  # index files of ledgers 7 and 9 (entry 0 of each)
+            storage.add_entry(7, 1, E7_1)
+            storage.add_entry(9, 1, E9_1)
+            storage.flush()  # a run record each in slots.log
+            storage.delete_ledger(9)
+            storage.flush()  # the deleted record of ledger 9
+        finally:
+            storage.close()
+        shutil.copytree(f"{tmp}/ledgers", target)
+
+
 def fill_storage(fs: Any, directory: str) -> None:
     storage = LedgerStorage(fs, [directory])
     storage.open()
@@ -286,7 +314,7 @@ def copy_file(src: Path, dst: Path) -> None:
 
 WRITERS: list[Callable[[Path], None]] = [
     write_entries, write_journal, write_mark_file, write_ledger_dir, write_cookie, write_wal, write_metadata,
-    write_wire, write_wire_range, write_wal_fragments,
+    write_wire, write_wire_range, write_wal_fragments, write_ledger_dir_slots,
 ]
 
 

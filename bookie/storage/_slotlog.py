@@ -1,0 +1,322 @@
+"""Slot log: the index slots of many checkpoints in one file per ledger directory.
+
+Theory of operation
+-------------------
+A checkpoint writes the location of every entry it placed into its ledger's index file
+(:mod:`bookie.storage._index`). With 10,000 ledgers written at once that is, per
+checkpoint, 10,000 files opened, written and closed for a few slots each: seconds of
+kernel time (each write dirties an inode), whatever the checkpoint's size. The slot log
+turns those writes into one:
+
+* a flush that gives a dir ``SLOT_LOG_LEDGERS`` ledgers or more (the storage's
+  constant) appends to the dir's ``current/slots.log`` one record per ledger whose new
+  slots are *deferrable* - the ledger has an index file already, no header to write, and
+  its new slots are one run of consecutive entry ids - and keeps that run in memory
+  (:meth:`SlotLog.defer`, a ``array('Q')`` of locations: 8 bytes a slot). The index file
+  is not touched;
+* a ledger whose slots are not deferrable gets its index file written as before (with
+  its runs in memory first, then the new slots), and - if the slot log holds records of
+  it (:attr:`SlotLog.logged`) - its new slots appended to the slot log too, so that the
+  log's last record for each entry is always the newest location;
+* once the log would pass ``max_bytes``, the flush *merges*: every run in memory goes to
+  its index file with the flush's own slots, the files are synced, and only then is the
+  log emptied (:meth:`SlotLog.reset`: truncated to its header, synced);
+* a ledger deleted while the log holds records of it is *voided* (:meth:`SlotLog.forget`:
+  its runs dropped; its index file is removed as before): the next flush appends a
+  *deleted* record of it, which makes its earlier records void. That record is synced
+  with the flush's first sync, before any new index file gets its name (the renames
+  come after), so a ledger made again under the same id never gets its predecessor's
+  locations; until then, records of a ledger without an index file are void at open
+  too (and voided again).
+
+Lookups (the storage lock held) ask the write cache, the pending and flushing maps, then
+:meth:`SlotLog.slot` (runs, newest first), then the index file: a run is newer than the
+file and older than any map.
+
+Crash safety. The slot log is written and synced in the flush's step 3 with the index
+files (the same syncfs, or its own fdatasync), after the entry logs it points into are
+durable, and before the flush completes (the journal's checkpoint mark comes after). At
+open (:meth:`SlotLog.load`) its intact records are replayed into memory in order; the
+first record that is torn (a length or CRC that does not hold) ends it, and the file is
+cut there. Replaying a record that a completed flush superseded is impossible (the
+superseding record comes later in the log, or the merge that wrote it to the file
+emptied the log before completing); a record of a flush that did not complete points at
+records that step 2 made durable, in logs that nothing removes before a later flush
+completes (compaction deletes a log only after the flush of the copies) - so every
+location replayed is readable. A flush undone for lack of space leaves its bytes past
+:attr:`SlotLog.end`: the next append cuts them first.
+
+Assumes: only the storage's flush (and ``delete_ledger``, under the same flush lock)
+writes the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import sys
+from array import array
+from collections.abc import Callable, Container
+
+from crc32c import crc32c
+
+from bookie.fs import File, FileSystem
+from walkit.errors import CorruptionError, FormatError, FormatVersionError
+from walkit.logs import context
+
+log = logging.getLogger("bookie.storage")
+
+__all__ = ["SLOT_LOG_VERSION", "SLOT_LOG_HEADER_SIZE", "SlotLog", "encode_run", "encode_deleted",
+           "encode_slot_log_header"]
+
+SLOT_LOG_MAGIC = b"WKSLOTLG"
+SLOT_LOG_VERSION = 1  # 1: first format (512-byte header, CRC32C records of runs and deletions)
+SLOT_LOG_HEADER_SIZE = 512
+_HEADER = struct.Struct("<8sHHI")  # magic, version, header size, crc32c of the 12 bytes before it
+#: length (of everything after the CRC), crc32c (of the length and everything after it),
+#: kind, reserved (0), ledger id, first entry id; then ``(length - 20) / 8`` locations.
+RECORD = struct.Struct("<IIHHQQ")
+_AFTER_CRC = RECORD.size - 8
+_U32 = struct.Struct("<I")
+KIND_RUN = 1
+KIND_DELETED = 2
+#: Bytes a record may take (a run of at most 2**24 slots): bounds what a torn length allocates.
+_MAX_RECORD = RECORD.size + 8 * (1 << 24)
+
+
+def encode_slot_log_header() -> bytes:
+    raw = _HEADER.pack(SLOT_LOG_MAGIC, SLOT_LOG_VERSION, SLOT_LOG_HEADER_SIZE, 0)[:-4]
+    raw += _U32.pack(crc32c(raw))
+    return raw + bytes(SLOT_LOG_HEADER_SIZE - len(raw))
+
+
+def _record(kind: int, ledger_id: int, first: int, locations: bytes) -> bytes:
+    body = struct.pack("<HHQQ", kind, 0, ledger_id, first) + locations
+    length = _U32.pack(len(body))
+    return length + _U32.pack(crc32c(body, crc32c(length))) + body
+
+
+def encode_run(ledger_id: int, first: int, locations: array[int]) -> bytes:
+    """The record of ``locations`` of entries ``first, first + 1, ...`` of a ledger."""
+    if sys.byteorder != "little":
+        locations = array("Q", locations)
+        locations.byteswap()
+    return _record(KIND_RUN, ledger_id, first, locations.tobytes())
+
+
+def encode_deleted(ledger_id: int) -> bytes:
+    """The record that makes every earlier record of the ledger void."""
+    return _record(KIND_DELETED, ledger_id, 0, b"")
+
+
+def _check_header(raw: bytes, path: str) -> None:
+    if len(raw) < _HEADER.size:
+        raise CorruptionError("slot log header truncated", path=path, size=len(raw))
+    magic, version, size, crc = _HEADER.unpack_from(raw)
+    if magic != SLOT_LOG_MAGIC:
+        raise FormatError("not a slot log", path=path, magic=magic.hex())
+    if crc != crc32c(raw[: _HEADER.size - 4]):
+        raise CorruptionError("slot log header CRC mismatch", path=path)
+    FormatVersionError.reader(_HEADER_READERS, version, "slot log", path=path)(size, path)
+
+
+def _check_header_v1(size: int, path: str) -> None:
+    if size != SLOT_LOG_HEADER_SIZE:
+        raise FormatError("slot log header size invalid", path=path, size=size)
+
+
+#: Slot-log version -> the check of the rest of its header (records follow at 512).
+_HEADER_READERS: dict[int, Callable[[int, str], None]] = {1: _check_header_v1}
+
+
+def parse_records(raw: bytes | memoryview, at: int = 0) -> tuple[list[tuple[int, int, int, array[int]]], int]:
+    """The intact records of ``raw`` from ``at`` as ``(kind, ledger, first, locations)``,
+    and where they end (a torn or partial record, or zeros, ends them)."""
+    out: list[tuple[int, int, int, array[int]]] = []
+    view = memoryview(raw)
+    while at + RECORD.size <= len(view):
+        length, crc, kind, _, ledger_id, first = RECORD.unpack_from(view, at)
+        end = at + 8 + length
+        if length < _AFTER_CRC or (length - _AFTER_CRC) % 8 or end > len(view) or end - at > _MAX_RECORD:
+            break
+        if crc != crc32c(view[at + 8 : end], crc32c(view[at : at + 4])) or kind not in (KIND_RUN, KIND_DELETED):
+            break
+        locations = array("Q")
+        locations.frombytes(view[at + RECORD.size : end])
+        if sys.byteorder != "little":
+            locations.byteswap()
+        out.append((kind, ledger_id, first, locations))
+        at = end
+    return out, at
+
+
+class SlotLog:
+    """One ledger dir's slot log: the file and the runs it holds that no index file has."""
+
+    def __init__(self, fs: FileSystem, path: str, max_bytes: int) -> None:
+        self.fs, self.path, self.max_bytes = fs, path, max_bytes
+        self.file: File | None = None
+        #: Where the last complete append ends (the file may hold a failed one's bytes after it).
+        self.end = SLOT_LOG_HEADER_SIZE
+        #: Deferred runs by ledger, oldest first: ``(first entry id, locations)``.
+        self.runs: dict[int, list[tuple[int, array[int]]]] = {}
+        #: Ledgers the file holds records of (since it was last emptied).
+        self.logged: set[int] = set()
+        #: Deleted ledgers whose records the file holds, with no *deleted* record after them yet.
+        self.voided: set[int] = set()
+        #: Slots held in :attr:`runs`.
+        self.slots = 0
+        self._cut = False  # bytes past ``end`` may be there: cut them before appending
+
+    # --- open / close -----------------------------------------------------------------
+    def load(self, ledgers: Container[int], current_dir: str) -> None:
+        """Open (make) the file and replay its intact records into memory (records of
+        ledgers not in ``ledgers`` - deleted - are dropped); a torn tail is cut off."""
+        self.runs, self.logged, self.voided, self.slots, self._cut = {}, set(), set(), 0, False
+        if not self.fs.exists(self.path):
+            f = self.fs.open(self.path + ".tmp", create=True)
+            try:
+                f.truncate(0)
+                f.pwrite(encode_slot_log_header(), 0)
+                f.sync()
+            finally:
+                f.close()
+            self.fs.rename(self.path + ".tmp", self.path)
+            self.fs.fsync_dir(current_dir)
+        self.file = f = self.fs.open(self.path)
+        size = f.size()
+        _check_header(f.pread(SLOT_LOG_HEADER_SIZE, 0), self.path)
+        raw = f.pread(size - SLOT_LOG_HEADER_SIZE, SLOT_LOG_HEADER_SIZE) if size > SLOT_LOG_HEADER_SIZE else b""
+        records, used = parse_records(raw)  # bounded by max_bytes (a merge empties it past that)
+        for kind, ledger_id, first, locations in records:
+            self._replay(kind, ledger_id, first, locations, ledgers)
+        self.end = SLOT_LOG_HEADER_SIZE + used
+        if self.end < size:
+            if any(raw[used:]):
+                log.info("%s: %d bytes after its last intact record dropped (a flush that never completed)",
+                            self.path, size - self.end, extra=context(directory=self.path))
+            f.truncate(self.end)
+            f.sync()
+
+    def _replay(self, kind: int, ledger_id: int, first: int, locations: array[int],
+                ledgers: Container[int]) -> None:
+        if kind == KIND_DELETED:
+            self._drop(ledger_id)
+            self.logged.discard(ledger_id)
+            self.voided.discard(ledger_id)
+            return
+        if ledger_id not in ledgers:  # deleted, its deleted record not written yet: void it again
+            self.voided.add(ledger_id)
+            return
+        self.logged.add(ledger_id)
+        self.runs.setdefault(ledger_id, []).append((first, locations))
+        self.slots += len(locations)
+
+    def close(self) -> None:
+        f, self.file = self.file, None
+        self.runs, self.logged, self.voided, self.slots = {}, set(), set(), 0
+        if f is not None:
+            f.close()
+
+    # --- lookups (the storage lock held) ------------------------------------------------
+    def slot(self, ledger_id: int, entry_id: int) -> int:
+        """The newest location the runs hold for the entry, 0 when none."""
+        runs = self.runs.get(ledger_id)
+        if runs is None:
+            return 0
+        for first, locations in reversed(runs):
+            if 0 <= entry_id - first < len(locations):
+                return locations[entry_id - first]
+        return 0
+
+    def window(self, ledger_id: int, first: int, count: int) -> dict[int, int]:
+        """``entry -> location`` the runs hold for entries ``first .. first + count - 1``."""
+        runs = self.runs.get(ledger_id)
+        found: dict[int, int] = {}
+        if runs is None:
+            return found
+        last = first + count
+        for start, locations in runs:  # oldest first: newer runs overwrite
+            lo, hi = max(first, start), min(last, start + len(locations))
+            for e in range(lo, hi):
+                found[e] = locations[e - start]
+        return found
+
+    # --- a flush (the flush lock held) --------------------------------------------------
+    def flush_runs(self, ledger_id: int) -> list[tuple[int, array[int]]]:
+        """The ledger's runs, oldest first (written to its index file before a flush's own slots)."""
+        return list(self.runs.get(ledger_id, ()))
+
+    def append(self, data: bytes) -> None:
+        """Write records after :attr:`end` (not synced: the flush syncs). Bytes of a
+        failed append are cut first. :meth:`appended` moves ``end`` once the flush is done."""
+        f = self.file
+        assert f is not None, "slot log not open"
+        if self._cut:
+            f.truncate(self.end)
+            self._cut = False
+        self._cut = True  # until appended(): a failure leaves bytes past end
+        f.pwrite(data, self.end)
+
+    def appended(self, size: int) -> None:
+        self.end += size
+        self._cut = False
+
+    def failed(self) -> None:
+        """A flush that wrote (or emptied) the file was undone: cut what it left."""
+        self._cut = True
+
+    def defer(self, ledger_id: int, first: int, locations: array[int]) -> None:
+        """Keep a run the file now holds (the flush completed)."""
+        runs = self.runs.setdefault(ledger_id, [])
+        if runs and runs[-1][0] + len(runs[-1][1]) == first:
+            runs[-1][1].extend(locations)
+        else:
+            runs.append((first, locations))
+        self.slots += len(locations)
+        self.logged.add(ledger_id)
+
+    def written(self, ledger_id: int, logged: bool) -> None:
+        """The ledger's index file has its runs now (the flush completed); ``logged``: the
+        flush appended its new slots to the file too."""
+        self._drop(ledger_id)
+        if logged:
+            self.logged.add(ledger_id)
+
+    def reset(self) -> None:
+        """Empty the file (every run is in its index file, synced) and sync it."""
+        f = self.file
+        assert f is not None, "slot log not open"
+        f.truncate(SLOT_LOG_HEADER_SIZE)
+        f.sync()
+        self.end = SLOT_LOG_HEADER_SIZE
+        self._cut = False
+
+    def emptied(self) -> None:
+        """Forget every run (after :meth:`reset`, the flush completed)."""
+        self.runs, self.logged, self.voided, self.slots = {}, set(), set(), 0
+
+    def sync(self) -> None:
+        assert self.file is not None, "slot log not open"
+        self.file.sync()
+
+    def forget(self, ledger_id: int) -> None:
+        """The ledger is deleted (the storage lock held): its runs go, and if the file
+        holds records of it, the next flush makes them void."""
+        self._drop(ledger_id)
+        if ledger_id in self.logged:
+            self.logged.discard(ledger_id)
+            self.voided.add(ledger_id)
+
+    def void_records(self, ledger_ids: set[int]) -> bytes:
+        """The *deleted* records of ``ledger_ids`` (a flush appends them first)."""
+        return b"".join(encode_deleted(ledger_id) for ledger_id in sorted(ledger_ids))
+
+    def voided_written(self, ledger_ids: set[int]) -> None:
+        """Their deleted records are in the file (the flush completed)."""
+        self.voided -= ledger_ids
+
+    def _drop(self, ledger_id: int) -> None:
+        runs = self.runs.pop(ledger_id, None)
+        if runs:
+            self.slots -= sum(len(locations) for _, locations in runs)
