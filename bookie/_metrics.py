@@ -160,7 +160,7 @@ def _journal(bookie: object) -> Iterator[Metric]:
 def _storage(server: BookieServer) -> Iterator[Metric]:
     logs = GaugeMetricFamily("walkit_bookie_entry_log_bytes", "Bytes of entry log files, by ledger directory",
                              labels=["directory"])
-    index = GaugeMetricFamily("walkit_bookie_index_bytes", "Bytes of index files, by ledger directory",
+    index = GaugeMetricFamily("walkit_bookie_index_bytes", "Bytes of index files and the slot log, by ledger directory",
                               labels=["directory"])
     usage = GaugeMetricFamily("walkit_bookie_disk_usage_ratio", "Fraction of the directory's file system in use",
                               labels=["directory"])
@@ -191,6 +191,9 @@ def _storage(server: BookieServer) -> Iterator[Metric]:
                             "be placed in the entry logs (at dbStorage_writeCacheMaxSizeMb, or by a checkpoint; "
                             "past twice that adds are written through)",
                             value=server.bookie.storage.cached_bytes())
+    yield GaugeMetricFamily("walkit_bookie_slot_log_slots", "Index slots the ledger directories' slot logs hold "
+                            "(in RAM too, 8 bytes each) until a checkpoint merges them into the index files",
+                            value=server.bookie.storage.slot_log_slots())
 
 
 def _sizes(directory: str) -> tuple[int, int]:
@@ -204,7 +207,7 @@ def _sizes(directory: str) -> tuple[int, int]:
                 size = os.stat(os.path.join(root, name)).st_size
             except OSError:
                 continue
-            if name.endswith(".log"):
+            if name.endswith(".log") and name != "slots.log":  # the slot log is index
                 log_bytes += size
             else:
                 index_bytes += size

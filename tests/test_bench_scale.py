@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from bookie.storage._storage import SLOT_LOG
+from walkit.bench._checkpoint import checkpoint_rows
 from walkit.bench.scale import CASES, format_markdown, run_scale_bench
 from walkit.cli import main
 from walkit.errors import InvalidArgumentError
@@ -58,6 +60,24 @@ def _check_restart(case: dict[str, Any]) -> None:
         assert crash["bookie_cpu_s"] > 0  # the new process's start, followed across the restart
 
 
+def _check_checkpoint(case: dict[str, Any]) -> None:
+    rows = case["rows"]
+    assert [(r["ledgers"], r["mode"]) for r in rows] == [(1, "index files"), (1, "slot log"), (4, "index files"),
+                                                         (4, "slot log")]
+    for r in rows:
+        assert r["entries"] == 40 and r["flush_ms"] > 0 and r["cpu_ms"] > 0 and r["cpu_us_per_ledger"] > 0, r
+        assert r["slot_log_bytes"] == 0 and r["merge_ms"] is None, r  # too few ledgers for the slot log
+
+
+def test_checkpoint_rows_with_enough_ledgers_for_the_slot_log(tmp_path: Path) -> None:
+    index, slots = checkpoint_rows(str(tmp_path), [16], 160)
+    assert (index["mode"], slots["mode"]) == ("index files", "slot log")
+    assert index["slot_log_bytes"] == 0 and index["checkpoints_per_merge"] is None and index["merge_ms"] is None
+    assert slots["slot_log_bytes"] == 16 * (28 + 10 * 8)  # a record of 10 slots per ledger
+    assert slots["checkpoints_per_merge"] == SLOT_LOG // slots["slot_log_bytes"] and slots["merge_ms"] > 0
+    assert list(tmp_path.iterdir()) == []
+
+
 def _check_recovery(case: dict[str, Any]) -> None:
     assert [r["entries"] for r in case["rows"]] == [2, 20, 200] and len(case["tail_rows"]) == 1
     for r in [*case["rows"], *case["tail_rows"]]:
@@ -81,7 +101,8 @@ def test_tiny_run_of_every_case_through_the_cli(tmp_path: Path, capsys: pytest.C
     assert report["cases"] == list(CASES) and (report["ensemble"], report["write_quorum"], report["ack_quorum"]) == (
         3, 3, 2)
     assert report["creation"]["ledgers"] == 4 and report["creation"]["per_s"] > 0
-    for check, name in ((_check_memory, "memory"), (_check_throughput, "throughput"), (_check_restart, "restart"),
+    for check, name in ((_check_memory, "memory"), (_check_throughput, "throughput"),
+                        (_check_checkpoint, "checkpoint"), (_check_restart, "restart"),
                         (_check_recovery, "recovery"), (_check_wal, "wal")):
         check(report[name])
         _check_cpu(report[name]["total"])
@@ -89,6 +110,7 @@ def test_tiny_run_of_every_case_through_the_cli(tmp_path: Path, capsys: pytest.C
     table = format_markdown(report)
     assert "| 4 | 40 |" in table and "not measured" in table and "| 2 segments |" in table
     assert "| case | wall s |" in table and table.count("\n| wal |") == 1
+    assert "| 4 | 40 | slot log |" in table
     assert list(tmp_path.iterdir()) == []  # every cluster's directory is gone
 
 

@@ -16,6 +16,7 @@ import pytest
 from bookie._metrics import BookieCollector
 from bookie.cookie import Cookie
 from bookie.server import _READS_IN_FLIGHT, BookieServer
+from bookie.storage._storage import SLOT_LOG_LEDGERS
 from bookie_support import KEY, client_of, config, entry, in_process, make_certificates, run
 from walkit.client import BookieClient, client_ssl_context
 from walkit.errors import (
@@ -847,5 +848,31 @@ def test_the_write_cache_is_measured_and_emptied_by_a_checkpoint(tmp_path: Path)
             assert isinstance(read, ReadEntryResponse) and read.data == entry(1, 7)
             server.bookie.checkpoint()
             assert cached() == 0 and server.bookie.storage.pending_index_entries() == 0
+
+    run(body)
+
+
+def test_the_slot_log_is_measured_and_merged(tmp_path: Path) -> None:
+    """A checkpoint of many ledgers puts their slots in the slot log: ``/metrics`` shows
+    how many it holds, the directory's size counts it as index; a reopen reads them."""
+    async def body() -> None:
+        async with in_process(config(tmp_path, flush_interval=3_600_000, index_slot_log_max_size_mb=1)) as server:
+            assert server.bookie is not None
+
+            def metric(name: str) -> list[Any]:
+                (family,) = [m for m in BookieCollector(server).collect() if m.name == name]
+                return family.samples
+
+            ledgers = range(1, 2 * SLOT_LOG_LEDGERS + 1)
+            await ask(server, *(AddEntry(lid, 0, KEY, entry(lid, 0)) for lid in ledgers))
+            server.bookie.checkpoint()  # new index files
+            await ask(server, *(AddEntry(lid, e, KEY, entry(lid, e)) for lid in ledgers for e in (1, 2)))
+            server.bookie.checkpoint()
+            assert metric("walkit_bookie_slot_log_slots")[0].value == 2 * len(ledgers)
+            index = {s.labels["directory"]: s.value for s in metric("walkit_bookie_index_bytes")}
+            assert sum(index.values()) >= len(ledgers) * 1032 + 512 + len(ledgers) * (28 + 16)
+            for lid in ledgers:
+                (read,) = await ask(server, ReadEntry(lid, 2))
+                assert isinstance(read, ReadEntryResponse) and read.data == entry(lid, 2)
 
     run(body)

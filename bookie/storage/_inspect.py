@@ -76,6 +76,7 @@ class LedgerDirSummary:
     usage_files: int
     compacting: int
     index_files: int
+    slot_log_bytes: int  # the slot log's size (its header alone: 512; none: 0)
     foreign: int  # names the storage does not know (it would refuse to start on them)
 
 
@@ -99,7 +100,8 @@ def ledger_dir_summary(fs: FileSystem, directory: str) -> LedgerDirSummary:
             index = parse_index_name(name)
             indexes += index is not None and not index[1]
             foreign += index is None
-    return LedgerDirSummary(directory, logs, size, usage, compacting, indexes, foreign)
+    slots = _file_size(fs, d.slot_log.path) if fs.exists(d.slot_log.path) else 0
+    return LedgerDirSummary(directory, logs, size, usage, compacting, indexes, slots, foreign)
 
 
 def _file_size(fs: FileSystem, path: str) -> int:

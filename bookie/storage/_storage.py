@@ -23,7 +23,10 @@ crash-safety argument:
 2. without the lock: sync every entry log written since the last flush, fsync the logs
    directory if a log was created — now every taken record is durable and reachable;
 3. write the taken slots and headers into the index files and sync them (a new index
-   file is written as ``.tmp``, synced, renamed), then make the new names durable. A dir
+   file is written as ``.tmp``, synced, renamed), then make the new names durable - or,
+   for a dir given ``SLOT_LOG_LEDGERS`` ledgers or more, append the slots of most of
+   them to the dir's slot log instead (:mod:`bookie.storage._slotlog`: one write, runs
+   kept in RAM, merged into the index files when the log is full). A dir
    that got ``SYNCFS_FILES`` files or more, on a file system with a syncer (Linux
    syncfs(2), :class:`bookie.fs.Syncer`), syncs them all with one syncfs and the names
    with a second; otherwise each file is synced and each directory that got a new index
@@ -534,6 +537,11 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                     self._fs.fsync_dir(d.bucket_dir(ledger_id))
             self._index_files.discard(ledger_id)
 
+    def slot_log_slots(self) -> int:
+        """Index slots the dirs' slot logs hold (durable; in RAM too until a merge)."""
+        with self._lock:
+            return sum(d.slot_log.slots for d in self._dirs)
+
     def pending_index_entries(self) -> int:
         """Entries only in RAM: in the write cache, or placed with their location only in
         RAM (0 right after a flush)."""
@@ -693,8 +701,9 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
 
     def _write_index(self, plan: _FlushPlan) -> None:
         """Step 3: the taken slots and the dirty headers into the index files or the slot
-        logs (:meth:`_plan_index`), synced; new files renamed into place, then their names
-        made durable; a slot log that merged emptied last. A dir whose file system has a
+        logs (:meth:`_plan_index`), synced; a slot log that merged emptied (its runs are in
+        the synced files now); new files renamed into place, then their names made
+        durable. A dir whose file system has a
         syncer and that writes ``SYNCFS_FILES`` files or more syncs them all (and its slot
         log) with one syncfs, and their names with a second (a sync per file cost ~80 µs of
         CPU and ~0.1 ms of disk each: seconds per checkpoint at 10,000 ledgers)."""

@@ -29,6 +29,11 @@ for one, and a crash leaves at most that much journal to replay. One row per siz
   bookies' checkpoints (every ``flushEntriesThreshold`` entries) to be part of each row -
   shorter rows measure the start of a run (over 5 s rows, 10,000 ledgers ran at 0.50 of
   one; over 20 s, at 0.30-0.39).
+* **checkpoint** (no cluster; :mod:`walkit.bench._checkpoint`): one checkpoint of a
+  bookie's ledger storage against the ledgers it touches, 1 up to ``concurrent`` by
+  decades, ``10 * concurrent`` entries of 100 B each: wall and CPU time, with the index
+  file of every touched ledger written, and with the slot log (one record per ledger in
+  one file; the merge that empties it now and then is timed on its own).
 * **restart** (cluster ``restart``): bookie 0 restarted with 0, 1/100, 1/10 and all of
   ``gib`` GiB stored (1 MiB entries, each step in a ledger of its own, closed). First a
   crash: SIGKILL right after the step's last add, so the start replays the journal from
@@ -85,6 +90,7 @@ from pathlib import Path
 from typing import Any
 
 from walkit._local_cluster import LocalCluster
+from walkit.bench._checkpoint import checkpoint_rows
 from walkit.bench._common import (
     Meter,
     bench_cluster,
@@ -101,7 +107,7 @@ from walkit.wal import WriteAheadLog
 __all__ = ["run_scale_bench", "format_markdown", "CASES", "TARGETS"]
 
 BOOKIES, ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 3, 2
-CASES = ("memory", "throughput", "restart", "recovery", "wal")
+CASES = ("memory", "throughput", "checkpoint", "restart", "recovery", "wal")
 TARGETS = {"throughput_ratio_at_10000_ledgers": 0.8}
 SMALL, THROUGHPUT_SIZE, LARGE = 100, 1024, 1 << 20  # entry bytes: counted cases, throughput, stored bytes
 _SMALL_WINDOW, _LARGE_WINDOW = 2000, 16  # adds in flight while filling
@@ -532,6 +538,11 @@ def run_scale_bench(directory: str | None = None, *, ledgers: int = 10_000, entr
     load_before, out = os.getloadavg(), dict[str, Any]()
     if {"memory", "throughput"} & set(cases):
         _ledger_cases(directory, out, cases, sizes)
+    if "checkpoint" in cases:
+        with _case(Meter([]), out, "checkpoint") as case:
+            top = int(sizes["concurrent"])
+            case["rows"] = checkpoint_rows(directory, _concurrency_points(top), 10 * top)
+            case["entry_size"] = SMALL
     if "restart" in cases:
         with bench_cluster(directory, "scale-restart", BOOKIES, _bookie_options(sizes),
                            sizes["session_timeout"]) as (cluster, _):
@@ -574,6 +585,19 @@ def _throughput_table(case: dict[str, Any], met: bool | None) -> list[str]:
                      f"| {r['steal_cores']} |")
     ratio = TARGETS["throughput_ratio_at_10000_ledgers"]
     return [*lines, "", f"target: >= {ratio:.0%} of the one-ledger rate at 10,000 ledgers: {verdict}"]
+
+
+def _checkpoint_table(case: dict[str, Any]) -> list[str]:
+    lines = [f"checkpoint: one flush of a bookie's ledger storage after {case['entry_size']} B adds round-robin over "
+             "N ledgers (medians of 4; the ledgers' index files exist)", "",
+             "| ledgers | entries | index written to | flush ms | CPU ms | CPU µs/ledger | slot log bytes "
+             "| checkpoints a merge | merge ms |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in case["rows"]:
+        per_merge = "-" if r["checkpoints_per_merge"] is None else f"{r['checkpoints_per_merge']:,}"
+        merge = "-" if r["merge_ms"] is None else r["merge_ms"]
+        lines.append(f"| {r['ledgers']:,} | {r['entries']:,} | {r['mode']} | {r['flush_ms']} | {r['cpu_ms']} "
+                     f"| {r['cpu_us_per_ledger']} | {r['slot_log_bytes']:,} | {per_merge} | {merge} |")
+    return lines
 
 
 def _restart_table(case: dict[str, Any]) -> list[str]:
@@ -625,7 +649,7 @@ def format_markdown(report: dict[str, Any]) -> str:
     met = report["checks"]["throughput_ratio_met"]
     tables: dict[str, Callable[[dict[str, Any]], list[str]]] = {
         "memory": _memory_table, "throughput": lambda case: _throughput_table(case, met),
-        "restart": _restart_table, "recovery": _recovery_table, "wal": _wal_table}
+        "checkpoint": _checkpoint_table, "restart": _restart_table, "recovery": _recovery_table, "wal": _wal_table}
     for name in report["cases"]:
         lines += ["", *tables[name](report[name])]
     lines += ["", "| case | wall s | this process CPU s | bookies CPU s | other cores | steal cores |",

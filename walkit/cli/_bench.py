@@ -188,17 +188,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     brc.add_argument("--dir", default=None, help="where the cluster keeps its data (default: a temporary one here)")
     brc.set_defaults(func=_recovery)
     bsc = bench.add_parser("scale", help="cost as the data grows: bookie RSS against ledgers and entries stored, "
-                           "throughput over 1..10,000 ledgers, bookie restart against GiB stored, recovery against "
+                           "throughput over 1..10,000 ledgers, a checkpoint against the ledgers it touches, bookie restart against GiB stored, recovery against "
                            "ledger length, WAL failover against segments and snapshots")
     bsc.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    bsc.add_argument("--case", action="append", choices=("memory", "throughput", "restart", "recovery", "wal"),
+    bsc.add_argument("--case", action="append", choices=("memory", "throughput", "checkpoint", "restart", "recovery",
+                                                          "wal"),
                      help="run this case only (repeatable; default: all)")
     bsc.add_argument("--ledgers", type=int, default=10_000, help="memory: ledgers stored at the largest point; "
                      "1/10 and 1/100 are measured too (default 10,000; full size 100,000)")
     bsc.add_argument("--entries", type=int, default=1_000_000, help="memory: 100 B entries stored in them "
                      "(default 1,000,000; full size 10,000,000)")
-    bsc.add_argument("--concurrent", type=int, default=10_000, help="throughput: most ledgers written at once; "
-                     "1, 100, 1,000 below it are measured too (default 10,000)")
+    bsc.add_argument("--concurrent", type=int, default=10_000, help="throughput and checkpoint: most ledgers "
+                     "written at once; 1, 100, 1,000 below it are measured too (default 10,000)")
     bsc.add_argument("--seconds", type=float, default=20.0, help="throughput: duration of each row after a 1 s "
                      "warm-up, long enough for checkpoints to be part of it (default 20)")
     bsc.add_argument("--in-flight", type=int, default=1000, help="throughput: adds in flight (default 1000)")

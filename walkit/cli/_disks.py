@@ -188,7 +188,7 @@ def _dir_info(fs: FileSystem, directory: str, kind: str) -> dict[str, Any]:
         s = ledger_dir_summary(fs, directory)
         info.update(last_mark=_mark_of(fs, directory), entry_logs=s.entry_logs, entry_log_bytes=s.entry_log_bytes,
                     usage_files=s.usage_files, compacting=s.compacting, index_files=s.index_files,
-                    foreign_files=s.foreign)
+                    slot_log_bytes=s.slot_log_bytes, foreign_files=s.foreign)
     return info
 
 
@@ -232,7 +232,7 @@ def _dir_line(d: dict[str, Any]) -> str:
         lines.append(f"    lastMark     {_mark_text(d['last_mark'])}")
         lines.append(f"    entry logs   {d['entry_logs']} ({size(d['entry_log_bytes'])}), {d['usage_files']} usage "
                      f"files, {d['compacting']} being compacted")
-        lines.append(f"    index files  {d['index_files']}"
+        lines.append(f"    index files  {d['index_files']}, slot log {size(d['slot_log_bytes'])}"
                      + (f"; {d['foreign_files']} unknown files (the bookie would refuse them)"
                         if d["foreign_files"] else ""))
     return "\n".join(lines)
