@@ -354,11 +354,11 @@ def test_bookie_info_and_lastmark(disks: tuple[Path, Path, str], tmp_path: Path,
     j, d = info["directories"]
     assert j["kind"] == "journal" and j["journal_files"] == 1 and j["cookie"]["bookie_id"] == info["bookie_id"]
     assert d["entry_logs"] == 1 and d["index_files"] == 1 and d["entry_log_bytes"] > 5 * 100
-    assert d["slot_log_bytes"] == 512  # its header: one ledger's checkpoints write its index file
+    assert d["slot_log_bytes"] == 0  # none: a clean stop removes it (and one ledger never needs one)
     assert d["last_mark"]["journal_id"] == 1 and d["last_mark"]["offset"] > 4096
     code, out, _ = run(capsys, "bookie", "info", "--journal-dir", str(journal), "--ledger-dir", str(ledgers))
     assert code == 0 and "not running" in out and "entry logs   1" in out and "lastMark     journal 1" in out
-    assert "index files  1, slot log 512 B" in out
+    assert "index files  1, slot log 0 B" in out
     marks = run_json(capsys, "bookie", "lastmark", "--ledger-dir", str(ledgers))
     assert marks == {str(ledgers): d["last_mark"]}
     code, out, _ = run(capsys, "bookie", "lastmark", "--conf", str(conf))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import random
 import threading
 import time
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bookie.fs import File, FileSystem, Syncer, read_all
+from bookie.fs import File, FileSystem, Syncer, is_no_space, read_all
 from bookie.fs.faulty import FaultyFS
 from bookie.fs.mem import MemFS, PowerLoss, _MemFile
 from bookie.storage import LedgerStorage
@@ -836,8 +837,17 @@ def _step(s: LedgerStorage, m: Model, rng: random.Random) -> None:
         s.delete_ledger(ledger)
         m.deleted(ledger)
     elif r >= 0.9:
+        _flush(s, m)
+
+
+def _flush(s: LedgerStorage, m: Model) -> None:
+    try:
         s.flush()
-        m.flushed()
+    except OSError as exc:
+        if not is_no_space(exc):
+            raise
+        return  # a full disk: the flush was undone, nothing more is durable
+    m.flushed()
 
 
 def _check(s: LedgerStorage, m: Model) -> None:
@@ -854,6 +864,14 @@ def _check(s: LedgerStorage, m: Model) -> None:
     for l, lac in m.lacs.items():
         assert s.explicit_lac(l) in {lac} | m.maybe_lacs.get(l, set())
     assert all(s.is_fenced(l) for l in m.fenced)
+    for l in s.ledgers():  # nothing the model never added (another incarnation's, a stale slot)
+        last = s.last_entry_id(l)
+        stored = s.stored_entries(l, 0, last + 5)
+        assert all((l, e) in m.maybe for e in stored), f"unknown entries of ledger={l}: {stored}"
+        assert last == -1 or last in stored, f"ledger={l}: last entry {last} not stored ({stored})"
+        prefix = [s.get_entry(l, e) for e in itertools.takewhile(lambda e: e in stored, range(last + 1))]
+        if prefix:
+            assert s.get_entries(l, 0, last + 1, 1 << 30) == prefix, f"ledger={l}: a range read differs"
 
 
 def _observed(s: LedgerStorage, m: Model) -> Model:
@@ -884,16 +902,27 @@ def _crash_run(seed: int, syncfs: bool, rounds: int = 1) -> None:
     for round_ in range(rounds):
         ops = rng.randint(5, 60)
         arm_at = rng.randint(0, ops) if rng.random() < 0.7 else None
+        full_at = rng.randint(0, ops) if rng.random() < 0.3 else None  # the disk fills there, for a while
+        free_at = None if full_at is None else full_at + rng.randint(1, 20)
         try:
             for i in range(ops):
+                if i == full_at:
+                    fs.capacity = fs.used_bytes() + rng.randint(0, 3000)
+                if i == free_at:
+                    fs.capacity = None
                 if i == arm_at:
                     fs.arm_crash(after_ops=rng.randint(1, 30))
                 if i == arm_at and rng.random() < 0.5:
-                    s.flush()
-                    m.flushed()
+                    _flush(s, m)
                 _step(s, m, rng)
+            if rng.random() < 0.2:  # a clean stop (it drains the slot logs), the power cut in it
+                fs.capacity = None
+                fs.arm_crash(after_ops=rng.randint(1, 40))
+                s.close()
+                m.flushed()
         except PowerLoss:
             pass
+        fs.capacity = None
         fs.crash(random.Random(seed * 7919 + round_))
         s = LedgerStorage(fs, ["/d0", "/d1"], **limits)
         s.open()

@@ -48,6 +48,17 @@ def _open(fs: FileSystem, root: str, **kw: int) -> LedgerStorage:
     return s
 
 
+def _crash(s: LedgerStorage, fs: FileSystem) -> None:
+    """Stop ``s`` as a power cut would (after its last flush everything it holds is
+    synced): the slot log stays for the next open to replay."""
+    if isinstance(fs, MemFS):
+        fs.crash()
+    else:  # the real disk: drop the handles, write nothing
+        s._close_dirs()
+        s._index_files.close_all()
+        s._log_files.close_all()
+
+
 def _data(ledger: int, entry: int) -> bytes:
     return b"%d/%d." % (ledger, entry) * (1 + entry % 7)
 
@@ -56,6 +67,15 @@ def _add(s: LedgerStorage, entries: range, ledgers: range = range(LEDGERS)) -> N
     for entry in entries:
         for ledger in ledgers:
             s.add_entry(ledger, entry, _data(ledger, entry))
+
+
+def _logged(s: LedgerStorage, last: int) -> None:
+    """Entry 0 of every ledger checkpointed (its index file made), then entries 1..``last``
+    checkpointed again: in the slot log only."""
+    _add(s, range(1))
+    s.flush()
+    _add(s, range(1, last + 1))
+    s.flush()
 
 
 def _index_writes(s: LedgerStorage) -> list[int]:
@@ -100,13 +120,23 @@ def test_a_checkpoint_of_many_ledgers_appends_their_slots_and_writes_no_index_fi
     assert all(d.slot_log.runs[lid] == [(2, d.slot_log.runs[lid][0][1])] and len(d.slot_log.runs[lid][0][1]) == 4
                for d in s._dirs for lid in d.slot_log.runs)  # consecutive runs joined in memory
     _check_all(s, 5)
-    s.close()
+    _crash(s, fs)
     s = _open(fs, root)  # the runs are replayed from the file
     assert sum(d.slot_log.slots for d in s._dirs) == LEDGERS * 4
     _check_all(s, 5)
     for ledger in range(LEDGERS):  # the index files hold entries 0 and 1 only
         with s._index_files.use(ledger) as f:
             assert f.size() == INDEX_HEADER_SIZE + 2 * SLOT.size
+    paths = [d.slot_log.path for d in s._dirs]
+    assert all(p.endswith("/current/index/slots.log") and fs.exists(p) for p in paths)
+    s.close()  # a clean stop: every run into its index file, the slot logs removed
+    assert not any(fs.exists(p) for p in paths)
+    s = _open(fs, root)
+    assert sum(d.slot_log.slots for d in s._dirs) == 0
+    _check_all(s, 5)
+    for ledger in range(LEDGERS):
+        with s._index_files.use(ledger) as f:
+            assert f.size() == INDEX_HEADER_SIZE + 6 * SLOT.size
     s.close()
 
 
@@ -118,14 +148,14 @@ def test_few_ledgers_or_no_slot_log_write_the_index_files(fs_root: tuple[FileSys
     opened = _index_writes(s)
     _add(s, range(1, 2), range(3))  # 3 ledgers: below SLOT_LOG_LEDGERS in each dir
     s.flush()
-    assert sorted(opened) == [0, 1, 2] and all(d.slot_log.end == SLOT_LOG_HEADER_SIZE for d in s._dirs)
+    assert sorted(opened) == [0, 1, 2] and all(d.slot_log.file is None for d in s._dirs)  # never made
     s.close()
     s = _open(fs, root, slot_log_bytes=0)  # off: every flush writes the index files
     opened = _index_writes(s)
     _add(s, range(2, 3), range(LEDGERS))
     _add(s, range(1, 3), range(3, LEDGERS))
     s.flush()
-    assert sorted(set(opened)) == list(range(LEDGERS)) and all(d.slot_log.end == SLOT_LOG_HEADER_SIZE for d in s._dirs)
+    assert sorted(set(opened)) == list(range(LEDGERS)) and all(d.slot_log.file is None for d in s._dirs)
     _check_all(s, 2)
     s.close()
 
@@ -147,7 +177,7 @@ def test_a_full_slot_log_merges_into_the_index_files(fs_root: tuple[FileSystem, 
     assert ends == [SLOT_LOG_HEADER_SIZE + k * per_flush for k in (1, 2, 3)] + [SLOT_LOG_HEADER_SIZE,
                                                                               SLOT_LOG_HEADER_SIZE + per_flush]
     _check_all(s, 5)
-    s.close()
+    _crash(s, fs)
     s = _open(fs, root, slot_log_bytes=bound)
     _check_all(s, 5)
     for ledger in range(LEDGERS):  # entries 0..4 in the index file, 5 in the log
@@ -177,7 +207,7 @@ def test_slots_that_are_not_one_run_go_to_the_index_file_and_to_the_log(fs_root:
     assert [s.get_entry(0, e) for e in range(4)] == expected and s.get_entry(0, 5) == b"five"
     with pytest.raises(NoSuchEntryError):
         s.get_entry(0, 4)
-    s.close()
+    _crash(s, fs)
     s = _open(fs, root)
     assert [s.get_entry(0, e) for e in range(4)] == expected and s.get_entry(0, 5) == b"five"
     assert s.stored_entries(0, 0, 9) == [0, 1, 2, 3, 5]
@@ -205,19 +235,22 @@ def test_a_deleted_ledger_made_again_never_reads_its_predecessors_slots() -> Non
             s = _open(fs, "/s")
             assert not s.has_ledger(4) and 4 in s._dirs[0].slot_log.voided
         else:
-            s.close()
+            fs.crash()
             s = _open(fs, "/s", slot_log_bytes=bound)
         s.add_entry(4, 0, b"new")
         _add(s, range(6, 7), range(5, LEDGERS))  # enough ledgers in each dir for the log
         s.flush()
         assert not s._dirs[0].slot_log.voided
-        for reopened in (s, _open(fs, "/s")):
-            assert reopened.last_entry_id(4) == 0 and reopened.get_entry(4, 0) == b"new", cut
+        for reopen in (False, True):
+            if reopen:
+                fs.crash()
+                s = _open(fs, "/s")
+            assert s.last_entry_id(4) == 0 and s.get_entry(4, 0) == b"new", cut
             for entry in range(1, 6):
                 with pytest.raises(NoSuchEntryError):
-                    reopened.get_entry(4, entry)
-            assert reopened.stored_entries(4, 0, 10) == [0]
-            reopened.close()
+                    s.get_entry(4, entry)
+            assert s.stored_entries(4, 0, 10) == [0]
+        s.close()
 
 
 def test_a_torn_tail_is_cut_at_open(fs_root: tuple[FileSystem, str]) -> None:
@@ -225,12 +258,9 @@ def test_a_torn_tail_is_cut_at_open(fs_root: tuple[FileSystem, str]) -> None:
     record, a record whose CRC does not hold) are cut at open; appends go on after it."""
     fs, root = fs_root
     s = _open(fs, root)
-    _add(s, range(1))
-    s.flush()
-    _add(s, range(1, 2))
-    s.flush()
+    _logged(s, 1)
     path, end = s._dirs[0].slot_log.path, s._dirs[0].slot_log.end
-    s.close()
+    _crash(s, fs)
     partial = encode_run(0, 2, _locations(1, 2, 3))[:-5]
     damaged = bytearray(encode_run(2, 2, _locations(7)))
     damaged[-1] ^= 0xFF
@@ -242,11 +272,11 @@ def test_a_torn_tail_is_cut_at_open(fs_root: tuple[FileSystem, str]) -> None:
         s = _open(fs, root)
         assert s._dirs[0].slot_log.end == end and len(read_all(fs, path)) == end
         _check_all(s, 1)
-        s.close()
+        _crash(s, fs)
     s = _open(fs, root)
     _add(s, range(2, 3))
     s.flush()
-    s.close()
+    _crash(s, fs)
     s = _open(fs, root)
     _check_all(s, 2)
     s.close()
@@ -284,8 +314,8 @@ def test_a_flush_undone_for_lack_of_space_cuts_what_it_appended(monkeypatch: pyt
     _check_all(s, 2)
     s.flush()
     ends = [d.slot_log.end for d in s._dirs]
-    s.close()
     assert [len(read_all(fs, d.slot_log.path)) for d in s._dirs] == ends
+    fs.crash()
     s = _open(fs, "/s")
     assert sum(d.slot_log.slots for d in s._dirs) == 2 * LEDGERS
     _check_all(s, 2)
@@ -298,8 +328,9 @@ def test_a_slot_log_of_another_version_is_refused_and_a_damaged_header_is_damage
     not hold is damage (CorruptionError)."""
     fs = MemFS()
     s = _open(fs, "/s")
+    _logged(s, 1)
     path = s._dirs[0].slot_log.path
-    s.close()
+    fs.crash()
 
     def header(version: int = 1, magic: bytes = b"WKSLOTLG", crc_ok: bool = True) -> bytes:
         raw = bytearray(encode_slot_log_header())
@@ -343,10 +374,7 @@ def test_a_delete_of_a_ledger_the_log_holds_needs_no_write(fs_root: tuple[FileSy
     flush (a delete on a full disk needs no room)."""
     fs, root = fs_root
     s = _open(fs, root)
-    _add(s, range(1))
-    s.flush()
-    _add(s, range(1, 2))
-    s.flush()
+    _logged(s, 1)
     end = s._dirs[0].slot_log.end
     s.delete_ledger(0)
     assert s._dirs[0].slot_log.end == end and not s.has_ledger(0)
@@ -354,4 +382,103 @@ def test_a_delete_of_a_ledger_the_log_holds_needs_no_write(fs_root: tuple[FileSy
         s.get_entry(0, 1)
     s.flush()
     assert s._dirs[0].slot_log.end == end + RECORD.size
+    s.close()
+
+
+def test_a_range_read_sees_the_runs_beside_a_pending_and_a_flushing_map() -> None:
+    """While a flush syncs (its slots in the flushing map) and adds written straight to
+    the logs wait in the pending map, a range read still finds the entries only the slot
+    log's runs locate."""
+    import threading
+
+    fs = MemFS()
+    s = _open(fs, "/s", write_cache_bytes=0)  # every add written through: a pending map
+    _add(s, range(2))
+    s.flush()
+    _add(s, range(2, 6))
+    s.flush()  # entries 2..5 of every ledger in the runs only
+    s.add_entry(0, 6, _data(0, 6))
+    syncing, release = threading.Event(), threading.Event()
+    original = s._sync_logs
+
+    def slow_sync(plan: Any) -> None:
+        syncing.set()
+        release.wait(10)
+        original(plan)
+
+    s._sync_logs = slow_sync  # type: ignore[method-assign]
+    flushing = threading.Thread(target=s.flush)
+    flushing.start()
+    try:
+        assert syncing.wait(10)
+        s.add_entry(0, 7, _data(0, 7))
+        assert s._pending.get(0) and s._flushing.get(0) and s._dirs[0].slot_log.runs.get(0)
+        assert s.get_entries(0, 0, 100, 1 << 20) == [_data(0, e) for e in range(8)]
+        assert s.get_entries(0, 3, 100, 1 << 20) == [_data(0, e) for e in range(3, 8)]
+        assert s.stored_entries(0, 0, 20) == list(range(8))
+    finally:
+        release.set()
+        flushing.join()
+    s.close()
+
+
+def test_an_undone_flush_leaves_no_records_behind_in_a_log_it_synced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills in the second dir after the first dir's slot log was appended and
+    synced: the undone flush cuts those records at once. Later flushes that append
+    nothing there, or less, never let them come back at a replay over newer slots."""
+    fs = MemFS()
+    s = _open(fs, "/s")
+    _add(s, range(1))
+    s.flush()
+    for ledger in range(LEDGERS):
+        s.add_entry(ledger, 1, b"v1 %d" % ledger)
+    original = SlotLog.append
+    calls = [0]
+
+    def second_dir_full(self: SlotLog, data: bytes) -> None:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        original(self, data)
+
+    monkeypatch.setattr(SlotLog, "append", second_dir_full)
+    with pytest.raises(OSError):
+        s.flush()
+    monkeypatch.setattr(SlotLog, "append", original)
+    d0 = s._dirs[0].slot_log
+    assert d0.file is not None and d0.file.size() == d0.end == SLOT_LOG_HEADER_SIZE  # cut and synced
+    for ledger in range(0, LEDGERS, 2):  # dir 0's ledgers: a header change sends them to their index files
+        s.set_explicit_lac(ledger, 0)
+    s.flush()
+    for ledger in range(0, LEDGERS, 2):
+        s.add_entry(ledger, 1, b"v2 %d" % ledger)  # newer locations, into the index files too
+        s.set_explicit_lac(ledger, 1)
+    s.flush()
+    fs.crash()
+    s = _open(fs, "/s")
+    assert [s.get_entry(ledger, 1) for ledger in range(LEDGERS)] == [
+        b"v2 %d" % ledger if ledger % 2 == 0 else b"v1 %d" % ledger for ledger in range(LEDGERS)]
+    s.close()
+
+
+def test_a_clean_stop_leaves_no_slot_log_and_a_crash_leaves_it_in_the_index_directory() -> None:
+    """An older walkit refuses an unknown name in ``index/``: a slot log left by a crash
+    stops it (nothing misread); after a clean stop there is none. ``bookie info``'s
+    summary counts it as the slot log, not as a foreign file."""
+    from bookie.storage import ledger_dir_summary
+
+    fs = MemFS()
+    s = _open(fs, "/s")
+    _logged(s, 2)
+    fs.crash()
+    assert "slots.log" in fs.listdir("/s/d0/current/index")
+    summary = ledger_dir_summary(fs, "/s/d0")
+    assert summary.foreign == 0 and summary.slot_log_bytes == s._dirs[0].slot_log.end > SLOT_LOG_HEADER_SIZE
+    s = _open(fs, "/s")
+    _check_all(s, 2)
+    s.close()
+    assert "slots.log" not in fs.listdir("/s/d0/current/index")
+    assert ledger_dir_summary(fs, "/s/d0").slot_log_bytes == 0
+    s = _open(fs, "/s")
+    _check_all(s, 2)
     s.close()

@@ -18,6 +18,7 @@ from bookie.fs import File, FileSystem
 from bookie.storage._entrylog import open_log_for_read
 from bookie.storage._format import LOG_HEADER_SIZE, RECORD_HEADER, parse_index_name, parse_log_name, parse_logs_dir_name
 from bookie.storage._ledgerdir import LedgerDir
+from bookie.storage._slotlog import SLOT_LOG_NAME
 from walkit.errors import InvalidArgumentError
 
 _BUCKET = re.compile(r"[0-9a-f]{2}")  # index/<ledger id & 0xff:02x>/
@@ -93,6 +94,8 @@ def ledger_dir_summary(fs: FileSystem, directory: str) -> LedgerDirSummary:
         if kind == "log":
             size += _file_size(fs, f"{d.logs_dir}/{name}")
     for bucket in fs.listdir(d.index_dir) if fs.exists(d.index_dir) else []:
+        if bucket == SLOT_LOG_NAME:
+            continue
         if not _BUCKET.fullmatch(bucket):
             foreign += 1
             continue

@@ -9,7 +9,7 @@ Layout of a ledger dir (the ``COOKIE`` file next to ``current/`` belongs to
     <dir>/current/logs/<log id:016x>.use          a sealed log's usage (bookie.storage._usage)
     <dir>/current/logs/<log id:016x>.compact      marker: the log is being compacted
     <dir>/current/index/<ledger & 0xff:02x>/<ledger id:016x>.idx
-    <dir>/current/slots.log                       slots not yet in index files (bookie.storage._slotlog)
+    <dir>/current/index/slots.log                 slots not yet in index files (bookie.storage._slotlog)
 
 ``current/``, ``logs/`` and ``index/`` are made (and fsynced into their parents) when the
 storage opens; a bucket is made by the first flush that creates an index file in it,
@@ -60,7 +60,7 @@ from bookie.storage._format import (
     parse_logs_dir_name,
     unpack_location,
 )
-from bookie.storage._slotlog import SlotLog
+from bookie.storage._slotlog import SLOT_LOG_NAME, SlotLog
 from bookie.storage._usage import LogUsage, read_usage_file, rebuild_usage, write_usage_file
 from walkit.errors import CorruptionError, FormatError, FormatVersionError, StorageError, WalkitError
 from walkit.logs import context
@@ -114,7 +114,7 @@ class LedgerDir:
     slot_log: SlotLog = field(init=False)
 
     def __post_init__(self) -> None:
-        self.slot_log = SlotLog(self.fs, f"{self.current_dir}/slots.log", self.slot_log_bytes)
+        self.slot_log = SlotLog(self.fs, f"{self.index_dir}/{SLOT_LOG_NAME}", self.slot_log_bytes)
 
     @property
     def current_dir(self) -> str:
@@ -320,6 +320,8 @@ class LedgerDir:
         ``.tmp`` leftovers of a flush that never completed are removed."""
         self.buckets = set()
         for bucket in self.fs.listdir(self.index_dir):
+            if bucket in (SLOT_LOG_NAME, SLOT_LOG_NAME + ".tmp"):
+                continue  # the slot log's (SlotLog.load)
             if bucket not in _BUCKETS:
                 raise FormatError("unexpected name in index directory", dir=self.index_dir, name=bucket)
             where = f"{self.index_dir}/{bucket}"

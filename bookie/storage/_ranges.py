@@ -8,7 +8,7 @@ much less than one :meth:`~bookie.storage.LedgerStorage.get_entry` per entry:
 
 1. under the storage lock, once (:func:`in_memory`): the data of the range's entries in
    the write cache, the ledger's in-memory slots for the range (pending and flushing
-   maps) and the data of the entries still in the active log's write buffer, which may
+   maps, then the slot log's runs) and the data of the entries still in the active log's write buffer, which may
    be written out and dropped once the lock is released;
 2. one pread of the index slots of the range, when an entry was not found in memory and
    the ledger has an index file;
@@ -72,7 +72,7 @@ def in_memory(cached: list[dict[int, bytes]], tables: list[dict[int, int]],
     """Step 1 (the storage lock held): for the entries ``first``.., the data of those in
     the write cache (``cached``: the ledger's cached entries, newest first) or still in a
     log's write buffer, else the location memory has for them (``tables``: the ledger's
-    pending and flushing maps, newest first), else 0. Cut where nothing more could be
+    pending and flushing maps, then the slot log's runs: newest first), else 0. Cut where nothing more could be
     taken: at an entry found nowhere when the ledger has no index file, or when the data
     found in memory alone passes ``max_bytes``.
 
@@ -88,9 +88,12 @@ def in_memory(cached: list[dict[int, bytes]], tables: list[dict[int, int]],
     elif len(tables) == 1:
         get = tables[0].get
         locations = [get(e, 0) for e in ids]
-    else:
+    elif len(tables) == 2:
         newer, older = tables[0].get, tables[1].get
         locations = [newer(e, 0) or older(e, 0) for e in ids]
+    else:  # the maps and the slot log's runs
+        gets = [table.get for table in tables]
+        locations = [next((found for get in gets if (found := get(e, 0))), 0) for e in ids]
     known = cast("list[bytes | int]", locations)  # data found in memory replaces the locations
     in_cache: list[int] = []
     if cached:

@@ -9,7 +9,7 @@ kernel time (each write dirties an inode), whatever the checkpoint's size. The s
 turns those writes into one:
 
 * a flush that gives a dir ``SLOT_LOG_LEDGERS`` ledgers or more (the storage's
-  constant) appends to the dir's ``current/slots.log`` one record per ledger whose new
+  constant) appends to the dir's ``current/index/slots.log`` one record per ledger whose new
   slots are *deferrable* - the ledger has an index file already, no header to write, and
   its new slots are one run of consecutive entry ids - and keeps that run in memory
   (:meth:`SlotLog.defer`, a ``array('Q')`` of locations: 8 bytes a slot). The index file
@@ -43,8 +43,12 @@ superseding record comes later in the log, or the merge that wrote it to the fil
 emptied the log before completing); a record of a flush that did not complete points at
 records that step 2 made durable, in logs that nothing removes before a later flush
 completes (compaction deletes a log only after the flush of the copies) - so every
-location replayed is readable. A flush undone for lack of space leaves its bytes past
-:attr:`SlotLog.end`: the next append cuts them first.
+location replayed is readable. That needs the records of a flush undone for lack of
+space gone before any later flush completes: the undoing cuts them at once
+(:meth:`SlotLog.cut`; if that fails, the storage fails). A clean close writes every run
+into its index file, syncs, and removes the log (:meth:`SlotLog.remove`): it lives in
+``index/``, where an older walkit refuses an unknown name, so a log left by a crash stops
+a downgrade instead of being ignored.
 
 Assumes: only the storage's flush (and ``delete_ledger``, under the same flush lock)
 writes the log.
@@ -66,9 +70,12 @@ from walkit.logs import context
 
 log = logging.getLogger("bookie.storage")
 
-__all__ = ["SLOT_LOG_VERSION", "SLOT_LOG_HEADER_SIZE", "SlotLog", "encode_run", "encode_deleted",
+__all__ = ["SLOT_LOG_NAME", "SLOT_LOG_VERSION", "SLOT_LOG_HEADER_SIZE", "SlotLog", "encode_run", "encode_deleted",
            "encode_slot_log_header"]
 
+#: Its name in the index directory, where an older walkit (which cannot read it) refuses to
+#: start on an unknown name rather than lose the slots it holds.
+SLOT_LOG_NAME = "slots.log"
 SLOT_LOG_MAGIC = b"WKSLOTLG"
 SLOT_LOG_VERSION = 1  # 1: first format (512-byte header, CRC32C records of runs and deletions)
 SLOT_LOG_HEADER_SIZE = 512
@@ -80,8 +87,9 @@ _AFTER_CRC = RECORD.size - 8
 _U32 = struct.Struct("<I")
 KIND_RUN = 1
 KIND_DELETED = 2
-#: Bytes a record may take (a run of at most 2**24 slots): bounds what a torn length allocates.
-_MAX_RECORD = RECORD.size + 8 * (1 << 24)
+MAX_RUN = 1 << 24  # slots a record holds at most (a longer run is several records)
+#: Bytes a record may take: bounds what a torn length allocates.
+_MAX_RECORD = RECORD.size + 8 * MAX_RUN
 
 
 def encode_slot_log_header() -> bytes:
@@ -97,7 +105,11 @@ def _record(kind: int, ledger_id: int, first: int, locations: bytes) -> bytes:
 
 
 def encode_run(ledger_id: int, first: int, locations: array[int]) -> bytes:
-    """The record of ``locations`` of entries ``first, first + 1, ...`` of a ledger."""
+    """The records of ``locations`` of entries ``first, first + 1, ...`` of a ledger (one,
+    or one per ``MAX_RUN`` slots)."""
+    if len(locations) > MAX_RUN:
+        return b"".join(encode_run(ledger_id, first + at, locations[at:at + MAX_RUN])
+                        for at in range(0, len(locations), MAX_RUN))
     if sys.byteorder != "little":
         locations = array("Q", locations)
         locations.byteswap()
@@ -151,12 +163,15 @@ def parse_records(raw: bytes | memoryview, at: int = 0) -> tuple[list[tuple[int,
 
 
 class SlotLog:
-    """One ledger dir's slot log: the file and the runs it holds that no index file has."""
+    """One ledger dir's slot log: the file and the runs it holds that no index file has.
+    The file exists only while it may hold records: made by the first append, removed
+    when the storage closes (after a merge)."""
 
     def __init__(self, fs: FileSystem, path: str, max_bytes: int) -> None:
         self.fs, self.path, self.max_bytes = fs, path, max_bytes
+        self.directory = path.rsplit("/", 1)[0]
         self.file: File | None = None
-        #: Where the last complete append ends (the file may hold a failed one's bytes after it).
+        #: Where the last complete append ends (an undone flush's bytes after it are cut).
         self.end = SLOT_LOG_HEADER_SIZE
         #: Deferred runs by ledger, oldest first: ``(first entry id, locations)``.
         self.runs: dict[int, list[tuple[int, array[int]]]] = {}
@@ -166,23 +181,23 @@ class SlotLog:
         self.voided: set[int] = set()
         #: Slots held in :attr:`runs`.
         self.slots = 0
-        self._cut = False  # bytes past ``end`` may be there: cut them before appending
+
+    @property
+    def holds_records(self) -> bool:
+        return self.end > SLOT_LOG_HEADER_SIZE
 
     # --- open / close -----------------------------------------------------------------
-    def load(self, ledgers: Container[int], current_dir: str) -> None:
-        """Open (make) the file and replay its intact records into memory (records of
-        ledgers not in ``ledgers`` - deleted - are dropped); a torn tail is cut off."""
-        self.runs, self.logged, self.voided, self.slots, self._cut = {}, set(), set(), 0, False
+    def load(self, ledgers: Container[int]) -> None:
+        """Open the file, if there is one, and replay its intact records into memory
+        (records of ledgers not in ``ledgers`` - deleted - are void); a torn tail is cut
+        off. A ``.tmp`` left by a crash while the file was being made is removed."""
+        self.runs, self.logged, self.voided, self.slots = {}, set(), set(), 0
+        self.end = SLOT_LOG_HEADER_SIZE
+        if self.fs.exists(self.path + ".tmp"):
+            self.fs.remove(self.path + ".tmp")
+            self.fs.fsync_dir(self.directory)
         if not self.fs.exists(self.path):
-            f = self.fs.open(self.path + ".tmp", create=True)
-            try:
-                f.truncate(0)
-                f.pwrite(encode_slot_log_header(), 0)
-                f.sync()
-            finally:
-                f.close()
-            self.fs.rename(self.path + ".tmp", self.path)
-            self.fs.fsync_dir(current_dir)
+            return
         self.file = f = self.fs.open(self.path)
         size = f.size()
         _check_header(f.pread(SLOT_LOG_HEADER_SIZE, 0), self.path)
@@ -194,9 +209,25 @@ class SlotLog:
         if self.end < size:
             if any(raw[used:]):
                 log.info("%s: %d bytes after its last intact record dropped (a flush that never completed)",
-                            self.path, size - self.end, extra=context(directory=self.path))
-            f.truncate(self.end)
+                         self.path, size - self.end, extra=context(directory=self.path))
+            self.cut()
+
+    def _make(self) -> File:
+        """The file, with its header (made, synced, renamed, its directory synced)."""
+        tmp = self.path + ".tmp"
+        f = self.fs.open(tmp, create=True)
+        try:
+            f.truncate(0)
+            f.pwrite(encode_slot_log_header(), 0)
             f.sync()
+        except BaseException:
+            f.close()
+            raise
+        f.close()
+        self.fs.rename(tmp, self.path)
+        self.fs.fsync_dir(self.directory)
+        self.end = SLOT_LOG_HEADER_SIZE
+        return self.fs.open(self.path)
 
     def _replay(self, kind: int, ledger_id: int, first: int, locations: array[int],
                 ledgers: Container[int]) -> None:
@@ -217,6 +248,19 @@ class SlotLog:
         self.runs, self.logged, self.voided, self.slots = {}, set(), set(), 0
         if f is not None:
             f.close()
+
+    def remove(self) -> None:
+        """(The storage closing, every run in its synced index file) remove the file: a
+        cleanly stopped bookie leaves none (so an older walkit, which refuses one, opens
+        its directories)."""
+        f, self.file = self.file, None
+        if f is not None:
+            f.close()
+        if self.fs.exists(self.path):
+            self.fs.remove(self.path)
+            self.fs.fsync_dir(self.directory)
+        self.runs, self.logged, self.voided, self.slots = {}, set(), set(), 0
+        self.end = SLOT_LOG_HEADER_SIZE
 
     # --- lookups (the storage lock held) ------------------------------------------------
     def slot(self, ledger_id: int, entry_id: int) -> int:
@@ -243,28 +287,29 @@ class SlotLog:
         return found
 
     # --- a flush (the flush lock held) --------------------------------------------------
-    def flush_runs(self, ledger_id: int) -> list[tuple[int, array[int]]]:
-        """The ledger's runs, oldest first (written to its index file before a flush's own slots)."""
-        return list(self.runs.get(ledger_id, ()))
-
     def append(self, data: bytes) -> None:
-        """Write records after :attr:`end` (not synced: the flush syncs). Bytes of a
-        failed append are cut first. :meth:`appended` moves ``end`` once the flush is done."""
-        f = self.file
-        assert f is not None, "slot log not open"
-        if self._cut:
-            f.truncate(self.end)
-            self._cut = False
-        self._cut = True  # until appended(): a failure leaves bytes past end
-        f.pwrite(data, self.end)
+        """Write records after :attr:`end` (made first if there is no file; not synced:
+        the flush syncs). :meth:`appended` moves ``end`` once the flush completed; a
+        flush undone meanwhile calls :meth:`cut`."""
+        if self.file is None:
+            self.file = self._make()
+        self.file.pwrite(data, self.end)
 
     def appended(self, size: int) -> None:
         self.end += size
-        self._cut = False
 
-    def failed(self) -> None:
-        """A flush that wrote (or emptied) the file was undone: cut what it left."""
-        self._cut = True
+    def cut(self) -> None:
+        """Cut (and sync) whatever lies past :attr:`end`: the records of a flush that was
+        undone, which a later flush must not leave behind (their ledgers are not in
+        :attr:`logged`, and a replay would put their runs over newer index slots)."""
+        f = self.file
+        if f is not None and f.size() > self.end:
+            f.truncate(self.end)
+            f.sync()
+
+    def sync(self) -> None:
+        assert self.file is not None, "slot log not open"
+        self.file.sync()
 
     def defer(self, ledger_id: int, first: int, locations: array[int]) -> None:
         """Keep a run the file now holds (the flush completed)."""
@@ -284,21 +329,16 @@ class SlotLog:
             self.logged.add(ledger_id)
 
     def reset(self) -> None:
-        """Empty the file (every run is in its index file, synced) and sync it."""
+        """Empty the file (every run is in its synced index file) and sync it."""
         f = self.file
-        assert f is not None, "slot log not open"
-        f.truncate(SLOT_LOG_HEADER_SIZE)
-        f.sync()
+        if f is not None:
+            f.truncate(SLOT_LOG_HEADER_SIZE)
+            f.sync()
         self.end = SLOT_LOG_HEADER_SIZE
-        self._cut = False
 
     def emptied(self) -> None:
         """Forget every run (after :meth:`reset`, the flush completed)."""
         self.runs, self.logged, self.voided, self.slots = {}, set(), set(), 0
-
-    def sync(self) -> None:
-        assert self.file is not None, "slot log not open"
-        self.file.sync()
 
     def forget(self, ledger_id: int) -> None:
         """The ledger is deleted (the storage lock held): its runs go, and if the file

@@ -100,7 +100,7 @@ from bookie.storage._index import (
 from bookie.storage._ledgerdir import LedgerDir, LogFlush
 from bookie.storage._ranges import in_memory, located, read_range
 from bookie.storage._reclaim import EntryLogReclaim
-from bookie.storage._slotlog import SLOT_LOG_HEADER_SIZE, SlotLog, encode_run
+from bookie.storage._slotlog import encode_run
 from bookie.storage._state import LedgerStates
 from bookie.storage._writecache import PLACE_BATCH, PLACE_BATCH_BYTES, WriteCache
 from walkit.errors import (
@@ -249,6 +249,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 for d in self._dirs:  # the active logs are sealed now: keep their usage
                     if d.writer is not None:
                         self._write_usage(d, [d.writer])
+                self._drain_slot_logs()
         finally:
             with self._flush_lock, self._lock:
                 self._close_dirs()
@@ -259,6 +260,26 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 self._read_ahead.clear()
                 self._recent.clear()
                 self._is_open = False
+
+    def _drain_slot_logs(self) -> None:
+        """(Closing) every slot log's runs into their index files, synced, then the logs
+        removed: a cleanly stopped bookie leaves none behind."""
+        with self._flush_lock, self._failing:
+            for d in self._dirs:
+                runs = d.slot_log.runs
+                if runs:
+                    files = [ledger_id for ledger_id in sorted(runs) if ledger_id in self._states]
+                    together = d.syncer is not None and len(files) >= SYNCFS_FILES
+                    for ledger_id in files:
+                        with self._index_files.use(ledger_id) as f:
+                            for first, locations in runs[ledger_id]:
+                                write_run(f, first, locations)
+                            if not together:
+                                f.sync()
+                    if together:
+                        d.syncer.sync()  # type: ignore[union-attr]  # together: it has one
+                with self._lock:
+                    d.slot_log.remove()
 
     def _close_dirs(self) -> None:
         """Close every dir's files and syncer (one that fails to close does not keep the
@@ -577,6 +598,9 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 if is_no_space(exc):
                     with self._lock:
                         self._abort_flush(plan)
+                    with self._failing:  # before any later flush completes (see _slotlog)
+                        for d in self._dirs:
+                            d.slot_log.cut()
                 raise
             with self._lock:
                 self._end_flush(plan)
@@ -804,8 +828,6 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             self._index_files.discard(ledger_id)
             d = self._dir(ledger_id)  # its bucket may not be durable in index/: the retry makes it so
             d.buckets.discard(d.bucket_dir(ledger_id))
-        for d in self._dirs:  # what an append left past the log's end is cut by the next one
-            d.slot_log.failed()
         for d, log_flush in zip(self._dirs, plan.logs):
             d.rolled = log_flush.close + d.rolled
 
@@ -858,7 +880,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
     def _load_slot_log(self, d: LedgerDir) -> None:
         """Replay the dir's slot log (at open, after its index files): the runs it holds
         may reach past the last entry an index file has."""
-        d.slot_log.load(self._states, d.current_dir)
+        d.slot_log.load(self._states)
         for ledger_id, runs in d.slot_log.runs.items():
             state = self._states[ledger_id]
             state.last_entry_id = max(state.last_entry_id, *(first + len(locations) - 1 for first, locations in runs))

@@ -146,7 +146,7 @@ def write_ledger_dir(out: Path) -> None:
 
 def write_ledger_dir_slots(out: Path) -> None:
     """ledger-dir/v1-slots/: a ledger dir whose slot log holds runs and a deletion (the slot
-    log, added 2026-11-28)."""
+    log, added 2026-11-28), copied before ``close()``, as a crash would leave it."""
     target = out / "ledger-dir/v1-slots"
     if target.exists():
         raise SystemExit(f"{target} exists: golden files are never rewritten (--out DIR for a fresh set)")
@@ -167,9 +167,9 @@ def write_ledger_dir_slots(out: Path) -> None:
             storage.flush()  # a run record each in slots.log
             storage.delete_ledger(9)
             storage.flush()  # the deleted record of ledger 9
+            shutil.copytree(f"{tmp}/ledgers", target)  # as a crash leaves it: close() would drain the slot log
         finally:
             storage.close()
-        shutil.copytree(f"{tmp}/ledgers", target)
 
 
 def fill_storage(fs: Any, directory: str) -> None:
