@@ -69,8 +69,8 @@ class DiskView:
     def indexed_ledgers(self) -> set[int]:
         """Ledger ids with an index file."""
         index = self.current / "index"
-        return {int(p.name.split(".")[0], 16) for bucket in _listdir(index) for p in _listdir(bucket)
-                if p.name.endswith(".idx")}
+        return {int(p.name.split(".")[0], 16) for bucket in _listdir(index) if bucket.is_dir()
+                for p in _listdir(bucket) if p.name.endswith(".idx")}  # beside the buckets: slots.log
 
 
 def _listdir(path: Path) -> list[Path]:
