@@ -182,10 +182,6 @@ class SlotLog:
         #: Slots held in :attr:`runs`.
         self.slots = 0
 
-    @property
-    def holds_records(self) -> bool:
-        return self.end > SLOT_LOG_HEADER_SIZE
-
     # --- open / close -----------------------------------------------------------------
     def load(self, ledgers: Container[int]) -> None:
         """Open the file, if there is one, and replay its intact records into memory
