@@ -482,3 +482,19 @@ def test_a_clean_stop_leaves_no_slot_log_and_a_crash_leaves_it_in_the_index_dire
     s = _open(fs, "/s")
     _check_all(s, 2)
     s.close()
+
+
+def test_a_clean_stop_right_after_adds_keeps_them_in_the_index_files(fs_root: tuple[FileSystem, str]) -> None:
+    """``close()``'s own flush is the drain: it never defers to a log it then removes,
+    also when that flush would have been the first to make the log."""
+    fs, root = fs_root
+    s = _open(fs, root)
+    _add(s, range(1))
+    s.flush()
+    assert all(d.slot_log.file is None for d in s._dirs)
+    _add(s, range(1, 3))  # no flush: close() takes them
+    s.close()
+    assert not any(fs.exists(d.slot_log.path) for d in s._dirs)
+    s = _open(fs, root)
+    _check_all(s, 2)
+    s.close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from bookie.fs import File
@@ -39,7 +40,7 @@ from bookie.storage._format import (
 )
 from walkit.errors import CorruptionError
 
-__all__ = ["LedgerState", "load_index", "write_header", "write_slots", "write_run", "read_slot", "read_slots"]
+__all__ = ["LedgerState", "load_index", "write_header", "write_slots", "write_run", "runs_of", "read_slot", "read_slots"]
 
 _SCAN_SLOTS = 8192  # slots read per step when looking for the last entry at open
 
@@ -109,16 +110,22 @@ def write_header(f: File, header: IndexHeader) -> None:
     f.pwrite(encode_index_copy(header), (header.seq % 2) * INDEX_COPY_SIZE)
 
 
+def runs_of(ids: Iterable[int]) -> list[range]:
+    """The distinct ``ids`` as runs of consecutive ids, in order."""
+    ordered = sorted(ids)
+    runs, start = [], 0
+    for i in range(1, len(ordered) + 1):
+        if i == len(ordered) or ordered[i] != ordered[i - 1] + 1:
+            runs.append(range(ordered[start], ordered[i - 1] + 1))
+            start = i
+    return runs
+
+
 def write_slots(f: File, slots: dict[int, int]) -> None:
     """Write every ``entry -> location`` slot, one ``pwrite`` per run of entry ids."""
-    ids = sorted(slots)
-    start = 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or ids[i] != ids[i - 1] + 1:
-            run = ids[start:i]
-            raw = struct.pack(f"<{len(run)}Q", *(slots[e] for e in run))
-            f.pwrite(raw, INDEX_HEADER_SIZE + SLOT.size * run[0])
-            start = i
+    for run in runs_of(slots):
+        raw = struct.pack(f"<{len(run)}Q", *(slots[e] for e in run))
+        f.pwrite(raw, INDEX_HEADER_SIZE + SLOT.size * run[0])
 
 
 def write_run(f: File, first: int, locations: array[int]) -> None:

@@ -64,7 +64,7 @@ from collections.abc import Callable, Container
 
 from crc32c import crc32c
 
-from bookie.fs import File, FileSystem
+from bookie.fs import File, FileSystem, write_atomic
 from walkit.errors import CorruptionError, FormatError, FormatVersionError
 from walkit.logs import context
 
@@ -210,18 +210,7 @@ class SlotLog:
 
     def _make(self) -> File:
         """The file, with its header (made, synced, renamed, its directory synced)."""
-        tmp = self.path + ".tmp"
-        f = self.fs.open(tmp, create=True)
-        try:
-            f.truncate(0)
-            f.pwrite(encode_slot_log_header(), 0)
-            f.sync()
-        except BaseException:
-            f.close()
-            raise
-        f.close()
-        self.fs.rename(tmp, self.path)
-        self.fs.fsync_dir(self.directory)
+        write_atomic(self.fs, self.path, encode_slot_log_header())
         self.end = SLOT_LOG_HEADER_SIZE
         return self.fs.open(self.path)
 

@@ -67,10 +67,10 @@ from __future__ import annotations
 
 import errno
 import functools
-from array import array
 import logging
 import threading
 import time
+from array import array
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -93,6 +93,7 @@ from bookie.storage._index import (
     load_index,
     read_slot,
     read_slots,
+    runs_of,
     write_header,
     write_run,
     write_slots,
@@ -245,11 +246,14 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             return
         try:
             if self._failure is None:
-                self.flush()
+                self._flush(drain=True)  # the slot logs' runs into their index files too
                 for d in self._dirs:  # the active logs are sealed now: keep their usage
                     if d.writer is not None:
                         self._write_usage(d, [d.writer])
-                self._drain_slot_logs()
+                with self._flush_lock, self._failing:  # a cleanly stopped bookie leaves none
+                    for d in self._dirs:
+                        with self._lock:
+                            d.slot_log.remove()
         finally:
             with self._flush_lock, self._lock:
                 self._close_dirs()
@@ -260,26 +264,6 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 self._read_ahead.clear()
                 self._recent.clear()
                 self._is_open = False
-
-    def _drain_slot_logs(self) -> None:
-        """(Closing) every slot log's runs into their index files, synced, then the logs
-        removed: a cleanly stopped bookie leaves none behind."""
-        with self._flush_lock, self._failing:
-            for d in self._dirs:
-                runs = d.slot_log.runs
-                if runs:
-                    files = [ledger_id for ledger_id in sorted(runs) if ledger_id in self._states]
-                    together = d.syncer is not None and len(files) >= SYNCFS_FILES
-                    for ledger_id in files:
-                        with self._index_files.use(ledger_id) as f:
-                            for first, locations in runs[ledger_id]:
-                                write_run(f, first, locations)
-                            if not together:
-                                f.sync()
-                    if together:
-                        d.syncer.sync()  # type: ignore[union-attr]  # together: it has one
-                with self._lock:
-                    d.slot_log.remove()
 
     def _close_dirs(self) -> None:
         """Close every dir's files and syncer (one that fails to close does not keep the
@@ -583,6 +567,11 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         A full disk (ENOSPC while writing a log buffer or an index file) makes the flush
         raise but leaves the storage as it was - the entries stay reachable in memory,
         the next flush tries again; any other error fails the storage."""
+        self._flush()
+
+    def _flush(self, drain: bool = False) -> None:
+        """:meth:`flush`; with ``drain``, a flush that merges every slot log that holds
+        anything (the storage closing)."""
         with self._flush_lock:
             self._place()
             with self._lock:
@@ -593,7 +582,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                 self._sync_logs(plan)
             try:
                 with self._failing:
-                    self._write_index(plan)
+                    self._write_index(plan, drain)
             except OSError as exc:
                 if is_no_space(exc):
                     with self._lock:
@@ -723,7 +712,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             log.warning("entry logs %s in %s: usage files not written (rebuilt at the next start): %s",
                         [w.log_id for w in writers], d.root, exc)
 
-    def _write_index(self, plan: _FlushPlan) -> None:
+    def _write_index(self, plan: _FlushPlan, drain: bool = False) -> None:
         """Step 3: the taken slots and the dirty headers into the index files or the slot
         logs (:meth:`_plan_index`), synced; a slot log that merged emptied (its runs are in
         the synced files now); new files renamed into place, then their names made
@@ -732,7 +721,7 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         log) with one syncfs, and their names with a second (a sync per file cost ~80 µs of
         CPU and ~0.1 ms of disk each: seconds per checkpoint at 10,000 ledgers)."""
         dirs = self._dirs
-        plan.index = index = [self._plan_index(d, plan) for d in dirs]
+        plan.index = index = [self._plan_index(d, plan, drain) for d in dirs]
         batched = [d.syncer is not None and len(i.files) >= SYNCFS_FILES for d, i in zip(dirs, index)]
         new_dirs: set[str] = set()  # to fsync: of the dirs synced file by file
         for d, i, together in zip(dirs, index, batched):
@@ -772,14 +761,14 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         for path in sorted(new_dirs, key=len, reverse=True):  # buckets before index/
             self._fs.fsync_dir(path)
 
-    def _plan_index(self, d: LedgerDir, plan: _FlushPlan) -> _DirIndex:
+    def _plan_index(self, d: LedgerDir, plan: _FlushPlan, drain: bool = False) -> _DirIndex:
         """Which of the dir's ledgers get their index file written and which only a slot
         log record (see :mod:`bookie.storage._slotlog`): with ``SLOT_LOG_LEDGERS`` ledgers
         or more in the dir, a ledger that has an index file, no header to write and new
         slots of consecutive ids is deferred. A ledger written whose slots the log holds
         gets its new slots logged too (the log's last record of an entry is the newest).
-        A log that would pass its bound merges instead: every ledger with runs gets its
-        index file written, and nothing is logged."""
+        A log that would pass its bound merges instead (and every log, with ``drain``):
+        every ledger with runs gets its index file written, and nothing is logged."""
         sl, n = d.slot_log, len(self._dirs)
         mine = sorted(lid for lid in plan.slots.keys() | plan.headers.keys() if lid % n == d.number)
         may_defer = sl.max_bytes > 0 and len(mine) >= SLOT_LOG_LEDGERS
@@ -799,9 +788,9 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
             files.append(ledger_id)
             if ledger_id in sl.logged and slots:
                 logged.add(ledger_id)
-                records += [encode_run(ledger_id, run[0], array("Q", [slots[e] for e in run])) for run in _runs(slots)]
+                records += [encode_run(ledger_id, run[0], array("Q", [slots[e] for e in run])) for run in runs_of(slots)]
         raw = b"".join(records)
-        if raw and sl.end + len(raw) > sl.max_bytes:
+        if drain or (raw and sl.end + len(raw) > sl.max_bytes):
             return _DirIndex(sorted(set(mine) | sl.runs.keys()), {}, set(), b"", set(), True)
         return _DirIndex(files, deferred, logged, raw, voided, False)
 
@@ -944,13 +933,3 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         d = self._dirs[key[0]]
         return open_log_for_read(self._fs, d.log_path(key[1]), key[1])
 
-
-def _runs(slots: dict[int, int]) -> list[range]:
-    """The entry ids of ``slots`` as runs of consecutive ids, in order."""
-    ids = sorted(slots)
-    runs, start = [], 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or ids[i] != ids[i - 1] + 1:
-            runs.append(range(ids[start], ids[i - 1] + 1))
-            start = i
-    return runs
