@@ -2,16 +2,19 @@
 
 Theory of operation
 -------------------
-``cffi_modules`` adds ``bookie._native`` (``native/build.py``) to the build. Building it
-needs a C compiler and Python's headers; without them the install still succeeds:
-:class:`OptionalBuildExt` catches the compiler's failure, prints ONE warning, and leaves
-the extension out, so ``bookie.native`` falls back to its pure-Python backend
-(``WALKIT_NATIVE=auto``, the default). ``WALKIT_NATIVE=require`` in the build's
-environment turns the failure back into an error (a packager who wants the shim for sure).
+Two C extensions: ``cffi_modules`` adds ``bookie._native``, the I/O shim
+(``native/build.py``), and ``ext_modules`` adds ``bookie._frames``, the journal's frame
+packing (``native/walkit_frames.c``). Building them needs a C compiler and Python's
+headers; without them the install still succeeds: :class:`OptionalBuildExt` catches the
+compiler's failure, prints ONE warning (however many extensions failed), and leaves them
+out, so ``bookie.native`` falls back to its pure-Python backend and the journal frames
+in Python (``WALKIT_NATIVE=auto``, the default). ``WALKIT_NATIVE=require`` in the build's
+environment turns the failure back into an error (a packager who wants them for sure).
 
-cffi builds the shim for CPython's stable ABI (``_native.abi3.so``), so the wheel is
-tagged ``cp311-abi3``: one wheel serves CPython 3.11 and every newer one. Builds where
-cffi does not use the stable ABI (PyPy, free-threaded, debug CPython) keep their own tag.
+Both are built for CPython's stable ABI (``*.abi3.so``: cffi does it for the shim, the
+limited API of 3.11 for the frames), so the wheel is tagged ``cp311-abi3``: one wheel
+serves CPython 3.11 and every newer one. Builds where the stable ABI does not apply
+(PyPy, free-threaded, debug CPython) keep their own tag.
 """
 
 from __future__ import annotations
@@ -27,15 +30,17 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 _BUILD_ERRORS = (CCompilerError, ExecError, PlatformError)
 _WARNING = """
-WARNING: walkit's C I/O shim (bookie._native) was not built; walkit works without it, on
-         its pure-Python I/O backend (slower journal writes). To get the shim, install a
-         C compiler and Python's headers (Debian: apt-get install gcc python3-dev) and
+WARNING: walkit's C extensions (bookie._native, bookie._frames) were not built; walkit
+         works without them, on pure Python (slower journal writes). To get them, install
+         a C compiler and Python's headers (Debian: apt-get install gcc python3-dev) and
          install walkit again. The build failed with: {error}
 """
 
 
 class OptionalBuildExt(build_ext):
-    """``build_ext`` that lets the C shim's build fail with one warning (see the module docstring)."""
+    """``build_ext`` that lets the C extensions' builds fail with one warning (see the module docstring)."""
+
+    _warned = False
 
     def run(self) -> None:
         required = os.environ.get("WALKIT_NATIVE", "").strip().lower() == "require"
@@ -49,8 +54,10 @@ class OptionalBuildExt(build_ext):
         except _BUILD_ERRORS as exc:  # no compiler, no Python.h, a compiler or linker error
             if not ext.optional:
                 raise
-            sys.stderr.write(_WARNING.format(error=exc))
-            sys.stderr.flush()
+            if not self._warned:
+                self._warned = True
+                sys.stderr.write(_WARNING.format(error=exc))
+                sys.stderr.flush()
 
 
 def _stable_abi_wheel() -> dict[str, Any]:
@@ -61,5 +68,16 @@ def _stable_abi_wheel() -> dict[str, Any]:
     return {"bdist_wheel": {"py_limited_api": "cp311"}}
 
 
-setup(cffi_modules=["native/build.py:ffibuilder"], cmdclass={"build_ext": OptionalBuildExt},
-      options=_stable_abi_wheel())
+def _frames_extension() -> Extension:
+    """``bookie._frames`` (``native/walkit_frames.c``): journal frames packed in C, on
+    CPython's limited API (3.11), so it shares the wheel's ``abi3`` tag with the shim."""
+    limited = bool(_stable_abi_wheel())
+    return Extension(
+        "bookie._frames", ["native/walkit_frames.c"], py_limited_api=limited,
+        define_macros=[("Py_LIMITED_API", "0x030B0000")] if limited else [],
+        extra_compile_args=["-O2", "-Wall"],
+    )
+
+
+setup(cffi_modules=["native/build.py:ffibuilder"], ext_modules=[_frames_extension()],
+      cmdclass={"build_ext": OptionalBuildExt}, options=_stable_abi_wheel())

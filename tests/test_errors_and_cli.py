@@ -38,11 +38,14 @@ def test_bench_journal_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     report = json.loads(capsys.readouterr().out)
     names = [r["name"] for r in report["results"]]
     assert names[0].startswith("floor") and names[1].startswith("raw sequential")
-    assert any("256 in flight" in n for n in names)
+    assert any(n.endswith("256 in flight") for n in names)
+    assert any(n.endswith("256 in flight, 16 entries a call") for n in names)
     for r in report["results"]:
         assert r["entries"] > 0 and r["entries_per_s"] > 0, r
         assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"], r
-    assert {"1KiB_target_met", "64KiB_target_met"} <= set(report["checks"])
+    assert {"1KiB_target_met", "64KiB_target_met", "1KiB_600k_met_one_call_an_entry",
+            "1KiB_600k_met_16_a_call"} <= set(report["checks"])
+    assert isinstance(report["c_framing"], bool)
 
 
 def test_journal_repair_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,7 +6,8 @@ What this proves
   deprecation warning; the sdist holds everything the wheel needs (the wheel built from
   it equals the wheel built from the tree) and the wheel holds every module of
   ``walkit/`` and ``bookie/`` (a subpackage missing from the package list would fail
-  here), the C shim, ``py.typed``, and is tagged ``cp311-abi3``.
+  here), the C extensions (the I/O shim, the frame packing), ``py.typed``, and is tagged
+  ``cp311-abi3``.
 * That wheel, installed into a fresh virtualenv (dependencies from the package index)
   of CPython 3.11 and of every newer CPython on the machine, gives a working ``walkit``
   command - ``walkit demo --seconds 3`` passes away from any checkout, its example being
@@ -44,14 +45,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("walkit", "bookie")
-FALLBACK_WARNING = "WARNING: walkit's C I/O shim (bookie._native) was not built"
+FALLBACK_WARNING = "WARNING: walkit's C extensions (bookie._native, bookie._frames) were not built"
 # The environment a user's shell would have: no checkout on the path, no backend forced.
 _DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "WALKIT_NATIVE")
 _SMOKE = """
-import json, sys
+import importlib.util, json, sys
 import bookie, bookie.native, walkit, walkit.examples.kvstore, walkit.recovery
 print(json.dumps({"prefix": sys.prefix, "walkit": walkit.__file__, "bookie": bookie.__file__,
-                  "backend": bookie.native.BACKEND}))
+                  "backend": bookie.native.BACKEND, "frames": importlib.util.find_spec("bookie._frames") is not None}))
 """
 
 
@@ -156,6 +157,7 @@ def smoke(bin_dir: Path, cwd: Path, backend: str, home: Path | None = None) -> N
     home = home or Path(seen["prefix"])
     assert Path(seen["walkit"]).is_relative_to(home) and Path(seen["bookie"]).is_relative_to(home), seen
     assert seen["backend"] == backend, seen
+    assert seen["frames"] == (backend == "native"), f"bookie._frames is built with the shim or not at all: {seen}"
     assert "usage" in run([str(bin_dir / "python"), "-m", "bookie", "--help"], cwd=cwd).stdout
     assert "demo" in run([str(bin_dir / "walkit"), "--help"], cwd=cwd).stdout
 
@@ -237,7 +239,7 @@ def test_wheel_holds_every_module_the_shim_and_the_stable_abi_tag(builds: Builds
     modules = {p.relative_to(src).as_posix() for package in PACKAGES for p in (src / package).rglob("*.py")}
     names = _names(builds.wheel)
     assert modules - names == set(), "modules missing from the wheel (a package without __init__.py?)"
-    assert {"bookie/_native.abi3.so", "walkit/py.typed", "bookie/py.typed"} <= names
+    assert {"bookie/_native.abi3.so", "bookie/_frames.abi3.so", "walkit/py.typed", "bookie/py.typed"} <= names
     assert "walkit/examples/kvstore.py" in names  # what walkit demo runs
     assert "-cp311-abi3-" in builds.wheel.name  # one wheel for CPython 3.11 and newer
 
@@ -246,7 +248,7 @@ def test_sdist_holds_what_the_wheel_needs(builds: Builds) -> None:
     with tarfile.open(builds.sdist) as tf:
         names = {n.partition("/")[2] for n in tf.getnames()}
     assert {"setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "native/build.py",
-            "native/walkit_native.c", "native/walkit_native.h"} <= names
+            "native/walkit_native.c", "native/walkit_native.h", "native/walkit_frames.c"} <= names
     assert not [n for n in names if n.endswith((".so", ".o", ".pyc"))]
     assert _names(builds.wheel) == _names(builds.tree_wheel)  # the sdist lost nothing
 
@@ -276,7 +278,7 @@ def test_without_a_compiler_one_warning_and_the_python_backend(builds: Builds,
 
     added = warnings(builds.logs["nocc"]) - warnings(builds.logs["tree"])
     assert sum(added.values()) == 1 and next(iter(added)).startswith(FALLBACK_WARNING), builds.logs["nocc"]
-    assert not [name for name in _names(builds.nocc_wheel) if name.startswith("bookie/_native")]
+    assert not [name for name in _names(builds.nocc_wheel) if name.startswith(("bookie/_native", "bookie/_frames"))]
     assert FALLBACK_WARNING not in builds.logs["require"]
     bin_dir = venv(sys.executable, builds.work / "venv-nocc", str(builds.nocc_wheel))
     cwd = workdir(builds.work, "run-nocc")

@@ -123,6 +123,7 @@ Callback = Callable[[BaseException | None, Any], None]
 Record = tuple[int, int, int, Any, "Callback | None", Any]
 KEY_RECORD, FENCE_RECORD, LAC_RECORD = int(FrameType.MASTER_KEY), int(FrameType.FENCE), int(FrameType.LAC)
 _RECORD_TYPES = frozenset({ENTRY, KEY_RECORD, FENCE_RECORD, LAC_RECORD})
+_NO_RECORDS: list[Record] = []
 
 
 @dataclass(frozen=True)
@@ -174,17 +175,21 @@ def _check_bytes(data: Any) -> bytes:
     return data  # type: ignore[return-value]
 
 
+def _check_record(ftype: int, ledger_id: int, arg: int, data: Any) -> None:
+    """Refuse a record the journal could not frame (one combined test)."""
+    if (
+        type(ledger_id) is not int or type(arg) is not int or not 0 <= ledger_id <= _U64_MAX
+        or not _I64_MIN <= arg <= _I64_MAX or not isinstance(data, (bytes, bytearray, memoryview))
+        or ftype not in _RECORD_TYPES
+    ):
+        _check_ids(ledger_id, arg)
+        _check_bytes(data)
+        raise InvalidArgumentError("unknown journal record type", type=ftype)
+
+
 def _check_records(records: list[Record]) -> None:
-    """Refuse a record the journal could not frame (one combined test per record)."""
     for ftype, ledger_id, arg, data, _, _ in records:
-        if (
-            type(ledger_id) is not int or type(arg) is not int or not 0 <= ledger_id <= _U64_MAX
-            or not _I64_MIN <= arg <= _I64_MAX or not isinstance(data, (bytes, bytearray, memoryview))
-            or ftype not in _RECORD_TYPES
-        ):
-            _check_ids(ledger_id, arg)
-            _check_bytes(data)
-            raise InvalidArgumentError("unknown journal record type", type=ftype)
+        _check_record(ftype, ledger_id, arg, data)
 
 
 def _call_back(records: list[tuple[Callback, Any]], error: BaseException | None) -> None:
@@ -369,7 +374,10 @@ class Journal:
 
     # --- producers ------------------------------------------------------------------------
     def log_entry(self, ledger_id: int, entry_id: int, data: bytes, callback: Callback | None = None, ctx: Any = None) -> None:
-        self.log_records([(ENTRY, ledger_id, entry_id, data, callback, ctx)])
+        """One ENTRY record (:meth:`log_records`' contract): framed as :meth:`log_entries`
+        frames a chunk's entries, with ``callback`` (if any) as the group's."""
+        _check_record(ENTRY, ledger_id, entry_id, data)
+        self._add(_NO_RECORDS, [(ledger_id, entry_id, data)], None if callback is None else (callback, ctx))
 
     def log_master_key(self, ledger_id: int, key: bytes, callback: Callback | None = None, ctx: Any = None) -> None:
         self.log_records([(KEY_RECORD, ledger_id, 0, key, callback, ctx)])
