@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from walkit.bench._floor import ReplicatedFloor
 from walkit.bench.wal import CASES, RATIOS, format_markdown, run_wal_bench
 from walkit.cli import main
 from walkit.errors import InvalidArgumentError
@@ -45,10 +46,28 @@ def test_short_run_reports_every_case_and_cleans_up(tmp_path: Path) -> None:
     table = format_markdown(report)
     assert "| 100 B: walkit, 16 in flight |" in table and "SQLite" in table and "targets:" in table
     assert "append_many of 1,000 records" in table and "many_vs_sqlite_batched" in table
+    assert "| 100 B: floor: 3 minimal servers" in table and "sequential_vs_floor" in table
     assert [(t["interval_ms"], t["samples"]) for t in report["tail"]] == [(0.0, 20), (20.0, 20)]
     assert all(0 <= t["p50_ms"] <= t["p99_ms"] for t in report["tail"]), report["tail"]
     assert "| back to back | 20 |" in table and "| one every 20 ms | 20 |" in table and "tail visibility p50" in table
     assert list(tmp_path.iterdir()) == []  # the cluster's directory and the baselines' files are gone
+
+
+def test_the_floor_servers_answer_two_of_three_and_leave_nothing(tmp_path: Path) -> None:
+    """The floor's writer returns once two servers have a record on disk; each server
+    writes every record it gets; closing stops the servers and removes their files."""
+    record = b"r" * 100
+    with ReplicatedFloor(tmp_path, len(record)) as floor:
+        pids = floor.pids
+        assert len(pids) == 3 and len(list(tmp_path.iterdir())) == 3
+        assert sum(floor.append(record) for _ in range(50)) == 50
+        with pytest.raises(ValueError):
+            floor.append(b"short")
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError):
+        ReplicatedFloor(tmp_path, 0)
 
 
 def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

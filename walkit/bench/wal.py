@@ -24,6 +24,11 @@ and, in the same run and the same directory, two local-only baselines (no replic
 * **SQLite** (WAL mode, ``synchronous=FULL``): one ``INSERT`` per transaction, and
   ``SQLITE_BATCH`` inserts per transaction (latency: the transaction's, for each record).
 
+and the **floor of replication** (``walkit/bench/_floor.py``): three minimal server
+processes that receive a record over loopback, write it (O_DIRECT) + fdatasync and
+answer, and a writer that waits for two of the three - what one replicated append costs
+this machine with no walkit in it (its "bookies CPU" is the three servers').
+
 Then **tail visibility** (``walkit/bench/_visibility.py``, as ``walkit bench read``
 measures it): a reader on a second client tails the log while the writer appends
 ``samples`` 100 B records back to back, then one every 20 ms; per record, the time from
@@ -56,6 +61,7 @@ from typing import Any
 from walkit._local_cluster import LocalCluster
 from walkit.bench._common import (Meter, bench_cluster, framed_record, journals_o_direct, latency_percentiles,
                                   sqlite_log, window_loop)
+from walkit.bench._floor import ReplicatedFloor
 from walkit.bench._visibility import visibility
 from walkit.client import BookKeeper
 from walkit.errors import InvalidArgumentError
@@ -79,10 +85,12 @@ CASES = {
     "file_fdatasync": "file: write + fdatasync per record (synchronous: sequential = in flight)",
     "sqlite_txn_per_record": "SQLite WAL, synchronous=FULL, 1 insert per transaction",
     "sqlite_batched": f"SQLite WAL, synchronous=FULL, {SQLITE_BATCH:,} inserts per transaction",
+    "floor_replicated": "floor: 3 minimal servers (receive, O_DIRECT write + fdatasync, answer), 2 of 3 answers",
 }
 RATIOS = {  # walkit case / baseline case
     "sequential_vs_file": ("wal_sequential", "file_fdatasync"),
     "sequential_vs_sqlite": ("wal_sequential", "sqlite_txn_per_record"),
+    "sequential_vs_floor": ("wal_sequential", "floor_replicated"),
     "in_flight_vs_file": ("wal_in_flight", "file_fdatasync"),
     "in_flight_vs_sqlite_batched": ("wal_in_flight", "sqlite_batched"),
     "many_vs_sqlite_batched": ("wal_many", "sqlite_batched"),
@@ -227,7 +235,15 @@ def _baselines(base: Path, meter: Meter, size: int, payload: bytes, warmup: floa
     out["file_fdatasync"] = _file_fdatasync(base / f"naive-{size}.log", payload, meter, warmup, seconds)
     out["sqlite_txn_per_record"] = _sqlite(base / f"one-{size}.db", payload, meter, warmup, seconds, 1)
     out["sqlite_batched"] = _sqlite(base / f"batched-{size}.db", payload, meter, warmup, seconds, SQLITE_BATCH)
+    out["floor_replicated"] = _floor(base, payload, warmup, seconds)
     return out
+
+
+def _floor(base: Path, payload: bytes, warmup: float, seconds: float) -> dict[str, Any]:
+    """One replicated append at a time with nothing of walkit's (``_floor``)."""
+    with ReplicatedFloor(base, len(payload)) as floor:
+        report, latencies = _timed(functools.partial(floor.append, payload), Meter(floor.pids), warmup, seconds)
+    return _per_record(report, len(payload)) | latency_percentiles(latencies) | {"in_flight": 1}
 
 
 def _on_log(bk: BookKeeper, name: str, run: Callable[[WriteAheadLog], dict[str, Any]]) -> dict[str, Any]:
