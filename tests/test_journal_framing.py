@@ -13,18 +13,21 @@ import array
 import os
 import random
 import struct
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 from crc32c import crc32c
 
+from bookie import native
 from bookie.fs import AlignedBuffer
 from bookie.fs.mem import MemFS
 from bookie.journal import _framing
 from bookie.journal._format import FLAG_FLUSH_START, FRAME_HEADER, FrameType
 from bookie.journal._framing import ENTRY, FrameBuffer
 
-pytestmark = pytest.mark.skipif(_framing.C_FRAMING is None, reason="bookie._frames is not built or not usable here")
+needs_c = pytest.mark.skipif(_framing.C_FRAMING is None, reason="bookie._frames is not built or not usable here")
 
 ALIGN = 512
 _KEY, _FENCE, _LAC = int(FrameType.MASTER_KEY), int(FrameType.FENCE), int(FrameType.LAC)
@@ -64,6 +67,7 @@ def random_entries(rng: random.Random, n: int, max_size: int) -> list[tuple[int,
     return out
 
 
+@needs_c
 def test_the_c_crc_is_crc32c() -> None:
     """Every length around the three-lane blocks (2 KiB each), any seed, any alignment."""
     c = _framing.C_FRAMING
@@ -77,6 +81,7 @@ def test_the_c_crc_is_crc32c() -> None:
     assert c.crc32c(b"123456789") == 0xE3069283, "the CRC-32C check value"
 
 
+@needs_c
 @pytest.mark.parametrize("seed", [0, 1, 0xFFFF_FFFF])
 def test_entries_framed_in_c_are_the_python_frames(seed: int) -> None:
     """Random entries (bytes, bytearray, memoryview payloads; 0 B to several buffers),
@@ -106,6 +111,7 @@ def test_entries_framed_in_c_are_the_python_frames(seed: int) -> None:
         assert ftype == ENTRY and crc == crc32c(first[4:FRAME_HEADER.size + length], seed)
 
 
+@needs_c
 def test_c_and_python_frames_interleave_with_other_records() -> None:
     """Master keys, fences and LACs (always packed in Python) between C-packed entries:
     one stream of frames, the same as Python's alone."""
@@ -119,6 +125,7 @@ def test_c_and_python_frames_interleave_with_other_records() -> None:
     assert batch_bytes(got) == batch_bytes(want)
 
 
+@needs_c
 @pytest.mark.parametrize("bad", [
     (-1, 0, b"x"),  # ledger id below 0
     (1 << 64, 0, b"x"),  # ledger id past u64
@@ -147,6 +154,7 @@ def test_what_c_does_not_frame_python_refuses_as_before(bad: tuple[Any, Any, Any
     assert streams[0] == streams[1]
 
 
+@needs_c
 def test_odd_but_frameable_values_go_through_python() -> None:
     """An int subclass and a bytes subclass: C hands them back (or frames them) - the
     bytes are Python's either way."""
@@ -164,6 +172,7 @@ def test_odd_but_frameable_values_go_through_python() -> None:
     assert batch_bytes(got) == batch_bytes(want)
 
 
+@needs_c
 def test_the_c_calls_refuse_a_window_outside_the_buffer() -> None:
     c = _framing.C_FRAMING
     buf = bytearray(64)
@@ -182,10 +191,29 @@ def test_the_c_calls_refuse_a_window_outside_the_buffer() -> None:
 
 def test_walkit_native_off_keeps_the_c_framing_out() -> None:
     """``WALKIT_NATIVE=off`` (in a fresh interpreter): every frame packed in Python."""
-    import subprocess
-    import sys
-
     code = "from bookie.journal import _framing; print(_framing.C_FRAMING is None)"
     env = {**os.environ, "WALKIT_NATIVE": "off"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+@pytest.mark.skipif(not native.HAS_NATIVE, reason="the I/O shim is not built: require fails on it first")
+@pytest.mark.parametrize("mode", ["auto", "require"])
+def test_a_missing_frames_extension_falls_back_or_fails_under_require(mode: str) -> None:
+    """Without ``bookie._frames`` (its import blocked, in a fresh interpreter): ``auto``
+    frames in Python, ``require`` fails at import with a message naming it."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'bookie._frames': raise ImportError('blocked by the test')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from bookie.journal import _framing\n"
+        "print(_framing.C_FRAMING is None)\n"
+    )
+    env = {**os.environ, "WALKIT_NATIVE": mode}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if mode == "auto":
+        assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
+    else:
+        assert out.returncode != 0 and "bookie._frames (walkit's C frame packing) is not built" in out.stderr

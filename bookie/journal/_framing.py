@@ -46,12 +46,16 @@ Segment = tuple[AlignedBuffer, int]  # a buffer and how many of its bytes are fr
 
 def _load_c_framing() -> Any:
     """``bookie._frames`` when it can frame here, else None (not built, no CRC32C
-    instruction, or ``WALKIT_NATIVE=off``)."""
+    instruction, or ``WALKIT_NATIVE=off``). ``WALKIT_NATIVE=require`` makes a missing
+    extension an ImportError, as it does for the I/O shim."""
     if native.MODE == "off":
         return None
     try:
         mod = importlib.import_module("bookie._frames")
-    except ImportError:
+    except ImportError as exc:
+        if native.MODE == "require":
+            raise ImportError(f"bookie._frames (walkit's C frame packing) is not built: {exc}. Build it with "
+                              f"`pip install -e .` (needs a C compiler), or set {native.ENV_VAR}=auto or off") from exc
         return None
     if not (mod.HARDWARE_CRC and mod.ENTRY_TYPE == ENTRY and mod.ENTRY_HEAD == _ENTRY_HEAD.size
             and mod.FLAG_FLUSH_START == FLAG_FLUSH_START):
