@@ -15,10 +15,12 @@
  * The Python code stays the reference: this module frames only what it can frame
  * exactly as FrameBuffer does - ids that fit (ledger id u64, entry id i64) and payloads
  * that are one-dimensional, C-contiguous byte buffers (bytes, bytearray, memoryview of
- * format 'B'). Anything else is handed back ("status 2") and FrameBuffer frames that
- * record in Python, which raises the same error it always raised. Room is the
- * caller's: a frame that would end past ``limit`` is not written ("status 1"), the
- * caller closes the buffer (padding) and goes on in another one.
+ * format 'B' whose len() is their size). Anything else is handed back ("not here") and
+ * FrameBuffer frames that record in Python, which raises the same error it always
+ * raised. Room is the caller's: a frame that would end past ``limit`` is not written
+ * ("no room", with the frame's size), the caller closes the buffer (padding) and goes
+ * on in another one of that size at least. An exception that is not an Exception
+ * (KeyboardInterrupt from a signal handler run inside an id's __index__) propagates.
  *
  * CRC32C (Castagnoli, reflected polynomial 0x82F63B78) uses the SSE4.2 crc32
  * instruction. Long runs go in three independent lanes of BLOCK bytes (the
@@ -141,12 +143,14 @@ static uint32_t crc32c(uint32_t seed, const unsigned char *p, size_t n)
 static void put_u32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }   /* little-endian host */
 static void put_u64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
 
-enum { FRAMED = 0, NO_ROOM = 1, NOT_HERE = 2 };
+enum { FRAMED = 0, NO_ROOM = 1, NOT_HERE = 2, FAILED = 3 };
 
-/* Frame one entry at dst + *pos, ending at most at limit. FRAMED moves *pos; NO_ROOM and
- * NOT_HERE write nothing. Never leaves a Python error set. */
+/* Frame one entry at dst + *pos, ending at most at limit. FRAMED moves *pos; NO_ROOM
+ * (*need: the frame's size) and NOT_HERE write nothing and leave no Python error set;
+ * FAILED leaves the error that must not be swallowed (KeyboardInterrupt, SystemExit:
+ * a signal handler that ran in an id's __index__). */
 static int put_entry(unsigned char *dst, Py_ssize_t *pos, Py_ssize_t limit, uint32_t seed, int first,
-                     PyObject *ledger_obj, PyObject *entry_obj, PyObject *data_obj)
+                     PyObject *ledger_obj, PyObject *entry_obj, PyObject *data_obj, Py_ssize_t *need)
 {
     unsigned long long ledger;
     long long entry;
@@ -170,14 +174,20 @@ static int put_entry(unsigned char *dst, Py_ssize_t *pos, Py_ssize_t limit, uint
         if (PyObject_GetBuffer(data_obj, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
             goto out;
         have_view = 1;
-        if (view.ndim > 1 || (view.format != NULL && strcmp(view.format, "B") != 0))
+        /* one dimension of bytes, as the reference's slice assignment takes */
+        if (view.ndim != 1 || (view.format != NULL && strcmp(view.format, "B") != 0))
             goto out;
         data = view.buf;
         len = view.len;
+        if (PyObject_Length(data_obj) != len) {   /* len() is what FrameBuffer sizes room by */
+            PyErr_Clear();
+            goto out;
+        }
     }
     if ((uint64_t)len > UINT32_MAX - (ENTRY_HEAD - FRAME_HEADER))
         goto out;   /* the length field is a u32: Python's struct.error */
-    if (*pos + ENTRY_HEAD + len > limit) {
+    if (limit - *pos < ENTRY_HEAD || len > limit - *pos - ENTRY_HEAD) {   /* no overflow: pos <= limit */
+        *need = ENTRY_HEAD + len;
         status = NO_ROOM;
         goto out;
     }
@@ -198,7 +208,11 @@ static int put_entry(unsigned char *dst, Py_ssize_t *pos, Py_ssize_t limit, uint
 out:
     if (have_view)
         PyBuffer_Release(&view);
-    PyErr_Clear();
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return FAILED;
+        PyErr_Clear();   /* an id or payload not framed here: the Python path says why */
+    }
     return status;
 }
 
@@ -224,6 +238,10 @@ static int get_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, co
         PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", name, want, nargs);
         return -1;
     }
+    if (!have_hw) {   /* the CRC would be wrong, or the instruction fault */
+        PyErr_SetString(PyExc_RuntimeError, "no hardware CRC32C on this CPU: frame in Python");
+        return -1;
+    }
     *pos = PyLong_AsSsize_t(args[1]);
     if (*pos == -1 && PyErr_Occurred())
         return -1;
@@ -245,13 +263,13 @@ static int get_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, co
 PyDoc_STRVAR(frame_entry_doc,
 "frame_entry(buffer, pos, limit, seed, first, ledger_id, entry_id, data) -> int\n\n"
 "Frame one ENTRY record at buffer[pos:] as FrameBuffer.append does; the frame carries\n"
-"FLAG_FLUSH_START when pos is 0 and first is true. Returns the new end (> pos), -1 when\n"
-"the frame would end past limit (nothing written), or -2 when the record is not one\n"
-"this module frames (the caller frames it in Python).");
+"FLAG_FLUSH_START when pos is 0 and first is true. Returns the new end (> 0); minus\n"
+"the frame's size when it would end past limit (nothing written); 0 when the record is\n"
+"not one this module frames (the caller frames it in Python).");
 
 static PyObject *frame_entry(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_ssize_t pos, limit;
+    Py_ssize_t pos, limit, need = 0;
     uint32_t seed;
     int first, status;
     Py_buffer dst;
@@ -261,21 +279,24 @@ static PyObject *frame_entry(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     if (get_dest(args[0], &dst, pos, limit) < 0)
         return NULL;
-    status = put_entry(dst.buf, &pos, limit, seed, first, args[5], args[6], args[7]);
+    status = put_entry(dst.buf, &pos, limit, seed, first, args[5], args[6], args[7], &need);
     PyBuffer_Release(&dst);
-    return PyLong_FromSsize_t(status == FRAMED ? pos : -status);
+    if (status == FAILED)
+        return NULL;
+    return PyLong_FromSsize_t(status == FRAMED ? pos : status == NO_ROOM ? -need : 0);
 }
 
 PyDoc_STRVAR(frame_entries_doc,
-"frame_entries(buffer, pos, limit, seed, first, entries, start) -> (pos, next, status)\n\n"
-"Frame entries[start:] - (ledger id, entry id, payload) tuples - one after another from\n"
-"buffer[pos:], as FrameBuffer.append_entries does. Stops at the first entry it cannot\n"
-"frame: status 0 when all were framed, 1 when entries[next] would end past limit, 2\n"
-"when entries[next] is not one this module frames. pos is where framing stopped.");
+"frame_entries(buffer, pos, limit, seed, first, entries, start) -> (pos, next, status, need)\n\n"
+"Frame entries[start:] - a list of (ledger id, entry id, payload) tuples - one after\n"
+"another from buffer[pos:], as FrameBuffer.append_entries does. Stops at the first entry\n"
+"it cannot frame: status 0 when all were framed, 1 when entries[next] would end past\n"
+"limit (need: its frame's size), 2 when entries[next] is not one this module frames.\n"
+"pos is where framing stopped.");
 
 static PyObject *frame_entries(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_ssize_t pos, limit, i, n;
+    Py_ssize_t pos, limit, i, need = 0;
     uint32_t seed;
     int first, status = FRAMED;
     Py_buffer dst;
@@ -292,10 +313,13 @@ static PyObject *frame_entries(PyObject *self, PyObject *const *args, Py_ssize_t
     i = PyLong_AsSsize_t(args[6]);
     if (i == -1 && PyErr_Occurred())
         return NULL;
+    if (i < 0) {
+        PyErr_SetString(PyExc_ValueError, "frame_entries() start must be >= 0");
+        return NULL;
+    }
     if (get_dest(args[0], &dst, pos, limit) < 0)
         return NULL;
-    n = PyList_Size(entries);
-    for (; i < n && i < PyList_Size(entries); i++) {
+    for (; i < PyList_Size(entries); i++) {   /* the list's length now: an __index__ may change it */
         PyObject *item = PyList_GetItem(entries, i);
 
         if (item == NULL || !PyTuple_Check(item) || PyTuple_Size(item) != 3) {
@@ -305,13 +329,15 @@ static PyObject *frame_entries(PyObject *self, PyObject *const *args, Py_ssize_t
         }
         Py_INCREF(item);   /* an id's __index__ may run Python code that changes the list */
         status = put_entry(dst.buf, &pos, limit, seed, first, PyTuple_GetItem(item, 0), PyTuple_GetItem(item, 1),
-                           PyTuple_GetItem(item, 2));
+                           PyTuple_GetItem(item, 2), &need);
         Py_DECREF(item);
         if (status != FRAMED)
             break;
     }
     PyBuffer_Release(&dst);
-    return Py_BuildValue("(nni)", pos, i, status);
+    if (status == FAILED)
+        return NULL;   /* the frames written before it are not counted: the caller's fill stays */
+    return Py_BuildValue("(nnin)", pos, i, status, need);
 }
 
 PyDoc_STRVAR(crc32c_doc, "crc32c(data, seed=0) -> int: CRC32C of a byte buffer, continuing from seed.");

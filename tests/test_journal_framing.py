@@ -172,6 +172,63 @@ def test_odd_but_frameable_values_go_through_python() -> None:
     assert batch_bytes(got) == batch_bytes(want)
 
 
+class _ShortLen(bytes):
+    def __len__(self) -> int:
+        return 0
+
+
+@needs_c
+@pytest.mark.parametrize("data", [
+    memoryview(b"x").cast("B", shape=[]),  # 0-dimensional
+    _ShortLen(b"x" * 20_000),  # len() says less than the buffer holds
+], ids=["0-dim-view", "short-len"])
+def test_payloads_python_refuses_are_refused_the_same_way(data: Any) -> None:
+    """A payload whose buffer is not what Python's slice assignment takes - a 0-d view,
+    a len() that disagrees with its bytes (which once made C ask for room forever) -
+    goes to the Python path and fails as it always did, through the journal too."""
+    got, want = frame_buffer(True), frame_buffer(False)
+    errors = []
+    for fb in (got, want):
+        with pytest.raises(Exception) as info:
+            fb.append_entries([(1, 0, b"a"), (1, 1, data)])
+        assert fb.framed == 1
+        errors.append(type(info.value))
+        with pytest.raises(Exception) as one:
+            fb.append(ENTRY, 1, 2, data)
+        errors.append(type(one.value))
+    assert errors[:2] == errors[2:], errors
+    assert batch_bytes(got) == batch_bytes(want)
+
+
+@needs_c
+def test_entries_of_any_iterable_are_framed() -> None:
+    """``append_entries`` of a tuple or a generator (not a list: C takes lists) frames
+    what Python frames."""
+    entries = [(1, i, bytes([i]) * 300) for i in range(20)]
+    got, want = frame_buffer(True), frame_buffer(False)
+    got.append_entries(tuple(entries))
+    got.append_entries(e for e in entries)
+    want.append_entries(entries)
+    want.append_entries(entries)
+    assert got.framed == want.framed == 20
+    assert batch_bytes(got) == batch_bytes(want)
+
+
+@needs_c
+def test_a_keyboard_interrupt_in_an_id_is_not_swallowed() -> None:
+    """An exception that is no Exception (KeyboardInterrupt, raised by a signal handler
+    while an id's __index__ ran) leaves the C call, and nothing counts as framed."""
+
+    class Interrupting:
+        def __index__(self) -> int:
+            raise KeyboardInterrupt
+
+    fb = frame_buffer(True)
+    with pytest.raises(KeyboardInterrupt):
+        fb.append_entries([(1, 0, b"a" * 10), (1, Interrupting(), b"b")])
+    assert fb.framed == 0 and fb.size == 0
+
+
 @needs_c
 def test_the_c_calls_refuse_a_window_outside_the_buffer() -> None:
     c = _framing.C_FRAMING
@@ -182,8 +239,12 @@ def test_the_c_calls_refuse_a_window_outside_the_buffer() -> None:
         c.frame_entries(buf, 10, 5, 0, True, [], 0)
     with pytest.raises(BufferError):
         c.frame_entry(bytes(64), 0, 64, 0, True, 1, 1, b"x")  # read-only
-    assert c.frame_entry(buf, 0, 64, 0, True, 1, 1, b"y" * 40) == -1, "no room: nothing written"
+    assert c.frame_entry(buf, 0, 64, 0, True, 1, 1, b"y" * 40) == -68, "no room: nothing written, the size said"
     assert buf == bytearray(64)
+    assert c.frame_entries(buf, 0, 64, 0, True, [(1, 1, b"y" * 40)], 0) == (0, 0, 1, 68)
+    assert c.frame_entry(buf, 0, 64, 0, True, -1, 1, b"y") == 0, "not framed here: Python's"
+    with pytest.raises(ValueError):
+        c.frame_entries(buf, 0, 64, 0, True, [], -1)
     end = c.frame_entry(buf, 0, 64, 7, False, 1, 2, b"y" * 36)
     assert end == 64 and buf[5] == 0, "not the batch's first buffer: no FLUSH_START"
     assert struct.unpack_from("<I", buf)[0] == crc32c(bytes(buf[4:64]), 7)

@@ -65,7 +65,7 @@ def _load_c_framing() -> Any:
 
 #: The C framing module in use (None: every frame is packed in Python).
 C_FRAMING: Any = _load_c_framing()
-_NO_ROOM, _NOT_HERE = 1, 2  # frame_entries' statuses (frame_entry: -1, -2)
+_NO_ROOM = 1  # frame_entries' status for "no room" (2: "not here", framed in Python)
 
 
 class FrameBuffer:
@@ -103,12 +103,12 @@ class FrameBuffer:
             while True:
                 end = self._c.frame_entry(self._view, self.fill, self._limit, self.seed, not self.segments,
                                           ledger_id, arg, data)
-                if end >= 0:
+                if end > 0:
                     self.fill = end
                     return
-                if end == -_NOT_HERE:
+                if not end:
                     break  # framed (or refused) in Python, below
-                self._make_room(_ENTRY_HEAD.size + len(data))
+                self._make_room(-end)  # no room: a buffer for a frame of -end bytes
         self._append_py(ftype, ledger_id, arg, data)
 
     def _append_py(self, ftype: int, ledger_id: int, arg: int, data: bytes | bytearray | memoryview) -> None:
@@ -137,7 +137,7 @@ class FrameBuffer:
         for each, with the loop's state in locals (the hot path: one call per received
         chunk). Values that cannot be framed raise (``struct.error``, ``TypeError``);
         the entries before stay framed and :attr:`framed` says how many that is."""
-        if self._c is not None:
+        if self._c is not None and type(entries) is list:
             self._append_entries_c(entries)
             return
         pos, view, limit, seed = self.fill, self._view, self._limit, self.seed
@@ -167,15 +167,14 @@ class FrameBuffer:
         frame, done = self._c.frame_entries, 0
         try:
             while True:
-                self.fill, nxt, status = frame(self._view, self.fill, self._limit, self.seed, not self.segments,
-                                               entries, done)
-                done = nxt
+                self.fill, done, status, need = frame(self._view, self.fill, self._limit, self.seed,
+                                                      not self.segments, entries, done)
                 if not status:
                     return
-                ledger_id, entry_id, data = entries[done]
                 if status == _NO_ROOM:
-                    self._make_room(_ENTRY_HEAD.size + len(data))
+                    self._make_room(need)
                 else:  # framed in Python, or refused with Python's error
+                    ledger_id, entry_id, data = entries[done]
                     self._append_py(ENTRY, ledger_id, entry_id, data)
                     done += 1
         finally:
