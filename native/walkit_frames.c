@@ -179,10 +179,8 @@ static int put_entry(unsigned char *dst, Py_ssize_t *pos, Py_ssize_t limit, uint
             goto out;
         data = view.buf;
         len = view.len;
-        if (PyObject_Length(data_obj) != len) {   /* len() is what FrameBuffer sizes room by */
-            PyErr_Clear();
-            goto out;
-        }
+        if (PyObject_Length(data_obj) != len)   /* len() is what FrameBuffer sizes room by; */
+            goto out;                          /* its error (if any) is judged at out */
     }
     if ((uint64_t)len > UINT32_MAX - (ENTRY_HEAD - FRAME_HEADER))
         goto out;   /* the length field is a u32: Python's struct.error */

@@ -223,9 +223,21 @@ def test_a_keyboard_interrupt_in_an_id_is_not_swallowed() -> None:
         def __index__(self) -> int:
             raise KeyboardInterrupt
 
+    class InterruptedLen(bytes):
+        calls = 0
+
+        def __len__(self) -> int:  # the signal arrives once: a swallowed one is not raised again
+            InterruptedLen.calls += 1
+            if InterruptedLen.calls == 1:
+                raise KeyboardInterrupt
+            return bytes.__len__(self)
+
     fb = frame_buffer(True)
     with pytest.raises(KeyboardInterrupt):
         fb.append_entries([(1, 0, b"a" * 10), (1, Interrupting(), b"b")])
+    assert fb.framed == 0 and fb.size == 0
+    with pytest.raises(KeyboardInterrupt):
+        fb.append_entries([(1, 0, InterruptedLen(b"c"))])  # raised in the payload's len(), in C
     assert fb.framed == 0 and fb.size == 0
 
 
