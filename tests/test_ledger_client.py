@@ -278,13 +278,19 @@ def test_the_writer_keeps_an_earlier_fragment_re_replicated_under_it(tmp_path: P
         spare = next(b for b in cluster.bookie_ids if b not in first_ensemble and b not in live)
         md = bk._core.ledgers
         md.update(lh.ledger_id, lambda m: m.replace_bookie(0, first_ensemble[0], spare))  # as recovery would
+        # Entries in the second fragment before the next kill: the first failure may be
+        # noticed only once entries 10-19 were acknowledged by the other two (a loaded
+        # machine), and then the second fragment starts at entry 20 - a change with
+        # nothing written in that fragment yet would replace it rather than add a third
+        for i in range(20, 25):
+            lh.add_entry(b"e%d" % i)
         cluster.kill_bookie(index_of(cluster, live[1]))
-        for i in range(20, 30):
+        for i in range(25, 35):
             lh.add_entry(b"e%d" % i)
         wait_for(lambda: len(lh.metadata.ensembles) == 3, 10)
         lh.close()
         meta = bk.ledger_metadata(lh.ledger_id)
-        assert meta.state is LedgerState.CLOSED and meta.last_entry_id == 29
+        assert meta.state is LedgerState.CLOSED and meta.last_entry_id == 34
         assert meta.ensembles[0] == (0, (spare, *first_ensemble[1:])) and meta.ensembles[1][1] == live
         lh2 = bk.create_ledger(3, 3, 2)
         lh2.add_entry(b"x")
@@ -1060,7 +1066,13 @@ def test_an_add_in_flight_keeps_two_objects_for_the_cyclic_gc(walkit_cluster: An
     GC tracks (no set of bookies, no tuple or bound method per request): at 10^5 adds a
     second the GC's passes, and how many adds live long enough to reach its oldest
     generation, are what a pipelined writer pays beyond its own work. Counted with
-    every bookie of the ensemble partitioned, so that 500 adds stay in flight."""
+    every bookie of the ensemble partitioned, so that 500 adds stay in flight.
+
+    The bookies and the metadata store run in this process and make a few dozen objects
+    of their own meanwhile (statements, weak references, locks; up to 64 seen in CI), so
+    the count is by type: what an add keeps shows as 500 new objects of one type, and no
+    type but the two an add holds may gain even half that many."""
+    import collections
     import gc
 
     bk = walkit_cluster.client(**FAST)
@@ -1070,13 +1082,18 @@ def test_an_add_in_flight_keeps_two_objects_for_the_cyclic_gc(walkit_cluster: An
         for i in range(3):
             walkit_cluster.partition(i)
         gc.collect()
-        before, queue = len(gc.get_objects()), lh._writer._incoming
+        alive = gc.get_objects()  # held until the count: no id of theirs is reused meanwhile
+        before, queue = {id(o) for o in alive}, lh._writer._incoming
         futures = [lh.add_entry_async(b"x" * 100) for _ in range(500)]
         wait_for(lambda: not lh._writer._incoming, timeout=10)  # sent: each in the writer's pending
         assert lh._writer._incoming is queue  # the same list: a fresh one per take would outlive it (10,000 ledgers)
         gc.collect()
-        kept = len(gc.get_objects()) - before - 1  # the list of futures
-        assert kept <= 2 * 500 + 50, f"{kept / 500:.2f} tracked objects per add in flight"
+        new = collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}"
+                                  for o in gc.get_objects() if id(o) not in before)
+        per_add = {name: count for name, count in new.items() if count >= 250}
+        assert per_add == {"walkit.client._writer._Add": 500, "walkit.client._submit.QuickFuture": 500}, \
+            f"tracked objects new while 500 adds are in flight: {new.most_common(8)}"
+        del alive
         for i in range(3):
             walkit_cluster.heal(i)
         assert [f.result(timeout=30) for f in futures] == list(range(1, 501))
