@@ -209,6 +209,58 @@ def test_every_zookeeper_call_ends_within_its_retry_deadline(zk: ZooKeeperEnsemb
         patient.close()
 
 
+def test_a_watch_re_reading_through_an_outage_waits_for_zookeeper_and_lives_on(
+        zk: ZooKeeperEnsemble, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watch re-reads its node in kazoo's own threads: after each change, and each time
+    the connection comes back. A re-read that meets an outage longer than the store's
+    retry deadline (the connection back, then gone again before the answer: seen in CI)
+    waits it out: nothing is raised into kazoo's thread (where no one would catch it and
+    the watch would stay dead until the next reconnect), and the watch sees the next
+    change. The re-read is started here the way kazoo starts it on a reconnect, with
+    every node down, so that it surely meets the outage."""
+    from kazoo.client import KazooState
+    from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+
+    root = cluster_root(zk.hosts)
+    store = ZooKeeperStore(zk.hosts, session_timeout=SESSION, retry_deadline=SHORT_DEADLINE)
+    kazoo_watches: list[Any] = []
+    client = store._client
+    monkeypatch.setattr(client, "DataWatch", lambda *a: kazoo_watches.append(DataWatch(client, *a))
+                        or kazoo_watches[-1])
+    monkeypatch.setattr(client, "ChildrenWatch", lambda *a: kazoo_watches.append(ChildrenWatch(client, *a))
+                        or kazoo_watches[-1])
+    escaped: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: escaped.append(args.exc_value))
+    try:
+        store.create(f"{root}/a", b"before")
+        data: list[bytes | None] = []
+        children: list[list[str] | None] = []
+        store.watch_data(f"{root}/a", lambda value, stat: data.append(value))
+        store.watch_children(root, children.append)
+        assert data == [b"before"] and children == [["a"]] and len(kazoo_watches) == 3  # children: 2
+        suspended = threading.Event()
+        store.add_session_listener(lambda state: suspended.set() if state is SessionState.SUSPENDED else None)
+        all_down(zk)
+        assert suspended.wait(10), "the client did not notice the outage"
+        for watch in kazoo_watches:
+            watch._session_watcher(KazooState.CONNECTED)  # as kazoo on a reconnect: a re-read in its thread
+        time.sleep(SHORT_DEADLINE + SLACK)  # past the deadline of every read a watch sets up
+        assert escaped == [], f"raised into kazoo's threads: {escaped!r}"
+        zk.restore()
+        other = ZooKeeperStore(zk.hosts, session_timeout=SESSION)
+        try:
+            other.set(f"{root}/a", b"after")
+            other.create(f"{root}/b")
+        finally:
+            other.close()
+        wait_until(lambda: data[-1:] == [b"after"] and children[-1:] == [["a", "b"]], 30,
+                   "both watches to see the changes made after the outage")
+        assert escaped == [], f"raised into kazoo's threads: {escaped!r}"
+    finally:
+        zk.restore()
+        store.close()
+
+
 def append_many(wal: WriteAheadLog, prefix: str, count: int) -> list[tuple[LSN, bytes]]:
     records = [f"{prefix}-{i}".encode() for i in range(count)]
     futures = [wal.append_async(r) for r in records]

@@ -22,9 +22,10 @@ LOST) until then, and the deadline raises ``MetadataUnavailableError``. A reques
 in kazoo's queue when its call gave up may still be sent once a server is back: like
 any connection loss in flight, the caller's MetadataUnavailableError means "unknown
 outcome", and CAS versions, ``_settle`` and lost-reply detection above are built for
-it. The blocking reads kazoo's DataWatch and ChildrenWatch make are bounded the same
-way (:class:`_Client`); a watch that could not be set up in time raises and is
-cancelled, and one already set re-reads by itself once the connection is back.
+it. The blocking reads kazoo's DataWatch and ChildrenWatch make while a watch is set up
+are bounded the same way (:class:`_Client`): a watch that could not be set up in time
+raises and is cancelled. One already set re-reads by itself in kazoo's threads, after
+each change and once the connection is back, waiting out any outage.
 
 Access control (optional): hosts given as ``user:password@h1:2181,h2:2181`` (the URI
 ``zk://user:password@h1:2181/ledgers``) make the session authenticate with ZooKeeper's
@@ -41,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
@@ -59,7 +60,7 @@ from kazoo.exceptions import (
     SessionExpiredError as KzSessionExpired,
 )
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.retry import RetryFailedError
+from kazoo.retry import KazooRetry, RetryFailedError
 from kazoo.security import make_digest_acl
 
 from walkit.errors import (
@@ -111,23 +112,65 @@ _MAX_BACKOFF = 1.0
 
 
 class _Client(KazooClient):  # type: ignore[misc]  # kazoo is untyped
-    """kazoo's client, whose blocking reads give up after ``bound`` seconds.
+    """kazoo's client, whose watches' reads are bounded while a watch is set up, and
+    only then.
 
-    kazoo's DataWatch and ChildrenWatch read with these (``get``, ``exists``,
-    ``get_children``), which would otherwise wait for a connection for ever; the
-    timeout raises ``KazooTimeoutError`` out of the watch. The store's own calls use
-    the async requests (:meth:`ZooKeeperStore._call`)."""
+    kazoo's DataWatch and ChildrenWatch read their node with ``get``, ``exists`` and
+    ``get_children`` (ChildrenWatch through ``retry``) in two places:
+
+    - setting a watch up reads in the caller's thread (:meth:`ZooKeeperStore._start_watch`,
+      inside :meth:`setting_up`). There each read gives up after ``bound`` seconds
+      (``KazooTimeoutError``: kazoo would wait for a connection for ever) and the retry
+      after the store's retry deadline, so that a watch that cannot be set up fails in
+      time, in the caller's hands;
+    - after that the watch re-reads in kazoo's threads, after each change and each time
+      the connection comes back. There nothing is bounded: a re-read waits an outage out
+      (kazoo fails a request with ConnectionLoss when the connection drops, and the retry
+      sends it again on the next one), as kazoo means it to. An error raised there would
+      go unhandled in a thread no one joins, and leave the watch dead until the next
+      reconnect. Closing the client ends such a wait (ConnectionClosedError, which
+      kazoo's watches ignore).
+
+    The store's own calls use the async requests (:meth:`ZooKeeperStore._call`)."""
 
     bound: float = RETRY_DEADLINE
+    retry: Callable[..., Any]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._setup = threading.local()
+        bounded = self.retry  # kazoo's: a fresh copy of the command retry per call
+        forever = KazooRetry(max_tries=-1, delay=0.1, max_delay=2.0, sleep_func=self.handler.sleep_func)
+
+        def retry(func: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+            return bounded(func, *args, **kw) if self._setting_up() else forever.copy()(func, *args, **kw)
+
+        self.retry = retry
+
+    @contextlib.contextmanager
+    def setting_up(self) -> Iterator[None]:
+        """The watch reads made in this thread meanwhile are bounded."""
+        depth = getattr(self._setup, "depth", 0)
+        self._setup.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._setup.depth = depth
+
+    def _setting_up(self) -> bool:
+        return bool(getattr(self._setup, "depth", 0))
+
+    def _limit(self) -> float | None:
+        return self.bound if self._setting_up() else None
 
     def get(self, path: str, watch: Any = None) -> Any:
-        return self.get_async(path, watch).get(timeout=self.bound)
+        return self.get_async(path, watch).get(timeout=self._limit())
 
     def exists(self, path: str, watch: Any = None) -> Any:
-        return self.exists_async(path, watch).get(timeout=self.bound)
+        return self.exists_async(path, watch).get(timeout=self._limit())
 
     def get_children(self, path: str, watch: Any = None, include_data: bool = False) -> Any:
-        return self.get_children_async(path, watch, include_data).get(timeout=self.bound)
+        return self.get_children_async(path, watch, include_data).get(timeout=self._limit())
 
 
 def _stat(z: Any) -> Stat:
@@ -417,7 +460,8 @@ class ZooKeeperStore:
         fails (kazoo's watch would otherwise come to life on the next connection)."""
         try:
             self._wait_connected(path, self._deadline())
-            start()
+            with self._client.setting_up():
+                start()
         except BaseException as exc:
             w.cancel()
             if isinstance(exc, KazooTimeoutError):
