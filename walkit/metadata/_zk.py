@@ -199,7 +199,7 @@ class ZooKeeperStore:
         if retry_deadline <= 0:
             raise InvalidArgumentError("retry_deadline must be positive", retry_deadline=retry_deadline)
         connection = {"max_tries": -1, "delay": 0.1, "max_delay": 2.0}
-        command = {"max_tries": -1, "delay": 0.1, "max_delay": 2.0, "deadline": retry_deadline}  # the watches'
+        command = {"max_tries": -1, "delay": 0.1, "max_delay": 2.0, "deadline": retry_deadline}  # setting watches up
         hosts, access = _split_credentials(hosts)
         self.hosts = hosts
         self.retry_deadline = retry_deadline
