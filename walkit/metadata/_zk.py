@@ -140,7 +140,9 @@ class _Client(KazooClient):  # type: ignore[misc]  # kazoo is untyped
         super().__init__(**kwargs)
         self._setup = threading.local()
         bounded = self.retry  # kazoo's: a fresh copy of the command retry per call
-        forever = KazooRetry(max_tries=-1, delay=0.1, max_delay=2.0, sleep_func=self.handler.sleep_func)
+        # the same retry without its deadline or a limit on tries
+        settings = {k: v for k, v in kwargs.get("command_retry", {}).items() if k != "deadline"}
+        forever = KazooRetry(**{**settings, "max_tries": -1}, sleep_func=self.handler.sleep_func)
 
         def retry(func: Callable[..., Any], *args: Any, **kw: Any) -> Any:
             return bounded(func, *args, **kw) if self._setting_up() else forever.copy()(func, *args, **kw)
