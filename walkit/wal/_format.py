@@ -38,6 +38,7 @@ from itertools import accumulate, islice
 from typing import Any, NamedTuple
 
 from walkit.errors import FormatError, FormatVersionError, InvalidArgumentError
+from walkit.wal._auth import LogAuth
 from walkit.wal._lsn import LSN
 
 __all__ = ["LogMetadata", "LogSettings", "Retention", "PendingSnapshot", "pack_records", "unpack_records", "Segment", "SnapshotRef",
@@ -278,7 +279,7 @@ class PendingSnapshot:
     epoch: int
 
 
-_LOG_KEYS = frozenset({"format", "epoch", "segments", "snapshots", "truncated", "settings", "pending"})
+_LOG_KEYS = frozenset({"format", "epoch", "segments", "snapshots", "truncated", "settings", "pending", "auth"})
 _SETTINGS_KEYS = frozenset(f.name for f in dataclasses.fields(LogSettings))
 _RULES = frozenset(f.name for f in dataclasses.fields(Retention))
 
@@ -296,6 +297,9 @@ class LogMetadata:
     settings: LogSettings
     #: Snapshots being written (oldest first); a newer epoch's writer deletes the others'.
     pending: tuple[PendingSnapshot, ...] = ()
+    #: The verifier of the log's password (None: a node written before logs had one;
+    #: walkit/wal/_auth.py).
+    auth: LogAuth | None = None
     #: The node's format: above LOG_FORMAT, a newer walkit's (read here, never written).
     format_version: int = LOG_FORMAT
     #: Keys this walkit does not know (a newer one's), at the top and in ``settings``:
@@ -327,6 +331,8 @@ class LogMetadata:
             body["settings"]["retention"] = {**self.unknown_retention, **self.settings.retention.to_json()}
         if self.pending:
             body["pending"] = [[p.ledger_id, p.epoch] for p in self.pending]
+        if self.auth is not None:
+            body["auth"] = self.auth.to_json()
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")
 
     @classmethod
@@ -352,12 +358,18 @@ class LogMetadata:
             settings=LogSettings.of({k: _known_rules(v) if k == "retention" else v
                                      for k, v in settings.items() if k in _SETTINGS_KEYS}),
             pending=tuple(PendingSnapshot(int(a), int(b)) for a, b in body.get("pending", ())),
+            auth=None if body.get("auth") is None else LogAuth.from_json(body["auth"], path),
             format_version=version,
             unknown={k: v for k, v in body.items() if k not in _LOG_KEYS},
             unknown_settings={k: v for k, v in settings.items() if k not in _SETTINGS_KEYS},
             unknown_retention={k: v for k, v in dict(settings.get("retention") or {}).items() if k not in _RULES},
             path=path,
         )
+
+    def ledgers_newest_first(self) -> Iterator[int]:
+        """The log's ledgers that carry its password: segments, then snapshots, newest first."""
+        yield from (s.ledger_id for s in reversed(self.segments))
+        yield from (s.ledger_id for s in reversed(self.snapshots))
 
     def segments_from(self, after: LSN | None) -> Iterator[Segment]:
         for segment in self.segments:

@@ -71,6 +71,7 @@ from walkit.errors import (
 )
 from walkit.logs import context
 from walkit.metadata import check_bookie_id, cluster_path, retry_cas
+from walkit.wal._auth import LogAuth, check_password
 from walkit.wal._format import LogMetadata, LogSettings, Retention, Segment, SnapshotRef, pack_records
 from walkit.wal._lsn import LSN
 from walkit.wal._many import ManyFuture, complete_entry, fail_all
@@ -137,11 +138,12 @@ class _LogNode:
         except (ValueError, TypeError) as exc:
             raise FormatError("unreadable namespace defaults", path=self.ns_path, reason=str(exc)[:200]) from exc
 
-    def create(self, settings: LogSettings) -> LogMetadata | None:
+    def create(self, settings: LogSettings, password: bytes) -> LogMetadata | None:
         """Make the node of a new log, its epoch 1 claimed by the caller (a writer
-        opening it): the node made (at version 0), or None when it exists (already, or
-        made by another writer at the same time: the caller bumps the epoch)."""
-        meta = LogMetadata(1, (), (), None, settings)
+        opening it) with a verifier of its password: the node made (at version 0), or
+        None when it exists (already, or made by another writer at the same time: the
+        caller checks the password and bumps the epoch)."""
+        meta = LogMetadata(1, (), (), None, settings, auth=LogAuth.of(password))
         try:
             self.store.create(self.path, meta.encode(), make_parents=True)
         except NodeExistsError:
@@ -150,6 +152,15 @@ class _LogNode:
 
     def write(self, meta: LogMetadata, version: int) -> int:
         return self.store.set(self.path, meta.encode(), version).version
+
+    def check_password(self, bk: BookKeeper, meta: LogMetadata, password: bytes) -> None:
+        """(Blocking) UnauthorizedError unless ``password`` is the log's: before anything
+        of the log changes on its bearer's behalf (walkit/wal/_auth.py)."""
+        def ledger_ok(ledger_id: int, candidate: bytes) -> bool:
+            return bk.ledger_metadata(ledger_id).check_password(candidate)
+
+        check_password(meta.auth, meta.ledgers_newest_first(), password, ledger_ok,
+                       namespace=self.namespace, log=self.name)
 
 
 class _LogView:
@@ -600,13 +611,14 @@ class WriteAheadLog(_LogView):
 
         def claim() -> tuple[LogMetadata, int]:
             settings = LogSettings.of({**node.namespace_defaults(), **asked, **policy})
-            made = node.create(settings)
+            made = node.create(settings, password)
             if made is not None:  # a new log: made with epoch 1, no second write to claim it
                 return made, 0
 
             def bump() -> tuple[LogMetadata, int]:
                 meta, version = node.read()
-                bumped = dataclasses.replace(meta, epoch=meta.epoch + 1,
+                node.check_password(bk, meta, password)  # nothing moves for a wrong password
+                bumped = dataclasses.replace(meta, epoch=meta.epoch + 1, auth=meta.auth or LogAuth.of(password),
                                              settings=dataclasses.replace(meta.settings, **policy))
                 return bumped, node.write(bumped, version)
 
@@ -685,7 +697,8 @@ class WriteAheadLog(_LogView):
         """(Blocking: metadata) :meth:`reader` on ``bk``."""
         check_max_record_bytes(max_record_bytes)
         node = _LogNode(bk, namespace, name)
-        node.read()  # NoSuchLogError now rather than at the first read
+        meta, _ = node.read()  # NoSuchLogError now rather than at the first read
+        node.check_password(bk, meta, password)  # before a hold or a cursor is written
         reader = LogReader(bk, owned, node, password, hold=hold, cursor=cursor)
         reader._max_record_bytes = max_record_bytes
         return reader
