@@ -110,7 +110,7 @@ from bookie._config import BookieConfig
 from bookie.cookie import Cookie
 from bookie.fs import FileSystem
 from bookie.fs.faulty import FaultyFS
-from bookie.fs.real import RealFS
+from bookie.fs.real import RealFS, disk_usage
 from walkit.errors import (
     BookieBusyError,
     BookieError,
@@ -152,16 +152,6 @@ log = logging.getLogger("bookie.server")
 
 _ADD_DONE = 0
 _LAC_WRITTEN = 1
-
-
-def disk_usage(path: str) -> float:
-    """The fraction of the file system of ``path`` in use (0..1): of its blocks, or of
-    its inodes when more of those are used (a file system out of inodes refuses new
-    files with ENOSPC too)."""
-    st = os.statvfs(path)
-    blocks = 1.0 - st.f_bavail / st.f_blocks if st.f_blocks else 1.0
-    inodes = 1.0 - st.f_favail / st.f_files if st.f_files else 0.0  # 0 files: no inode limit (btrfs)
-    return max(blocks, inodes)
 
 
 def server_ssl_context(config: BookieConfig) -> ssl.SSLContext:

@@ -40,25 +40,27 @@ def unmount(target: Path) -> None:
         _run("umount", "-l", str(target))
 
 
-def mount_tmpfs(target: Path, size: int) -> None:
-    """Mount a tmpfs of ``size`` bytes on ``target`` (made if missing), or MountError."""
+def mount_tmpfs(target: Path, size: int, inodes: int | None = None) -> None:
+    """Mount a tmpfs of ``size`` bytes (and ``inodes`` inodes: None, the kernel's
+    default) on ``target`` (made if missing), or MountError."""
     _need("mount", "umount")
     target.mkdir(parents=True, exist_ok=True)
-    done = _run("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target))
+    options = f"size={size}" + (f",nr_inodes={inodes}" if inodes is not None else "")
+    done = _run("mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target))
     if done.returncode != 0:
         raise MountError(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
 
 
-def mount_loop_ext4(target: Path, size: int, image: Path) -> str:
-    """Mount an ext4 file system of ``size`` bytes (no reserved blocks: root and the disk
-    check see the same free space) kept in the file ``image``, through a loop device, on
-    ``target``; returns the device, for :func:`detach`. On MountError nothing is left
-    attached (the image file stays, for the caller to remove)."""
+def mount_loop_ext4(target: Path, size: int, image: Path, reserved_percent: int = 0) -> str:
+    """Mount an ext4 file system of ``size`` bytes (by default no reserved blocks: root
+    and the disk check see the same free space) kept in the file ``image``, through a
+    loop device, on ``target``; returns the device, for :func:`detach`. On MountError
+    nothing is left attached (the image file stays, for the caller to remove)."""
     _need("mount", "umount", "losetup", "mkfs.ext4")
     target.mkdir(parents=True, exist_ok=True)
     with open(image, "wb") as f:
         f.truncate(size)
-    made = _run("mkfs.ext4", "-q", "-F", "-m", "0", str(image))
+    made = _run("mkfs.ext4", "-q", "-F", "-m", str(reserved_percent), str(image))
     if made.returncode != 0:
         raise MountError(f"mkfs.ext4 failed: {made.stderr.strip()}")
     attached = _run("losetup", "--find", "--show", str(image))
@@ -98,11 +100,11 @@ def release_mounts(root: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def tmpfs(target: Path, size: int) -> Iterator[Path]:
-    """A tmpfs of ``size`` bytes on ``target`` (made if missing); the test is skipped
-    where none can be mounted."""
+def tmpfs(target: Path, size: int, inodes: int | None = None) -> Iterator[Path]:
+    """A tmpfs of ``size`` bytes (and ``inodes`` inodes) on ``target`` (made if
+    missing); the test is skipped where none can be mounted."""
     try:
-        mount_tmpfs(target, size)
+        mount_tmpfs(target, size, inodes)
     except MountError as exc:
         pytest.skip(str(exc))
     try:
@@ -112,13 +114,13 @@ def tmpfs(target: Path, size: int) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def loop_ext4(target: Path, size: int, image: Path) -> Iterator[Path]:
+def loop_ext4(target: Path, size: int, image: Path, reserved_percent: int = 0) -> Iterator[Path]:
     """An ext4 file system of ``size`` bytes in the file ``image`` on a loop device,
     mounted on ``target`` (:func:`mount_loop_ext4`); unmounted, detached and the image
     removed at the end. The test is skipped where none can be mounted."""
     try:
         try:
-            device = mount_loop_ext4(target, size, image)
+            device = mount_loop_ext4(target, size, image, reserved_percent)
         except MountError as exc:
             pytest.skip(str(exc))
         try:
@@ -166,5 +168,6 @@ def _write(f: BinaryIO, size: int, *, until_full: bool) -> int:
 
 def usage(path: Path) -> float:
     """The fraction of ``path``'s file system in use (as the bookie's disk check sees it)."""
-    u = shutil.disk_usage(path)
-    return 1.0 - u.free / u.total
+    from bookie.fs.real import disk_usage
+
+    return disk_usage(str(path))

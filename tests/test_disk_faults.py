@@ -36,6 +36,10 @@ What each test proves:
    after a kill) or both (ext4, after a kill) filled to the last block: the bookie comes
    up registered read-only, logs why, serves its entries, turns writable by itself once
    the space is freed and takes adds; a restart then has everything.
+8. Real small file systems (ext4 with blocks reserved for root, a tmpfs short of
+   inodes): ``walkit bookie info``, ``walkit bookie gc --status``,
+   ``/api/v1/bookie/info`` and the storage's file system show the disk usage the
+   read-only check compares with ``diskUsageThreshold``.
 
 The process tests need root (mount, losetup) and skip with the reason otherwise;
 ``WALKIT_SLOW=1`` runs them on larger disks.
@@ -46,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import io
 import itertools
 import json
 import logging
@@ -69,10 +74,11 @@ from bookie.journal import Journal, JournalConfig, LogMark, highest_mark, journa
 from bookie.server import BookieServer
 from bookie.storage import LedgerStorage
 from bookie.storage._format import RECORD_HEADER
-from bookie_support import KEY, config, entry
+from bookie_support import KEY, client_of, config, entry, in_process, run
 from disk_support import MIB, fill, loop_ext4, tmpfs, usage
 from gc_support import bookie_ids_registered, delete_ledgers, payload, read_from_bookie, wait_until
 from journal_support import Recorder
+from walkit.cli import main
 from walkit.client import BookieClient
 from walkit.errors import LedgerFencedError, StorageError, UnauthorizedError, WalkitError
 from walkit.metadata import LedgerMetadata
@@ -810,3 +816,60 @@ def test_a_bookie_restarted_on_a_full_disk_starts_read_only(tmp_path: Path, case
         on_b0 = read_from_bookie(c, 0, keys)
         both = {(lh.ledger_id, e): d for e, d in acked.items()} | {(lh2.ledger_id, e): d for e, d in fresh.items()}
         assert all(both[k] in data for k, data in on_b0.items()) and len(on_b0) == len(both)
+
+
+# -- 8. one figure for a disk's usage, wherever it is shown -------------------------------------------------
+
+def _cli_json(*args: str) -> Any:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main([*args, "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+@contextlib.contextmanager
+def _half_full_disk(case: str, root: Path) -> Iterator[tuple[Path, float]]:
+    """A small file system, used to a known level the ``df`` way of counting would not
+    show: yields (mount, that level; a bookie's own files add a little). An ext4 disk
+    with a fifth of its blocks reserved for root, filled but for 3 MiB: used / (used +
+    available) leaves the reserve out, the bookie counts it as used (an unprivileged
+    writer cannot have it). A tmpfs with room to spare but three quarters of its inodes
+    taken: no new file fits once they are gone."""
+    if case == "ext4-reserved":
+        with loop_ext4(root / "disk", 16 * MIB, root / "ext4.img", reserved_percent=20) as mnt:
+            fill(mnt, 3 * MIB)
+            st = os.statvfs(mnt)
+            yield mnt, 1 - 3 * MIB / (st.f_blocks * st.f_frsize)
+    else:
+        with tmpfs(root / "disk", 8 * MIB, inodes=256) as mnt:
+            for i in range(192):
+                (mnt / f"file-{i}").touch()
+            yield mnt, 192 / 256
+
+
+@pytest.mark.parametrize("case", ["ext4-reserved", "tmpfs-inodes"])
+def test_every_report_of_a_disks_usage_is_the_figure_read_only_mode_uses(tmp_path: Path, case: str) -> None:
+    """``walkit bookie info``, ``walkit bookie gc --status``, ``/api/v1/bookie/info``
+    and the storage's file system report the very figure the disk check compares with
+    ``diskUsageThreshold``: (total - usable) / total of the file system (BookKeeper's),
+    or the share of its inodes when more of those are used (issue 35)."""
+    with _half_full_disk(case, tmp_path) as (mnt, level):
+        ledgers = mnt / "ledgers"
+        cfg = config(tmp_path, ledger_directories=[str(ledgers)], http_server_enabled=True, http_server_port=0)
+
+        async def body() -> None:
+            async with in_process(cfg) as server:
+                loop = asyncio.get_running_loop()
+                threshold = server.disk_usage_of(str(ledgers))
+                http = await loop.run_in_executor(None, _http, server.http_port, "GET", "/api/v1/bookie/info")
+                client = await client_of(server)
+                gc = await client.admin("gc.status")  # what `walkit bookie gc --status` prints
+                await client.close()
+                info = _cli_json("bookie", "info", "--ledger-dir", str(ledgers))
+                figures = {"threshold": threshold, "storage": RealFS().disk_usage(str(ledgers)),
+                           "http": http["ledger_directories"][0]["usage"], "gc": gc["disk_usage"],
+                           "info": info["directories"][0]["disk"]["used_fraction"]}
+                assert threshold == pytest.approx(level, abs=0.05), figures
+                assert {k: round(v, 4) for k, v in figures.items()} == dict.fromkeys(figures, round(threshold, 4))
+
+        run(body)

@@ -197,10 +197,12 @@ def test_missing_names_are_enoent(rfs: RealFS, tmp_path: Path, op: str) -> None:
 
 
 def test_disk_usage(rfs: RealFS, tmp_path: Path) -> None:
+    """BookKeeper's (total - usable) / total, blocks reserved for root counted as used
+    (tests/test_disk_faults.py shows it on real small file systems)."""
     usage = rfs.disk_usage(str(tmp_path))
-    _total, used, free = shutil.disk_usage(tmp_path)
+    total, _used, free = shutil.disk_usage(tmp_path)
     assert 0.0 < usage < 1.0
-    assert usage == pytest.approx(used / (used + free), abs=0.01)
+    assert usage >= 1 - free / total - 0.01
 
 
 # --- the twin agrees ----------------------------------------------------------------

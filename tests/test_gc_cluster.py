@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -46,7 +45,7 @@ import pytest
 
 import walkit
 from bookie_support import KEY, entry, run
-from disk_support import tmpfs
+from disk_support import tmpfs, usage
 from gc_support import (
     DiskView,
     StoppableZooKeeper,
@@ -356,11 +355,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield target
 
 
-def used(path: Path) -> float:
-    usage = shutil.disk_usage(path)
-    return usage.used / usage.total
-
-
 def test_read_only_on_a_full_disk_comes_back_after_deletions(small_disk: Path, tmp_path: Path) -> None:
     # One bookie and E = Qw = Qa = 1: when it is read-only, nothing else can take the
     # writes, so what the bookie says is what the client sees.
@@ -372,7 +366,7 @@ def test_read_only_on_a_full_disk_comes_back_after_deletions(small_disk: Path, t
         ledgers: list[int] = []
         body = b"x" * (16 * KIB)
         while not bookie_ids_registered(uri)[1]:
-            assert len(ledgers) < 2 * TMPFS_SIZE // MIB, f"still writable with the disk {used(small_disk):.0%} full"
+            assert len(ledgers) < 2 * TMPFS_SIZE // MIB, f"still writable with the disk {usage(small_disk):.0%} full"
             try:
                 lh = bk.create_ledger(1, 1, 1)
             except WalkitError:  # no writable bookie: it just went read-only
@@ -386,7 +380,7 @@ def test_read_only_on_a_full_disk_comes_back_after_deletions(small_disk: Path, t
                 pass
         wait_until(lambda: bookie_ids_registered(uri) == (frozenset(), frozenset({bookie_id})), 10,
                    "registered read-only")
-        assert used(small_disk) >= 0.6
+        assert usage(small_disk) >= 0.6
 
         async def refused() -> None:
             client = await BookieClient.connect(*c.bookie_address(0))
@@ -401,8 +395,8 @@ def test_read_only_on_a_full_disk_comes_back_after_deletions(small_disk: Path, t
         assert [e.data for e in first.read(0, 1)] == [body, body]  # reads go on
         delete_ledgers(bk, ledgers)  # the only thing the test does: GC and the disk check do the rest
         took = wait_until(lambda: bookie_ids_registered(uri) == (frozenset({bookie_id}), frozenset()), 30,
-                          "registered writable again", detail=lambda: f"disk {used(small_disk):.0%} used")
-        assert used(small_disk) < 0.4
+                          "registered writable again", detail=lambda: f"disk {usage(small_disk):.0%} used")
+        assert usage(small_disk) < 0.4
         lh = bk.create_ledger(1, 1, 1)
         for i in range(20):
             lh.add_entry(b"after %d" % i)

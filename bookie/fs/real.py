@@ -33,7 +33,7 @@ import threading
 from bookie import native
 from bookie.fs import AlignedBuffer
 
-__all__ = ["ALIGNMENT", "SYNCFS_TYPES", "RealFS", "RealSyncer", "file_system_type"]
+__all__ = ["ALIGNMENT", "SYNCFS_TYPES", "RealFS", "RealSyncer", "disk_usage", "file_system_type"]
 
 #: O_DIRECT alignment of offsets, lengths and buffers (a page: safe on 4Kn disks).
 ALIGNMENT = 4096
@@ -148,6 +148,22 @@ def file_system_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> str 
     return kind
 
 
+def disk_usage(path: str) -> float:
+    """The fraction (0..1) of the file system of ``path`` in use, as the bookie's disk
+    check compares it with ``diskUsageThreshold``; every report of a disk's usage
+    (``walkit bookie info``, ``gc.status``, ``/api/v1/bookie/info``, the metrics) shows
+    this figure. Of its blocks, BookKeeper's ``(total - usable) / total``: blocks
+    reserved for root count as used (``f_bavail``, not ``f_bfree``: the bookie cannot
+    have them), which is why it reads higher than ``df``'s used / (used + available);
+    or of its inodes, when more of those are used (a file system out of inodes refuses
+    new files with ENOSPC too). Of the whole file system, not of walkit's own files."""
+    with native.translating("statvfs", path=path):
+        st = os.statvfs(path)
+    blocks = 1.0 - st.f_bavail / st.f_blocks if st.f_blocks else 1.0
+    inodes = 1.0 - st.f_favail / st.f_files if st.f_files else 0.0  # 0 files: no inode limit (btrfs)
+    return max(blocks, inodes)
+
+
 class RealSyncer:
     """:class:`bookie.fs.Syncer` on a descriptor of a directory, open until :meth:`close`
     (syncfs(2) reports the file system's writeback errors since the descriptor was
@@ -243,10 +259,6 @@ class RealFS:
         return RealSyncer(self.backend, path)
 
     def disk_usage(self, path: str) -> float:
-        """Used / (used + available to us), as ``df`` counts it: 1.0 means the next
-        allocation by an unprivileged writer fails with ENOSPC."""
-        with native.translating("statvfs", path=path):
-            st = os.statvfs(path)
-        used = st.f_blocks - st.f_bfree
-        usable = used + st.f_bavail
-        return used / usable if usable else 0.0
+        """:func:`disk_usage`: 1.0 means the next allocation by an unprivileged writer
+        fails with ENOSPC."""
+        return disk_usage(path)

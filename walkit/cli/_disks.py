@@ -159,9 +159,12 @@ def _mark_of(fs: FileSystem, directory: str) -> dict[str, Any] | None:
 
 
 def _disk(directory: str) -> dict[str, Any]:
+    """The directory's file system: its size, what a bookie may still use of it, and
+    the usage its disk check compares with ``diskUsageThreshold``."""
+    from bookie.fs.real import disk_usage
+
     usage = shutil.disk_usage(directory)
-    return {"total_bytes": usage.total, "free_bytes": usage.free,
-            "used_fraction": round(usage.used / (usage.used + usage.free), 4) if usage.used + usage.free else 0.0}
+    return {"total_bytes": usage.total, "free_bytes": usage.free, "used_fraction": round(disk_usage(directory), 4)}
 
 
 def _journal_info(fs: FileSystem, directory: str) -> dict[str, Any]:
