@@ -96,8 +96,12 @@ def test_bad_arguments_are_refused_clearly(tmp_path: Path, driver: Driver) -> No
                 bk.create_ledger(e, qw, qa)
         with pytest.raises(InvalidArgumentError):
             bk.create_ledger(digest="md5")
-        with pytest.raises(NotEnoughBookiesError):
+        with pytest.raises(NotEnoughBookiesError) as caught:
             bk.create_ledger(4, 3, 2)
+        message = str(caught.value)  # what the ledger needs, what is writable, and what to do
+        assert "\n" not in message and "for a new ledger; start more bookies" in message
+        assert "e.g. ensemble_size=2, write_quorum=2, ack_quorum=2" in message
+        assert "(ensemble_size=4 write_quorum=3 ack_quorum=2 needed=4 writable=3)" in message
         with pytest.raises(InvalidArgumentError):
             walkit.BookKeeper(cluster.metadata_uri, no_such_option=1)
         lh = bk.create_ledger()
@@ -352,10 +356,19 @@ def test_not_enough_bookies_fails_the_writer(tmp_path: Path, driver: Driver) -> 
         assert lh.add_entry(b"ok") == 0
         cluster.kill_bookie(0)
         confirmed = 0
-        with pytest.raises(NotEnoughBookiesError):
+        ensemble = lh.metadata.ensembles[-1][1]
+        with pytest.raises(NotEnoughBookiesError) as caught:
             for i in range(1, 1000):  # an add may still reach Qa before the failed change
                 confirmed = lh.add_entry(b"%d" % i)
                 time.sleep(0.01)
+        message = str(caught.value)  # one line: needs, writable, who is left out and why, the remedy
+        survivors = ",".join(b for b in ensemble if b != cluster.bookie_ids[0])
+        assert "\n" not in message and message.startswith(
+            "not enough writable bookies outside the ledger's ensemble to replace its failed bookie; "
+            "start more bookies (a cluster of ensemble_size + 1 = 4 lets a ledger lose one and keep writing) "
+            "or use a smaller ensemble, e.g. ensemble_size=2, write_quorum=2, ack_quorum=2 (")
+        assert message.endswith(f"(ledger={lh.ledger_id} ensemble_size=3 write_quorum=3 ack_quorum=2 needed=1 "
+                                f"writable=2 in_ensemble={survivors} failed={cluster.bookie_ids[0]})")
         with pytest.raises(NotEnoughBookiesError):
             lh.add_entry(b"writer is done")
         lh.close()  # the ledger is closed at what was confirmed

@@ -16,6 +16,7 @@ from walkit.client._config import ClientConfig
 from walkit.client._core import ClientCore
 from walkit.client._handles import LedgerHandle, ReadHandle, ReadState
 from walkit.client._loop import LoopThread
+from walkit.client._placement import Placement
 from walkit.client._read import LedgerReader
 from walkit.client._recovery import recover
 from walkit.client._writer import LedgerWriter
@@ -79,7 +80,7 @@ class BookKeeper:
                       custom_metadata: Mapping[str, bytes] | None) -> LedgerWriter:
         custom = _check_create(ensemble_size, write_quorum, ack_quorum, digest, password, custom_metadata)
         core = self._core
-        ensemble = await core.choose_bookies(ensemble_size, set())
+        ensemble = await core.choose_bookies(Placement.new_ledger(ensemble_size, write_quorum, ack_quorum))
         meta = await core.md(self._store_new, ensemble, write_quorum, ack_quorum, digest, password, custom)
         return LedgerWriter(core, meta, 0, master_key(password))
 

@@ -42,9 +42,10 @@ from typing import Any, Protocol, TypeVar
 
 from walkit.client._config import ClientConfig
 from walkit.client._loop import LoopThread
+from walkit.client._placement import Placement, shortage
 from walkit.client._pool import BookiePool, Endpoint, parse_endpoint
 from walkit.client._stats import CLIENTS
-from walkit.errors import MetadataUnavailableError, NotEnoughBookiesError, UsageError, WalkitError
+from walkit.errors import MetadataUnavailableError, UsageError, WalkitError
 from walkit.logs import context
 from walkit.metadata import BookieSet, Cluster, Watch, read_registration
 
@@ -252,17 +253,18 @@ class ClientCore:
         """Replicas to read from: as given, recently failed ones last."""
         return sorted(bookies, key=self.recently_failed)
 
-    async def choose_bookies(self, count: int, exclude: set[str]) -> list[str]:
-        """``count`` distinct writable bookies not in ``exclude``, at random, bookies
-        that failed lately only when no others are left (NotEnoughBookiesError)."""
+    async def choose_bookies(self, want: Placement) -> list[str]:
+        """``want.needed`` distinct writable bookies not in ``want.exclude``, at random,
+        bookies that failed lately only when no others are left (NotEnoughBookiesError,
+        with what the ledger needs and the remedy: walkit/client/_placement.py)."""
+        count, exclude = want.needed, want.exclude
         writable = self._writable
         if not self._fresh(writable, count, exclude):  # (the watch may lag a bookie that just joined)
             writable = await self.md(self._read_bookies)
         assert writable is not None
         candidates = [b for b in writable if b not in exclude]
         if len(candidates) < count:
-            raise NotEnoughBookiesError("not enough writable bookies", needed=count, available=len(candidates),
-                                        excluded=len(exclude & writable) or None)
+            raise shortage(want, writable)
         chosen = self._pick(candidates, count)
         await self._learn_endpoints(chosen)
         return chosen
@@ -272,13 +274,13 @@ class ClientCore:
         neither the store nor the loop: the watched list is fresh and every chosen
         bookie's endpoint known; None otherwise."""
         writable = self._writable
-        if self.closing or not self._fresh(writable, count, set()):
+        if self.closing or not self._fresh(writable, count, frozenset()):
             return None
         assert writable is not None
         chosen = self._pick(list(writable), count)
         return chosen if all(b in self._endpoints for b in chosen) else None
 
-    def _fresh(self, writable: frozenset[str] | None, count: int, exclude: set[str]) -> bool:
+    def _fresh(self, writable: frozenset[str] | None, count: int, exclude: frozenset[str]) -> bool:
         return (writable is not None and time.monotonic() - self._writable_at <= BOOKIE_LIST_MAX_AGE
                 and len(writable.difference(exclude)) >= count)
 

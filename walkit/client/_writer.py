@@ -42,6 +42,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from walkit.client._core import ClientCore
+from walkit.client._placement import Placement
 from walkit.client._submit import QuickFuture, Slots
 from walkit.errors import (
     BookieTimeoutError,
@@ -370,7 +371,7 @@ class LedgerWriter:
                 if not failed:
                     return
                 start = self.lac + 1
-                chosen = await self.core.choose_bookies(len(failed), self.failed | set(self.ensemble))
+                chosen = await self.core.choose_bookies(Placement.replacing(self.meta, self.ensemble, self.failed))
                 replacement = dict(zip(failed, chosen))
                 new = tuple(replacement.get(b, b) for b in self.ensemble)
                 if self.error is not None:
