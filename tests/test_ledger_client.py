@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -369,8 +370,13 @@ def test_not_enough_bookies_fails_the_writer(tmp_path: Path, driver: Driver) -> 
             "or use a smaller ensemble, e.g. ensemble_size=2, write_quorum=2, ack_quorum=2 (")
         assert message.endswith(f"(ledger={lh.ledger_id} ensemble_size=3 write_quorum=3 ack_quorum=2 needed=1 "
                                 f"writable=2 in_ensemble={survivors} failed={cluster.bookie_ids[0]})")
-        with pytest.raises(NotEnoughBookiesError):
-            lh.add_entry(b"writer is done")
+        depths = []
+        for _ in range(3):  # the same error each time, its traceback not growing with each raise
+            with pytest.raises(NotEnoughBookiesError) as again:
+                lh.add_entry(b"writer is done")
+            assert again.value is caught.value
+            depths.append(len(traceback.extract_tb(again.value.__traceback__)))
+        assert depths[0] == depths[1] == depths[2] <= 3, depths
         lh.close()  # the ledger is closed at what was confirmed
         meta = bk.ledger_metadata(lh.ledger_id)
         assert meta.state is LedgerState.CLOSED and meta.last_entry_id == confirmed
@@ -804,6 +810,40 @@ def test_quick_future_is_a_concurrent_future_with_lock_free_reads() -> None:
         return await asyncio.wrap_future(later)
 
     assert asyncio.run(awaited()) == 5
+
+
+def test_a_quick_future_raises_a_shared_error_with_a_traceback_of_its_own() -> None:
+    """A writer's error fails many futures (every pending add, then every later one): each
+    result() raises it from the caller's frames alone, not piled onto those of the raises
+    before; its message and cause are untouched. A foreign exception (a bug) keeps its
+    traceback."""
+    from walkit.client._submit import QuickFuture
+
+    def raised(error: BaseException) -> BaseException:
+        try:
+            raise error
+        except BaseException as exc:
+            return exc
+
+    cause = OSError("connection reset")
+    error = NotEnoughBookiesError("too few", ledger=7)
+    error.__cause__ = cause
+    futures = [QuickFuture[int]() for _ in range(4)]
+    for fut in futures:
+        fut.set_exception(raised(error))
+    depths = []
+    for fut in futures:
+        with pytest.raises(NotEnoughBookiesError) as caught:
+            fut.result()
+        assert caught.value is error and caught.value.__cause__ is cause and str(error) == "too few (ledger=7)"
+        depths.append(len(traceback.extract_tb(caught.value.__traceback__)))
+    assert depths == [2] * 4, depths  # this test's frame and QuickFuture.result's
+    bug = raised(KeyError("bug"))
+    buggy = QuickFuture[int]()
+    buggy.set_exception(bug)
+    with pytest.raises(KeyError) as caught_bug:
+        buggy.result()
+    assert "raised" in [frame.name for frame in traceback.extract_tb(caught_bug.value.__traceback__)]
 
 
 def test_quick_future_wakes_every_kind_of_waiter_under_races() -> None:

@@ -6,7 +6,7 @@
   and the WriteAheadLog one per record, at rates where the stock future's
   ``threading.Condition`` - made in its constructor, taken by every ``done()``,
   ``result()`` and ``set_result()`` - was most of the work (~2 µs for each of the four
-  here). It differs from the stock future in two ways:
+  here). It differs from the stock future in three ways:
 
   - **No condition until one is needed.** The constructor sets the state and nothing
     else; the result slot stays empty until the result comes. The first caller that must wait (or
@@ -20,6 +20,13 @@
     after a "successful" cancel). Its state therefore moves exactly once, RUNNING to
     FINISHED, by the one completer that owns it (the client's loop thread, or a failing
     submitter for a future it never queued).
+  - **A walkit error raises with a traceback of its own.** A failed writer fails every
+    pending and later add with one error instance (so does a WriteAheadLog for its
+    appends); the stock ``result()`` re-raises that instance, and each raise piles its
+    caller's frames onto those of every raise before (a loop that retries grew the
+    traceback by a dozen lines a try). ``result()`` raises a :class:`WalkitError` from its
+    own frame: its message has the context, its ``__cause__`` is kept. Other exceptions
+    (bugs) keep their traceback.
 
   Why the lock-free reads are safe: the completer stores the result (or exception)
   first and the FINISHED state second, then looks for a condition; under the
@@ -46,6 +53,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, RUNNING
 from typing import Any, TypeVar
+
+from walkit.errors import WalkitError
 
 __all__ = ["QuickFuture", "Slots"]
 
@@ -90,7 +99,13 @@ class QuickFuture(Future[T]):
     def result(self, timeout: float | None = None) -> T:
         if self._state == FINISHED and self._exception is None:
             return self._result  # type: ignore[return-value]
-        return super().result(timeout)
+        try:
+            return super().result(timeout)
+        except WalkitError as exc:
+            # One error instance fails every add of a failed writer (and a log's every later
+            # append): re-raised as it is, each raise would pile this caller's frames onto
+            # those of every raise before. The message carries the context; start afresh.
+            raise exc.with_traceback(None)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if self._state == FINISHED:
