@@ -42,10 +42,11 @@ def test_the_plugin_is_registered_and_its_marker_counts_bookies(walkit_cluster: 
                                                                 request: pytest.FixtureRequest) -> None:
     assert any(ep.value == "walkit.testing" for ep in entry_points(group="pytest11"))
     assert request.config.pluginmanager.has_plugin("walkit")
-    assert len(walkit_cluster.bookie_ids) == 3 and all(walkit_cluster.is_running(i) for i in range(3))
+    # 4 by default: a ledger of the client's (and a log's) default ensemble of 3 has a spare
+    assert len(walkit_cluster.bookie_ids) == 4 and all(walkit_cluster.is_running(i) for i in range(4))
     with connect(walkit_cluster.metadata_uri) as cluster:
         assert cluster.bookies().writable == set(walkit_cluster.bookie_ids)
-    for i in range(3):  # clients are sent to the proxy, not to the bookie's own port
+    for i in range(4):  # clients are sent to the proxy, not to the bookie's own port
         assert walkit_cluster.endpoint(i) != walkit_cluster.bookie_ids[i]
 
 
@@ -99,13 +100,14 @@ def test_slow_disk_delays_adds_not_reads(walkit_cluster: FaultyCluster) -> None:
     assert 0.55 <= time.monotonic() - started < 2.0  # slower, and no timeout
     assert _ensemble(lh) == _ensemble(lh, 0)
     rh = walkit_cluster.client(**FAST).open_ledger(lh.ledger_id, recovery=False)  # the writer stays
-    for i in range(3):
+    bookies = range(len(walkit_cluster.bookie_ids))
+    for i in bookies:
         if i != slow:
             walkit_cluster.partition(i)  # the read can come from the slow bookie only
     started = time.monotonic()
     assert [e.data for e in rh.read(0, 0)] == [b"e0"]
     assert time.monotonic() - started < 0.55
-    for i in range(3):
+    for i in bookies:
         walkit_cluster.heal(i)
     walkit_cluster.slow_disk(slow, 0)
     started = time.monotonic()
@@ -240,9 +242,45 @@ def test_expire_session_needs_one_target(walkit_cluster: FaultyCluster) -> None:
         assert walkit_cluster.bookie_ids[0] in cluster.bookies().writable
 
 
-def test_the_documented_example(pytester: pytest.Pytester) -> None:
-    blocks = re.findall(r"## Example\n.*?```python\n(.*?)```", DOCS.read_text(), re.S)
+def _doc_example(heading: str) -> str:
+    """The one python block of docs/testing.md's section ``heading``."""
+    section = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", DOCS.read_text(), re.S | re.M)
+    assert section is not None, f"docs/testing.md has no section {heading!r}"
+    blocks = re.findall(r"```python\n(.*?)```", section.group(1), re.S)
     assert len(blocks) == 1
-    pytester.makepyfile(test_example=blocks[0])
-    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2)
+    return blocks[0]
+
+
+def _run_in_pytester(pytester: pytest.Pytester, source: str) -> pytest.RunResult:
+    pytester.makepyfile(test_example=source)
+    return pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+
+
+def test_the_documented_example(pytester: pytest.Pytester) -> None:
+    _run_in_pytester(pytester, _doc_example("Example")).assert_outcomes(passed=2)
+
+
+def test_the_documented_write_ahead_log_example(pytester: pytest.Pytester) -> None:
+    source = _doc_example("Example: a write-ahead log that loses a bookie")
+    assert "WriteAheadLog.open(" in source and "kill_bookie(" in source and "replay()" in source
+    _run_in_pytester(pytester, source).assert_outcomes(passed=1)
+
+
+def test_the_defaults_keep_a_log_appending_after_a_kill(pytester: pytest.Pytester) -> None:
+    """The plugin's default cluster and a WriteAheadLog's default ensemble (E=3 Qw=3
+    Qa=2), one bookie killed - the first one, whichever segment it is in: every append
+    succeeds and a replay has every record."""
+    result = _run_in_pytester(pytester, """
+        from walkit.wal import WriteAheadLog
+
+        def test_kill_the_first_bookie(walkit_cluster):
+            bk = walkit_cluster.client(add_timeout=2.0, read_timeout=2.0)
+            with WriteAheadLog.open(bk, "log") as wal:
+                wal.append(b"r0")
+                walkit_cluster.kill_bookie(0)
+                for i in range(1, 6):
+                    wal.append(b"r%d" % i)
+            with WriteAheadLog.reader(bk, "log") as reader:
+                assert [record for _, record in reader.replay()] == [b"r%d" % i for i in range(6)]
+    """)
+    result.assert_outcomes(passed=1)

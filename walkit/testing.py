@@ -5,10 +5,13 @@ Installed with walkit and loaded by pytest through the ``pytest11`` entry point
 
 ``walkit_cluster``
     A :class:`FaultyCluster`: an in-process :class:`walkit.LocalCluster` in the test's
-    temporary directory (3 bookies, embedded ``local://`` metadata, 2 s sessions) with
+    temporary directory (4 bookies, embedded ``local://`` metadata, 2 s sessions) with
     fault injection - ``kill_bookie``, ``restart_bookie``, ``set_read_only``,
     ``partition`` / ``heal``, ``slow_disk``, ``corrupt_entry``, ``expire_session``.
-    Stopped after the test, with the clients made by its ``client()``.
+    Stopped after the test, with the clients made by its ``client()``. Four bookies, not
+    three: a ledger or a ``WriteAheadLog`` with the default ensemble (E=3 Qw=3 Qa=2)
+    keeps writing after ``kill_bookie`` only if a bookie outside its ensemble can
+    replace the lost one.
 ``walkit_zk_cluster``
     The same with its metadata in ZooKeeper (a fresh cluster root per test).
 ``walkit_zookeeper``
@@ -49,7 +52,7 @@ MARKER = "walkit_cluster"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", f"{MARKER}(bookies=3, *, bookie_options=None, session_timeout=2.0, metadata_uri=None): "
+        "markers", f"{MARKER}(bookies=4, *, bookie_options=None, session_timeout=2.0, metadata_uri=None): "
                    "how the walkit_cluster / walkit_zk_cluster fixtures build their cluster")
 
 

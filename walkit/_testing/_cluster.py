@@ -55,6 +55,10 @@ if TYPE_CHECKING:
 __all__ = ["FaultyCluster"]
 
 _PROXY_TIMEOUT = 10.0  # seconds for a proxy to start, switch or close (it is all on loopback)
+#: Bookies of a cluster by default: one more than the default ensemble (E=3, a ledger's and
+#: a WriteAheadLog's), so that the first kill_bookie does not stop writes (an ensemble
+#: change needs a writable bookie outside the ensemble).
+DEFAULT_BOOKIES = 4
 
 
 class FaultyCluster:
@@ -64,10 +68,12 @@ class FaultyCluster:
     ``metadata_uri``, ``bookie_options`` and ``session_timeout`` are
     :class:`~walkit.LocalCluster`'s (the session timeout is short by default, so that a
     killed or expired bookie leaves the registered set quickly). Bookie numbers ``i`` are
-    0-based, as in LocalCluster."""
+    0-based, as in LocalCluster. :data:`DEFAULT_BOOKIES` is 4 so that a ledger of the
+    default ensemble (3) can lose a bookie and keep writing."""
 
-    def __init__(self, data_dir: str | os.PathLike[str], bookies: int = 3, *, metadata_uri: str | None = None,
-                 bookie_options: Mapping[str, Any] | None = None, session_timeout: float = 2.0) -> None:
+    def __init__(self, data_dir: str | os.PathLike[str], bookies: int = DEFAULT_BOOKIES, *,
+                 metadata_uri: str | None = None, bookie_options: Mapping[str, Any] | None = None,
+                 session_timeout: float = 2.0) -> None:
         self._lock = threading.Lock()
         self._proxy_loop = _LoopThread()
         self._proxies: dict[int, PartitionableProxy] = {}
