@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 import time
 import traceback
@@ -412,6 +413,32 @@ def test_recovery_of_an_empty_ledger(tmp_path: Path, driver: Driver) -> None:
         assert rh.is_closed and rh.last_add_confirmed == -1 and rh.length == 0
         with pytest.raises(LedgerFencedError):
             lh.add_entry(b"too late")
+
+
+def test_a_client_that_recovers_its_own_ledger_fences_its_writer_quietly(
+        tmp_path: Path, driver: Driver, caplog: pytest.LogCaptureFixture) -> None:
+    """Recovering a ledger this same client still writes (the README's example) ends
+    that writer at once: its next add fails with LedgerFencedError without a bookie
+    telling it, and nothing warns that "another client recovered it" - none did. A
+    writer that another client fences still warns."""
+    with local_cluster(tmp_path, driver) as cluster, client(cluster) as bk, client(cluster) as other:
+        lh = bk.create_ledger(password=b"pw")
+        lh.add_entry(b"x")
+        with caplog.at_level(logging.INFO, logger="walkit"):
+            rh = bk.open_ledger(lh.ledger_id, password=b"pw")
+            with pytest.raises(LedgerFencedError, match="this client recovered it"):
+                lh.add_entry(b"late")
+        assert rh.is_closed and rh.last_add_confirmed == 0
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+        assert any("its own client recovers it" in r.getMessage() for r in caplog.records)
+        caplog.clear()
+        theirs = other.create_ledger(password=b"pw")
+        theirs.add_entry(b"x")
+        bk.open_ledger(theirs.ledger_id, password=b"pw")
+        with caplog.at_level(logging.WARNING, logger="walkit"):
+            with pytest.raises(LedgerFencedError, match="another client recovered it"):
+                theirs.add_entry(b"late")
+        assert any("another client recovered it" in r.getMessage() for r in caplog.records)
 
 
 def test_recovery_of_a_crashed_writer_with_entries_on_few_bookies(tmp_path: Path, driver: Driver) -> None:

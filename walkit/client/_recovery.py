@@ -7,6 +7,8 @@ BookKeeper's algorithm (``docs/architecture.md``, "Recovery"):
    From here the writer's ensemble changes and close fail.
 2. Fence: a fencing read of the last entry on every bookie of the last ensemble. A bookie
    journals the fence before it answers and then refuses the writer's adds (EFENCED).
+   A writer in this very client (one that recovers a ledger it still writes) needs no
+   bookie to tell it: it is fenced first, quietly (no "another client" warning).
 3. Wait until every write set of that ensemble has Qw - Qa + 1 definite answers (an
    entry, or "no such entry/ledger"): then no add of the old writer can still reach Qa
    acks. The start point is the highest LAC in the answers (or the entry before the last
@@ -61,6 +63,7 @@ async def recover(core: ClientCore, ledger_id: int, key: bytes) -> tuple[LedgerM
     meta, version = await core.md(core.ledgers.update, ledger_id, mark)
     if meta.state is LedgerState.CLOSED:
         return meta, version
+    _fence_own_writer(core, ledger_id)
     reader = LedgerReader(core, meta, key)
     lac = await _fence(core, reader)
     start = max(lac, meta.ensembles[-1][0] - 1)
@@ -86,6 +89,16 @@ async def recover(core: ClientCore, ledger_id: int, key: bytes) -> tuple[LedgerM
     meta = await writer.close()
     core.stats.recoveries += 1
     return meta, writer.version
+
+
+def _fence_own_writer(core: ClientCore, ledger_id: int) -> None:
+    """This client's own writer of the ledger, if it has one open (the application
+    recovers a ledger it still writes), is fenced here, not by a bookie's EFENCED later:
+    its adds fail at once, and its end is no news to warn about."""
+    with core.writers_lock:
+        own = [w for w in core.writers if isinstance(w, LedgerWriter) and w.ledger_id == ledger_id and not w.recovery]
+    for writer in own:
+        writer.fenced_here()
 
 
 async def _fence(core: ClientCore, reader: LedgerReader) -> int:

@@ -139,6 +139,17 @@ class LedgerWriter:
         if self.pending or self._incoming:
             self._fail(error)
 
+    def fenced_here(self) -> None:
+        """(Loop) this very client is recovering the ledger (``open_ledger`` with
+        recovery while this handle is open): the writer is done, as if a bookie had
+        answered EFENCED - without waiting for one, and without the warning, since no
+        other client took the ledger."""
+        if self.error is None:
+            log.info("ledger %d: its own client recovers it; its writer takes no more adds", self.ledger_id,
+                     extra=context(ledger=self.ledger_id))
+        self._fail(LedgerFencedError("ledger fenced: this client recovered it; this writer is done",
+                                     ledger=self.ledger_id), warn=False)
+
     def _set_ensemble(self) -> None:
         first, ensemble = self.meta.ensembles[-1]
         self.ensemble = ensemble
@@ -326,11 +337,13 @@ class LedgerWriter:
         else:
             add.future.set_exception(error)
 
-    def _fail(self, error: WalkitError) -> None:
+    def _fail(self, error: WalkitError, *, warn: bool = True) -> None:
         """The writer is done: every pending and queued add fails with ``error``."""
         if self.error is None:
             self.error = error
-            log.warning("ledger %d writer failed: %s", self.ledger_id, error, extra=context(ledger=self.ledger_id))
+            if warn:
+                log.warning("ledger %d writer failed: %s", self.ledger_id, error,
+                            extra=context(ledger=self.ledger_id))
         while self.pending:
             self._settle(self.pending.popleft(), self.error)
         with self._lock:
