@@ -7,8 +7,10 @@ Attributes are snake_case; the TOML keys are BookKeeper's (``journalMaxGroupWait
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -38,7 +40,8 @@ class BookieConfig:
     # Identity and network. The id names the cookie and the registration.
     bookie_id: str = _key("bookieId", "", "the bookie's id, in its cookie and registration; empty: "
                           "`<advertisedAddress or bindAddress>:<port bound>`")
-    bookie_port: int = _key("bookiePort", 3181, "port of the bookie protocol (0: any free one)")
+    bookie_port: int = _key("bookiePort", 3181, "port of the bookie protocol (0: any free one; without a "
+                            "bookieId the id names that port, so later starts must give it)")
     bind_address: str = _key("bindAddress", "127.0.0.1", "address the bookie listens on; walkit's default is "
                              "loopback: set it (or a wildcard such as 0.0.0.0) to serve other machines")
     advertised_address: str = _key("advertisedAddress", "", "the host clients reach: the default id's host and the "
@@ -335,15 +338,43 @@ class BookieConfig:
 
     @classmethod
     def from_toml(cls, path: str) -> BookieConfig:
+        """The configuration in TOML file ``path``; ConfigError saying why a file cannot be
+        read (no such file, a directory, permission denied) or where its syntax is wrong."""
         try:
             with open(path, "rb") as fh:
                 values = tomllib.load(fh)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError("cannot read configuration", path=path) from exc
+        except OSError as exc:
+            raise ConfigError(f"cannot read configuration: {os_reason(exc)}", path=path) from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise _toml_error(exc, path) from exc
         return cls.from_dict(values)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.metadata["key"]: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+_OS_REASONS = {errno.ENOENT: "no such file", errno.EISDIR: "is a directory", errno.EACCES: "permission denied",
+               errno.EPERM: "permission denied", errno.ENOTDIR: "a parent of it is not a directory"}
+#: tomllib's messages end in "(at line L, column C)" or "(at end of document)".
+_TOML_WHERE = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)$")
+
+
+def os_reason(exc: OSError) -> str:
+    """What is wrong with a path, in a few words (``no such file``, ``is a directory``...)."""
+    return _OS_REASONS.get(exc.errno or 0) or (exc.strerror or str(exc)).lower()
+
+
+def _toml_error(exc: tomllib.TOMLDecodeError, path: str) -> ConfigError:
+    """``not valid TOML: <what>`` with the line and column (Python 3.14 has them as
+    attributes; before, only in the message)."""
+    text = str(exc)
+    where = _TOML_WHERE.search(text)
+    line = getattr(exc, "lineno", None) or (where.group(1) if where else None)
+    column = getattr(exc, "colno", None) or (where.group(2) if where else None)
+    what = getattr(exc, "msg", None) or (text[: where.start()] if where else text)
+    if line is None and "end of document" in text:
+        what += " at the end of the file"
+    return ConfigError(f"cannot read configuration: not valid TOML: {what}", path=path, line=line, column=column)
 
 
 def reference() -> str:

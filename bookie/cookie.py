@@ -57,12 +57,14 @@ class Cookie:
         return list(dict.fromkeys([self.journal_dir, *self.ledger_dirs]))
 
     def verify_matches(self, other: Cookie, **context: object) -> None:
-        """Raise ``CookieError`` naming the first field that differs, with both values."""
+        """Raise ``CookieError`` naming the first field that differs, what to do about it,
+        and both values (``where="metadata"``: ``other`` is the cluster's copy)."""
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if mine != theirs:
+                remedy = _METADATA_REMEDY if context.get("where") == "metadata" else _REMEDIES[f.name]
                 raise CookieError(
-                    f"cookie {f.name} differs", expected=_show(mine), found=_show(theirs), **context
+                    f"cookie {f.name} differs: {remedy}", expected=_show(mine), found=_show(theirs), **context
                 )
 
     def encode(self) -> bytes:
@@ -85,6 +87,28 @@ class Cookie:
         version this code does not read."""
         version, body = _check_header(raw, path)
         return FormatVersionError.reader(_READERS, version, "cookie", path=path)(body, path)
+
+
+#: What an operator does when the disks' cookie (found=) differs from the configuration's
+#: (expected=), by field: in the message, so the refused start's one log line says it.
+_REMEDIES = {
+    "bookie_id": "the bookie id (bookieId, or <advertisedAddress or bindAddress>:<bookiePort> without one) is not "
+                 "the one these disks were set up with: restore the settings that gave the id found (or set bookieId "
+                 "to it), or mount this bookie's own disks; to reuse the disks for a new bookie, run `walkit recover "
+                 "--bookie <found> --metadata URI` first, then empty the directories",
+    "journal_dir": "journalDirectory is not the one these disks were set up with: restore it (a bookie's "
+                   "directories cannot change)",
+    "ledger_dirs": "ledgerDirectories (paths and order) are not the ones these disks were set up with: restore them "
+                   "as found (a bookie's directories cannot change; to grow, add bookies)",
+    "instance_id": "these disks belong to another cluster (found) than the one metadataServiceUri names "
+                   "(expected; None: it is unset), or that cluster was initialised again: point the bookie at its "
+                   "own cluster",
+}
+_METADATA_REMEDY = (
+    "the cluster holds another cookie (found) for this bookie id than its disks (expected): another bookie uses "
+    "this id (give this one its own bookieId), or these directories were set up anew (restore the old ones); "
+    "compare with `walkit bookie cookie get --conf FILE --metadata URI`; a new bookie meant to take the id over: "
+    "`walkit recover --bookie ID --metadata URI`, then `walkit bookie cookie delete --bookie ID --metadata URI`")
 
 
 def _check_header(raw: bytes, path: str) -> tuple[int, bytes]:

@@ -106,8 +106,9 @@ from sortedcontainers import SortedKeyList
 from bookie._admin import run_command
 from bookie._metrics import ServerStats
 from bookie._bookie import LAST_ENTRY, Bookie, BookieFailure
-from bookie._config import BookieConfig
+from bookie._config import BookieConfig, os_reason
 from bookie.cookie import Cookie
+from bookie.cookie import read_cookie as read_disk_cookie
 from bookie.fs import FileSystem
 from bookie.fs.faulty import FaultyFS
 from bookie.fs.real import RealFS, disk_usage
@@ -116,6 +117,7 @@ from walkit.errors import (
     BookieError,
     BookieReadOnlyError,
     BookieShutdownError,
+    ConfigError,
     CookieError,
     NoSuchEntryError,
     WalkitError,
@@ -437,6 +439,22 @@ def _on_disk(fs: FileSystem | None) -> bool:
     return fs is None or isinstance(fs, RealFS)
 
 
+def _open_lock_file(key: str, directory: str) -> int:
+    """``<directory>/LOCK``, open, with the directory made if missing; a ConfigError
+    naming configuration key ``key`` and the path when the directory cannot be used (a
+    file is there, no permission...), instead of a bare ``[Errno 17] File exists``."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except FileExistsError as exc:
+        raise ConfigError(f"{key} is a file, not a directory", key=key, path=directory) from exc
+    except OSError as exc:
+        raise ConfigError(f"{key} cannot be created: {os_reason(exc)}", key=key, path=directory) from exc
+    try:
+        return os.open(os.path.join(directory, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(f"{key} cannot be used: {os_reason(exc)}", key=key, path=directory) from exc
+
+
 class BookieServer:
     """A bookie serving the wire protocol. Use inside a running event loop:
     ``await server.start()`` ... ``await server.stop()``."""
@@ -451,6 +469,7 @@ class BookieServer:
         self.bookie: Bookie | None = None
         self.bookie_id = ""
         self.port = 0
+        self._picked_port = False  # bookiePort = 0 without a bookieId: the id names the port bound
         self.readonly = False
         #: Read-only on the operator's word (``walkit decommission``), whatever the disks say.
         self.forced_readonly = False
@@ -528,6 +547,7 @@ class BookieServer:
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
         self.bookie_id = c.bookie_id or f"{c.advertised_host}:{self.port}"
+        self._picked_port = not c.bookie_id and not c.bookie_port
         self.config = dataclasses.replace(c, bookie_id=self.bookie_id, bookie_port=self.port)
         try:
             await self._loop.run_in_executor(None, self._start_core)
@@ -574,6 +594,8 @@ class BookieServer:
             marked = UnderReplication(self._cluster.store, self._cluster.info).is_marked
         self.bookie = Bookie(c, fs=self._fs, instance_id=instance_id, disk_usage=self._disk_usage,
                              metadata=self._cluster.ledgers if self._cluster is not None else None, marked=marked)
+        if self._picked_port:
+            self._check_picked_port(self.bookie.fs)
         self.bookie.on_space_freed = self._space_freed
         if self._cluster is not None:
             self.bookie.before_stamp = self._refuse_a_known_id
@@ -612,15 +634,33 @@ class BookieServer:
         ends, even by kill -9): a second process started on the same disks by mistake
         stops here, before it touches the journal."""
         c = self.config
-        for d in [c.journal_directory, *c.ledger_directories]:
-            os.makedirs(d, exist_ok=True)
-            fd = os.open(os.path.join(d, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+        keyed = [("journalDirectory", c.journal_directory)] + [("ledgerDirectories", d) for d in c.ledger_directories]
+        for key, d in keyed:
+            fd = _open_lock_file(key, d)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError as exc:
                 os.close(fd)
                 raise BookieError("directory in use by another bookie process", dir=d) from exc
             self._locks.append(fd)
+
+    def _check_picked_port(self, fs: FileSystem) -> None:
+        """``bookiePort = 0`` without a bookieId: the id names the port this start got,
+        another at every start. Disks an earlier start stamped are refused here, with
+        the port (or id) to give, rather than as a cookie mismatch. (Not refused on new
+        disks: LocalCluster starts a bookie so, then gives the port it got every time.)"""
+        stamped = read_disk_cookie(fs, self.config.journal_directory)
+        if stamped is None:
+            log.info("bookie id %s names a port chosen at this start (bookiePort = 0, no bookieId): later starts "
+                     "must set bookiePort = %d (or this bookieId)", self.bookie_id, self.port,
+                     extra=context(bookie=self.bookie_id))
+        elif stamped.bookie_id != self.bookie_id:
+            port = stamped.bookie_id.rpartition(":")[2]
+            fix = f"bookiePort = {port}, or " if port.isdigit() else ""
+            raise ConfigError(f"bookiePort must not be 0 here (without a bookieId): the bookie id names the port, "
+                              f"and would change at every start; these disks are bookie {stamped.bookie_id}'s: "
+                              f"set {fix}bookieId = \"{stamped.bookie_id}\" (then any port will do)",
+                              key="bookiePort", bookie=self.bookie_id, disks=stamped.bookie_id)
 
     def _refuse_a_known_id(self) -> None:
         """Before empty disks become this bookie's: the cluster must not know its id yet."""

@@ -130,6 +130,28 @@ def test_verify_matches_is_the_one_comparison() -> None:
         a.verify_matches(Cookie("bk1", "/j2", ("/l0", "/l1"), "i"))
 
 
+@pytest.mark.parametrize(
+    ("other", "where", "remedy"),
+    [
+        (Cookie("bk9", "/j", ("/l0",), "i"), None,
+         r"bookie_id differs: .*bookieId.*bookiePort.*restore.*`walkit recover --bookie "),
+        (Cookie("bk1", "/j9", ("/l0",), "i"), None, r"journal_dir differs: .*journalDirectory.*restore"),
+        (Cookie("bk1", "/j", ("/l9",), "i"), None, r"ledger_dirs differs: .*ledgerDirectories.*order.*restore"),
+        (Cookie("bk1", "/j", ("/l0",), "i9"), None, r"instance_id differs: .*another cluster.*metadataServiceUri"),
+        (Cookie("bk1", "/j", ("/l9",), "i"), "metadata",
+         r"ledger_dirs differs: .*cluster.*another bookie.*bookieId.*`walkit bookie cookie get "),
+    ],
+    ids=["bookie_id", "journal_dir", "ledger_dirs", "instance_id", "metadata"],
+)
+def test_a_mismatch_says_what_to_do(other: Cookie, where: str | None, remedy: str) -> None:
+    """Which field differs, both values, and the operator's way out - in the one line a
+    refused start logs."""
+    mine = Cookie("bk1", "/j", ("/l0",), "i")
+    with pytest.raises(CookieError, match=remedy) as err:
+        mine.verify_matches(other, where=where)
+    assert "expected=" in str(err.value) and "found=" in str(err.value)
+
+
 # --- the format: one driver, many corruptors ------------------------------------------------
 _GOOD = Cookie("bk1", "/j", ("/l0",), None).encode()
 
