@@ -74,9 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "config_reference", False):  # walkit bookie start has no such option
         print(reference(), end="")
         return 0
-    level = getattr(args, "log_level", None)  # walkit bookie start: None unless -v / --log-level
-    configure(logging.INFO if level is None else level if isinstance(level, int) else getattr(logging, level),
-              getattr(args, "log_format", "text"), force=True)
+    configure(_log_level(args), getattr(args, "log_format", "text"), force=True, default=logging.INFO)
     try:
         config = BookieConfig.from_toml(args.conf)
         return asyncio.run(serve(config))
@@ -86,6 +84,15 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # e.g. the port is taken
         log.error("bookie failed: %s", exc)
         return 2
+
+
+def _log_level(args: argparse.Namespace) -> int:
+    """``--log-level`` (a name from ``python -m bookie``, a number from ``walkit bookie
+    start``), else DEBUG for ``-vv``, else INFO."""
+    level = getattr(args, "log_level", None)
+    if level is not None:
+        return level if isinstance(level, int) else int(getattr(logging, level))
+    return logging.DEBUG if getattr(args, "verbose", 0) >= 2 else logging.INFO
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -75,6 +75,28 @@ def test_configure_leaves_a_configured_root_alone_unless_forced(capsys: pytest.C
         root.setLevel(saved[1])
 
 
+@pytest.mark.parametrize(("level", "default", "kazoo"), [
+    (logging.WARNING, logging.WARNING, logging.ERROR),  # walkit ...
+    (logging.INFO, logging.WARNING, logging.NOTSET),  # walkit ... -v
+    (logging.INFO, logging.INFO, logging.ERROR),  # a bookie
+    (logging.DEBUG, logging.INFO, logging.NOTSET),  # a bookie, --log-level DEBUG
+])
+def test_kazoo_is_heard_only_above_the_commands_default(level: int, default: int, kazoo: int) -> None:
+    """kazoo logs each reconnect attempt: held at ERROR unless more than the default is asked for."""
+    root, library = logging.getLogger(), logging.getLogger("kazoo")
+    saved = (list(root.handlers), root.level, library.level)
+    try:
+        assert configure(level, stream=sys.stdout, force=True, default=default) is True
+        assert library.level == kazoo and root.level == level
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in saved[0]:
+            root.addHandler(handler)
+        root.setLevel(saved[1])
+        library.setLevel(saved[2])
+
+
 def test_a_bookie_started_by_the_cli_logs_json_lines_with_its_id(tmp_path: Path) -> None:
     conf = tmp_path / "bookie.toml"
     conf.write_text(f'bookiePort = 0\nbookieId = "json-bookie"\njournalDirectory = "{tmp_path / "j"}"\n'

@@ -12,6 +12,12 @@ message's wording. walkit prints them with one of two formatters: :class:`Contex
 :class:`JsonFormatter` (one JSON object per line: time, level, logger, message, the
 context fields, the traceback if any). :func:`configure` installs either on stderr; the
 ``walkit`` command (``--log-format``) and ``python -m bookie`` use it.
+
+It also holds the loggers of libraries that repeat themselves (:data:`QUIET_LIBRARIES`:
+kazoo logs every reconnect attempt, a dozen lines before walkit's one error when
+ZooKeeper cannot be reached) at ERROR, unless a level more verbose than the command's
+default was asked for (``-v`` for ``walkit``, whose default is WARNING; ``-vv`` or
+``--log-level DEBUG`` for a bookie, which logs INFO by default).
 """
 
 from __future__ import annotations
@@ -22,13 +28,15 @@ import sys
 import time
 from typing import IO, Any
 
-__all__ = ["CONTEXT_KEYS", "context", "ContextFormatter", "JsonFormatter", "configure"]
+__all__ = ["CONTEXT_KEYS", "QUIET_LIBRARIES", "context", "ContextFormatter", "JsonFormatter", "configure"]
 
 #: What a record may be about: a bookie (its id), a ledger, an entry, a write-ahead log
 #: (its name) and namespace, a journal file (its id), a ledger directory, an
 #: autorecovery daemon (its owner).
 CONTEXT_KEYS: tuple[str, ...] = ("bookie", "ledger", "entry", "log", "namespace", "journal", "directory", "daemon")
 _KEYS = frozenset(CONTEXT_KEYS)
+#: Loggers held at ERROR unless more than a command's default level is asked for.
+QUIET_LIBRARIES: tuple[str, ...] = ("kazoo",)
 
 
 def context(**fields: Any) -> dict[str, Any]:
@@ -78,11 +86,12 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(level: int = logging.WARNING, fmt: str = "text", stream: IO[str] | None = None, *,
-              force: bool = False) -> bool:
-    """Log to ``stream`` (stderr) at ``level`` in format ``text`` or ``json``. Like
-    :func:`logging.basicConfig`, it leaves a root logger that has handlers already alone
-    (the program embedding walkit, or a test runner, owns logging) unless ``force``;
-    True when it configured."""
+              force: bool = False, default: int = logging.WARNING) -> bool:
+    """Log to ``stream`` (stderr) at ``level`` in format ``text`` or ``json``;
+    :data:`QUIET_LIBRARIES` only at ERROR unless ``level`` is more verbose than the
+    command's ``default``. Like :func:`logging.basicConfig`, it leaves a root logger that
+    has handlers already alone (the program embedding walkit, or a test runner, owns
+    logging) unless ``force``; True when it configured."""
     if fmt not in ("text", "json"):
         raise ValueError(f"log format must be text or json, not {fmt!r}")
     root = logging.getLogger()
@@ -94,4 +103,6 @@ def configure(level: int = logging.WARNING, fmt: str = "text", stream: IO[str] |
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    for name in QUIET_LIBRARIES:  # NOTSET: as verbose as the root
+        logging.getLogger(name).setLevel(logging.NOTSET if level < default else logging.ERROR)
     return True

@@ -62,11 +62,15 @@ def _level(text: str) -> int:
 
 def _add_logging_options(p: argparse.ArgumentParser, top: bool) -> None:
     """-v, --log-level and --log-format; below the top parser their defaults are
-    SUPPRESS, so a command's parser sets them only when they are given there."""
-    p.add_argument("-v", "--verbose", action="count", default=0 if top else argparse.SUPPRESS,
-                   help="log at INFO level to stderr (-vv: DEBUG)")
+    SUPPRESS, so a command's parser sets them only when they are given there. A command
+    that logs at another level than WARNING by default says so with
+    ``set_defaults(log_default="INFO")`` (its help names it)."""
+    default = p.get_default("log_default") or "WARNING"
+    verbose = ("log at INFO level to stderr (-vv: DEBUG)" if default == "WARNING" else
+               f"-vv: log at DEBUG level to stderr ({default} is this command's default)")
+    p.add_argument("-v", "--verbose", action="count", default=0 if top else argparse.SUPPRESS, help=verbose)
     p.add_argument("--log-level", type=_level, default=None if top else argparse.SUPPRESS, metavar="LEVEL",
-                   help=f"log at this level to stderr ({', '.join(_LEVELS)}; default WARNING)")
+                   help=f"log at this level to stderr ({', '.join(_LEVELS)}; default {default})")
     p.add_argument("--log-format", choices=("text", "json"), default="text" if top else argparse.SUPPRESS,
                    help="log lines as text (context appended as [ledger=... bookie=...]) or one JSON object "
                         "per line (walkit.logs)")
@@ -106,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from walkit.logs import configure
 
-    configure(_log_level(args), args.log_format)
+    configure(_log_level(args), args.log_format)  # walkit bookie start configures again, at its own default
     from walkit.errors import WalkitError
 
     try:

@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bookie = subparsers.add_parser("bookie", help="run and inspect bookies").add_subparsers(dest="what", required=True)
     bs = bookie.add_parser("start", help="run a bookie until SIGTERM (as python -m bookie)")
     bs.add_argument("--conf", required=True, help="bookie configuration (TOML, BookKeeper key names)")
-    bs.set_defaults(func=_start)
+    bs.set_defaults(func=_start, log_default="INFO")  # bookie._main's: a server says what it does
     bl = bookie.add_parser("list", help="the available and read-only bookies")
     bl.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
     bl.add_argument("--json", action="store_true", help="machine-readable output")

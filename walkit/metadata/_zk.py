@@ -217,7 +217,8 @@ class ZooKeeperStore:
             self._client.start(timeout=connect_timeout)
         except KazooTimeoutError as exc:
             self._client.close()
-            raise MetadataUnavailableError("cannot connect to ZooKeeper", hosts=hosts) from exc
+            raise MetadataUnavailableError("cannot connect to ZooKeeper: no server answered within the connect "
+                                           "timeout", hosts=hosts, timeout=f"{connect_timeout:g}s") from exc
         if self._client.connected:  # kazoo may call listeners after start() returned
             self._connected.set()
 
