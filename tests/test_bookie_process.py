@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 import struct
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture
 def cluster_uri(tmp_path: Path) -> str:
     uri = f"local://{tmp_path / 'md'}"
-    admin = open_metadata_store(parse_metadata_uri(uri))
+    admin = open_metadata_store(parse_metadata_uri(uri), create=True)
     init_cluster(admin, "/ledgers")
     admin.close()
     return uri
@@ -245,6 +246,64 @@ def test_bad_configuration_exits_with_a_clear_error(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "bookie", "--conf", str(conf)], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "noSuchKey" in proc.stderr
+
+
+@pytest.mark.parametrize("key", ["journalDirectory", "ledgerDirectories"])
+def test_a_file_where_a_directory_belongs_names_the_key(tmp_path: Path, processes: list[BookieProcess],
+                                                        key: str) -> None:
+    """Not a bare `[Errno 17] File exists`: the key, the path, and what is wrong."""
+    plain = tmp_path / "not-a-dir"
+    plain.write_text("a file")
+    bookie = _bookie(processes, tmp_path / "b", **{key: str(plain) if key == "journalDirectory" else [str(plain)]})
+    bookie.start(wait=False)
+    assert bookie.wait_exit(60) == 2
+    last = bookie.log().strip().splitlines()[-1]
+    assert "ConfigError" in last and f"{key} is a file, not a directory" in last and f"path={plain}" in last
+    assert "Errno" not in last
+
+
+def test_port_0_without_a_bookie_id_is_refused_on_a_restart(tmp_path: Path, processes: list[BookieProcess],
+                                                            cluster_uri: str) -> None:
+    """bookiePort = 0 gets another port at every start, and without a bookieId the id
+    (in the cookie on the disks) names the port: the restart is refused with the port
+    to give, not with a cookie mismatch; given it, the bookie starts on its own disks."""
+    bookie = _bookie(processes, tmp_path / "b", cluster_uri, bookiePort=0).start()
+    first = re.search(r"bookie (127\.0\.0\.1:(\d+)) serving on", bookie.log())
+    assert first is not None and f"later starts must set bookiePort = {first[2]}" in bookie.log()
+    assert bookie.terminate() == 0
+    bookie.start(wait=False)
+    assert bookie.wait_exit(60) == 2
+    last = bookie.log().strip().splitlines()[-1]
+    assert "ConfigError: bookiePort must not be 0" in last and "would change at every start" in last
+    assert f'set bookiePort = {first[2]}, or bookieId = "{first[1]}" (then any port will do)' in last
+    assert "key=bookiePort" in last
+    bookie.keys["bookiePort"] = bookie.port = int(first[2])
+    bookie.start()
+    assert f"bookie {first[1]} serving on" in bookie.log().strip().splitlines()[-1]
+
+
+def test_unreachable_zookeeper_is_one_line_at_the_bookies_level(tmp_path: Path) -> None:
+    """A bookie logs INFO by default; kazoo's lines for each reconnect attempt are not
+    part of it (--log-level DEBUG shows them): the start fails with one line naming the
+    address and the timeout."""
+    from bookie_support import _toml
+
+    hosts = f"127.0.0.1:{free_port()}"
+    procs = []
+    for name, extra in (("quiet", []), ("chatty", ["--log-level", "DEBUG"])):
+        conf = tmp_path / f"{name}.toml"
+        conf.write_text(_toml({"bookieId": name, "bookiePort": free_port(), "metadataServiceUri": f"zk://{hosts}/ledgers",
+                               "journalDirectory": str(tmp_path / name / "j"),
+                               "ledgerDirectories": [str(tmp_path / name / "l")]}))
+        procs.append(subprocess.Popen([sys.executable, "-m", "bookie", "--conf", str(conf), *extra],
+                                      stderr=subprocess.PIPE, text=True))
+    (quiet, quiet_err), (chatty, chatty_err) = [(p, p.communicate(timeout=90)[1]) for p in procs]
+    assert quiet.returncode == chatty.returncode == 2
+    assert "kazoo" not in quiet_err, quiet_err
+    last = quiet_err.strip().splitlines()[-1]
+    assert "bookie failed: MetadataUnavailableError: cannot connect to ZooKeeper" in last
+    assert last.endswith(f"(hosts={hosts} timeout=15s)")
+    assert "WARNING kazoo.client: Connection dropped" in chatty_err
 
 
 def test_walkit_bookie_start_runs_the_same_server(tmp_path: Path) -> None:
