@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -747,3 +749,42 @@ def test_writer_options_that_cannot_work_are_refused(tmp_path: Path, driver: Dri
         with client(cluster, max_frame_size=65536) as framed:
             with pytest.raises(InvalidArgumentError):
                 WriteAheadLog.open(framed, "y", max_entry_bytes=1 << 20)
+
+
+# -- a log never closed ------------------------------------------------------------------------------------
+
+_NEVER_CLOSED = {
+    "the cluster closed, not the log": """
+with walkit.LocalCluster(sys.argv[1], bookies=3) as cluster:
+    log = walkit.WriteAheadLog.open(cluster.metadata_uri, "orders")
+    log.append(b"a")
+""",
+    "a client and a tail left open": """
+with walkit.LocalCluster(sys.argv[1], bookies=3) as cluster:
+    bk = walkit.BookKeeper(cluster.metadata_uri)
+    log = walkit.WriteAheadLog.open(bk, "orders")
+    log.append(b"a")
+    tail = walkit.WriteAheadLog.reader(bk, "orders").tail()
+    next(tail)
+""",
+    "nothing closed": """
+cluster = walkit.LocalCluster(sys.argv[1], bookies=3)
+log = walkit.WriteAheadLog.open(cluster.metadata_uri, "orders")
+log.append(b"a")
+""",
+}
+
+
+@pytest.mark.parametrize("case", list(_NEVER_CLOSED))
+def test_a_log_never_closed_leaves_no_task_pending_at_exit(tmp_path: Path, case: str) -> None:
+    """A program that exits without closing its log (or its client) ends cleanly: the
+    client's loop winds its tasks down at exit (the log's retention task was destroyed
+    pending, and Python said so on stderr). Where the cluster was closed, stderr is
+    empty."""
+    code = "import sys\nimport walkit\n" + _NEVER_CLOSED[case]
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cluster")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Task was destroyed" not in done.stderr, done.stderr
+    if case != "nothing closed":  # (a LocalCluster never closed stops its bookies at exit: it may say so)
+        assert done.stderr == "", done.stderr

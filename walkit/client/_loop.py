@@ -11,16 +11,27 @@ that runs there; :meth:`LoopThread.iterate` hands its items to a thread and
 :meth:`LoopThread.aiterate` to another event loop, one hand-off per item (so items are
 chunks, not records), and both close it on the loop when their consumer stops early, so
 nothing of it (a read under way, a watch) outlives the consumer.
+
+The thread is a daemon (a client never closed must not keep the process alive). At
+interpreter exit it would be frozen wherever it was and its tasks - a WriteAheadLog's
+retention pass, a tail - destroyed pending ("Task was destroyed but it is pending!"), so
+every loop still running is stopped at exit (:func:`_stop_at_exit`) as
+:meth:`LoopThread.stop` stops one: its tasks cancelled and awaited; the sequences it
+handed out closed, each closing what it uses in order (the loop's
+``shutdown_asyncgens`` closes every async generator at once, and a tail whose watch was
+closed under it failed with "generator didn't stop after athrow()"); the loop closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import logging
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -31,15 +42,36 @@ __all__ = ["LoopThread"]
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+_running: weakref.WeakSet[LoopThread] = weakref.WeakSet()  # the loops to stop at exit
+_running_lock = threading.Lock()
+
+
+def _stop_at_exit() -> None:
+    """(atexit) stop every client loop still running: a client, or a WriteAheadLog,
+    the program never closed. Registered when a first loop starts, so it runs before
+    the exit hooks registered earlier - a LocalCluster's, which stops its bookies:
+    clients go first, as with-blocks would have it."""
+    with _running_lock:
+        loops = list(_running)
+    for loop in loops:
+        loop.stop()
+
 
 class LoopThread:
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
         self._stopped = False
+        #: (loop only) the sequences handed to consumers (iterate, aiterate), closed first at stop
+        self._handed: weakref.WeakSet[AsyncGenerator[Any, None]] = weakref.WeakSet()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name=name, daemon=True)
         self._thread.start()
         ready.wait()
+        with _running_lock:
+            if not _running:
+                atexit.unregister(_stop_at_exit)  # (a later registration runs earlier)
+                atexit.register(_stop_at_exit)
+            _running.add(self)
 
     def _run(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
@@ -98,7 +130,7 @@ class LoopThread:
         try:
             while True:
                 began = time.monotonic()
-                step = self.submit(_step(agen))
+                step = self.submit(_step(agen, self._handed))
                 try:
                     more, item = self.result(step)
                 except BaseException:
@@ -128,7 +160,7 @@ class LoopThread:
             while True:
                 began = time.monotonic()
                 try:
-                    more, item = await asyncio.wrap_future(self.submit(_step(agen)))
+                    more, item = await asyncio.wrap_future(self.submit(_step(agen, self._handed)))
                 except asyncio.CancelledError:
                     task = asyncio.current_task()
                     if task is not None and task.cancelling():
@@ -174,7 +206,9 @@ class LoopThread:
 
     def stop(self) -> None:
         """Cancel what still runs on the loop (an ensemble change, a read), let it
-        unwind, and end the thread."""
+        unwind, close the sequences handed out, and end the thread."""
+        with _running_lock:
+            _running.discard(self)
         if not self._thread.is_alive() or self._stopped:
             return
         if self.in_loop():
@@ -198,11 +232,16 @@ class LoopThread:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        for agen in list(self._handed):  # each closes the generators it uses, in order
+            await _aclose(agen)
         await self.loop.shutdown_asyncgens()
 
 
-async def _step(agen: AsyncGenerator[T, None]) -> tuple[bool, T | None]:
-    """(Loop) the next item of ``agen``: (True, item), or (False, None) at its end."""
+async def _step(agen: AsyncGenerator[T, None], handed: weakref.WeakSet[AsyncGenerator[Any, None]]) -> tuple[
+        bool, T | None]:
+    """(Loop) the next item of ``agen``: (True, item), or (False, None) at its end;
+    ``agen`` is in ``handed`` from its first step on."""
+    handed.add(agen)
     try:
         return True, await agen.__anext__()
     except StopAsyncIteration:
