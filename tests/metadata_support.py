@@ -47,7 +47,7 @@ class StoreSpec:
 
 def open_store(spec: StoreSpec, session_timeout: float = SESSION_TIMEOUT) -> ExpirableStore:
     if spec.driver == "local":
-        return LocalMetadataStore(spec.location, session_timeout=session_timeout, poll_interval=0.02)
+        return LocalMetadataStore(spec.location, session_timeout=session_timeout, poll_interval=0.02, create=True)
     if spec.driver == "zk":
         return ZooKeeperStore(spec.location, session_timeout=session_timeout)
     raise AssertionError(f"unknown driver {spec.driver}")

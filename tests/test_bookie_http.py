@@ -61,7 +61,7 @@ async def _metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 
 def _local_metadata(tmp_path: Path) -> str:
     uri = f"local://{tmp_path / 'md'}"
-    admin = open_metadata_store(parse_metadata_uri(uri))
+    admin = open_metadata_store(parse_metadata_uri(uri), create=True)
     init_cluster(admin, "/ledgers")
     admin.close()
     return uri

@@ -240,6 +240,19 @@ def test_second_bookie_with_the_same_id_is_refused(tmp_path: Path, processes: li
         assert cluster.bookies().writable == {first.bookie_id}
 
 
+def test_a_typo_in_the_local_metadata_path_stops_the_bookie_and_makes_no_store(tmp_path: Path,
+                                                                                processes: list[BookieProcess],
+                                                                                cluster_uri: str) -> None:
+    """Not a second, empty cluster beside the real one (issue 35): exit 2, the path named."""
+    typo = tmp_path / "mdd"
+    bookie = _bookie(processes, tmp_path / "b", f"local://{typo}")
+    bookie.start(wait=False)
+    assert bookie.wait_exit(60) == 2
+    last = bookie.log().strip().splitlines()[-1]
+    assert f"NoMetadataStoreError: no metadata store at {typo}" in last and "walkit init --metadata" in last
+    assert not typo.exists()
+
+
 def test_bad_configuration_exits_with_a_clear_error(tmp_path: Path) -> None:
     conf = tmp_path / "bookie.toml"
     conf.write_text('bookiePort = 3181\njournalDirectory = "/tmp/x"\nnoSuchKey = 1\n')

@@ -300,7 +300,7 @@ def test_cookies_are_created_once_and_changed_by_cas(store: ExpirableStore) -> N
 
 def _init(uri: str, layout: str | None = None) -> ClusterInfo:
     parsed = parse_metadata_uri(uri)
-    admin = open_metadata_store(parsed)
+    admin = open_metadata_store(parsed, create=True)
     try:
         return init_cluster(admin, parsed.root, layout)  # type: ignore[arg-type]
     finally:

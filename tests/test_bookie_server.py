@@ -213,7 +213,7 @@ def test_read_only_mode_follows_disk_usage(tmp_path: Path) -> None:
     usage = {"now": 0.5}
     md = tmp_path / "md"
     uri = f"local://{md}"
-    admin = open_metadata_store(parse_metadata_uri(uri))
+    admin = open_metadata_store(parse_metadata_uri(uri), create=True)
     init_cluster(admin, "/ledgers")
     admin.close()
 
@@ -326,7 +326,7 @@ def test_stop_answers_every_add_in_flight(tmp_path: Path) -> None:
 
 def test_cookie_is_checked_against_metadata(tmp_path: Path) -> None:
     uri = f"local://{tmp_path / 'md'}"
-    admin = open_metadata_store(parse_metadata_uri(uri))
+    admin = open_metadata_store(parse_metadata_uri(uri), create=True)
     info = init_cluster(admin, "/ledgers")
 
     async def start_once(bookie_id: str) -> None:
@@ -352,7 +352,7 @@ def test_a_wiped_bookie_under_its_old_id_is_refused_until_its_cookie_is_dropped(
     from walkit.cli import main
 
     uri = f"local://{tmp_path / 'md'}"
-    admin = open_metadata_store(parse_metadata_uri(uri))
+    admin = open_metadata_store(parse_metadata_uri(uri), create=True)
     init_cluster(admin, "/ledgers")
     admin.close()
     disks = tmp_path / "disks"
@@ -382,7 +382,7 @@ def test_a_wiped_bookie_under_its_old_id_is_refused_until_its_cookie_is_dropped(
 def test_a_cluster_of_another_instance_is_refused(tmp_path: Path) -> None:
     first, second = f"local://{tmp_path / 'md1'}", f"local://{tmp_path / 'md2'}"
     for uri in (first, second):
-        admin = open_metadata_store(parse_metadata_uri(uri))
+        admin = open_metadata_store(parse_metadata_uri(uri), create=True)
         init_cluster(admin, "/ledgers")
         admin.close()
 
@@ -636,7 +636,7 @@ def test_a_registration_lost_for_good_stops_the_bookie(tmp_path: Path) -> None:
     """Rather than serve while invisible: the registration's on_lost stops the server
     and marks it (python -m bookie then exits 1 for a supervisor to restart it)."""
     uri = f"local://{tmp_path / 'md'}"
-    admin = open_metadata_store(parse_metadata_uri(uri))
+    admin = open_metadata_store(parse_metadata_uri(uri), create=True)
     init_cluster(admin, "/ledgers")
     admin.close()
 
@@ -664,7 +664,7 @@ def test_a_switch_to_read_only_landing_late_is_undone_by_the_next_disk_check(tmp
     from metadata_support import LandsLater
 
     uri = f"local://{tmp_path / 'md'}"
-    admin = open_metadata_store(parse_metadata_uri(uri))
+    admin = open_metadata_store(parse_metadata_uri(uri), create=True)
     init_cluster(admin, "/ledgers")
     admin.close()
     stores: list[LandsLater] = []

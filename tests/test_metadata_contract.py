@@ -311,7 +311,7 @@ def test_killed_process_ephemeral_node_expires(driver: Driver) -> None:
 
 def test_local_lapsed_lease_reconnects_with_new_session(tmp_path: Path) -> None:
     """A process paused past its lease finds its session gone: LOST, then CONNECTED."""
-    store = LocalMetadataStore(str(tmp_path), session_timeout=0.3, poll_interval=0.02)
+    store = LocalMetadataStore(str(tmp_path), session_timeout=0.3, poll_interval=0.02, create=True)
     try:
         states: list[SessionState] = []
         store.add_session_listener(states.append)

@@ -472,7 +472,7 @@ def test_a_locked_local_store_fails_writes_after_its_busy_timeout(tmp_path: Path
     other), reads and new watches go on, and once the lock is gone everything works
     and a watch set before sees the change."""
     busy = 1.0
-    store = LocalMetadataStore(str(tmp_path), session_timeout=SESSION, busy_timeout=busy)
+    store = LocalMetadataStore(str(tmp_path), session_timeout=SESSION, busy_timeout=busy, create=True)
     try:
         store.create("/a", b"before")
         seen: list[bytes | None] = []

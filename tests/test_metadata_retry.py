@@ -70,7 +70,7 @@ def test_only_a_lost_compare_and_set_is_retried(waits: list[float]) -> None:
 
 
 def test_writers_contending_for_one_node_all_land(tmp_path: Path) -> None:
-    store = LocalMetadataStore(str(tmp_path / "metadata"))
+    store = LocalMetadataStore(str(tmp_path / "metadata"), create=True)
     store.create("/counter", b"0")
     errors: list[BaseException] = []
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from walkit.errors import InvalidArgumentError
-from walkit.metadata import LocalMetadataStore, MetadataURI, open_metadata_store, parse_metadata_uri
+from walkit.errors import ClusterLayoutError, InvalidArgumentError, NoMetadataStoreError
+from walkit.metadata import LocalMetadataStore, MetadataURI, connect, open_metadata_store, parse_metadata_uri
 
 
 @pytest.mark.parametrize(
@@ -33,7 +34,7 @@ def test_bad_uris_are_clear_errors(uri: str) -> None:
 
 
 def test_open_local(tmp_path: Path) -> None:
-    store = open_metadata_store(f"local://{tmp_path}/md", session_timeout=2)
+    store = open_metadata_store(f"local://{tmp_path}/md", session_timeout=2, create=True)
     try:
         assert isinstance(store, LocalMetadataStore)
         store.create("/ledgers")
@@ -47,17 +48,62 @@ def test_open_zk(zk_server: object) -> None:
     store = open_metadata_store(f"zk://{hosts}/ledgers", session_timeout=2)
     try:
         store.create("/uri-test", b"x")
+        # zk://: one parameter, accepted and changing nothing (kazoo sessions that only read)
+        reader = open_metadata_store(f"zk://{hosts}/ledgers", session_timeout=2, read_only=True)
+        try:
+            assert reader.get("/uri-test")[0] == b"x"
+        finally:
+            reader.close()
         assert store.get("/uri-test")[0] == b"x"
         store.delete("/uri-test")
     finally:
         store.close()
 
 
+# -- a local:// store is made only where that is asked for (issue 35) --------------------------
+
+_OPENS: dict[str, Callable[[str], object]] = {
+    "open_metadata_store": lambda uri: open_metadata_store(uri),
+    "open_metadata_store read-only": lambda uri: open_metadata_store(uri, read_only=True),
+    "connect": lambda uri: connect(uri),
+    "connect read-only": lambda uri: connect(uri, read_only=True),
+    "LocalMetadataStore": lambda uri: LocalMetadataStore(parse_metadata_uri(uri).location),
+}
+
+
+@pytest.mark.parametrize("how", list(_OPENS))
+@pytest.mark.parametrize("exists", [False, True], ids=["no-directory", "empty-directory"])
+def test_a_local_store_that_is_not_there_is_an_error_and_nothing_is_made(tmp_path: Path, how: str,
+                                                                         exists: bool) -> None:
+    typo = tmp_path / "mdd"
+    if exists:
+        typo.mkdir()
+    uri = f"local://{typo}"
+    with pytest.raises(NoMetadataStoreError) as err:
+        _OPENS[how](uri)
+    assert isinstance(err.value, ClusterLayoutError)  # what callers of connect() already handle
+    text = str(err.value)
+    assert text.startswith(f"no metadata store at {typo}") and f"walkit init --metadata local://{typo}" in text
+    assert err.value.context["file"] == str(typo / "metadata.sqlite")
+    assert sorted(tmp_path.iterdir()) == ([typo] if exists else [])
+    assert not exists or list(typo.iterdir()) == []
+
+
+def test_create_makes_the_directory_and_the_store(tmp_path: Path) -> None:
+    where = tmp_path / "a" / "b"
+    LocalMetadataStore(str(where), create=True).close()
+    assert (where / "metadata.sqlite").is_file()
+    LocalMetadataStore(str(where)).close()  # there now: opened without create
+    with pytest.raises(InvalidArgumentError):
+        LocalMetadataStore(str(where), create=True, read_only=True)
+
+
 def test_walkit_init_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from walkit.cli import main
 
     uri = f"local://{tmp_path}/md"
-    assert main(["init", "--metadata", uri]) == 0
+    assert main(["init", "--metadata", uri]) == 0  # the command that makes a store
+    assert (tmp_path / "md" / "metadata.sqlite").is_file()
     first = capsys.readouterr().out
     assert main(["init", "--metadata", uri]) == 0
     assert capsys.readouterr().out == first, "init is idempotent: same cluster, same instance id"

@@ -35,6 +35,7 @@ def test_sandbox_serves_clients_and_stops_on_signal(tmp_path: Path, signum: sign
     proc, info = _start(tmp_path)
     try:
         assert info["metadata_uri"].startswith("local://")
+        assert Path(info["metadata_uri"].removeprefix("local://"), "metadata.sqlite").is_file()  # sandbox makes it
         assert len([k for k in info if k.startswith("bookie.")]) == 3
         with walkit.BookKeeper(info["metadata_uri"]) as bk:
             lh = bk.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2, password=b"pw")

@@ -9,7 +9,8 @@ A local cluster is a directory::
     <data_dir>/metadata/               the embedded local:// store (unless another URI is given)
     <data_dir>/bookie-<i>/journal/     bookie i's journal directory
     <data_dir>/bookie-<i>/ledgers/     bookie i's ledger directory
-    <data_dir>/bookie-<i>/bookie.toml  process mode: its configuration (BookKeeper key names)
+    <data_dir>/bookie-<i>/bookie.toml  its configuration (BookKeeper key names), rewritten by
+                                       every start with what the bookie got (id, port, admin port)
     <data_dir>/bookie-<i>/bookie.log   process mode: its stderr
 
 Opening it initialises the cluster in the metadata store (``init_cluster``, idempotent)
@@ -24,6 +25,13 @@ binds that same port under the same id, so the cookies on its disks, the cookie 
 metadata and the clients' view of the ensembles all stay valid. A remembered port that
 something else holds is refused before the bookie starts (:class:`ConfigError` naming
 it): a bookie on another port would be another bookie.
+
+With ``httpServerEnabled`` (``bookie_options={"http_server_enabled": True}``) each bookie's
+admin endpoint listens on 127.0.0.1 on a free port of its own, chosen anew at every start
+(unless ``http_server_port`` is given: then every bookie asks for that one)
+(:meth:`LocalCluster.admin_url`). Once a bookie is up, its ``bookie.toml`` is written with
+the id, port and admin port it got: the file ``walkit bookie start --conf`` (``python -m
+bookie --conf``) would run that same bookie with, once the cluster is stopped.
 
 Two ways to run the bookies:
 
@@ -70,7 +78,7 @@ import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from walkit.errors import (
     BookieError,
@@ -92,8 +100,10 @@ T = TypeVar("T")
 
 HOST = "127.0.0.1"
 STATE_FILE = "cluster.json"
+CONF_FILE = "bookie.toml"
 _STATE_FORMAT = "walkit-local-cluster 1"
 _SERVING = re.compile(r"bookie (\S+) serving on \S+:(\d+)")
+_ADMIN = re.compile(r"admin endpoint on http://\S+:(\d+)/")  # logged before "serving on"
 # Set by LocalCluster itself, never by bookie_options: they make a bookie this bookie.
 _OWNED = frozenset({"bookie_id", "bookie_port", "bind_address", "advertised_address", "journal_directory",
                     "ledger_directories", "metadata_service_uri", "zk_timeout"})
@@ -109,6 +119,19 @@ class _Slot:
     directory: Path
     port: int = 0
     bookie_id: str = ""
+    admin_port: int = 0  # the admin endpoint of its latest start (0: none)
+
+    @property
+    def conf(self) -> Path:
+        return self.directory / CONF_FILE
+
+
+class _Started(NamedTuple):
+    """What a bookie got at its start."""
+
+    bookie_id: str
+    port: int
+    admin_port: int  # 0: no admin endpoint
 
 
 class _Runner(Protocol):
@@ -116,7 +139,7 @@ class _Runner(Protocol):
 
     def launch(self, slot: _Slot, config: BookieConfig) -> None: ...
 
-    def wait_started(self, slot: _Slot, timeout: float) -> tuple[str, int]: ...
+    def wait_started(self, slot: _Slot, timeout: float) -> _Started: ...
 
     def kill(self, slot: _Slot) -> None: ...
 
@@ -190,6 +213,22 @@ class LocalCluster:
 
     def bookie_address(self, i: int) -> tuple[str, int]:
         return HOST, self._slot(i).port
+
+    def admin_url(self, i: int) -> str | None:
+        """``http://127.0.0.1:<port>`` of running bookie ``i``'s admin endpoint (None: not
+        running, or no ``http_server_enabled``)."""
+        slot = self._slot(i)
+        return f"http://{HOST}:{slot.admin_port}" if slot.admin_port and self.is_running(i) else None
+
+    def conf_path(self, i: int) -> Path:
+        """Bookie ``i``'s configuration file (written by its first start)."""
+        return self._slot(i).conf
+
+    @staticmethod
+    def remembered_bookies(data_dir: str | os.PathLike[str]) -> int:
+        """How many bookies the local cluster in ``data_dir`` has (0: none there yet); the
+        directory is only read."""
+        return len(_load_state(Path(data_dir).resolve() / STATE_FILE)["bookies"])
 
     def is_running(self, i: int) -> bool:
         return not self._stopped and self._runner.running(self._slot(i))
@@ -306,21 +345,26 @@ class LocalCluster:
     def _check_options(self) -> None:
         from bookie import BookieConfig
 
-        known = {f.name for f in dataclasses.fields(BookieConfig)}
-        unknown = sorted(set(self._options) - known)
+        keys = {f.name: f.metadata["key"] for f in dataclasses.fields(BookieConfig)}
+        unknown = sorted(set(self._options) - set(keys))
         if unknown:
             raise ConfigError("unknown bookie options (BookieConfig attribute names)", options=",".join(unknown))
         owned = sorted(set(self._options) & _OWNED)
         if owned:
-            raise ConfigError("bookie options that LocalCluster sets itself", options=",".join(owned))
+            raise ConfigError("bookie options that the local cluster sets itself, for each bookie",
+                              options=",".join(owned), keys=",".join(keys[name] for name in owned))
 
     def _config(self, slot: _Slot) -> BookieConfig:
         from bookie import BookieConfig
 
+        options = dict(self._options)
+        if options.get("http_server_enabled"):
+            options.setdefault("http_server_port", 0)  # a free one each: the bookies share their options
+            options.setdefault("http_server_address", HOST)
         return BookieConfig(bookie_id=slot.bookie_id, bookie_port=slot.port, bind_address=HOST,
                             journal_directory=str(slot.directory / "journal"),
                             ledger_directories=[str(slot.directory / "ledgers")], metadata_service_uri=self._uri,
-                            zk_timeout=max(1, round(self._session_timeout * 1000)), **self._options)
+                            zk_timeout=max(1, round(self._session_timeout * 1000)), **options)
 
     def _start(self, slots: list[_Slot]) -> None:
         """Start ``slots`` together; remember the ports and ids of those that came up."""
@@ -329,16 +373,19 @@ class LocalCluster:
                 _check_port_free(slot)
         timeout = 30.0 + 3 * self._session_timeout  # a restart waits out its previous session
         errors: list[BaseException] = []
-        launched = []
+        launched = {}
         for slot in slots:
+            slot.admin_port = 0
+            config = self._config(slot)
             try:
-                self._runner.launch(slot, self._config(slot))
-                launched.append(slot)
+                self._runner.launch(slot, config)
+                launched[slot.index] = slot, config
             except WalkitError as exc:
                 errors.append(exc)
-        for slot in launched:
+        for slot, config in launched.values():
             try:
-                slot.bookie_id, slot.port = self._runner.wait_started(slot, timeout)
+                slot.bookie_id, slot.port, slot.admin_port = self._runner.wait_started(slot, timeout)
+                _write_conf(slot, config)
             except WalkitError as exc:
                 errors.append(exc)
         self._save()
@@ -385,7 +432,7 @@ def _open_cluster(uri: str, instance_id: str | None, session_timeout: float) -> 
         with connect(uri, instance_id=instance_id, session_timeout=session_timeout) as cluster:
             return cluster.info.instance_id
     parsed = parse_metadata_uri(uri)
-    store = open_metadata_store(parsed, session_timeout=session_timeout)
+    store = open_metadata_store(parsed, session_timeout=session_timeout, create=True)  # its own, the first time
     try:
         return init_cluster(store, parsed.root, parsed.layout).instance_id
     finally:
@@ -415,6 +462,16 @@ def _write_atomically(path: Path, text: str) -> None:
             os.close(fd)
     except OSError as exc:
         raise ConfigError("cannot write the local cluster's file", path=path, reason=exc.strerror) from exc
+
+
+def _write_conf(slot: _Slot, config: BookieConfig) -> None:
+    """The configuration of the bookie as it runs: the id, port and admin port it got."""
+    admin_port = slot.admin_port or config.http_server_port
+    got = dataclasses.replace(config, bookie_id=slot.bookie_id, bookie_port=slot.port, http_server_port=admin_port)
+    header = (f"# bookie {slot.index} of a walkit local cluster, as its latest start ran it (rewritten by the next).\n"
+              f"# Once the cluster is stopped: walkit bookie start --conf {slot.conf}\n")
+    _make_dir(slot.directory)
+    _write_atomically(slot.conf, header + _toml(got))
 
 
 def _check_port_free(slot: _Slot) -> None:
@@ -481,13 +538,13 @@ class _InProcessRunner:
         self._loop = _LoopThread()
         self._on_server = on_server
         self._servers: dict[int, BookieServer] = {}
-        self._starting: dict[int, concurrent.futures.Future[tuple[str, int]]] = {}
+        self._starting: dict[int, concurrent.futures.Future[_Started]] = {}
         self._forced_usage: dict[int, float] = {}  # set_read_only: what the disks of a bookie look like
 
     def launch(self, slot: _Slot, config: BookieConfig) -> None:
         self._starting[slot.index] = self._loop.submit(self._start(slot, config))
 
-    def wait_started(self, slot: _Slot, timeout: float) -> tuple[str, int]:
+    def wait_started(self, slot: _Slot, timeout: float) -> _Started:
         fut = self._starting.pop(slot.index)
         try:
             return fut.result(timeout)
@@ -495,7 +552,7 @@ class _InProcessRunner:
             fut.cancel()
             raise BookieUnavailableError("bookie did not start in time", bookie=slot.index, timeout=timeout) from exc
 
-    async def _start(self, slot: _Slot, config: BookieConfig) -> tuple[str, int]:
+    async def _start(self, slot: _Slot, config: BookieConfig) -> _Started:
         from bookie.server import BookieServer
 
         server = BookieServer(config, disk_usage=lambda path: self._disk_usage(slot.index, path))
@@ -511,7 +568,7 @@ class _InProcessRunner:
             raise BookieError("bookie could not start", bookie=slot.index, reason=str(exc)) from exc
         self._servers[slot.index] = server
         asyncio.get_running_loop().create_task(self._forget_when_stopped(slot.index, server))
-        return server.bookie_id, server.port
+        return _Started(server.bookie_id, server.port, server.http_port)
 
     async def _forget_when_stopped(self, index: int, server: BookieServer) -> None:
         """A server may stop by itself (registration lost for good): then it is not running."""
@@ -613,9 +670,9 @@ class _ProcessRunner:
         self._log_from: dict[int, int] = {}
 
     def launch(self, slot: _Slot, config: BookieConfig) -> None:
-        conf = slot.directory / "bookie.toml"
+        conf = slot.conf
         _make_dir(slot.directory)
-        _write_atomically(conf, _toml(config))
+        _write_atomically(conf, "# written by walkit.LocalCluster for this start\n" + _toml(config))
         log_path = slot.directory / "bookie.log"
         try:
             self._log_from[slot.index] = log_path.stat().st_size if log_path.exists() else 0
@@ -626,13 +683,15 @@ class _ProcessRunner:
         except OSError as exc:
             raise BookieError("cannot start the bookie process", bookie=slot.index, reason=str(exc)) from exc
 
-    def wait_started(self, slot: _Slot, timeout: float) -> tuple[str, int]:
+    def wait_started(self, slot: _Slot, timeout: float) -> _Started:
         proc = self._procs[slot.index]
         deadline = time.monotonic() + timeout
         while True:
-            found = _SERVING.search(self._log(slot))
+            log = self._log(slot)
+            found = _SERVING.search(log)
             if found:
-                return found.group(1), int(found.group(2))
+                admin = _ADMIN.search(log, 0, found.start())
+                return _Started(found.group(1), int(found.group(2)), int(admin.group(1)) if admin else 0)
             if proc.poll() is not None:
                 self._procs.pop(slot.index)
                 raise self._start_failed(slot, f"bookie process exited with {proc.returncode}")
@@ -709,9 +768,8 @@ def _toml(config: BookieConfig) -> str:
     from bookie import BookieConfig
 
     defaults = BookieConfig()
-    lines = [f"{f.metadata['key']} = {_toml_value(getattr(config, f.name))}\n"
-             for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(defaults, f.name)]
-    return "# written by walkit.LocalCluster\n" + "".join(lines)
+    return "".join(f"{f.metadata['key']} = {_toml_value(getattr(config, f.name))}\n"
+                   for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(defaults, f.name))
 
 
 def _toml_value(value: Any) -> str:

@@ -12,7 +12,8 @@ from the number.
     │   ├── InvalidArgumentError
     │   ├── EntryTooLargeError
     │   ├── LedgerClosedError
-    │   └── UnauthorizedError        wrong password / master key (EUA)
+    │   ├── UnauthorizedError        wrong password / master key (EUA)
+    │   └── MetadataReadOnlyError    a write through a metadata store opened read-only
     ├── LedgerFencedError            the ledger was fenced by a recoverer (EFENCED)
     │   └── WriterFencedError        a newer writer took the log over
     ├── NoSuchLogError               no write-ahead log of that name
@@ -41,6 +42,7 @@ from the number.
     │   ├── SessionExpiredError      the store session ended: ephemeral nodes are gone
     │   ├── MetadataUnavailableError the store cannot be reached (after bounded retries)
     │   ├── ClusterLayoutError       no cluster, or one this walkit cannot use
+    │   │   └── NoMetadataStoreError no local:// store at that path (a typo? `walkit init` makes one)
     │   ├── LedgerExistsError        ledger metadata already stored under that id
     │   └── BookieIdInUseError       another live bookie is registered with this id
     ├── ConfigError                  a configuration value is invalid
@@ -64,6 +66,7 @@ __all__ = [
     "EntryTooLargeError",
     "LedgerClosedError",
     "UnauthorizedError",
+    "MetadataReadOnlyError",
     "LedgerFencedError",
     "WriterFencedError",
     "NoSuchLogError",
@@ -90,6 +93,7 @@ __all__ = [
     "SessionExpiredError",
     "MetadataUnavailableError",
     "ClusterLayoutError",
+    "NoMetadataStoreError",
     "LedgerExistsError",
     "BookieIdInUseError",
     "BookieBusyError",
@@ -155,6 +159,13 @@ class LedgerClosedError(UsageError):
 
 class UnauthorizedError(UsageError):
     code = 104
+
+
+class MetadataReadOnlyError(UsageError):
+    """A write through a store opened with ``read_only=True`` (the inspection commands
+    open it so): "you did it", not an outage - retrying cannot help."""
+
+    code = 105
 
 
 class LedgerFencedError(WalkitError):
@@ -314,6 +325,13 @@ class MetadataUnavailableError(MetadataError):
 
 class ClusterLayoutError(MetadataError):
     code = 607
+
+
+class NoMetadataStoreError(ClusterLayoutError):
+    """No ``local://`` store at the path: only ``walkit init`` (and the local clusters
+    that make their own) create one, so a typo never makes a second, empty cluster."""
+
+    code = 610
 
 
 class LedgerExistsError(MetadataError):

@@ -243,7 +243,7 @@ def write_metadata(out: Path) -> None:
     )
     write_new(out / "metadata/ledger-v1-open-long-id.bin", long_open.encode())
     with tempfile.TemporaryDirectory() as tmp:
-        store = LocalMetadataStore(tmp)
+        store = LocalMetadataStore(tmp, create=True)
         try:
             for layout in ("hierarchical", "flat"):
                 init_cluster(store, f"/{layout}", layout)

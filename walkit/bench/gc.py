@@ -232,7 +232,7 @@ def _start_zookeeper() -> tuple[Any, str]:
 def _scan_stores(base: Path, zk: str) -> Iterator[tuple[list[_ScanStore], str | None]]:
     """The stores to scan, and why ZooKeeper is not among them (None if it is)."""
     stores: list[_ScanStore] = []
-    local = LocalMetadataStore(str(base / "metadata"))
+    local = LocalMetadataStore(str(base / "metadata"), create=True)
     stores.append(_ScanStore("local://", local, LedgerManager(local, init_cluster(local, "/ledgers")), LOCAL_BATCH))
     server: Any = None
     skipped: str | None = None

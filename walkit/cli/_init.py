@@ -9,7 +9,7 @@ def _init(args: argparse.Namespace) -> int:
     from walkit.metadata import init_cluster, open_metadata_store, parse_metadata_uri
 
     uri = parse_metadata_uri(args.metadata)
-    store = open_metadata_store(uri)
+    store = open_metadata_store(uri, create=True)  # the one command that makes a store
     try:
         info = init_cluster(store, uri.root, uri.layout)
     finally:

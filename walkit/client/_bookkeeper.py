@@ -56,7 +56,8 @@ class BookKeeper:
         self.config = ClientConfig.of(config, options)
         self.metadata_uri = metadata_uri
         self._cluster = connect_metadata(metadata_uri, session_timeout=self.config.session_timeout,
-                                         retry_deadline=self.config.metadata_retry_deadline)
+                                         retry_deadline=self.config.metadata_retry_deadline,
+                                         read_only=self.config.metadata_read_only)
         self._loop = LoopThread("walkit-client")
         self._core = ClientCore(self.config, self._cluster, self._loop)
         self._closed = False

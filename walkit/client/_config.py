@@ -44,6 +44,10 @@ class ClientConfig:
     # snapshot) waits this long for an unreachable ZooKeeper or a locked local:// store,
     # then fails with MetadataUnavailableError (walkit; BookKeeper retries by count).
     metadata_retry_deadline: float = RETRY_DEADLINE
+    # Open the metadata store read-only (walkit; the inspection commands): ledgers open
+    # without recovery and read, nothing in metadata changes (create, delete, recovery:
+    # MetadataReadOnlyError), and a local:// store needs no write access and gets no session.
+    metadata_read_only: bool = False
     # Wire frames past this size are refused (nettyMaxFrameSizeBytes).
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     # Entries read at once by one read() / follow(), and looked ahead during recovery.
@@ -76,8 +80,9 @@ class ClientConfig:
                                            value=value)
         if not isinstance(self.explicit_lac_interval, (int, float)) or self.explicit_lac_interval < 0:
             raise InvalidArgumentError("explicit_lac_interval must be >= 0 (0: off)", value=self.explicit_lac_interval)
-        if not isinstance(self.range_reads, bool):
-            raise InvalidArgumentError("range_reads is True or False", value=self.range_reads)
+        for flag in ("range_reads", "metadata_read_only"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidArgumentError("client option is True or False", option=flag, value=getattr(self, flag))
         if self.idle_lac is not None and not isinstance(self.idle_lac, bool):
             raise InvalidArgumentError("idle_lac is True, False or None", value=self.idle_lac)
         for name in ("read_parallelism", "recovery_read_parallelism", "max_pending_adds", "read_batch_bytes",

@@ -4,7 +4,9 @@
 LAYOUT, and refuses (:class:`~walkit.errors.ClusterLayoutError`) a cluster that is not
 there, that this walkit cannot read, whose layout differs from the one the URI names,
 or whose instance id differs from the one the caller expects (a bookie passes the
-instance id in its cookie, so its disks never serve another cluster).
+instance id in its cookie, so its disks never serve another cluster). It never makes a
+store: a ``local://`` path with none is ``NoMetadataStoreError`` (a ClusterLayoutError).
+``read_only=True`` opens the store for inspection (:func:`open_metadata_store`).
 """
 
 from __future__ import annotations
@@ -65,11 +67,13 @@ class Cluster:
 
 
 def connect(uri: str | MetadataURI, *, instance_id: str | None = None, session_timeout: float = 10.0,
-            retry_deadline: float = RETRY_DEADLINE) -> Cluster:
+            retry_deadline: float = RETRY_DEADLINE, read_only: bool = False) -> Cluster:
     """Open the cluster at ``uri``; ClusterLayoutError when it cannot be used. Every
-    call of its store gives up after ``retry_deadline`` seconds (MetadataUnavailableError)."""
+    call of its store gives up after ``retry_deadline`` seconds (MetadataUnavailableError).
+    ``read_only``: the store writes nothing (MetadataReadOnlyError on a change)."""
     parsed = parse_metadata_uri(uri) if isinstance(uri, str) else uri
-    store = open_metadata_store(parsed, session_timeout=session_timeout, retry_deadline=retry_deadline)
+    store = open_metadata_store(parsed, session_timeout=session_timeout, retry_deadline=retry_deadline,
+                                read_only=read_only)
     try:
         info = read_cluster(store, parsed.root)
         if parsed.layout is not None and parsed.layout != info.layout:

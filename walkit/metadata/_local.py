@@ -3,7 +3,11 @@
 Theory of operation
 -------------------
 ``LocalMetadataStore(directory)`` keeps the tree in ``<directory>/metadata.sqlite``,
-shared by any number of stores in any number of processes on one machine.
+shared by any number of stores in any number of processes on one machine. The file
+must be there (``NoMetadataStoreError`` otherwise: a typo in a path never makes a
+second, empty cluster); only ``create=True`` - ``walkit init``, the local clusters that
+make their own - makes the directory and the file. SQLite is told so too: the URI mode
+``rw`` never creates, ``rwc`` does.
 
 Schema::
 
@@ -37,6 +41,19 @@ Guarantees.
   the state at registration, runs synchronously in the registering thread; the watch is
   registered before that first read, so a change right after it is reported next (a
   watch's reports are serialised by its lock: the poller waits for the first one).
+
+Read-only stores (``read_only=True``: the inspection commands) write nothing, and work
+where the file and its directory cannot be written. SQLite opens the file ``mode=ro``:
+it never writes it (a write through the store raises ``MetadataReadOnlyError`` before
+SQLite is asked). There is no session (``session_id`` 0), no heartbeat and no reaping;
+instead reads hide the ephemeral nodes of expired sessions, as if they had been reaped
+(a watch hears of that only once a writer reaps them). In WAL mode a reader needs the
+``-shm`` index beside the file: in a writable directory SQLite makes it (and an empty
+``-wal``) if no process has; in a read-only one it reads those that are there. A
+read-only directory with neither (no process has the store open, and the last one
+folded the WAL into the file) is opened ``immutable``: all of the store is in the file.
+Such a reader does not see a writer that opens the store later (on a read-only mount
+there can be none).
 
 Assumptions. The processes share one clock (``time.time``) and a local file system
 with working POSIX locks (not NFS). Callbacks do not block for long and do not call
@@ -72,6 +89,7 @@ import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
@@ -79,8 +97,10 @@ from typing import NamedTuple, TypeVar
 from walkit.errors import (
     InvalidArgumentError,
     MetadataError,
+    MetadataReadOnlyError,
     MetadataUnavailableError,
     MetadataVersionError,
+    NoMetadataStoreError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -125,6 +145,11 @@ INSERT OR IGNORE INTO nodes VALUES ('/', NULL, x'', 0, 0, 0, 0, 0, 0, 0);
 
 _COLUMNS = "path, data, version, cversion, ctime, mtime, ephemeral_owner, mzxid, pzxid"
 
+# A read-only store's reads: the nodes of expired sessions are as good as reaped.
+_LIVE = " AND (ephemeral_owner = 0 OR ephemeral_owner IN (SELECT id FROM sessions WHERE expires_at >= ?))"
+
+_FILE = "metadata.sqlite"
+
 
 class _Row(NamedTuple):
     path: str
@@ -149,12 +174,15 @@ def _parent(path: str) -> str:
 
 
 class _Txn:
-    """The tree operations inside one open SQLite transaction."""
+    """The tree operations inside one open SQLite transaction. ``live_only``: nodes of
+    expired sessions are not there (a read-only store, which cannot reap them)."""
 
-    def __init__(self, conn: sqlite3.Connection, now: float) -> None:
+    def __init__(self, conn: sqlite3.Connection, now: float, live_only: bool = False) -> None:
         self.conn = conn
         self.now = now
         self._seq: int | None = None
+        self._live = _LIVE if live_only else ""
+        self._live_args: tuple[float, ...] = (now,) if live_only else ()
 
     def seq(self) -> int:
         """The change number of this transaction (bumped on first use)."""
@@ -164,7 +192,8 @@ class _Txn:
         return self._seq
 
     def row(self, path: str) -> _Row | None:
-        found = self.conn.execute(f"SELECT {_COLUMNS} FROM nodes WHERE path = ?", (path,)).fetchone()
+        found = self.conn.execute(f"SELECT {_COLUMNS} FROM nodes WHERE path = ?{self._live}",
+                                  (path, *self._live_args)).fetchone()
         return _Row(*found) if found else None
 
     def must(self, path: str, ctx: dict[str, object]) -> _Row:
@@ -174,11 +203,13 @@ class _Txn:
         return found
 
     def stat(self, row: _Row) -> Stat:
-        count = self.conn.execute("SELECT COUNT(*) FROM nodes WHERE parent = ?", (row.path,)).fetchone()[0]
+        count = self.conn.execute(f"SELECT COUNT(*) FROM nodes WHERE parent = ?{self._live}",
+                                  (row.path, *self._live_args)).fetchone()[0]
         return Stat(row.version, row.cversion, row.owner, row.ctime, row.mtime, int(count))
 
     def children(self, path: str) -> list[str]:
-        rows = self.conn.execute("SELECT path FROM nodes WHERE parent = ?", (path,)).fetchall()
+        rows = self.conn.execute(f"SELECT path FROM nodes WHERE parent = ?{self._live}",
+                                 (path, *self._live_args)).fetchall()
         return sorted(str(r[0]).rsplit("/", 1)[1] for r in rows)
 
     def touch_parent(self, parent: str) -> None:
@@ -272,18 +303,56 @@ class _Txn:
         self.end_sessions([int(r[0]) for r in rows])
 
 
-class _Conn:
-    """One SQLite connection guarded by a lock; one short transaction at a time."""
+def _open(file: str, query: str, timeout: float) -> sqlite3.Connection:
+    """A connection to ``file`` through an SQLite URI (``query``: ``mode=rwc`` creates the
+    file, ``mode=rw`` and ``mode=ro`` do not)."""
+    target = f"file:{urllib.parse.quote(os.path.abspath(file))}?{query}"
+    return sqlite3.connect(target, uri=True, isolation_level=None, check_same_thread=False, timeout=timeout)
 
-    def __init__(self, file: str, busy_timeout: float, pragmas: Sequence[str]) -> None:
+
+def _open_read_only(file: str, timeout: float) -> sqlite3.Connection:
+    """``mode=ro``; ``immutable`` where SQLite cannot make the WAL index and there is no
+    WAL to read (see the module docstring)."""
+    try:
+        return _probed(_open(file, "mode=ro", timeout))
+    except sqlite3.OperationalError as exc:
+        if exc.sqlite_errorcode != sqlite3.SQLITE_CANTOPEN or os.path.exists(file + "-wal"):
+            raise
+    return _probed(_open(file, "mode=ro&immutable=1", timeout))
+
+
+def _probed(conn: sqlite3.Connection) -> sqlite3.Connection:
+    """``conn`` once it has read the change counter (SQLite opens files lazily: a file
+    it cannot read, or one that is not a walkit store, fails here); closed if not."""
+    try:
+        conn.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class _Conn:
+    """One SQLite connection guarded by a lock; one short transaction at a time.
+    ``mode`` ``rwc`` (creates the file), ``rw`` or ``ro`` (read-only, and its reads skip
+    the nodes of expired sessions)."""
+
+    def __init__(self, file: str, busy_timeout: float, pragmas: Sequence[str], mode: str) -> None:
         self.file = file
         self._busy = busy_timeout
         self._busy_ms = int(busy_timeout * 1000)  # SQLite's busy_timeout as last set
+        self.live_only = mode == "ro"
         self.lock = threading.RLock()
-        self.conn: sqlite3.Connection | None = sqlite3.connect(file, isolation_level=None, check_same_thread=False,
-                                                                timeout=busy_timeout)
-        for pragma in (f"busy_timeout = {self._busy_ms}", *pragmas):
-            self.conn.execute(f"PRAGMA {pragma}")
+        self.conn: sqlite3.Connection | None = None
+        try:
+            self.conn = _open_read_only(file, busy_timeout) if mode == "ro" else _open(file, f"mode={mode}",
+                                                                                       busy_timeout)
+            for pragma in (f"busy_timeout = {self._busy_ms}", *pragmas):
+                self.conn.execute(f"PRAGMA {pragma}")
+        except sqlite3.Error as exc:
+            self.close()
+            raise MetadataUnavailableError("cannot open the metadata database", file=file, mode=mode,
+                                           error=exc) from exc
 
     @contextlib.contextmanager
     def txn(self, begin: str, reap: bool) -> Iterator[_Txn]:
@@ -301,7 +370,7 @@ class _Conn:
                 raise MetadataUnavailableError("metadata unavailable: database locked or failing", file=self.file,
                                                error=exc, waited=round(time.monotonic() - started, 3)) from exc
             try:
-                tx = _Txn(conn, time.time())
+                tx = _Txn(conn, time.time(), self.live_only)
                 if reap:
                     tx.reap_expired()
                 yield tx
@@ -334,15 +403,23 @@ class _Conn:
 
 class _Db:
     """Two connections: writes on one, reads on the other, so that reads (WAL mode: never
-    blocked by a writer) go on while a write of this store waits for the database lock."""
+    blocked by a writer) go on while a write of this store waits for the database lock.
+    Read-only: the reader alone (``mode=ro``), and :meth:`write` refuses."""
 
-    def __init__(self, file: str, busy_timeout: float = RETRY_DEADLINE) -> None:
-        self._writer = _Conn(file, busy_timeout, ("journal_mode = WAL", "synchronous = FULL"))
+    def __init__(self, file: str, busy_timeout: float = RETRY_DEADLINE, *, create: bool = False,
+                 read_only: bool = False) -> None:
+        self.file = file
+        self._writer: _Conn | None = None
+        if read_only:
+            self._reader = _Conn(file, busy_timeout, (), "ro")
+            return
+        self._writer = _Conn(file, busy_timeout, ("journal_mode = WAL", "synchronous = FULL"),
+                             "rwc" if create else "rw")
         try:
             with self.write(reap=False) as tx:
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     tx.conn.execute(statement)
-            self._reader = _Conn(file, busy_timeout, ())
+            self._reader = _Conn(file, busy_timeout, (), "rw")
         except BaseException:
             self._writer.close()
             raise
@@ -355,9 +432,11 @@ class _Db:
         """Held around every write transaction of this store: whoever holds it (from a
         thread that is in no transaction) knows none is open - the demo freezes a
         process with it held, so the frozen process leaves SQLite's lock free."""
-        return self._writer.lock
+        return (self._writer or self._reader).lock
 
     def write(self, reap: bool = True) -> contextlib.AbstractContextManager[_Txn]:
+        if self._writer is None:
+            raise MetadataReadOnlyError("metadata store opened read-only: it makes no changes", file=self.file)
         return self._writer.txn("BEGIN IMMEDIATE", reap=reap)
 
     def reap(self) -> None:
@@ -367,7 +446,8 @@ class _Db:
             tx.reap_expired()
 
     def close(self) -> None:
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
         self._reader.close()
 
 
@@ -386,28 +466,49 @@ class _Watch:
         self.store._watches.pop(self.key, None)
 
 
+def _store_file(directory: str, create: bool) -> str:
+    """``<directory>/metadata.sqlite``: made (with the directory) when ``create``, else it
+    must be there - NoMetadataStoreError, and nothing made, when it is not."""
+    file = os.path.join(directory, _FILE)
+    if create:
+        os.makedirs(directory, exist_ok=True)
+    elif not os.path.isfile(file):
+        raise NoMetadataStoreError(f"no metadata store at {directory}: a typo? for a new cluster run "
+                                   f"`walkit init --metadata local://{directory}`", file=file)
+    return file
+
+
 class LocalMetadataStore:
-    """A :class:`~walkit.metadata._store.MetadataStore` on ``<directory>/metadata.sqlite``."""
+    """A :class:`~walkit.metadata._store.MetadataStore` on ``<directory>/metadata.sqlite``
+    (``create``: make it if it is not there; ``read_only``: see the module docstring)."""
 
     def __init__(self, directory: str, *, session_timeout: float = 10.0, poll_interval: float = 0.05,
-                 busy_timeout: float = RETRY_DEADLINE) -> None:
+                 busy_timeout: float = RETRY_DEADLINE, create: bool = False, read_only: bool = False) -> None:
         if session_timeout <= 0 or poll_interval <= 0 or busy_timeout <= 0:
             raise InvalidArgumentError("timeouts must be positive", session_timeout=session_timeout,
                                        poll_interval=poll_interval, busy_timeout=busy_timeout)
-        os.makedirs(directory, exist_ok=True)
+        if create and read_only:
+            raise InvalidArgumentError("a read-only store cannot create its file", directory=directory)
         self._timeout = session_timeout
         self._poll_interval = poll_interval
-        self._db = _Db(os.path.join(directory, "metadata.sqlite"), busy_timeout)
+        self._read_only = read_only
+        self._db = _Db(_store_file(directory, create), busy_timeout, create=create, read_only=read_only)
         self._session_lock = threading.Lock()
         self._listeners: list[Callable[[SessionState], None]] = []
         self._watches: dict[int, _Watch] = {}
         self._keys = itertools.count(1)
         self._stop = threading.Event()
-        self._session = self._open_session()
-        self._threads = [threading.Thread(target=self._heartbeat_loop, name="walkit-md-heartbeat", daemon=True),
-                         threading.Thread(target=self._poll_loop, name="walkit-md-poller", daemon=True)]
+        self._session = 0 if read_only else self._open_session()  # 0: none (no row has id 0)
+        self._threads = [threading.Thread(target=self._poll_loop, name="walkit-md-poller", daemon=True)]
+        if not read_only:
+            self._threads.append(threading.Thread(target=self._heartbeat_loop, name="walkit-md-heartbeat",
+                                                  daemon=True))
         for thread in self._threads:
             thread.start()
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
 
     # -- the MetadataStore protocol ------------------------------------------------
 
@@ -478,8 +579,9 @@ class LocalMetadataStore:
             if thread is not threading.current_thread():
                 thread.join()
         self._watches.clear()
-        with contextlib.suppress(MetadataError), self._db.write() as tx:
-            tx.end_sessions([self._session])
+        if not self._read_only:
+            with contextlib.suppress(MetadataError), self._db.write() as tx:
+                tx.end_sessions([self._session])
         self._db.close()
 
     # -- test hook -------------------------------------------------------------------
@@ -584,7 +686,8 @@ class LocalMetadataStore:
     def _poll_once(self, last_seq: int) -> int:
         with self._db.read() as tx:
             seq = int(tx.conn.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()[0])
-            expired = tx.conn.execute("SELECT 1 FROM sessions WHERE expires_at < ? LIMIT 1", (tx.now,)).fetchone()
+            expired = not self._read_only and tx.conn.execute(
+                "SELECT 1 FROM sessions WHERE expires_at < ? LIMIT 1", (tx.now,)).fetchone()
         if expired:
             self._db.reap()
             return last_seq

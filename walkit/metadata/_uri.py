@@ -12,6 +12,16 @@ and the ``local://`` store's busy timeout (its database locked by another proces
 same setting for both (client option ``metadata_retry_deadline``, bookie key
 ``metadataRetryDeadlineMs``).
 
+Opening never makes a store by accident: a ``local://`` directory without the store in
+it is ``NoMetadataStoreError`` unless the caller passes ``create=True`` (``walkit init``,
+``walkit sandbox`` and the local clusters, which make their own). ``read_only=True``
+(the inspection commands) opens a ``local://`` store so that it writes nothing - no
+session, no heartbeat, the file opened read-only, writes refused with
+``MetadataReadOnlyError`` - and works where the file cannot be written. For ``zk://``
+both flags are accepted and change nothing: a ZooKeeper cluster exists or not as a whole
+(``connect`` says "no walkit cluster here"), and a kazoo session that only reads writes
+nothing.
+
 Without a layout in the scheme, ``layout`` is None: ``walkit init`` makes a hierarchical
 cluster (BookKeeper's default) and clients use whatever layout the cluster has. With
 one, init makes that layout and clients refuse a cluster laid out otherwise.
@@ -64,9 +74,11 @@ def parse_metadata_uri(uri: str) -> MetadataURI:
 
 
 def open_metadata_store(uri: str | MetadataURI, *, session_timeout: float = 10.0,
-                        retry_deadline: float = RETRY_DEADLINE) -> MetadataStore:
+                        retry_deadline: float = RETRY_DEADLINE, create: bool = False,
+                        read_only: bool = False) -> MetadataStore:
     """A store for the URI (kazoo is imported only for zk://) whose calls give up after
-    ``retry_deadline`` seconds."""
+    ``retry_deadline`` seconds. ``create``: a ``local://`` store may be made here (else
+    NoMetadataStoreError when there is none); ``read_only``: see the module docstring."""
     parsed = parse_metadata_uri(uri) if isinstance(uri, str) else uri
     if parsed.driver == "zk":
         from walkit.metadata._zk import ZooKeeperStore
@@ -74,4 +86,5 @@ def open_metadata_store(uri: str | MetadataURI, *, session_timeout: float = 10.0
         return ZooKeeperStore(parsed.location, session_timeout=session_timeout, retry_deadline=retry_deadline)
     from walkit.metadata._local import LocalMetadataStore
 
-    return LocalMetadataStore(parsed.location, session_timeout=session_timeout, busy_timeout=retry_deadline)
+    return LocalMetadataStore(parsed.location, session_timeout=session_timeout, busy_timeout=retry_deadline,
+                              create=create, read_only=read_only)
