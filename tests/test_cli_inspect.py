@@ -27,7 +27,7 @@ import pytest
 import walkit
 from client_support import FAST, client, local_cluster
 from metadata_support import Driver, driver  # noqa: F401 (fixture)
-from walkit.cli import _parser, main
+from walkit.cli import _every_parser, _parser, main
 
 BINARY = b"\x00\xffbin\n"
 
@@ -457,3 +457,79 @@ def test_every_command_takes_the_logging_options(world: World, capsys: pytest.Ca
     with pytest.raises(SystemExit):
         main(["cluster", "info", "--metadata", world.uri, "--log-level", "loud"])
     assert "not a log level" in capsys.readouterr().err
+
+
+# -- no store made on a typo; $WALKIT_METADATA when --metadata is not given (issue 35) -----------
+
+_EVERY_USE = [  # what reads, and what would write: none of them makes a store
+    ["cluster", "info"], ["bookie", "list"], ["bookie", "gc"], ["ledger", "list"], ["ledger", "show", "1"],
+    ["ledger", "read", "1"], ["ledger", "delete", "1", "--yes"], ["log", "list"], ["log", "show", "orders"],
+    ["log", "read", "orders"], ["log", "tail", "orders"], ["autorecovery", "status"],
+    ["autorecovery", "list-underreplicated"], ["autorecovery", "who-is-auditor"], ["autorecovery", "disable"],
+    ["recover", "--bookie", "127.0.0.1:1", "--dry-run"], ["recover", "--bookie", "127.0.0.1:1"],
+    ["decommission", "--bookie", "127.0.0.1:1"], ["bookie", "cookie", "delete", "--bookie", "127.0.0.1:1", "--yes"],
+]
+
+
+@pytest.mark.parametrize("args", _EVERY_USE, ids=" ".join)
+def test_a_typo_in_a_local_path_is_an_error_and_makes_no_store(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                               args: list[str]) -> None:
+    typo = tmp_path / "mdd"
+    code, out, err = run(capsys, *args, "--metadata", f"local://{typo}")
+    assert code == 2 and out == ""
+    assert err.startswith(f"walkit: no metadata store at {typo}") and f"walkit init --metadata local://{typo}" in err
+    assert not typo.exists()
+
+
+@pytest.fixture
+def initialised(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """A cluster without bookies: enough for the commands that read metadata only."""
+    uri = f"local://{tmp_path / 'md'}"
+    assert main(["init", "--metadata", uri]) == 0
+    capsys.readouterr()
+    return uri
+
+
+def test_walkit_metadata_stands_for_the_option(initialised: str, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("WALKIT_METADATA", initialised)
+    assert run_json(capsys, "cluster", "info")["metadata"] == initialised
+    assert run_json(capsys, "bookie", "list") == {"writable": [], "readonly": []}
+    assert run_json(capsys, "ledger", "list") == []
+    assert run_json(capsys, "log", "list") == []
+    assert run_json(capsys, "autorecovery", "status")["underreplicated"] == 0
+
+
+def test_the_option_wins_over_walkit_metadata(initialised: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    typo = f"local://{tmp_path / 'mdd'}"
+    monkeypatch.setenv("WALKIT_METADATA", typo)
+    assert run_json(capsys, "cluster", "info", "--metadata", initialised)["metadata"] == initialised
+    monkeypatch.setenv("WALKIT_METADATA", initialised)
+    code, _, err = run(capsys, "cluster", "info", "--metadata", typo)
+    assert code == 2 and "no metadata store at" in err and not (tmp_path / "mdd").exists()
+
+
+@pytest.mark.parametrize("value", [None, ""], ids=["unset", "empty"])
+def test_neither_option_nor_variable_is_a_usage_error(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str], value: str | None) -> None:
+    if value is None:
+        monkeypatch.delenv("WALKIT_METADATA", raising=False)
+    else:
+        monkeypatch.setenv("WALKIT_METADATA", value)
+    for args in (["ledger", "list"], ["autorecovery", "status"], ["init"]):
+        with pytest.raises(SystemExit) as exc:
+            main(args)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2
+        assert f"usage: walkit {' '.join(args)}" in err and "give --metadata URI or set WALKIT_METADATA" in err
+
+
+def test_every_metadata_option_falls_back_to_walkit_metadata() -> None:
+    """One helper adds --metadata everywhere: its help names the variable, and argparse
+    itself requires nothing (the check runs after parsing, with the variable read)."""
+    options = [a for p in _every_parser(_parser()) for a in p._actions if "--metadata" in a.option_strings]
+    assert len(options) >= 20
+    for action in options:
+        assert action.help is not None and "$WALKIT_METADATA" in action.help
+        assert action.default is None and not action.required

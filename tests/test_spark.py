@@ -312,8 +312,10 @@ def test_export_command_needs_a_metadata_uri(monkeypatch: pytest.MonkeyPatch, tm
     from walkit.cli import main
 
     monkeypatch.delenv("WALKIT_METADATA", raising=False)
-    assert main(["export", "--log", "orders", "--to", str(tmp_path)]) == 2
-    assert "--metadata" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # argparse's usage error, as for every command that needs a cluster
+        main(["export", "--log", "orders", "--to", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "give --metadata URI or set WALKIT_METADATA" in capsys.readouterr().err
 
 
 # -- benchmark -------------------------------------------------------------------------------------

@@ -29,7 +29,13 @@ One module per group of commands, each with ``register(subparsers)`` adding its
 sub-commands (and the function each runs, as ``func``): ``_bench``, ``_init``,
 ``_bookie`` (with ``_gc`` and ``_disks``), ``_cluster``, ``_ledger``, ``_log``, ``_recover`` (recover,
 decommission), ``_autorecovery``, ``_journal``, ``_demo`` (demo, sandbox), ``_export``;
-``_output`` holds what the inspection commands print alike. What a command imports, it
+``_output`` holds what the inspection commands print alike; ``_metadata`` the
+``--metadata URI`` option every command that uses a cluster takes, with
+``$WALKIT_METADATA`` used when it is not given (filled in here, after parsing). Commands
+that only look (``ledger list|show|read``, ``log``, ``bookie list|gc|cookie get``,
+``cluster info``, ``autorecovery status|list-underreplicated|who-is-auditor``,
+``recover --dry-run``, ``export``) open the metadata store read-only; no command but
+``init`` and ``sandbox`` makes a ``local://`` store. What a command imports, it
 imports when it runs. ``-v`` / ``--log-level`` / ``--log-format text|json`` are accepted
 before the command and after it, on every command (:mod:`walkit.logs`). Errors become messages and exit codes here, in :func:`main`:
 a WalkitError (bad input, nothing there, the world failed) is one line on stderr and
@@ -46,6 +52,7 @@ from collections.abc import Sequence
 from walkit.cli import (
     _autorecovery, _bench, _bookie, _cluster, _demo, _export, _init, _journal, _ledger, _log, _recover,
 )
+from walkit.cli._metadata import resolve_metadata
 
 __all__ = ["main"]
 
@@ -108,6 +115,7 @@ def _log_level(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    resolve_metadata(args)
     from walkit.logs import configure
 
     configure(_log_level(args), args.log_format)  # walkit bookie start configures again, at its own default

@@ -10,6 +10,8 @@ import threading
 from datetime import datetime, timezone
 from typing import Any
 
+from walkit.cli._metadata import add_metadata_option
+
 __all__ = ["register"]
 
 
@@ -22,11 +24,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             ("disable", "idle every auditor and worker"),
                             ("enable", "let them work again")):
         v = verbs.add_parser(name, help=help_text)
-        v.add_argument("--metadata", required=True, help="metadata service URI")
+        add_metadata_option(v)
         v.add_argument("--json", action="store_true", help="machine-readable output")
         v.set_defaults(func=_inspect)
     run = verbs.add_parser("run", help="run a standalone autorecovery daemon until SIGINT/SIGTERM")
-    run.add_argument("--metadata", required=True, help="metadata service URI")
+    add_metadata_option(run)
     run.add_argument("--id", default="", help="this daemon's name (default: autorecovery-<pid>)")
     run.add_argument("--lost-bookie-recovery-delay", type=float, default=0.0,
                      help="seconds a bookie must stay away before it is re-replicated (lostBookieRecoveryDelay)")
@@ -65,7 +67,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from walkit.metadata import connect
     from walkit.metadata import UnderReplication
 
-    with connect(args.metadata) as cluster:
+    with connect(args.metadata, read_only=args.verb not in ("disable", "enable")) as cluster:
         ur = UnderReplication(cluster.store, cluster.info)
         if args.verb in ("disable", "enable"):
             ur.set_disabled(args.verb == "disable")

@@ -8,6 +8,7 @@ import json
 import sys
 
 from walkit.cli import _disks, _gc
+from walkit.cli._metadata import add_metadata_option
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -19,7 +20,7 @@ def _start(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     from walkit.metadata import connect
 
-    with connect(args.metadata) as cluster:
+    with connect(args.metadata, read_only=True) as cluster:
         bookies = cluster.bookies()
     if args.json:
         print(json.dumps({"writable": sorted(bookies.writable), "readonly": sorted(bookies.readonly)}, indent=2))
@@ -40,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bs.add_argument("--conf", required=True, help="bookie configuration (TOML, BookKeeper key names)")
     bs.set_defaults(func=_start, log_default="INFO")  # bookie._main's: a server says what it does
     bl = bookie.add_parser("list", help="the available and read-only bookies")
-    bl.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
+    add_metadata_option(bl)
     bl.add_argument("--json", action="store_true", help="machine-readable output")
     bl.set_defaults(func=_list)
     _gc.add_parser(bookie)

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from walkit.cli._metadata import add_metadata_option
+
 __all__ = ["register"]
 
 
@@ -14,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cluster = subparsers.add_parser("cluster", help="the cluster as its metadata describes it")
     verbs = cluster.add_subparsers(dest="verb", required=True)
     info = verbs.add_parser("info", help="instance id, layout, bookies by state, number of ledgers and logs")
-    info.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
+    add_metadata_option(info)
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(func=_info)
 
@@ -23,7 +25,7 @@ def _info(args: argparse.Namespace) -> int:
     from walkit.metadata import connect
     from walkit.wal import log_names
 
-    with connect(args.metadata) as cluster:
+    with connect(args.metadata, read_only=True) as cluster:
         bookies = cluster.bookies()
         # Counted one directory of ledger nodes at a time: never every id in memory.
         ledgers = sum(len(ids) for _, _, ids in cluster.ledgers.ledger_ranges())

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from walkit.cli._metadata import add_metadata_option
 from walkit.cli._output import limited, size
 from walkit.errors import NativeIOError, UsageError, WalkitError
 
@@ -54,12 +55,12 @@ def add_parsers(bookie: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     cookie = bookie.add_parser("cookie", help="offline: the bookie's cookie").add_subparsers(dest="cookie_verb",
                                                                                              required=True)
     get = cookie.add_parser("get", help="the cookie on each disk (and, with --metadata, the one in metadata)")
-    get.add_argument("--metadata", default=None, help="also compare with the cookie kept in this cluster's metadata")
+    add_metadata_option(get, required=False, help="also compare with the cookie kept in this cluster's metadata")
     drop = cookie.add_parser("delete", help="drop a bookie's cookie from the cluster's metadata (after `walkit "
                                             "recover` re-replicated what it held), so its id may start on empty "
                                             "disks; asks first")
     drop.add_argument("--bookie", required=True, help="the bookie id")
-    drop.add_argument("--metadata", required=True, help="metadata service URI")
+    add_metadata_option(drop)
     drop.add_argument("--yes", action="store_true", help="do not ask")
     drop.add_argument("--json", action="store_true", help="machine-readable output")
     drop.set_defaults(func=_cookie_delete)
@@ -373,7 +374,7 @@ def _metadata_cookie(uri: str, disk: Cookie | None) -> dict[str, Any]:
 
     if disk is None:
         return {"cookie": None, "error": "no cookie on the disks: which bookie's?", "compared": None}
-    with connect(uri) as cluster:
+    with connect(uri, read_only=True) as cluster:
         stored = read_cookie(cluster.store, cluster.info, disk.bookie_id)
     if stored is None:
         return {"cookie": None, "error": None, "compared": "none stored: the bookie never started with this metadata"}

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
+
+from walkit.cli._metadata import add_metadata_option
 
 
 def _export(args: argparse.Namespace) -> int:
     from walkit.spark import export_log, spark_session
     from walkit.wal import LSN
 
-    if not args.metadata:
-        print("walkit export: give --metadata URI (or set WALKIT_METADATA)", file=sys.stderr)
-        return 2
     after = LSN.parse(args.after) if args.after else None
     spark = spark_session(args.master, "walkit-export")
     try:
@@ -41,8 +38,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     export.add_argument("--after", default=None, help="export the records after this LSN (segment/entry/slot) "
                         "instead of after the last one exported")
     export.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
-    export.add_argument("--metadata", default=os.environ.get("WALKIT_METADATA"),
-                        help="metadata service URI (default: $WALKIT_METADATA)")
+    add_metadata_option(export)
     export.add_argument("--namespace", default="default", help="the log's namespace (default: default)")
     export.add_argument("--password", default="", help="the log's ledger password")
     export.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -16,6 +16,7 @@ import json
 import time
 from typing import Any
 
+from walkit.cli._metadata import add_metadata_option
 from walkit.cli._output import size
 from walkit.errors import BookieTimeoutError, BookieUnavailableError, InvalidArgumentError, WalkitError
 
@@ -27,7 +28,7 @@ _CALL_TIMEOUT = 20.0  # seconds one request may take: a hung bookie (SIGSTOP, sw
 
 def add_parser(bookie: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = bookie.add_parser("gc", help="force garbage collection and compaction on bookies, or show its status")
-    p.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
+    add_metadata_option(p)
     p.add_argument("--bookie", help="only this bookie (its id); default: every registered bookie")
     p.add_argument("--force", action="store_true", help="run a GC pass now and wait for it to end")
     p.add_argument("--compact", choices=("minor", "major"), help="with the pass, compact entry logs (implies --force)")
@@ -56,7 +57,7 @@ def _targets(uri: str, only: str | None) -> dict[str, tuple[bytes | None, str]]:
     """``bookie id -> (registration, "writable" | "readonly")`` of the bookies to ask."""
     from walkit.metadata import connect, read_registration
 
-    with connect(uri) as cluster:
+    with connect(uri, read_only=True) as cluster:  # a forced pass is asked of the bookies, not metadata
         bookies = cluster.bookies()
         states = {b: "writable" for b in bookies.writable} | {b: "readonly" for b in bookies.readonly}
         if only is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from walkit.cli._metadata import add_metadata_option
+
 
 def _init(args: argparse.Namespace) -> int:
     from walkit.metadata import init_cluster, open_metadata_store, parse_metadata_uri
@@ -21,5 +23,5 @@ def _init(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``walkit init``."""
     init = subparsers.add_parser("init", help="create the cluster layout in the metadata store (idempotent)")
-    init.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
+    add_metadata_option(init)
     init.set_defaults(func=_init)

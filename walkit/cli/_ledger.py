@@ -25,14 +25,12 @@ from walkit.cli._output import (
     stream_json,
     text_or_escaped,
 )
+from walkit.cli._metadata import add_metadata_option
 
 if TYPE_CHECKING:
     from walkit.metadata import Cluster, LedgerMetadata
 
 __all__ = ["register"]
-
-_METADATA_HELP = "metadata service URI: zk://host:port/ledgers or local:///dir"
-
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``walkit ledger`` and its sub-commands."""
@@ -51,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     for p, func in ((ls, _list), (show, _show), (read, _read), (delete, _delete)):
         if p is not ls:
             p.add_argument("ledger", type=ledger_id, help="the ledger id")
-        p.add_argument("--metadata", required=True, help=_METADATA_HELP)
+        add_metadata_option(p)
         if p is not read:
             p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(func=func)
@@ -88,7 +86,7 @@ def _list(args: argparse.Namespace) -> int:
         from walkit.errors import InvalidArgumentError
 
         raise InvalidArgumentError("--limit must be >= 0", limit=args.limit)
-    with connect(args.metadata) as cluster:
+    with connect(args.metadata, read_only=True) as cluster:
         ledgers = limited(_each(cluster), args.limit)
         if args.json:
             stream_json(_summary(meta) for meta in ledgers)
@@ -109,7 +107,7 @@ def _list(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from walkit.metadata import connect
 
-    with connect(args.metadata) as cluster:
+    with connect(args.metadata, read_only=True) as cluster:
         meta, version = cluster.ledgers.read(args.ledger)
     fragments: list[dict[str, Any]] = [
         {"first_entry": first, "last_entry": meta.fragment_end(i), "bookies": list(bookies)}
@@ -142,7 +140,7 @@ def _read(args: argparse.Namespace) -> int:
     fmt = "json" if args.json else args.format
     if args.first < 0 or (args.last is not None and args.last < args.first):
         raise InvalidArgumentError("entries to read: need 0 <= --from <= --to", first=args.first, last=args.last)
-    with BookKeeper(args.metadata) as bk, bk.open_ledger(args.ledger, args.password.encode(), recovery=False) as h:
+    with BookKeeper(args.metadata, metadata_read_only=True) as bk, bk.open_ledger(args.ledger, args.password.encode(), recovery=False) as h:
         lac = h.last_add_confirmed
         last = lac if args.last is None else args.last
         if last > lac:

@@ -1,9 +1,9 @@
 """``walkit log list|show|read|tail``: the write-ahead logs of a cluster (:mod:`walkit.wal._inspect`).
 
 Nothing here writes: no epoch is bumped and no segment is fenced or recovered, so the
-log's writer goes on undisturbed. ``read`` and ``tail`` read closed segments to their end
-and the open one up to its LAC (what is durable); a truncated log is read from its first
-kept record.
+log's writer goes on undisturbed, and the metadata store is opened read-only. ``read``
+and ``tail`` read closed segments to their end and the open one up to its LAC (what is
+durable); a truncated log is read from its first kept record.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
+from walkit.cli._metadata import add_metadata_option
 from walkit.cli._output import add_format, limited, record_line, size
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         if p is not ls:
             p.add_argument("name", help="the log's name")
             p.add_argument("--password", default="", help="the log's password (default: empty)")
-        p.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
+        add_metadata_option(p)
         p.add_argument("--namespace", default=None if p is ls else "default",
                        help="only this namespace (default: every one)" if p is ls else "the log's namespace "
                                                                                        "(default: default)")
@@ -75,7 +76,7 @@ def _list(args: argparse.Namespace) -> int:
     from walkit.metadata import connect
     from walkit.wal import iter_logs
 
-    with connect(args.metadata) as cluster:
+    with connect(args.metadata, read_only=True) as cluster:
         logs = [_summary(ns, name, meta) for ns, name, meta in iter_logs(cluster, args.namespace)]
     if args.json:
         print(json.dumps(logs, indent=2, sort_keys=True))
@@ -119,7 +120,7 @@ def _show(args: argparse.Namespace) -> int:
     from walkit.wal import last_lsn, read_log_holds, read_log_metadata
 
     password = args.password.encode()
-    with connect(args.metadata) as cluster, BookKeeper(args.metadata) as bk:
+    with connect(args.metadata, read_only=True) as cluster, _client(args) as bk:
         meta, version = read_log_metadata(cluster, args.name, args.namespace)
         holds = read_log_holds(cluster, args.name, args.namespace)
         segments = [_segment(cluster, bk, s, password) for s in meta.segments]
@@ -177,6 +178,13 @@ def _segment_line(d: dict[str, Any]) -> str:
     return f"{head} LSN {d['seq']}/0/0 .. {d['seq']}/{last}/*  ({last + 1} entries{length})"
 
 
+def _client(args: argparse.Namespace) -> BookKeeper:
+    """A client that reads: its metadata store opened read-only."""
+    from walkit.client import BookKeeper
+
+    return BookKeeper(args.metadata, metadata_read_only=True)
+
+
 def _reader_and_meta(bk: BookKeeper, args: argparse.Namespace) -> tuple[LogReader, LogMetadata]:
     from walkit.wal import inspect_reader
 
@@ -195,7 +203,7 @@ def _read(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 0:
         raise InvalidArgumentError("--limit must be >= 0", limit=args.limit)
     fmt = "json" if args.json else args.format
-    with BookKeeper(args.metadata) as bk:
+    with _client(args) as bk:
         reader, _ = _reader_and_meta(bk, args)
         with reader:
             for lsn, record in limited(reader.replay(args.after), args.limit):
@@ -204,9 +212,7 @@ def _read(args: argparse.Namespace) -> int:
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from walkit.client import BookKeeper
-
-    bk = BookKeeper(args.metadata)
+    bk = _client(args)
     try:
         _follow(bk, args)
     except KeyboardInterrupt:

@@ -11,21 +11,24 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from walkit.recovery import RecoveryReport
 
+from walkit.cli._metadata import add_metadata_option
+
 __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("recover", help="re-replicate every fragment a lost bookie held")
-    p.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
+    add_metadata_option(p)
     p.add_argument("--bookie", required=True, help="the lost bookie's id")
     p.add_argument("--target", help="put every copy on this bookie (default: chosen per fragment)")
-    p.add_argument("--dry-run", action="store_true", help="only count what would be copied")
+    p.add_argument("--dry-run", action="store_true", help="only count what would be copied (metadata opened "
+                   "read-only)")
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--tls-ca", default="", help="CA file, for bookies that serve TLS")
     p.set_defaults(func=_recover)
     d = subparsers.add_parser("decommission", help="move everything a running bookie holds to others, then say "
                                                     "whether it can be removed")
-    d.add_argument("--metadata", required=True, help="metadata service URI: zk://host:port/ledgers or local:///dir")
+    add_metadata_option(d)
     d.add_argument("--bookie", required=True, help="the bookie to retire (it must be running)")
     d.add_argument("--json", action="store_true", help="machine-readable report")
     d.add_argument("--tls-ca", default="", help="CA file, for bookies that serve TLS")

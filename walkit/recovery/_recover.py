@@ -117,7 +117,7 @@ class _Recovery:
 
     async def run(self) -> RecoveryReport:
         t0 = time.monotonic()
-        self.cluster = await off(connect, self.uri)
+        self.cluster = await off(lambda: connect(self.uri, read_only=self.report.dry_run))  # a dry run only reads
         self.replicator = Replicator(self.cluster, self.tls_ca)
         try:
             if self.target is not None:

@@ -34,11 +34,10 @@ from typing import Any
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
-from walkit.client import BookKeeper
 from walkit.errors import InvalidArgumentError
 from walkit.wal import LSN
 from walkit.spark._plan import ReadOptions
-from walkit.spark._read import last_record
+from walkit.spark._read import last_record, reader_client
 
 __all__ = ["STATE_FILE", "ExportResult", "export_log", "read_state"]
 
@@ -155,7 +154,7 @@ def export_log(spark: SparkSession, metadata_uri: str, log: str, directory: str 
                                    namespace=state["namespace"], log=state["log"])
     start = after if after is not None else (LSN.parse(state["last_lsn"]) if state["last_lsn"] else None)
     opts = ReadOptions(metadata=metadata_uri, namespace=namespace, log=log, password=password)
-    with BookKeeper(metadata_uri) as bk:
+    with reader_client(metadata_uri) as bk:
         end = last_record(bk, opts)
     if end is None or (start is not None and end <= start):
         return ExportResult(namespace, log, str(out), None if start is None else str(start), state["last_lsn"], 0,

@@ -4,7 +4,8 @@ Arrow record batches.
 
 Every read opens ledgers with ``recovery=False``: it never fences, so a log's writer
 goes on while Spark reads it, and an open segment is read up to its LAC (what is
-durable on a quorum), like ``LogReader.replay``.
+durable on a quorum), like ``LogReader.replay``. Its clients (:func:`reader_client`)
+open the metadata store read-only: nothing here changes metadata.
 
 A record larger than an entry is in fragments, in consecutive entries of one segment
 (docs/format.md), and tasks are entry ranges, so a record may straddle two tasks. It
@@ -52,6 +53,12 @@ LAC_WAIT = 10.0  # seconds a task waits for its bookies to show the LAC the driv
 
 
 # -- the driver: what is there to read -----------------------------------------------------
+def reader_client(metadata_uri: str) -> BookKeeper:
+    """A client for reading: its metadata store opened read-only (a ``local://`` store
+    then needs no write access, and no session is written into it)."""
+    return BookKeeper(metadata_uri, metadata_read_only=True)
+
+
 def segment_extent(bk: BookKeeper, seq: int, ledger_id: int, password: bytes) -> SegmentExtent | None:
     """A segment's readable entries (None if retention deleted its ledger)."""
     try:
@@ -223,7 +230,7 @@ def log_batches(metadata_uri: str, password: bytes, namespace: str, log: str, ta
     """The records of ``task`` as Arrow batches of :data:`LOG_ARROW_SCHEMA`, read with a
     client of this process's own (tasks run in executors: nothing live is shipped).
     ``max_record_bytes``: a record declared larger (in fragments) is refused, FormatError."""
-    with BookKeeper(metadata_uri) as bk:
+    with reader_client(metadata_uri) as bk:
         handle = _open_for(bk, task.ledger_id, password, task.last)
         columns = _LogColumns(namespace, log, task.seq)
         assembly = Assembly(log, max_record_bytes)
@@ -247,7 +254,7 @@ def log_batches(metadata_uri: str, password: bytes, namespace: str, log: str, ta
 
 def ledger_batches(metadata_uri: str, password: bytes, task: LedgerRange) -> Iterator[Any]:
     """The entries of ``task`` as Arrow batches of :data:`LEDGER_ARROW_SCHEMA`."""
-    with BookKeeper(metadata_uri) as bk:
+    with reader_client(metadata_uri) as bk:
         handle = _open_for(bk, task.ledger_id, password, task.last)
         ids: list[int] = []
         payloads: list[bytes] = []

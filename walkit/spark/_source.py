@@ -39,7 +39,9 @@ from walkit.spark._plan import (
     plan_ledger,
     plan_log,
 )
-from walkit.spark._read import last_position, ledger_batches, ledger_extent, log_batches, log_extents
+from walkit.spark._read import (
+    last_position, ledger_batches, ledger_extent, log_batches, log_extents, reader_client,
+)
 
 __all__ = ["LEDGER_SCHEMA", "LOG_SCHEMA", "WalkitDataSource"]
 
@@ -100,7 +102,7 @@ class _BatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
-        with BookKeeper(opts.metadata) as bk:
+        with reader_client(opts.metadata) as bk:
             if opts.ledgers is not None:
                 tasks: list[LogRange | LedgerRange] = []
                 for ledger_id in opts.ledgers:
@@ -129,7 +131,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _client(self) -> BookKeeper:
         if self._bk is None:
-            self._bk = BookKeeper(self.opts.metadata)
+            self._bk = reader_client(self.opts.metadata)
         return self._bk
 
     def _latest(self) -> LSN | None:
