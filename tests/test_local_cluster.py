@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import walkit
+from bookie import BookieConfig
 from bookie_support import KEY, entry, run
 from metadata_support import wait_for
 from walkit import LocalCluster
@@ -175,7 +177,7 @@ def test_restart_on_the_same_directory(tmp_path: Path) -> None:
 def test_options_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no_such_option"):
         LocalCluster(tmp_path / "a", bookie_options={"no_such_option": 1})
-    with pytest.raises(ConfigError, match="bookie_port"):
+    with pytest.raises(ConfigError, match="bookie_port.*bookiePort"):  # both names: the attribute's and the key's
         LocalCluster(tmp_path / "b", bookie_options={"bookie_port": 3181})
     with pytest.raises(ConfigError, match="journalMaxGroupWaitMSec"):
         LocalCluster(tmp_path / "c", bookie_options={"journal_max_group_wait_msec": "soon"})
@@ -202,12 +204,56 @@ def test_client_is_a_bookkeeper_of_the_cluster(cluster: LocalCluster) -> None:
         client.close()
 
 
+def _heartbeat(url: str | None) -> bytes:
+    assert url is not None
+    with urllib.request.urlopen(url + "/heartbeat", timeout=30) as answer:
+        return bytes(answer.read())
+
+
+def _check_conf(cluster: LocalCluster, i: int) -> BookieConfig:
+    """Bookie ``i``'s configuration file, as ``walkit bookie start --conf`` reads it, is
+    the bookie as it runs: its id, port, directories, metadata, admin port."""
+    conf = BookieConfig.from_toml(str(cluster.conf_path(i)))
+    assert cluster.conf_path(i) == cluster.data_dir / f"bookie-{i}" / "bookie.toml"
+    assert (conf.bookie_id, conf.bookie_port) == (cluster.bookie_ids[i], cluster.bookie_address(i)[1])
+    assert conf.journal_directory == str(cluster.data_dir / f"bookie-{i}" / "journal")
+    assert conf.metadata_service_uri == cluster.metadata_uri
+    url = cluster.admin_url(i)
+    assert conf.http_server_enabled == (url is not None)
+    if url is not None:
+        assert url == f"http://127.0.0.1:{conf.http_server_port}"
+    return conf
+
+
+def test_admin_endpoints_and_each_bookies_configuration_file(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "cluster", 2, session_timeout=SESSION,
+                      bookie_options={**FAST, "http_server_enabled": True}) as cluster:
+        urls = [cluster.admin_url(i) for i in range(2)]
+        assert len(set(urls)) == 2 and all(_heartbeat(url) == b"OK\n" for url in urls)  # a free port each
+        for i in range(2):
+            assert _check_conf(cluster, i).journal_max_group_wait_msec == 0.5
+        cluster.kill_bookie(1)
+        assert cluster.admin_url(1) is None
+        cluster.restart_bookie(1)
+        assert _heartbeat(cluster.admin_url(1)) == b"OK\n"
+        _check_conf(cluster, 1)
+    assert cluster.admin_url(0) is None  # stopped
+    assert LocalCluster.remembered_bookies(tmp_path / "cluster") == 2
+    assert LocalCluster.remembered_bookies(tmp_path / "elsewhere") == 0
+    with LocalCluster(tmp_path / "plain", 1, session_timeout=SESSION) as plain:  # no endpoint unless asked
+        assert plain.admin_url(0) is None and not _check_conf(plain, 0).http_server_enabled
+
+
 def test_processes_start_kill_restart(tmp_path: Path) -> None:
     with LocalCluster(tmp_path / "cluster", 3, processes=True, session_timeout=SESSION,
-                      bookie_options=FAST) as cluster:
+                      bookie_options={**FAST, "http_server_enabled": True}) as cluster:
+        assert _heartbeat(cluster.admin_url(1)) == b"OK\n"
         _start_kill_restart(cluster)
+        assert _heartbeat(cluster.admin_url(1)) == b"OK\n"  # the restarted bookie's endpoint
         conf = (tmp_path / "cluster" / "bookie-1" / "bookie.toml").read_text()
         assert f"bookiePort = {cluster.bookie_address(1)[1]}" in conf and "journalMaxGroupWaitMSec = 0.5" in conf
+        for i in range(3):
+            _check_conf(cluster, i)
         assert "serving on" in (tmp_path / "cluster" / "bookie-1" / "bookie.log").read_text()
         with pytest.raises(UsageError):
             cluster.server(0)

@@ -16,9 +16,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _sandbox(args: argparse.Namespace) -> int:
-    from walkit.sandbox import run_sandbox
+    from walkit.sandbox import parse_bookie_options, run_sandbox
 
-    return run_sandbox(args.data, bookies=args.bookies, processes=args.processes)
+    return run_sandbox(args.data, bookies=args.bookies, processes=args.processes, admin=args.admin,
+                       bookie_options=parse_bookie_options(args.bookie_option))
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,6 +35,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     sandbox = subparsers.add_parser("sandbox", help="run a local cluster in the foreground until SIGINT/SIGTERM")
     sandbox.add_argument("--data", default=None, help="the cluster's directory (default: a temporary one, removed)")
-    sandbox.add_argument("--bookies", type=int, default=3, help="bookies (default 3)")
+    sandbox.add_argument("--bookies", type=int, default=None, help="bookies (default: the ones --data holds; 3 "
+                         "in a new directory; fewer than it holds is refused)")
     sandbox.add_argument("--processes", action="store_true", help="bookies as child processes (default: in-process)")
+    sandbox.add_argument("--admin", action="store_true", help="each bookie's admin endpoint (/metrics, /heartbeat, "
+                         "/api/v1/...) on 127.0.0.1, a free port each, printed as admin.<i>=URL "
+                         "(= --bookie-option httpServerEnabled=true)")
+    sandbox.add_argument("--bookie-option", action="append", default=[], metavar="KEY=VALUE",
+                         help="a bookie configuration key and value, as in bookie.toml, for every bookie "
+                              "(repeatable; python -m bookie --config-reference lists them)")
     sandbox.set_defaults(func=_sandbox)
