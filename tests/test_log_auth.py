@@ -24,9 +24,10 @@ from client_support import FAST, client, local_cluster
 from metadata_support import Driver, driver  # noqa: F401  (fixture)
 from walkit import LSN, WriteAheadLog
 from walkit.aio import AsyncWriteAheadLog
-from walkit.errors import FormatError, UnauthorizedError
+from walkit.errors import FormatError, InvalidArgumentError, UnauthorizedError
 from walkit.metadata import LedgerState, cluster_path, connect
 from walkit.wal._auth import LogAuth
+from walkit.wal import LogSettings, list_logs, set_namespace_defaults
 from walkit.wal._format import LogMetadata
 
 pytestmark = pytest.mark.timeout(240)
@@ -201,3 +202,42 @@ def test_administrative_paths_fence_nothing(tmp_path: Path) -> None:
         wal.append(b"b")
         assert _node(cluster, "live")[0].epoch == 1
         wal.close()
+
+
+@pytest.mark.parametrize("name", ["two words", "line\nbreak", "star*", ".hidden", "", "x" * 256, "tab\t", "a/b"])
+def test_a_new_log_name_follows_the_rules_and_the_error_says_them(tmp_path: Path, name: str) -> None:
+    with walkit.LocalCluster(tmp_path / "c", bookies=3, session_timeout=2.0) as cluster, \
+            client(cluster) as bk:
+        with pytest.raises(InvalidArgumentError, match="letters, digits and"):
+            WriteAheadLog.open(bk, name)
+        with pytest.raises(InvalidArgumentError, match="letters, digits and"):
+            WriteAheadLog.open(bk, "fine", namespace=name)
+        with pytest.raises(InvalidArgumentError, match="letters, digits and"):
+            set_namespace_defaults(bk, name, snapshots_kept=3)
+        assert list_logs(bk) == []
+
+
+def test_plain_names_pass_and_a_name_from_an_earlier_walkit_is_listed_quoted(tmp_path: Path) -> None:
+    from walkit.cli import main
+
+    with walkit.LocalCluster(tmp_path / "c", bookies=3, session_timeout=2.0) as cluster, \
+            client(cluster) as bk:
+        for name in ("orders", "orders.v2", "tenant-7:events", "user@host", "a+b=c", "Überweisungen"):
+            WriteAheadLog.open(bk, name).close()
+        # an earlier walkit took any node name: such a log stays reachable and is listed quoted
+        with connect(cluster.metadata_uri) as meta:
+            body = LogMetadata(1, (), (), None, LogSettings()).encode()
+            meta.store.create(cluster_path(meta.info.root, "logs/default/two words"), body, make_parents=True)
+        WriteAheadLog.open(bk, "two words").close()  # an existing node: opened
+    captured = _run_cli(main, ["log", "list", "--metadata", cluster.metadata_uri])
+    assert "default/'two words'" in captured and "default/orders.v2" in captured
+
+
+def _run_cli(main: Any, argv: list[str]) -> str:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+    return out.getvalue()

@@ -84,11 +84,17 @@ def _list(args: argparse.Namespace) -> int:
     if not logs:
         print("no logs" + (f" in namespace {args.namespace}" if args.namespace else ""), file=sys.stderr)
         return 0
-    width = max(len(f"{d['namespace']}/{d['log']}") for d in logs)
+    from walkit.wal import is_plain_name
+
+    def shown(name: str) -> str:  # a name made by an earlier walkit may hold spaces or newlines
+        return name if is_plain_name(name) else repr(name)
+
+    names = [f"{shown(d['namespace'])}/{shown(d['log'])}" for d in logs]
+    width = max(map(len, names))
     print(f"{'LOG':<{width}}  {'EPOCH':>5}  {'SEGMENTS':<12}  {'SNAPSHOT':<12}  TRUNCATED")
-    for d in logs:
+    for name, d in zip(names, logs):
         segments = f"{d['segments']} ({d['first_segment']}..{d['last_segment']})" if d["segments"] else "0"
-        print(f"{d['namespace'] + '/' + d['log']:<{width}}  {d['epoch']:>5}  {segments:<12}  "
+        print(f"{name:<{width}}  {d['epoch']:>5}  {segments:<12}  "
               f"{d['latest_snapshot'] or '-':<12}  {d['truncated'] or '-'}")
     return 0
 

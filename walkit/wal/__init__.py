@@ -30,13 +30,22 @@ from walkit.wal._inspect import (
     read_log_holds,
     read_log_metadata,
 )
-from walkit.wal._log import LogReader, Snapshot, WriteAheadLog, delete_log, list_logs, set_namespace_defaults
+from walkit.wal._log import (
+    NAME_RULES,
+    LogReader,
+    Snapshot,
+    WriteAheadLog,
+    delete_log,
+    is_plain_name,
+    list_logs,
+    set_namespace_defaults,
+)
 from walkit.wal._lsn import LSN
 from walkit.wal._records import Assembly, last_record
 from walkit.wal._retention import wait_locked
 from walkit.wal._snapshots import SnapshotData, SnapshotJob, asnapshot_chunks, check_snapshot_data
 
-__all__ = ["DEFAULT_MAX_RECORD_BYTES", "FRAGMENT_MAGIC", "LSN", "Assembly", "LogMetadata", "LogReader", "LogSettings",
+__all__ = ["DEFAULT_MAX_RECORD_BYTES", "FRAGMENT_MAGIC", "LSN", "NAME_RULES", "is_plain_name", "Assembly", "LogMetadata", "LogReader", "LogSettings",
            "Retention", "Segment", "Snapshot", "SnapshotData", "SnapshotJob", "SnapshotRef", "WriteAheadLog",
            "asnapshot_chunks", "check_snapshot_data", "delete_log", "inspect_reader", "iter_logs", "last_lsn", "list_logs", "list_namespaces", "log_names",
            "last_record", "read_log_holds", "read_log_metadata", "set_namespace_defaults", "unpack_fragment",

@@ -101,11 +101,29 @@ def _client(client_or_uri: BookKeeper | str) -> tuple[BookKeeper, bool]:
     raise InvalidArgumentError("expected a walkit.BookKeeper or a metadata URI", type=type(client_or_uri).__name__)
 
 
-def _check_name(kind: str, value: str) -> str:
+#: What a new log's or namespace's name may hold: letters and digits (any script), and
+#: ``. _ - : @ + =``; 1 to 255 characters, not starting with ".". Names that pass stay
+#: one word in every listing, a shell argument without quotes, and a node name.
+NAME_RULES = "1-255 letters, digits and . _ - : @ + =, not starting with '.'"
+_NAME_PUNCTUATION = frozenset("._-:@+=")
+
+
+def is_plain_name(value: object) -> bool:
+    """True if ``value`` follows :data:`NAME_RULES`."""
+    return (isinstance(value, str) and 0 < len(value) <= 255 and not value.startswith(".")
+            and all(c.isalnum() or c in _NAME_PUNCTUATION for c in value))
+
+
+def _check_name(kind: str, value: str, *, new: bool = False) -> str:
+    """``value`` as a name of ``kind`` ("log", "namespace"). A name given to make
+    something ``new`` follows :data:`NAME_RULES`; one that may name an existing node
+    only has to be a node name (logs made by an earlier walkit stay reachable)."""
+    if new and not is_plain_name(value):
+        raise InvalidArgumentError(f"invalid {kind} name: use {NAME_RULES}", name=repr(value)[:300])
     try:
         return check_bookie_id(value)  # the same rules: one non-empty node name
     except InvalidArgumentError:
-        raise InvalidArgumentError(f"invalid {kind} name", name=repr(value)) from None
+        raise InvalidArgumentError(f"invalid {kind} name: use {NAME_RULES}", name=repr(value)[:300]) from None
 
 
 class _LogNode:
@@ -144,6 +162,10 @@ class _LogNode:
         None when it exists (already, or made by another writer at the same time: the
         caller checks the password and bumps the epoch)."""
         meta = LogMetadata(1, (), (), None, settings, auth=LogAuth.of(password))
+        if not (is_plain_name(self.namespace) and is_plain_name(self.name)) and self.store.exists(self.path):
+            return None  # made by an earlier walkit, whose names had fewer rules: it stays reachable
+        _check_name("namespace", self.namespace, new=True)
+        _check_name("log", self.name, new=True)
         try:
             self.store.create(self.path, meta.encode(), make_parents=True)
         except NodeExistsError:
@@ -1298,7 +1320,7 @@ def set_namespace_defaults(client_or_uri: BookKeeper | str, namespace: str, **se
     LogSettings.of(settings)  # checked against the defaults of the others
     bk, owned = _client(client_or_uri)
     try:
-        node = _LogNode(bk, namespace, "x")
+        node = _LogNode(bk, _check_name("namespace", namespace, new=True), "x")
         body = {k: v.to_json() if isinstance(v, Retention) else v for k, v in settings.items()}
         data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")
         try:
