@@ -10,6 +10,7 @@ import logging
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,24 +56,32 @@ def test_json_formatter_one_object_per_record_with_context_and_traceback() -> No
     assert out["time"].endswith("Z") and "T" in out["time"]
 
 
-def test_configure_leaves_a_configured_root_alone_unless_forced(capsys: pytest.CaptureFixture[str]) -> None:
-    root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
+@pytest.fixture
+def root_logging() -> Iterator[logging.Logger]:
+    """The root logger, and kazoo's level, as they were before the test."""
+    root, library = logging.getLogger(), logging.getLogger("kazoo")
+    saved = (list(root.handlers), root.level, library.level)
     try:
-        assert root.handlers  # pytest's
-        assert configure(logging.INFO, "json") is False
-        assert configure(logging.INFO, "json", stream=sys.stdout, force=True) is True
-        logging.getLogger("walkit.test").info("hello %s", "there", extra=context(bookie="b:1"))
-        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-        assert out["message"] == "hello there" and out["bookie"] == "b:1"
-        with pytest.raises(ValueError):
-            configure(fmt="xml", force=True)
+        yield root
     finally:
         for handler in list(root.handlers):
             root.removeHandler(handler)
         for handler in saved[0]:
             root.addHandler(handler)
         root.setLevel(saved[1])
+        library.setLevel(saved[2])
+
+
+def test_configure_leaves_a_configured_root_alone_unless_forced(capsys: pytest.CaptureFixture[str],
+                                                                  root_logging: logging.Logger) -> None:
+    assert root_logging.handlers  # pytest's
+    assert configure(logging.INFO, "json") is False
+    assert configure(logging.INFO, "json", stream=sys.stdout, force=True) is True
+    logging.getLogger("walkit.test").info("hello %s", "there", extra=context(bookie="b:1"))
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["message"] == "hello there" and out["bookie"] == "b:1"
+    with pytest.raises(ValueError):
+        configure(fmt="xml", force=True)
 
 
 @pytest.mark.parametrize(("level", "default", "kazoo"), [
@@ -81,20 +90,11 @@ def test_configure_leaves_a_configured_root_alone_unless_forced(capsys: pytest.C
     (logging.INFO, logging.INFO, logging.ERROR),  # a bookie
     (logging.DEBUG, logging.INFO, logging.NOTSET),  # a bookie, --log-level DEBUG
 ])
-def test_kazoo_is_heard_only_above_the_commands_default(level: int, default: int, kazoo: int) -> None:
+def test_kazoo_is_heard_only_above_the_commands_default(level: int, default: int, kazoo: int,
+                                                        root_logging: logging.Logger) -> None:
     """kazoo logs each reconnect attempt: held at ERROR unless more than the default is asked for."""
-    root, library = logging.getLogger(), logging.getLogger("kazoo")
-    saved = (list(root.handlers), root.level, library.level)
-    try:
-        assert configure(level, stream=sys.stdout, force=True, default=default) is True
-        assert library.level == kazoo and root.level == level
-    finally:
-        for handler in list(root.handlers):
-            root.removeHandler(handler)
-        for handler in saved[0]:
-            root.addHandler(handler)
-        root.setLevel(saved[1])
-        library.setLevel(saved[2])
+    assert configure(level, stream=sys.stdout, force=True, default=default) is True
+    assert logging.getLogger("kazoo").level == kazoo and root_logging.level == level
 
 
 def test_a_bookie_started_by_the_cli_logs_json_lines_with_its_id(tmp_path: Path) -> None:
