@@ -53,6 +53,7 @@ from multiprocessing.connection import Connection
 from types import FrameType, ModuleType
 from typing import Any
 
+from walkit._stats import percentile
 from walkit.errors import UsageError, WalkitError
 
 __all__ = ["run_demo", "format_report", "load_kvstore"]
@@ -279,14 +280,6 @@ def _lsns_increase(stream: _Stream) -> bool:
     return stream.in_order and all(a < b for a, b in zip(lsns, lsns[1:]))
 
 
-def _percentile(sorted_ns: list[int], p: float) -> float:
-    """Nearest rank, in milliseconds."""
-    if not sorted_ns:
-        return 0.0
-    rank = min(len(sorted_ns) - 1, max(0, int(round(p / 100 * len(sorted_ns) + 0.5)) - 1))
-    return sorted_ns[rank] / 1e6
-
-
 # -- the two acts ----------------------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -327,10 +320,11 @@ def _crash_act(kv: ModuleType, uri: str, log_name: str, seconds: float, seed: in
     checks.add("acknowledged LSNs increase in submission order", _lsns_increase(stream))
     snapshot = None if recovery.snapshot_lsn is None else {
         "lsn": str(recovery.snapshot_lsn), "bytes": recovery.snapshot_bytes, "replayed_after": recovery.replayed}
-    latencies = sorted(stream.latencies_ns)
+    latencies = stream.latencies_ns
+    ms = {f"p{p}": round(percentile(latencies, p / 100) / 1e6, 3) if latencies else 0.0 for p in (50, 99, 99.9)}
     report = {"primary_pid": child.pid, "seconds": round(ran, 2), "records": len(stream.lsns),
               "throughput_per_s": round(len(stream.lsns) / ran) if ran else 0,
-              "latency_ms": {f"p{p}": round(_percentile(latencies, p), 3) for p in (50, 99, 99.9)},
+              "latency_ms": ms,
               "unacknowledged_in_flight": in_flight, "unacknowledged_in_state": found,
               "failover_s": round(failover, 3), "replay_s": round(recovery.seconds, 3), "snapshot": snapshot,
               "keys": len(state)}

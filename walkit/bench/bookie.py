@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from walkit.bench._common import cpu_seconds
+from walkit.bench._common import cpu_seconds, latency_percentiles
 from walkit.client import BookieClient
 from walkit.errors import WalkitError
 from walkit.protocol import AddEntry, Response, encode_entry
@@ -109,19 +109,13 @@ async def _drive(port: int, pid: int, seconds: float, in_flight: int, size: int)
     await client.close()
     if failures:
         raise RuntimeError(f"an add failed: {failures[0]!r}")
-    latencies.sort()
-
-    def pct(q: float) -> float:
-        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] / 1e6 if latencies else 0.0
-
     return {
         "entry_size": size, "in_flight": in_flight, "seconds": round(elapsed, 2), "adds": acked,
         "adds_per_s": round(acked / elapsed), "mb_per_s": round(acked * size / elapsed / 1e6, 1),
         "bookie_cpu_us_per_add": round((cpu1 - cpu0) / max(acked, 1) * 1e6, 2),
         "bookie_cpu_cores": round((cpu1 - cpu0) / elapsed, 2),
         "client_cpu_us_per_add": round((client_cpu1 - client_cpu0) / max(acked, 1) * 1e6, 2),
-        "p50_ms": round(pct(0.5), 2), "p99_ms": round(pct(0.99), 2), "p999_ms": round(pct(0.999), 2),
-    }
+    } | latency_percentiles(latencies, digits=2)
 
 
 def run_bookie_bench(directory: str | None = None, seconds: float = 5.0, in_flight: int = 1000,

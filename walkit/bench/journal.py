@@ -40,6 +40,7 @@ from bookie.fs import FileSystem
 from bookie.fs.real import RealFS
 from bookie.journal import GroupCommitPolicy, Journal, JournalConfig, LogMark
 from bookie.journal._framing import C_FRAMING
+from walkit.bench._common import latency_percentiles
 
 __all__ = ["BenchResult", "run_journal_bench", "format_markdown"]
 
@@ -64,19 +65,11 @@ class BenchResult:
     p999_ms: float
 
 
-def _percentile(sorted_ns: list[int], q: float) -> float:
-    if not sorted_ns:
-        return 0.0
-    i = min(len(sorted_ns) - 1, int(q * len(sorted_ns)))
-    return sorted_ns[i] / 1e6
-
-
 def _result(name: str, size: int, lat_ns: list[int], seconds: float) -> BenchResult:
-    lat_ns.sort()
     n = len(lat_ns)
     return BenchResult(
         name, size, n, round(seconds, 3), round(n / seconds, 1), round(n * size / seconds / 1e6, 2),
-        round(_percentile(lat_ns, 0.50), 3), round(_percentile(lat_ns, 0.99), 3), round(_percentile(lat_ns, 0.999), 3),
+        **latency_percentiles(lat_ns),
     )
 
 
