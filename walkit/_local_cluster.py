@@ -80,6 +80,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
+from walkit._files import write_atomic
 from walkit.errors import (
     BookieError,
     BookieUnavailableError,
@@ -447,19 +448,10 @@ def _make_dir(path: Path) -> None:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """Temporary file, fsync, rename, directory fsync: the old text or the new, never half."""
-    tmp = path.with_name(path.name + ".tmp")
+    """:func:`walkit._files.write_atomic` (the old text or the new, never half), its
+    failure a ConfigError naming the file."""
     try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomic(path, text)
     except OSError as exc:
         raise ConfigError("cannot write the local cluster's file", path=path, reason=exc.strerror) from exc
 

@@ -34,6 +34,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
+from walkit._files import write_atomic
 from walkit.errors import InvalidArgumentError
 from walkit.wal import LSN
 from walkit.spark._plan import ReadOptions
@@ -78,17 +79,7 @@ def read_state(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def _write_state(directory: Path, state: dict[str, Any]) -> None:
-    tmp = directory / f".{STATE_FILE}.tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(state, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, directory / STATE_FILE)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomic(directory / STATE_FILE, json.dumps(state, sort_keys=True) + "\n")
 
 
 def _parquet_files(directory: Path) -> set[Path]:
