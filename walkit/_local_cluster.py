@@ -80,6 +80,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
+import tomli_w
+
 from walkit._files import write_atomic
 from walkit.errors import (
     BookieError,
@@ -760,15 +762,5 @@ def _toml(config: BookieConfig) -> str:
     from bookie import BookieConfig
 
     defaults = BookieConfig()
-    return "".join(f"{f.metadata['key']} = {_toml_value(getattr(config, f.name))}\n"
-                   for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(defaults, f.name))
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return repr(value)
+    return tomli_w.dumps({f.metadata["key"]: getattr(config, f.name) for f in dataclasses.fields(config)
+                          if getattr(config, f.name) != getattr(defaults, f.name)})
