@@ -317,17 +317,9 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
                         continue
                 assert state is not None
                 if added >= room and not cache.holds(ledger_id, entry_id):
-                    try:  # the cache is full (adds outrun the checkpoints): straight to the log
-                        with self._failing:
-                            location = dirs[ledger_id % len(dirs)].append(ledger_id, entry_id, data)
-                    except Exception as exc:  # noqa: BLE001 - refuses this entry only (a full disk)
-                        failed.append((i, exc))
-                        continue
-                    self._pending.setdefault(ledger_id, {})[entry_id] = location
-                    if entry_id > state.last_entry_id:
-                        state.last_entry_id = entry_id
-                    if (cached or reading) and (ledger_id in cached or ledger_id in reading):
-                        read_ahead.added(ledger_id, entry_id)
+                    error = self._write_through(ledger_id, entry_id, data, state)
+                    if error is not None:
+                        failed.append((i, error))
                     continue
                 if entry_id > state.last_entry_id:
                     state.last_entry_id = entry_id
@@ -346,6 +338,23 @@ class LedgerStorage(EntryLogReclaim, LedgerStates):
         if full:  # entries placed in a log buffer the disk has no room for wait in memory: say so
             self._report(self.on_no_space, full[0])
         return failed
+
+    def _write_through(self, ledger_id: int, entry_id: int, data: bytes, state: LedgerState) -> Exception | None:
+        """(Lock held) the cache is full (adds outrun the checkpoints): the entry goes
+        straight to its dir's log; returns the error that refused it (a full disk)."""
+        dirs = self._dirs
+        try:
+            with self._failing:
+                location = dirs[ledger_id % len(dirs)].append(ledger_id, entry_id, data)
+        except Exception as exc:  # noqa: BLE001 - refuses this entry only (a full disk)
+            return exc
+        self._pending.setdefault(ledger_id, {})[entry_id] = location
+        if entry_id > state.last_entry_id:
+            state.last_entry_id = entry_id
+        read_ahead = self._read_ahead
+        if ledger_id in read_ahead.ledger_ids or ledger_id in read_ahead.reading_ahead:
+            read_ahead.added(ledger_id, entry_id)
+        return None
 
     def _add_checked(self, ledger_id: int, entry_id: int, data: bytes) -> tuple[bytes, LedgerState]:
         """One entry with every check (lock held): its bytes (a copy of anything else)
