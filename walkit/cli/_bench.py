@@ -106,6 +106,12 @@ def _metadata(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``walkit bench`` and its benchmarks."""
     bench = subparsers.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
+    for add in (_add_write_benches, _add_read_benches, _add_gc_recovery_benches, _add_scale_metadata_benches):
+        add(bench)
+
+
+def _add_write_benches(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The parsers of walkit bench journal, bookie, ledger and wal: the write path."""
     bj = bench.add_parser("journal", help="the journal vs. the disk's own floor")
     bj.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bj.add_argument("--seconds", type=float, default=3.0, help="duration of each case (default 3)")
@@ -135,6 +141,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bw.add_argument("--dir", default=None, help="where the cluster and the baselines keep their data "
                     "(default: a temporary one here)")
     bw.set_defaults(func=_wal)
+
+
+def _add_read_benches(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The parsers of walkit bench read and spark: replay."""
     brd = bench.add_parser("read", help="replay of a log written beforehand (cold and hot, 100 B / 1 KiB records, "
                            "batched and one record per entry), a ledger's entries read back (in runs and entry by entry) "
                            "and tail visibility")
@@ -156,6 +166,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bsp.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     bsp.add_argument("--dir", default=None, help="where the cluster keeps its data (default: a temporary one)")
     bsp.set_defaults(func=_spark)
+
+
+def _add_gc_recovery_benches(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The parsers of walkit bench gc and recovery."""
     bgc = bench.add_parser("gc", help="GC: scan of up to 1,000,000 ledgers in metadata (time, peak memory) and "
                            "compaction (MB/s rewritten, add latency with and without it)")
     bgc.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -187,6 +201,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="the bookies' metadata session timeout: how soon a lost bookie is seen gone (default 10)")
     brc.add_argument("--dir", default=None, help="where the cluster keeps its data (default: a temporary one here)")
     brc.set_defaults(func=_recovery)
+
+
+def _add_scale_metadata_benches(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The parsers of walkit bench scale and metadata."""
     bsc = bench.add_parser("scale", help="cost as the data grows: bookie RSS against ledgers and entries stored, "
                            "throughput over 1..10,000 ledgers, a checkpoint against the ledgers it touches, bookie restart against GiB stored, recovery against "
                            "ledger length, WAL failover against segments and snapshots")
