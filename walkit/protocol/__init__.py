@@ -1,5 +1,5 @@
 """Sans-IO codecs shared by the client and the bookie (no sockets in here): the entry
-format (``_entry.py``) and the bookie wire protocol (``_wire.py``)."""
+format (``_entry.py``) and the bookie wire protocol (``_codes.py`` its numbers, ``_wire.py`` its codec)."""
 
 from walkit.protocol._entry import (
     ENTRY_HEADER,
@@ -14,13 +14,18 @@ from walkit.protocol._entry import (
 )
 from walkit.protocol._admin import MAX_ADMIN_BODY
 from walkit.protocol._range import MAX_RANGE_ENTRIES, RANGE_RESPONSE_OVERHEAD, range_response_size
-from walkit.protocol._wire import (
+from walkit.protocol._codes import (
     DEFAULT_MAX_FRAME_SIZE,
     HEADER_SIZE,
     MAX_KEY_SIZE,
     MAX_MESSAGE_SIZE,
     MIN_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
+    Flag,
+    Op,
+    Status,
+)
+from walkit.protocol._wire import (
     AddEntry,
     AddEntryResponse,
     AdminRequest,
@@ -28,10 +33,8 @@ from walkit.protocol._wire import (
     BookieInfoResponse,
     ClientConnection,
     ErrorResponse,
-    Flag,
     FrameDecoder,
     GetBookieInfo,
-    Op,
     ReadEntry,
     ReadEntryResponse,
     ReadLac,
@@ -41,7 +44,6 @@ from walkit.protocol._wire import (
     Request,
     Response,
     ServerConnection,
-    Status,
     WriteLac,
     WriteLacResponse,
     decode_request,

@@ -32,7 +32,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import IntEnum, IntFlag
 from typing import Any, TypeAlias
 
 from walkit.errors import (
@@ -50,19 +49,21 @@ from walkit.errors import (
     UnauthorizedError,
     WalkitError,
 )
+from walkit.protocol._codes import (
+    DEFAULT_MAX_FRAME_SIZE,
+    HEADER_SIZE,
+    MAX_KEY_SIZE,
+    MAX_MESSAGE_SIZE,
+    MIN_MAX_FRAME_SIZE,
+    PROTOCOL_VERSION,
+    Flag,
+    Op,
+    Status,
+)
 from walkit.protocol._admin import AdminRequest, AdminResponse, dec_admin, dec_admin_resp, enc_admin, enc_admin_resp
 from walkit.protocol._range import ReadRange, ReadRangeResponse, dec_range, dec_range_resp, enc_range, enc_range_resp
 
 __all__ = [
-    "PROTOCOL_VERSION",
-    "DEFAULT_MAX_FRAME_SIZE",
-    "MIN_MAX_FRAME_SIZE",
-    "HEADER_SIZE",
-    "MAX_KEY_SIZE",
-    "MAX_MESSAGE_SIZE",
-    "Op",
-    "Flag",
-    "Status",
     "AddEntry",
     "ReadEntry",
     "ReadLac",
@@ -91,49 +92,10 @@ __all__ = [
     "ClientConnection",
 ]
 
-PROTOCOL_VERSION = 1
-DEFAULT_MAX_FRAME_SIZE = 5 * 1024 * 1024  # BookKeeper's nettyMaxFrameSizeBytes
-MIN_MAX_FRAME_SIZE = 4096  # every message without entry data fits (the largest is 1056 bytes)
-HEADER_SIZE = 12  # version, kind, flags/status, request id: the bytes after the length
-MAX_KEY_SIZE = 64
-MAX_MESSAGE_SIZE = 1024  # bytes of UTF-8 in an error response
-
 _I63 = 2**63 - 1
 _U64 = 2**64 - 1
 _U32 = 2**32 - 1
 Buffer: TypeAlias = bytes | bytearray | memoryview
-
-
-class Op(IntEnum):
-    """A request's kind byte; its response has kind ``0x80 | op``."""
-
-    INVALID = 0  # never a request; an error response with it answers a frame whose op is unknown
-    ADD_ENTRY = 1
-    READ_ENTRY = 2
-    READ_LAC = 3
-    WRITE_LAC = 4
-    GET_BOOKIE_INFO = 5
-    ADMIN = 6  # operator commands with JSON bodies (walkit.protocol._admin)
-    READ_RANGE = 7  # consecutive entries of one ledger in one frame (walkit.protocol._range)
-
-
-class Flag(IntFlag):
-    RECOVERY_ADD = 0x1  # ADD_ENTRY: a recoverer re-replicating; accepted on a fenced ledger
-    FENCE = 0x2  # READ_ENTRY: fence the ledger first (needs the master key)
-    LONG_POLL = 0x4  # READ_ENTRY: wait until the LAC passes previous_lac or timeout_ms
-
-
-class Status(IntEnum):
-    EOK = 0
-    ENOLEDGER = 1
-    ENOENTRY = 2
-    EBADREQ = 3
-    EIO = 4
-    EUA = 5
-    EBADVERSION = 6
-    EFENCED = 7
-    EREADONLY = 8
-    ETOOMANYREQUESTS = 9
 
 
 _OPS = {op.value: op for op in Op}
