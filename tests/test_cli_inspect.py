@@ -16,6 +16,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -296,7 +297,7 @@ def test_log_tail_follows_until_sigint(world: World) -> None:
             later = w.append(b"tailed 2")
             assert json.loads(_lines(proc.stdout, 1)[0]) == {"lsn": str(later), "text": "tailed 2"}
             proc.send_signal(signal.SIGINT)
-            assert proc.wait(timeout=20) == 0
+            assert proc.wait(timeout=20) == 130  # Ctrl-C ends a tail: 128 + SIGINT
             assert b"Traceback" not in proc.stderr.read()
         finally:
             proc.kill()
@@ -304,6 +305,67 @@ def test_log_tail_follows_until_sigint(world: World) -> None:
         w.append(b"the writer was never fenced")
     finally:
         w.close()
+
+
+@pytest.mark.parametrize("moment", ["at once", "0.05 s", "0.2 s", "0.4 s", "waiting", "after a record", "streaming"])
+def test_log_tail_ends_at_once_whenever_sigint_comes(world: World, moment: str) -> None:
+    """Ctrl-C ends a tail within seconds at any instant: during start-up, imports and
+    connecting (a few moments after the start), in the middle of a long poll, right after
+    a record (as above), while records stream. Once the tail has started: exit status
+    130, no traceback, every line printed whole; before, Python's own SIGINT handling may
+    end it (killed by SIGINT, which a shell shows as 130 too). A KeyboardInterrupt raised
+    in the main thread could stop it inside a lock the client's loop needed (the loop
+    then hung for good) or be lost in a weakref callback: SIGINT only wakes it now
+    (walkit/cli/_sigint.py)."""
+    started = moment in ("waiting", "after a record", "streaming")
+    with walkit.WriteAheadLog.open(world.bk, "sigint-" + moment.replace(" ", "-").replace(".", "")) as w:
+        w.append(b"before the tail")
+        streaming = threading.Event()
+
+        def stream() -> None:
+            n = 0
+            while not streaming.is_set():
+                w.append(b"streamed %d" % n)
+                n += 1
+
+        writer = threading.Thread(target=stream)
+        proc = subprocess.Popen([sys.executable, "-m", "walkit.cli", "log", "tail", w.name, "--metadata", world.uri,
+                                 "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+        assert proc.stderr is not None and proc.stdout is not None
+        try:
+            early: list[bytes] = _lines(proc.stderr, 1) if started else []
+            printed: list[bytes] = []
+            if moment == "waiting":
+                time.sleep(0.5)  # half way through the tail's first long poll (1 s)
+            elif moment == "after a record":
+                w.append(b"tailed")
+                printed = _lines(proc.stdout, 1)
+            elif moment == "streaming":
+                writer.start()
+                printed = _lines(proc.stdout, 3)
+            elif moment != "at once":
+                time.sleep(float(moment.split()[0]))
+            proc.send_signal(signal.SIGINT)
+            sent = time.monotonic()
+            out, err = proc.communicate(timeout=20)  # read on: a full pipe would stop the tail's prints
+            took = time.monotonic() - sent
+        finally:
+            streaming.set()
+            if writer.is_alive():
+                writer.join()
+            proc.kill()
+            proc.wait()
+    assert took < 10, f"{took:.1f} s after SIGINT"
+    out = b"".join(printed) + out
+    if started:
+        assert proc.returncode == 130, (proc.returncode, err)
+        assert b"Traceback" not in err and b"Exception ignored" not in err, err
+        assert b"tailing log" in b"".join(early) and (out == b"" or out.endswith(b"\n"))
+        assert all(json.loads(line)["lsn"] for line in out.splitlines())
+    else:  # CPython's: killed by SIGINT, or exit status 1 when it came while the site module was imported
+        assert proc.returncode in (130, -signal.SIGINT) or (proc.returncode == 1 and b"init_import_site" in err), (
+            proc.returncode, err)
+        assert out == b""
 
 
 # -- both metadata drivers ---------------------------------------------------------------------

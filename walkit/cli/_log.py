@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 from walkit.cli._metadata import add_metadata_option
@@ -218,25 +218,59 @@ def _read(args: argparse.Namespace) -> int:
 
 
 def _tail(args: argparse.Namespace) -> int:
-    bk = _client(args)
-    try:
-        _follow(bk, args)
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
-    finally:
-        bk.close()
-    return 0
+    """Until Ctrl-C (exit status 130), or an error. The tail runs on a thread of its own
+    and SIGINT only wakes this one (walkit/cli/_sigint.py), which then closes the reader:
+    the tail ends at once, between two records, and the client is closed as usual."""
+    from walkit.cli._sigint import run_until_interrupted
+
+    tail = _Tail(args)
+    return 130 if run_until_interrupted(tail.run, tail.stop, "walkit-log-tail") else 0
 
 
-def _follow(bk: BookKeeper, args: argparse.Namespace) -> None:
-    from walkit.wal import last_lsn
+class _Tail:
+    """``walkit log tail``'s work (:meth:`run`, on its thread), and :meth:`stop` from another."""
 
-    fmt = "json" if args.json else args.format
-    reader, meta = _reader_and_meta(bk, args)
-    with reader:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self._args = args
+        self._lock = threading.Lock()  # stop() and the reader's open/close, one at a time
+        self._stopping = False
+        self._reader: LogReader | None = None
+
+    def stop(self) -> None:
+        """End the tail: its reader closed, the tail ends at its next step (at once when it
+        waits: closing wakes its long poll); before or while connecting, at its end."""
+        with self._lock:
+            self._stopping = True
+            if self._reader is not None:
+                self._reader.close()
+
+    def run(self) -> None:
+        from walkit.errors import UsageError
+
+        with _client(self._args) as bk:
+            reader, meta = _reader_and_meta(bk, self._args)
+            with self._lock:
+                self._reader = reader
+            try:
+                if not self._stopping:
+                    self._follow(bk, reader, meta)
+            except UsageError:
+                if not self._stopping:
+                    raise  # else: the reader closed by stop() under the tail
+            finally:
+                with self._lock:
+                    reader.close()
+
+    def _follow(self, bk: BookKeeper, reader: LogReader, meta: LogMetadata) -> None:
+        from walkit.wal import last_lsn
+
+        args = self._args
+        fmt = "json" if args.json else args.format
         after = args.after if args.after is not None or args.from_start else last_lsn(bk, meta, args.password.encode())
         where = f"after {after}" if after is not None else "from its first record"
         print(f"tailing log {args.namespace}/{args.name} {where} (Ctrl-C to stop)", file=sys.stderr, flush=True)
         for lsn, record in reader.tail(after):
             record_line(fmt, "lsn", str(lsn), record)
             sys.stdout.flush()
+            if self._stopping:
+                break

@@ -10,7 +10,9 @@ A sequence read on the loop (a replay's chunks, a tail's entries) is an async ge
 that runs there; :meth:`LoopThread.iterate` hands its items to a thread and
 :meth:`LoopThread.aiterate` to another event loop, one hand-off per item (so items are
 chunks, not records), and both close it on the loop when their consumer stops early, so
-nothing of it (a read under way, a watch) outlives the consumer.
+nothing of it (a read under way, a watch) outlives the consumer. A thread waits for each
+item on a lock of its own, not on a future (:class:`_Steps`), so that a KeyboardInterrupt
+- Ctrl-C in ``for lsn, record in reader.tail()`` - may stop it at any instant.
 
 The thread is a daemon (a client never closed must not keep the process alive). At
 interpreter exit it would be frozen wherever it was and its tasks - a WriteAheadLog's
@@ -29,6 +31,7 @@ import atexit
 import concurrent.futures
 import logging
 import contextlib
+import functools
 import threading
 import time
 import weakref
@@ -120,34 +123,24 @@ class LoopThread:
     def iterate(self, agen: AsyncGenerator[T, None], waited: Callable[[float], None] | None = None) -> Iterator[T]:
         """(Another thread) the items of ``agen``, an async generator run on the loop one
         step per item; ``waited(s)``: told how long each item was waited for (its end is
-        no item). Stopping early (``close()`` of this generator) closes ``agen`` on the
-        loop and waits for it."""
-        step: concurrent.futures.Future[tuple[bool, T | None]] | None = None
-        over = False  # agen ended (exhausted, or raised): nothing to close
+        no item). Stopping early (``close()`` of this generator, a KeyboardInterrupt at any
+        instant) cancels the step under way and closes ``agen`` on the loop, waiting for
+        it (:class:`_Steps`)."""
         if self.in_loop():
             raise UsageError("a blocking walkit read was made from the client's own event loop thread "
                              "(from a callback?); use the asyncio API or another thread")
+        steps = _Steps(self, agen)
         try:
             while True:
                 began = time.monotonic()
-                step = self.submit(_step(agen, self._handed))
-                try:
-                    more, item = self.result(step)
-                except BaseException:
-                    over = step.done() and not step.cancelled()  # agen raised; else the wait was interrupted
-                    raise
-                step = None
+                more, item = steps.next()
                 if not more:
-                    over = True
                     return
                 if waited is not None:
                     waited(time.monotonic() - began)
-                yield item  # type: ignore[misc]
+                yield item
         finally:
-            if not over:
-                if step is not None:
-                    step.cancel()  # agen ends with the step's CancelledError
-                self._close_on_loop(agen, wait=not self.in_loop())
+            steps.close(wait=not self.in_loop())
 
     async def aiterate(self, agen: AsyncGenerator[T, None],
                        waited: Callable[[float], None] | None = None) -> AsyncGenerator[T, None]:
@@ -180,16 +173,6 @@ class LoopThread:
             if not over and not self._stopped:
                 with contextlib.suppress(UsageError):
                     await asyncio.shield(asyncio.wrap_future(self.submit(_aclose(agen))))
-
-    def _close_on_loop(self, agen: AsyncGenerator[Any, None], wait: bool) -> None:
-        """Close ``agen`` on the loop (from another thread: waiting up to 10 s for it)."""
-        try:
-            closing = self.submit(_aclose(agen))
-        except UsageError:
-            return  # the client is closed: its loop cancelled and closed everything
-        if wait:
-            with contextlib.suppress(concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
-                closing.result(10)
 
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the loop soon (from the loop itself: without writing to
@@ -235,6 +218,88 @@ class LoopThread:
         for agen in list(self._handed):  # each closes the generators it uses, in order
             await _aclose(agen)
         await self.loop.shutdown_asyncgens()
+
+
+class _Steps:
+    """The steps of one :meth:`LoopThread.iterate`, between its consumer's thread and the loop.
+
+    The consumer waits for a step on a lock of its own that the loop releases once the
+    step's outcome is in, never on a ``concurrent.futures.Future``: that one's Condition is
+    entered in Python code, and a KeyboardInterrupt (Ctrl-C, raised wherever the main
+    thread is) landing just after its lock was taken left the lock held - the loop then
+    blocked for good when it came to complete the future, and every clean-up waited out
+    its timeout. The step's task lives on the loop only: an interrupted consumer cannot
+    lose track of it (:meth:`close` cancels it, lets it end, then closes ``agen``), and
+    never frees it (freeing a task runs a weakref callback, where a KeyboardInterrupt is
+    lost)."""
+
+    def __init__(self, owner: LoopThread, agen: AsyncGenerator[Any, None]) -> None:
+        self._owner = owner
+        self._agen = agen
+        self._task: asyncio.Task[tuple[bool, Any]] | None = None  # (loop) the step under way
+        self._outcome: tuple[bool, Any] | BaseException | None = None
+        self._over = False  # agen ended (exhausted, or raised): nothing to close
+        self._closing: asyncio.Task[None] | None = None  # (loop) close()'s work
+
+    def next(self) -> tuple[bool, Any]:
+        """(Consumer) ``agen``'s next item: (True, item), or (False, None) at its end."""
+        ready = threading.Lock()
+        ready.acquire()
+        self._owner.call(self._begin, ready)
+        # Interrupted, nothing is held (close() finds the step on the loop). In slices: a
+        # signal that came just before the wait blocked is handled when it returns.
+        while not ready.acquire(timeout=1.0):
+            if self._owner.stopped:  # stopped before the step ran: it never will
+                raise UsageError("client closed while the call ran")
+        outcome, self._outcome = self._outcome, None
+        if isinstance(outcome, BaseException):
+            self._over = True  # agen raised, or was cancelled in its step (the client closed)
+            raise outcome
+        assert outcome is not None
+        self._over = not outcome[0]
+        return outcome
+
+    def _begin(self, ready: threading.Lock) -> None:
+        """(Loop) start a step; ``ready`` is released once its outcome is in."""
+        self._task = self._owner.loop.create_task(_step(self._agen, self._owner._handed))
+        self._task.add_done_callback(functools.partial(self._settle, ready))
+
+    def _settle(self, ready: threading.Lock, task: asyncio.Task[tuple[bool, Any]]) -> None:
+        self._task = None
+        if task.cancelled():
+            self._outcome = UsageError("client closed while the call ran")
+        else:
+            error = task.exception()
+            self._outcome = error if error is not None else task.result()
+        ready.release()
+
+    def close(self, wait: bool) -> None:
+        """(Consumer) stop early: the step under way cancelled and ended, then ``agen``
+        closed, on the loop (waiting up to 10 s for that when ``wait``)."""
+        if self._over:
+            return
+        closed = threading.Lock()
+        closed.acquire()
+        try:
+            self._owner.call(self._close, closed)
+        except UsageError:
+            return  # the client is closed: its loop cancelled and closed everything
+        self._over = True
+        if wait:
+            closed.acquire(timeout=10)
+
+    def _close(self, closed: threading.Lock) -> None:
+        async def close() -> None:
+            try:
+                task = self._task
+                while task is not None and not task.done():  # agen ends with the step's CancelledError
+                    task.cancel()  # again if a step swallowed it (3.11's wait_for, its future done too)
+                    await asyncio.wait((task,), timeout=0.1)
+                await _aclose(self._agen)  # one whose step ended with an item is closed here
+            finally:
+                closed.release()
+
+        self._closing = self._owner.loop.create_task(close())
 
 
 async def _step(agen: AsyncGenerator[T, None], handed: weakref.WeakSet[AsyncGenerator[Any, None]]) -> tuple[
