@@ -1,4 +1,23 @@
-"""Shared fixtures: a real ZooKeeper (started only when a test asks for it)."""
+"""Shared fixtures: a real ZooKeeper (started only when a test asks for it), and the
+torture runs' options and scheduler.
+
+The tests are in folders by kind; markers, not folders, select what runs (``-m torture``,
+``-m slow``, ``-m spark``, ``-m realdisk``):
+
+- ``unit/``: one piece in-process, no cluster (codecs, journal framing and policy, storage
+  on MemFS and the real file system, metadata records, placement, golden files);
+- ``crash/``: power cuts, torn writes, full and failing disks against the journal,
+  storage, GC and a bookie (MemFS models, real small file systems);
+- ``cluster/``: real bookies on loopback (LocalCluster, ZooKeeper): the ledger client,
+  WAL, recovery, metadata drivers and outages, the admin endpoint, metrics, Spark;
+- ``process/``: what runs as processes of its own: bookie processes, the CLI, sandbox,
+  demo, the scale fuzzer;
+- ``torture/``: the randomized fault runs, their scheduler and record, the churn soak;
+- ``bench/``: the benchmarks' short forms and options;
+- ``package/``: the wheel and sdist, README and docs run as written, mypy, the layers'
+  arrows and the house's measures;
+- ``support/``: what they share, a package (``from support.bookie import ...``).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from zk_support import ZooKeeperEnsemble, ZooKeeperServer
+from support.zk import ZooKeeperEnsemble, ZooKeeperServer
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +65,7 @@ def zk_ensemble(zk_ensemble_module: ZooKeeperEnsemble) -> ZooKeeperEnsemble:
     return zk_ensemble_module
 
 
-# -- torture runs (tests/test_torture.py, docs/reliability.md) ------------------------------------
+# -- torture runs (tests/torture/test_torture.py, docs/reliability.md) ------------------------------------
 
 def _env_number(name: str, default: float) -> float:
     text = os.environ.get(name, "")
@@ -68,7 +87,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="seconds of faults per seed (default: $WALKIT_TORTURE_SECONDS or 20)")
     group.addoption("--torture-record", default=None, metavar="FILE",
                     help="append one line per seed run to FILE (docs/torture-record.jsonl: the project's record; "
-                         "python tests/torture_record.py then rewrites docs/reliability.md's table)")
+                         "python tests/support/torture/record.py then rewrites docs/reliability.md's table)")
     group.addoption("--torture-jobs", type=int, default=None, metavar="N",
                     help="seeds run at once, each in a process of its own (default: $WALKIT_TORTURE_JOBS or 2)")
 
@@ -95,8 +114,8 @@ def torture_jobs(config: pytest.Config) -> int:
 @pytest.fixture(scope="session")
 def torture_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The session's torture seeds, run ``--torture-jobs`` at a time in processes of their
-    own (tests/torture_run.py); each ``test_torture[seed]`` waits for its seed's report."""
-    from torture_run import TortureRuns
+    own (tests/support/torture/run.py); each ``test_torture[seed]`` waits for its seed's report."""
+    from support.torture.run import TortureRuns
 
     config = request.config
     runs = TortureRuns(torture_seeds(config), torture_seconds(config), torture_jobs(config),
@@ -118,7 +137,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     record = config.getoption("--torture-record")
     if record:
-        from torture_record import append, commit_of, entry
+        from support.torture.record import append, commit_of, entry
 
         commit = commit_of(Path(__file__).parent)
         append(Path(record), (entry(report, runs.walls.get(seed, 0.0), commit)
