@@ -1,7 +1,7 @@
 """Pure decisions of garbage collection: rate limits, which logs to compact, and when.
 
 Nothing here does I/O or reads a clock of its own: the clock and the sleep are passed
-in, so every rule is tested with a fake clock (``tests/test_gc.py``).
+in, so every rule is tested with a fake clock (``tests/unit/test_gc.py``).
 """
 
 from __future__ import annotations

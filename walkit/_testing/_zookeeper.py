@@ -1,6 +1,6 @@
 """A standalone Apache ZooKeeper for tests: Debian's ``zookeeper`` package, on 127.0.0.1.
 
-The same server the walkit test suite runs (``tests/zk_support.py``, trimmed to one
+The same server the walkit test suite runs (``tests/support/zk.py``, trimmed to one
 standalone node): the package is installed with apt-get when its jar is missing (root,
 Debian), the JVM runs ``ZooKeeperServerMain`` with its client port on a free loopback
 port and a data directory of its own, and the start is complete when the server answers

@@ -35,7 +35,7 @@ written one append at a time) is recognised by its 13-byte head in one loop over
 chunk, its record copied out and its pair made in C when the consumer takes it; every
 other entry - a batch of many, a fragment, damage, an entry at or before ``after`` -
 goes through :meth:`RecordReader.records`, so the pairs, errors and stats are the same
-either way (tests/test_wal_large.py reads every case both ways).
+either way (tests/cluster/test_wal_large.py reads every case both ways).
 """
 
 from __future__ import annotations
