@@ -16,16 +16,18 @@ from pathlib import Path
 
 import pytest
 
-import support.torture.harness as torture_support
+import support.torture.plan as torture_plan
 import walkit
 from conftest import torture_seeds
 from support.torture.history import Anomaly, History, Read, check, late_acknowledgments
 from support.torture.ledgers import ledger_payload
 from support.torture.run import TortureRuns
-from support.torture.harness import (
+from support.torture.harness import Report
+from support.torture.plan import (
     BOOKIES,
     DISK_FULL,
     FSYNC_FAIL,
+    Fault,
     LOCK_FOR,
     LOST,
     LOST_MIN_SECONDS,
@@ -40,12 +42,10 @@ from support.torture.harness import (
     ZK_OUTAGE,
     ZK_OUTAGE_FOR,
     ZK_VICTIMS,
-    Fault,
-    Report,
-    await_write_quorum,
     make_plan,
-    payload,
 )
+from support.torture.repair import await_write_quorum
+from support.torture.workload import payload
 from walkit.metadata import UnderReplication, connect
 
 
@@ -191,7 +191,7 @@ def test_plans_are_reproducible_and_within_the_limits(seed: int) -> None:
                                                                                    else 0))], plan
     assert len({f.bookie for f in plan.faults if f.kind == "damage-journal"}) <= QA - 1
     assert len(lost) <= 1, plan
-    for loss in lost:  # see harness._lose_one
+    for loss in lost:  # see plan._lose_one
         assert loss.start <= plan.seconds / 2 and loss.end < plan.seconds, plan
         quiet = max(loss.end, loss.start + REPAIR_SECONDS)
         assert not [f for f in plan.faults if f.kind in down - {LOST} and f.start <= quiet and loss.start <= f.end]
@@ -218,10 +218,10 @@ def test_a_loss_comes_from_a_stream_of_its_own_and_only_drops_or_moves_faults(
     assert 10 <= len(losing) <= 30 and {plans[s].mode for s in losing} == {"processes", "hooks"}
     assert {plans[s].metadata for s in losing} == {"local", "zk", "zk3"}
     assert not any(f.kind == LOST for seed in range(40) for f in make_plan(seed, LOST_MIN_SECONDS - 1).faults)
-    monkeypatch.setattr(torture_support, "_disk_faults", lambda rng, faults, seconds, mode: faults)
-    monkeypatch.setattr(torture_support, "_outage", lambda rng, faults, seconds, metadata: faults)
+    monkeypatch.setattr(torture_plan, "_disk_faults", lambda rng, faults, seconds, mode: faults)
+    monkeypatch.setattr(torture_plan, "_outage", lambda rng, faults, seconds, metadata: faults)
     plans = {seed: make_plan(seed, 30.0) for seed in range(40)}  # the disk and outage streams come later
-    monkeypatch.setattr(torture_support, "LOST_CHANCE", 0.0)
+    monkeypatch.setattr(torture_plan, "LOST_CHANCE", 0.0)
     for seed in losing:
         base = make_plan(seed, 30.0).faults
         victim = next(f.bookie for f in plans[seed].faults if f.kind == LOST)
@@ -236,11 +236,11 @@ def test_disk_faults_and_outages_come_from_streams_of_their_own(monkeypatch: pyt
     they existed), and an outage only drops faults (those that need metadata near it)."""
     plans = {seed: make_plan(seed, 30.0) for seed in range(60)}
     assert sum(any(f.kind in (ZK_OUTAGE, METADATA_LOCK) for f in p.faults) for p in plans.values()) >= 5
-    monkeypatch.setattr(torture_support, "_outage", lambda rng, faults, seconds, metadata: faults)
+    monkeypatch.setattr(torture_plan, "_outage", lambda rng, faults, seconds, metadata: faults)
     no_outage = {seed: make_plan(seed, 30.0) for seed in plans}
     for seed, plan in plans.items():
         assert {f for f in plan.faults if f.kind not in (ZK_OUTAGE, METADATA_LOCK)} <= set(no_outage[seed].faults)
-    monkeypatch.setattr(torture_support, "_disk_faults", lambda rng, faults, seconds, mode: faults)
+    monkeypatch.setattr(torture_plan, "_disk_faults", lambda rng, faults, seconds, mode: faults)
     for seed, plan in no_outage.items():
         base = make_plan(seed, 30.0).faults
         assert [f for f in plan.faults if f.kind not in (DISK_FULL, FSYNC_FAIL)] == list(base), seed

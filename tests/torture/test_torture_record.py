@@ -8,7 +8,8 @@ import datetime
 from pathlib import Path
 
 from support.torture.record import DOC, END, RECORD, START, append, entry, load, summary, write_doc
-from support.torture.harness import LedgerCounts, Report, make_plan
+from support.torture.harness import LedgerCounts, Report
+from support.torture.plan import make_plan
 
 
 def _report(seed: int, acked: int, anomalies: int = 0) -> Report:

@@ -8,7 +8,7 @@ import pytest
 
 import support.torture.run as torture_run
 from support.torture.run import TortureRunError, TortureRuns
-from support.torture.harness import make_plan
+from support.torture.plan import make_plan
 
 
 def no_zookeeper() -> str:

@@ -1,7 +1,7 @@
 """The raw-ledger workload of a torture run: ledgers written, fenced, recovered and
 followed through the ledger API (``walkit.BookKeeper``), on the same cluster and under
 the same faults as the WAL workload, recorded as a second
-:class:`~torture_history.History` and judged by :func:`torture_history.check`.
+:class:`~support.torture.history.History` and judged by :func:`support.torture.history.check`.
 
 Theory of operation
 -------------------
@@ -380,7 +380,7 @@ class LedgerWorkload:
 
     def late_acks(self) -> int:
         """Acknowledgments that came after a recovery open returned, for entries inside
-        the recovered ledger (allowed: see torture_history.late_acknowledgments)."""
+        the recovered ledger (allowed: see support.torture.history.late_acknowledgments)."""
         return len(late_acknowledgments(self.history))
 
     def close(self) -> None:

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import IO
 
 from support.disk import release_mounts
-from support.torture.harness import TESTS, Report, child_env, make_plan, torture
+from support.torture import TESTS, child_env
+from support.torture.harness import Report, torture
+from support.torture.plan import make_plan
 
 GRACE = 240.0  # beyond its planned seconds, how long one run may take before it is killed
 

@@ -19,7 +19,8 @@ import threading
 import time
 
 import walkit
-from support.torture.harness import CLIENT, open_log, pump
+from support.torture.plan import CLIENT
+from support.torture.workload import open_log, pump
 from walkit.errors import WalkitError
 
 
