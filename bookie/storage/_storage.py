@@ -6,7 +6,8 @@ Theory of operation
 module of its own around one shared state (:mod:`bookie.storage._shared`, which states
 the locking rule):
 
-- the add path and the lifecycle (open, close, delete) - here;
+- the lifecycle: open, close, a ledger's deletion - here;
+- the add path: the write cache, or written through (:mod:`bookie.storage._adds`);
 - the per-ledger state API: master key, fence, explicit LAC (:mod:`bookie.storage._state`);
 - reads: one entry, a run of entries, memory only (:mod:`bookie.storage._reads`);
 - placement: the write cache into the entry logs (:mod:`bookie.storage._placement`);
@@ -47,10 +48,11 @@ from typing import Any
 
 from bookie.fs import FileSystem
 from bookie.storage._cache import ReadAheadCache, RecentWrites
+from bookie.storage._adds import EntryAdds
 from bookie.storage._files import StorageFiles
 from bookie.storage._flush import Flush
-from bookie.storage._format import MAX_ENTRY_ID, MAX_ENTRY_SIZE, check_entry_ids, check_limits
-from bookie.storage._index import LedgerState, load_index
+from bookie.storage._format import check_limits
+from bookie.storage._index import load_index
 from bookie.storage._ledgerdir import LedgerDir
 from bookie.storage._placement import Placement
 from bookie.storage._reads import EntryReads
@@ -58,7 +60,7 @@ from bookie.storage._reclaim import EntryLogInfo, EntryLogReclaim, Record
 from bookie.storage._shared import StorageShared
 from bookie.storage._state import LedgerStates
 from bookie.storage._writecache import PLACE_BATCH, PLACE_BATCH_BYTES, WriteCache
-from walkit.errors import CorruptionError, EntryTooLargeError, InvalidArgumentError
+from walkit.errors import CorruptionError, InvalidArgumentError
 
 __all__ = ["LedgerStorage", "SLOT_LOG"]
 
@@ -116,9 +118,10 @@ class LedgerStorage(LedgerStates):
         shared = StorageShared(fs, dirs, WriteCache(2 * write_cache_bytes),
                                ReadAheadCache(read_ahead_cache_bytes, read_ahead_batch, read_ahead_batch_bytes), recent)
         super().__init__(shared)
-        #: the dirs and the write cache, fixed for the storage's life (the add path's hot locals)
+        #: the dirs and the write cache (fixed for the storage's life)
         self._dirs, self._cache = dirs, shared.cache
         self._files = StorageFiles(fs, dirs, recent, open_index_files)
+        self._adds = EntryAdds(shared)
         self._reads = EntryReads(shared, self._files)
         self._placement = Placement(shared, PLACE_BATCH, PLACE_BATCH_BYTES, placement_sync_bytes)
         self._flusher = Flush(shared, self._files, self._placement, syncfs_files=SYNCFS_FILES,
@@ -214,85 +217,9 @@ class LedgerStorage(LedgerStates):
             raise failed[0][1]
 
     def add_entries(self, entries: list[tuple[int, int, bytes]]) -> list[tuple[int, Exception]]:
-        """Store several entries, in order, under one lock acquisition: each as
-        :meth:`add_entry` would. A refused entry does not stop the others; returns the
-        refusals as ``(index in entries, error)`` (empty when every entry was stored).
-
-        An entry goes to the write cache (:mod:`bookie.storage._writecache`): the next
-        flush places it in its dir's log. The hot path: an entry of a ledger already
-        known, ids in range, ``bytes`` data, a storage that has not failed, is one dict
-        insert; anything else takes :meth:`_add_checked`, which checks each point and
-        raises the right error."""
-        failed: list[tuple[int, Exception]] = []
-        sh = self._shared
-        dirs, states, cache = self._dirs, sh.states, self._cache
-        read_ahead = sh.read_ahead
-        cached, reading = read_ahead.ledger_ids, read_ahead.reading_ahead  # usually empty: one test per entry
-        added = 0
-        with sh.lock:
-            active = cache.active  # swapped by a flush, under the lock
-            room = cache.room()  # past it: written through
-            last_ledger, state, slots = -1, None, None
-            for i, (ledger_id, entry_id, data) in enumerate(entries):
-                if ledger_id != last_ledger:
-                    state = states.get(ledger_id)
-                    last_ledger, slots = -1, None
-                if (state is None or sh.failure is not None or type(data) is not bytes
-                        or not 0 <= entry_id <= MAX_ENTRY_ID or len(data) > MAX_ENTRY_SIZE):
-                    try:
-                        data, state = self._add_checked(ledger_id, entry_id, data)
-                    except Exception as exc:  # noqa: BLE001 - refuses this entry only
-                        failed.append((i, exc))
-                        last_ledger = -1
-                        continue
-                assert state is not None
-                if added >= room and not cache.holds(ledger_id, entry_id):
-                    error = self._write_through(ledger_id, entry_id, data, state)
-                    if error is not None:
-                        failed.append((i, error))
-                    continue
-                if entry_id > state.last_entry_id:
-                    state.last_entry_id = entry_id
-                if slots is None:
-                    slots = active.get(ledger_id)
-                    if slots is None:
-                        slots = active[ledger_id] = {}
-                    last_ledger = ledger_id
-                old = slots.get(entry_id)
-                slots[entry_id] = data
-                added += len(data) if old is None else len(data) - len(old)
-                if (cached or reading) and (ledger_id in cached or ledger_id in reading):
-                    read_ahead.added(ledger_id, entry_id)  # re-adding overwrites: no copy of the old bytes stays
-            cache.grew(added)
-            full = [exc for exc in map(LedgerDir.no_space, dirs) if exc is not None]
-        if full:  # entries placed in a log buffer the disk has no room for wait in memory: say so
-            sh.report(sh.on_no_space, full[0])
-        return failed
-
-    def _write_through(self, ledger_id: int, entry_id: int, data: bytes, state: LedgerState) -> Exception | None:
-        """(Lock held) the cache is full (adds outrun the checkpoints): the entry goes
-        straight to its dir's log; returns the error that refused it (a full disk)."""
-        sh, dirs = self._shared, self._dirs
-        try:
-            with sh.failing:
-                location = dirs[ledger_id % len(dirs)].append(ledger_id, entry_id, data)
-        except Exception as exc:  # noqa: BLE001 - refuses this entry only (a full disk)
-            return exc
-        sh.pending.setdefault(ledger_id, {})[entry_id] = location
-        if entry_id > state.last_entry_id:
-            state.last_entry_id = entry_id
-        read_ahead = sh.read_ahead
-        if ledger_id in read_ahead.ledger_ids or ledger_id in read_ahead.reading_ahead:
-            read_ahead.added(ledger_id, entry_id)
-        return None
-
-    def _add_checked(self, ledger_id: int, entry_id: int, data: bytes) -> tuple[bytes, LedgerState]:
-        """One entry with every check (lock held): its bytes (a copy of anything else)
-        and its ledger's state."""
-        check_entry_ids(ledger_id, entry_id)
-        if len(data) > MAX_ENTRY_SIZE:
-            raise EntryTooLargeError("entry too large", ledger=ledger_id, entry=entry_id, size=len(data))
-        return bytes(data), self._shared.writable_state(ledger_id)
+        """Store several entries, in order, under one lock acquisition; the refusals as
+        ``(index in entries, error)`` (:meth:`bookie.storage._adds.EntryAdds.add_entries`)."""
+        return self._adds.add_entries(entries)
 
     def delete_ledger(self, ledger_id: int) -> None:
         """Forget the ledger: index file, state and its share of every entry log's usage
