@@ -2,12 +2,12 @@
 
 Theory of operation
 -------------------
-The ledger storage is a few parts - the add path and lifecycle
-(:mod:`bookie.storage._storage`), the per-ledger state API (:mod:`bookie.storage._state`),
-reads (:mod:`bookie.storage._reads`), placement (:mod:`bookie.storage._placement`), the
-flush protocol (:mod:`bookie.storage._flush`), garbage collection's side
-(:mod:`bookie.storage._reclaim`) and the open files (:mod:`bookie.storage._files`) -
-around one set of in-memory state. That state lives here, in one object every part is
+The ledger storage is a few parts - the lifecycle (:mod:`bookie.storage._storage`), the
+add path (:mod:`bookie.storage._adds`), the per-ledger state API
+(:mod:`bookie.storage._state`), reads (:mod:`bookie.storage._reads`), placement
+(:mod:`bookie.storage._placement`), the flush protocol (:mod:`bookie.storage._flush`),
+garbage collection's side (:mod:`bookie.storage._reclaim`) and the open files
+(:mod:`bookie.storage._files`) - around one set of in-memory state. That state lives here, in one object every part is
 given, so that each of them reads and changes it under the same rules:
 
 Locking rule
