@@ -5,7 +5,7 @@ Crash-safety argument
 Nothing the storage is given is durable until :meth:`Flush.run` (the bookie's
 checkpoint) completes; until then the journal holds it and replays it after a crash
 (re-adds overwrite, which is why they are allowed). The flush lock serialises flushes,
-placements, compaction batches and deletions. Its order is the whole argument:
+placements, compaction batches and deletions. A flush's order is the whole argument:
 
 0. *place* the write cache (:mod:`bookie.storage._placement`): each entry is appended as
    a record to its dir's active entry log and its location goes into the pending map.
@@ -16,8 +16,8 @@ placements, compaction batches and deletions. Its order is the whole argument:
    (ENOSPC writing a buffer) is met before anything is taken.
 2. without the lock (:meth:`Flush.sync_logs`): sync every entry log written since the
    last flush, fsync the logs directory if a log was created — now every taken record is
-   durable and reachable. Rolled logs synced here are *sealed*: their usage files are
-   written and their directory fsynced (a missing one is rebuilt at open).
+   durable and reachable. Rolled logs synced here get their usage files (then a fsync of
+   their directory; a missing one is rebuilt at open), and step 4 seals them.
 3. (:meth:`Flush._write_index`) write the taken slots and headers into the index files
    and sync them (a new index file is written as ``.tmp``, synced, renamed), then make
    the new names durable - or, for a dir given ``slot_log_ledgers`` ledgers or more,
@@ -34,10 +34,11 @@ placements, compaction batches and deletions. Its order is the whole argument:
 *A power cut loses nothing acknowledged*: an index slot is written only in step 3,
 after step 2 made the record it points at durable, so an index slot never points at
 bytes that are not durable; after a crash an entry is either reachable and
-byte-identical or absent (and then the journal, whose mark only a completed flush
-moves, adds it again). Everything a completed flush covered is there: its files were
-synced before it completed, and a ``.idx`` name always holds a synced header (the
-``.tmp`` is synced before the rename; a ``.tmp`` left by a crash is removed at open).
+byte-identical or absent (and then the journal adds it again: the bookie moves the
+journal's mark only past what a completed flush covered). Everything a completed flush
+covered is there: its files were synced before it completed, and a ``.idx`` name always
+holds a synced header (the ``.tmp`` is synced before the rename; a ``.tmp`` left by a
+crash is removed at open).
 A torn header write loses nothing either: each index file holds two header copies with
 sequence numbers, and open takes the newer valid one.
 
@@ -52,10 +53,10 @@ and before any new index file is renamed into place (see :mod:`bookie.storage._s
 *A full disk is not a failure*: a flush that meets ENOSPC before step 2 took nothing;
 one that meets it in step 3 is undone (:meth:`Flush._abort`: its slots go back to the
 pending map, its headers are dirty again, its new index files will be made again) and
-the slot logs cut back to what the last completed flush appended - either way it raises,
-the next flush starts over, and ``on_no_space`` is told. The index slots and headers it
-did write point at synced records and are written again, so the retry needs nothing from
-it. Failed syncs are never "no space": they fail the storage (their dirty pages may be
+what it appended to the slot logs is cut off at once (``SlotLog.cut``: a later replay
+must not put those runs over newer index slots) - either way it raises, the next flush
+starts over, and ``on_no_space`` is told. The index slots and headers it did write point
+at synced records and are written again, so the retry needs nothing from it. Failed syncs are never "no space": they fail the storage (their dirty pages may be
 gone; only a reopen and the journal's replay know), and every later write raises.
 """
 
