@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-:class:`LedgerStates` holds one :class:`~bookie.storage._index.LedgerState` per ledger
-in RAM (a few dozen bytes each — never anything per entry) behind the storage's lock.
+:class:`LedgerStates` reads and sets the one :class:`~bookie.storage._index.LedgerState`
+per ledger that the shared state holds in RAM (:class:`bookie.storage._shared.StorageShared`;
+a few dozen bytes each — never anything per entry), under the storage's lock.
 A setter changes the state and marks it dirty; the next flush writes the index-file
 header, so the state is durable once a flush that started after the setter returned
 has completed (until then the journal holds it). Setters create the ledger if it is

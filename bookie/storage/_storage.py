@@ -47,8 +47,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from bookie.fs import FileSystem
-from bookie.storage._cache import ReadAheadCache, RecentWrites
 from bookie.storage._adds import EntryAdds
+from bookie.storage._cache import ReadAheadCache, RecentWrites
 from bookie.storage._files import StorageFiles
 from bookie.storage._flush import Flush
 from bookie.storage._format import check_limits
@@ -124,8 +124,9 @@ class LedgerStorage(LedgerStates):
         self._adds = EntryAdds(shared)
         self._reads = EntryReads(shared, self._files)
         self._placement = Placement(shared, PLACE_BATCH, PLACE_BATCH_BYTES, placement_sync_bytes)
+        #: SYNCFS_FILES and SLOT_LOG_LEDGERS as they are now (tests lower them before making a storage)
         self._flusher = Flush(shared, self._files, self._placement, syncfs_files=SYNCFS_FILES,
-                            slot_log_ledgers=SLOT_LOG_LEDGERS)
+                              slot_log_ledgers=SLOT_LOG_LEDGERS)
         self._reclaim = EntryLogReclaim(shared, self._files)
 
     # --- lifecycle ------------------------------------------------------------------
