@@ -114,6 +114,11 @@ class ReadAheadCache:
         running.append((entry_id, done))
         return True, done
 
+    def missed(self) -> None:
+        """A single read went to the disk without reading ahead (the ledger's last entry,
+        or one a read-ahead covered but did not keep)."""
+        self.stats.misses += 1
+
     def end(self, ledger_id: int, entry_id: int, done: threading.Event) -> None:
         """The read-ahead :meth:`begin` gave the caller is over (filled or not)."""
         running = self._running.get(ledger_id, [])

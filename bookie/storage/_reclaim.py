@@ -40,24 +40,17 @@ thread is the only caller).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from bookie.fs import FileSystem
-from bookie.storage._cache import RecentWrites
 from bookie.storage._entrylog import open_log_for_read
+from bookie.storage._files import StorageFiles
 from bookie.storage._format import RECORD_HEADER
-from bookie.storage._handles import HandleCache
-from bookie.storage._index import LedgerState, read_slot, read_slots
+from bookie.storage._index import read_slot, read_slots
 from bookie.storage._ledgerdir import LedgerDir
+from bookie.storage._shared import StorageShared
 from bookie.storage._usage import scan_records
-from bookie.storage._writecache import WriteCache
 from walkit.errors import UsageError
-
-if TYPE_CHECKING:
-    from bookie.storage._state import _Failing
 
 __all__ = ["EntryLogInfo", "EntryLogReclaim", "Record"]
 
@@ -85,34 +78,24 @@ class EntryLogInfo:
 
 
 class EntryLogReclaim:
-    """Mixed into :class:`~bookie.storage.LedgerStorage` (which provides these)."""
+    """Garbage collection's side of the storage, over its shared state and open files
+    (see the module docstring); ``LedgerStorage`` hands its calls here."""
 
-    _fs: FileSystem
-    _dirs: list[LedgerDir]
-    _lock: threading.Lock
-    _flush_lock: threading.Lock
-    _states: dict[int, LedgerState]
-    _pending: dict[int, dict[int, int]]
-    _cache: WriteCache
-    _index_files: HandleCache[int]
-    _log_files: HandleCache[tuple[int, int]]
-    _recent: RecentWrites
-    if TYPE_CHECKING:  # provided by LedgerStates
-        _failing: _Failing
-
-        def _check_writable(self) -> None: ...
+    def __init__(self, shared: StorageShared, files: StorageFiles) -> None:
+        self._shared = shared
+        self._files = files
 
     def entry_logs(self) -> list[EntryLogInfo]:
         """Every sealed entry log with its usage, by dir and log id."""
-        with self._lock:
+        with self._shared.lock:
             return [
                 EntryLogInfo(d.number, log_id, u.total, u.live, len(u.ledgers), log_id in d.compacting, u.end)
-                for d in self._dirs for log_id, u in sorted(d.usage.items())
+                for d in self._shared.dirs for log_id, u in sorted(d.usage.items())
             ]
 
     def log_size(self, dir_no: int, log_id: int) -> int:
         """The size of a sealed log's file."""
-        f = open_log_for_read(self._fs, self._sealed(dir_no, log_id).log_path(log_id), log_id)
+        f = open_log_for_read(self._shared.fs, self._sealed(dir_no, log_id).log_path(log_id), log_id)
         try:
             return f.size()
         finally:
@@ -122,7 +105,7 @@ class EntryLogReclaim:
         """The intact records of a sealed log, in order (see ``scan_records``); the
         caller compares where they end with the log's ``end`` to know it saw them all."""
         d = self._sealed(dir_no, log_id)
-        f = open_log_for_read(self._fs, d.log_path(log_id), log_id)
+        f = open_log_for_read(self._shared.fs, d.log_path(log_id), log_id)
         try:
             yield from scan_records(f, log_id)
         finally:
@@ -132,12 +115,12 @@ class EntryLogReclaim:
         """Step 1: the durable marker (the log is then compacted to the end, even
         after a crash)."""
         d = self._sealed(dir_no, log_id)
-        with self._lock:
-            self._check_writable()
-        f = self._fs.open(d.marker_path(log_id), create=True)
+        with self._shared.lock:
+            self._shared.check_writable()
+        f = self._shared.fs.open(d.marker_path(log_id), create=True)
         f.close()
-        self._fs.fsync_dir(d.logs_dir)
-        with self._lock:
+        self._shared.fs.fsync_dir(d.logs_dir)
+        with self._shared.lock:
             d.compacting.add(log_id)
 
     def relocate(self, dir_no: int, log_id: int, records: list[Record]) -> tuple[int, int]:
@@ -145,20 +128,20 @@ class EntryLogReclaim:
         to the active log; returns (entries, record bytes) copied. Durable, and seen by
         the index, after the next flush."""
         d = self._sealed(dir_no, log_id)
-        with self._flush_lock:
-            with self._lock:
-                self._check_writable()
+        with self._shared.flush_lock:
+            with self._shared.lock:
+                self._shared.check_writable()
             live = self._live_records(log_id, records)
             moved = size = 0
-            with self._lock:
-                self._check_writable()
+            with self._shared.lock:
+                self._shared.check_writable()
                 for _, ledger_id, entry_id, data in live:
-                    pending = self._pending.get(ledger_id)
-                    if ledger_id not in self._states or (pending is not None and entry_id in pending) \
-                            or self._cache.get(ledger_id, entry_id) is not None:
+                    pending = self._shared.pending.get(ledger_id)
+                    if ledger_id not in self._shared.states or (pending is not None and entry_id in pending) \
+                            or self._shared.cache.get(ledger_id, entry_id) is not None:
                         continue  # deleted, or added again since: the newer copy wins
                     location = self._append(d, ledger_id, entry_id, data)
-                    self._pending.setdefault(ledger_id, {})[entry_id] = location
+                    self._shared.pending.setdefault(ledger_id, {})[entry_id] = location
                     moved += 1
                     size += RECORD_HEADER.size + len(data)
         return moved, size
@@ -168,19 +151,19 @@ class EntryLogReclaim:
         file and its marker; returns the bytes freed. The caller guarantees that no
         index slot points into it (see the module docstring)."""
         d = self._sealed(dir_no, log_id)
-        with self._lock:  # a failed storage may not have made a ledger's deletion durable
-            self._check_writable()
+        with self._shared.lock:  # a failed storage may not have made a ledger's deletion durable
+            self._shared.check_writable()
         size = self.log_size(dir_no, log_id)
-        with self._lock:
+        with self._shared.lock:
             d.usage.pop(log_id, None)
             d.compacting.discard(log_id)
-        self._log_files.discard((dir_no, log_id))  # a reader holding it keeps its handle
-        self._recent.drop_log(dir_no, log_id)
-        self._fs.remove(d.log_path(log_id))
+        self._files.logs.discard((dir_no, log_id))  # a reader holding it keeps its handle
+        self._shared.recent.drop_log(dir_no, log_id)
+        self._shared.fs.remove(d.log_path(log_id))
         for path in (d.usage_path(log_id), d.marker_path(log_id)):
-            if self._fs.exists(path):
-                self._fs.remove(path)
-        self._fs.fsync_dir(d.logs_dir)
+            if self._shared.fs.exists(path):
+                self._shared.fs.remove(path)
+        self._shared.fs.fsync_dir(d.logs_dir)
         return size
 
     def remove_dead_unsealed_logs(self) -> list[tuple[int, int, int]]:
@@ -193,29 +176,29 @@ class EntryLogReclaim:
         a crash the journal may add the deleted ledgers' entries again, and GC deletes
         them again (they are deleted in the metadata)."""
         removed: list[tuple[int, int, int]] = []
-        with self._flush_lock:
-            with self._lock:  # a failed storage may not have made a ledger's deletion durable
-                self._check_writable()
-                dead = [(d, w) for d in self._dirs for w in d.take_dead_logs()]
+        with self._shared.flush_lock:
+            with self._shared.lock:  # a failed storage may not have made a ledger's deletion durable
+                self._shared.check_writable()
+                dead = [(d, w) for d in self._shared.dirs for w in d.take_dead_logs()]
                 for d, w in dead:
-                    self._recent.drop_log(d.number, w.log_id)
+                    self._shared.recent.drop_log(d.number, w.log_id)
             for d, w in dead:
-                self._log_files.discard((d.number, w.log_id))
+                self._files.logs.discard((d.number, w.log_id))
                 w.close()
-                self._fs.remove(w.path)
+                self._shared.fs.remove(w.path)
                 removed.append((d.number, w.log_id, w.buffer_start))
             for d in {d.number: d for d, _ in dead}.values():
-                self._fs.fsync_dir(d.logs_dir)
+                self._shared.fs.fsync_dir(d.logs_dir)
         return removed
 
     # --- helpers ------------------------------------------------------------------------
     def _sealed(self, dir_no: int, log_id: int) -> LedgerDir:
-        if not 0 <= dir_no < len(self._dirs) or log_id not in self._dirs[dir_no].usage:
+        if not 0 <= dir_no < len(self._shared.dirs) or log_id not in self._shared.dirs[dir_no].usage:
             raise UsageError("not a sealed entry log", dir=dir_no, log=log_id)
-        return self._dirs[dir_no]
+        return self._shared.dirs[dir_no]
 
     def _append(self, d: LedgerDir, ledger_id: int, entry_id: int, data: bytes) -> int:
-        with self._failing:  # an I/O error leaves the storage failed, as for any add
+        with self._shared.failing:  # an I/O error leaves the storage failed, as for any add
             return d.append(ledger_id, entry_id, data)
 
     def _live_records(self, log_id: int, records: list[Record]) -> list[Record]:
@@ -226,8 +209,8 @@ class EntryLogReclaim:
             by_ledger.setdefault(record[1], []).append(record)
         live: list[Record] = []
         for ledger_id, recs in by_ledger.items():
-            with self._lock:
-                state = self._states.get(ledger_id)
+            with self._shared.lock:
+                state = self._shared.states.get(ledger_id)
                 on_disk = state is not None and state.on_disk
             if not on_disk:
                 continue  # deleted (or re-created since, with nothing in this log)
@@ -239,9 +222,9 @@ class EntryLogReclaim:
         """The ledger's location of each of ``entries``: its slot log's runs (newer), else
         its index file (flush lock held: neither changes meanwhile)."""
         lo, hi = min(entries), max(entries)
-        with self._lock:
-            logged = self._dirs[ledger_id % len(self._dirs)].slot_log.window(ledger_id, lo, hi - lo + 1)
-        with self._index_files.use(ledger_id) as f:
+        with self._shared.lock:
+            logged = self._shared.dirs[ledger_id % len(self._shared.dirs)].slot_log.window(ledger_id, lo, hi - lo + 1)
+        with self._files.index.use(ledger_id) as f:
             if hi - lo < _SLOT_RUN:
                 slots = dict(zip(range(lo, hi + 1), read_slots(f, lo, hi - lo + 1)))
             else:

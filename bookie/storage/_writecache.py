@@ -52,9 +52,11 @@ PLACE_BATCH_BYTES = 1 << 20  # ... and bytes (the first entry always): adds wait
 class WriteCache:
     """See the module docstring. Every method is called with the storage lock held."""
 
-    __slots__ = ("active", "placing", "bytes")
+    __slots__ = ("active", "placing", "bytes", "write_through_at")
 
-    def __init__(self) -> None:
+    def __init__(self, write_through_at: int) -> None:
+        #: the hard bound: with this many bytes cached, adds are written through to the logs
+        self.write_through_at = write_through_at
         #: entries added since the last placement began: ledger id -> entry id -> data
         self.active: dict[int, dict[int, bytes]] = {}
         #: entries a flush is placing (or a failed flush left): read as the cache's older half
@@ -64,6 +66,14 @@ class WriteCache:
 
     def clear(self) -> None:
         self.active, self.placing, self.bytes = {}, {}, 0
+
+    def room(self) -> int:
+        """Bytes an add may still cache before adds are written through (negative: past it)."""
+        return self.write_through_at - self.bytes
+
+    def grew(self, size: int) -> None:
+        """Adds (under the lock since :meth:`room`) cached ``size`` more bytes of data."""
+        self.bytes += size
 
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
         """The newest cached bytes of the entry, or None."""

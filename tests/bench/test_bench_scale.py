@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bookie.storage._storage import SLOT_LOG
+from bookie.storage import SLOT_LOG
 from walkit.bench._checkpoint import checkpoint_rows
 from walkit.bench.scale import CASES, format_markdown, run_scale_bench
 from walkit.cli import main

@@ -253,7 +253,7 @@ def test_a_flush_syncs_its_logs_as_it_places_them(monkeypatch: pytest.MonkeyPatc
 
     def spy(self: _MemFile) -> None:
         if self.path.endswith(".log"):
-            assert not s._lock.locked(), "a log synced under the storage lock"
+            assert not s._shared.lock.locked(), "a log synced under the storage lock"
             synced.append(len(self._inode.data))
         sync(self)
 
@@ -283,11 +283,11 @@ def test_a_placement_yields_by_the_entries_placed_not_by_the_ledgers(monkeypatch
         s.add_entry(ledger, 0, b"e%d" % ledger)
     yields: list[float] = []
     me, sleep = threading.current_thread(), time.sleep  # time.sleep is every thread's: count only ours
-    monkeypatch.setattr(storage_module.time, "sleep",
+    monkeypatch.setattr(time, "sleep",
                         lambda seconds: yields.append(seconds) if threading.current_thread() is me else sleep(seconds))
     batches = []
-    place_batch = s._place_batch
-    monkeypatch.setattr(s, "_place_batch", lambda batch, synced: (batches.append(len(batch)), place_batch(batch, synced)))
+    place_batch = s._placement._place_batch
+    monkeypatch.setattr(s._placement, "_place_batch", lambda batch, synced: (batches.append(len(batch)), place_batch(batch, synced)))
     s.flush()
     monkeypatch.undo()
     assert yields == [0] * (3000 // storage_module.PLACE_BATCH)
@@ -357,7 +357,7 @@ def test_many_index_files_through_a_small_handle_cache(env: Env) -> None:
     s.flush()
     for ledger in list(range(20)) * 2:
         assert s.get_entry(ledger, 0) == str(ledger).encode()
-    assert len(s._index_files) <= 3
+    assert len(s._files.index) <= 3
 
 
 class _Counted:
@@ -380,8 +380,8 @@ def _count_index_syncs(s: LedgerStorage) -> dict[str, int]:
     for d in s._dirs:
         if d.syncer is not None:
             d.syncer = _Counted(d.syncer, counts, "syncfs")  # type: ignore[assignment]
-    opener = s._index_files._opener
-    s._index_files._opener = lambda key, create: _Counted(opener(key, create), counts, "file")  # type: ignore[assignment,misc]
+    opener = s._files.index._opener
+    s._files.index._opener = lambda key, create: _Counted(opener(key, create), counts, "file")  # type: ignore[assignment,misc]
     return counts
 
 
@@ -532,7 +532,7 @@ def test_pending_index_is_empty_after_flush() -> None:
     assert s.pending_index_entries() == 100_000
     s.flush()
     assert s.pending_index_entries() == 0
-    assert not s._pending and not s._flushing
+    assert not s._shared.pending and not s._shared.flushing
     assert s.get_entry(49, 1999) == payload and s.last_entry_id(0) == 1999
 
 

@@ -104,7 +104,7 @@ def test_a_read_ahead_that_raced_a_delete_and_a_new_ledger_is_never_served(
         env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     s = env.storage()
     flushed(s, [0], 20)
-    original = s.get_entries
+    original = s._reads.get_entries
 
     def deleted_meanwhile(ledger_id: int, first: int, count: int, max_bytes: int) -> list[bytes]:
         got = original(ledger_id, first, count, max_bytes)  # the old ledger's bytes, read from its log
@@ -113,7 +113,7 @@ def test_a_read_ahead_that_raced_a_delete_and_a_new_ledger_is_never_served(
             s.add_entry(0, e, b"new %d" % e)
         return got
 
-    monkeypatch.setattr(s, "get_entries", deleted_meanwhile)
+    monkeypatch.setattr(s._reads, "get_entries", deleted_meanwhile)
     assert s.get_entry(0, 0) == payload(0, 0)  # what was stored when the read began
     assert s.cache_stats()["read_ahead"]["bytes"] == 0  # the old ledger's entries were not kept
     monkeypatch.undo()
@@ -127,14 +127,14 @@ def test_reads_that_miss_together_share_one_read_ahead(env: Env, monkeypatch: py
     s = env.storage()
     flushed(s, [0], 50)
     calls: list[int] = []
-    original = s.get_entries
+    original = s._reads.get_entries
 
     def slow(ledger_id: int, first: int, count: int, max_bytes: int) -> list[bytes]:
         calls.append(first)
         time.sleep(0.5)  # the other reads arrive meanwhile (any that come later find the copies: the same)
         return original(ledger_id, first, count, max_bytes)
 
-    monkeypatch.setattr(s, "get_entries", slow)
+    monkeypatch.setattr(s._reads, "get_entries", slow)
     got: dict[int, bytes] = {}
     threads = [threading.Thread(target=lambda e=e: got.__setitem__(e, s.get_entry(0, e))) for e in range(8)]
     threads[0].start()
@@ -158,14 +158,14 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
 def test_an_add_while_a_read_ahead_is_on_the_disk_is_not_undone_by_it(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     s = env.storage()
     flushed(s, [0], 20)
-    original = s.get_entries
+    original = s._reads.get_entries
 
     def added_meanwhile(ledger_id: int, first: int, count: int, max_bytes: int) -> list[bytes]:
         got = original(ledger_id, first, count, max_bytes)  # entry 5's old bytes among them
         s.add_entry(0, 5, b"rewritten")
         return got
 
-    monkeypatch.setattr(s, "get_entries", added_meanwhile)
+    monkeypatch.setattr(s._reads, "get_entries", added_meanwhile)
     assert s.get_entry(0, 0) == payload(0, 0)
     monkeypatch.undo()
     assert s.memory_entry(0, 6) == payload(0, 6)  # the others were kept
@@ -181,7 +181,7 @@ def test_a_read_ahead_that_finds_nothing_more_keeps_nothing(env: Env) -> None:
     s.flush()
     assert [s.get_entry(0, e) for e in (0, 2, 4)] == [payload(0, e) for e in (0, 2, 4)]
     stats = s.cache_stats()["read_ahead"]
-    assert stats["filled"] == 0 and stats["bytes"] == 0 and s._read_ahead.ledger_ids == {}
+    assert stats["filled"] == 0 and stats["bytes"] == 0 and s._shared.read_ahead.ledger_ids == {}
 
 
 def _slot(env: Env, ledger: int, entry: int) -> tuple[str, int]:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-import bookie.storage._storage as storage_module
+import bookie.storage._reads as reads_module
 from bookie.fs import File, FileSystem, read_all
 from bookie.fs.mem import MemFS
 from bookie.storage import LedgerStorage
@@ -418,7 +418,7 @@ def test_a_log_compacted_away_mid_read_is_read_again_entry_by_entry(env: Env, mo
             compacted.append(moved)
         return slots
 
-    monkeypatch.setattr(storage_module, "read_slots", compact_after)
+    monkeypatch.setattr(reads_module, "read_slots", compact_after)
     assert s.get_entries(0, 0, 40, BIG) == expected(data, 0, 0, 40)
     assert compacted and compacted[0] > 0 and not env.fs.exists(env.log_path(1))
     assert all(slot >> 32 != 1 for slot in slots_on_disk(env, 0, 40))  # moved, and the read found them

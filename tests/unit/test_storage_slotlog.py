@@ -55,8 +55,8 @@ def _crash(s: LedgerStorage, fs: FileSystem) -> None:
         fs.crash()
     else:  # the real disk: drop the handles, write nothing
         s._close_dirs()
-        s._index_files.close_all()
-        s._log_files.close_all()
+        s._files.index.close_all()
+        s._files.logs.close_all()
 
 
 def _data(ledger: int, entry: int) -> bytes:
@@ -81,14 +81,14 @@ def _logged(s: LedgerStorage, last: int) -> None:
 def _index_writes(s: LedgerStorage) -> list[int]:
     """Ledgers whose index file is opened from now on (each open of one: its id)."""
     opened: list[int] = []
-    opener = s._index_files._opener
+    opener = s._files.index._opener
 
     def counting(key: int, create: bool) -> Any:
         opened.append(key)
         return opener(key, create)
 
-    s._index_files._opener = counting  # type: ignore[method-assign]
-    s._index_files.close_all()
+    s._files.index._opener = counting  # type: ignore[method-assign]
+    s._files.index.close_all()
     return opened
 
 
@@ -125,7 +125,7 @@ def test_a_checkpoint_of_many_ledgers_appends_their_slots_and_writes_no_index_fi
     assert sum(d.slot_log.slots for d in s._dirs) == LEDGERS * 4
     _check_all(s, 5)
     for ledger in range(LEDGERS):  # the index files hold entries 0 and 1 only
-        with s._index_files.use(ledger) as f:
+        with s._files.index.use(ledger) as f:
             assert f.size() == INDEX_HEADER_SIZE + 2 * SLOT.size
     paths = [d.slot_log.path for d in s._dirs]
     assert all(p.endswith("/current/index/slots.log") and fs.exists(p) for p in paths)
@@ -135,7 +135,7 @@ def test_a_checkpoint_of_many_ledgers_appends_their_slots_and_writes_no_index_fi
     assert sum(d.slot_log.slots for d in s._dirs) == 0
     _check_all(s, 5)
     for ledger in range(LEDGERS):
-        with s._index_files.use(ledger) as f:
+        with s._files.index.use(ledger) as f:
             assert f.size() == INDEX_HEADER_SIZE + 6 * SLOT.size
     s.close()
 
@@ -181,7 +181,7 @@ def test_a_full_slot_log_merges_into_the_index_files(fs_root: tuple[FileSystem, 
     s = _open(fs, root, slot_log_bytes=bound)
     _check_all(s, 5)
     for ledger in range(LEDGERS):  # entries 0..4 in the index file, 5 in the log
-        with s._index_files.use(ledger) as f:
+        with s._files.index.use(ledger) as f:
             assert f.size() == INDEX_HEADER_SIZE + 5 * SLOT.size
     s.close()
 
@@ -399,20 +399,20 @@ def test_a_range_read_sees_the_runs_beside_a_pending_and_a_flushing_map() -> Non
     s.flush()  # entries 2..5 of every ledger in the runs only
     s.add_entry(0, 6, _data(0, 6))
     syncing, release = threading.Event(), threading.Event()
-    original = s._sync_logs
+    original = s._flusher.sync_logs
 
     def slow_sync(plan: Any) -> None:
         syncing.set()
         release.wait(10)
         original(plan)
 
-    s._sync_logs = slow_sync  # type: ignore[method-assign]
+    s._flusher.sync_logs = slow_sync  # type: ignore[method-assign]
     flushing = threading.Thread(target=s.flush)
     flushing.start()
     try:
         assert syncing.wait(10)
         s.add_entry(0, 7, _data(0, 7))
-        assert s._pending.get(0) and s._flushing.get(0) and s._dirs[0].slot_log.runs.get(0)
+        assert s._shared.pending.get(0) and s._shared.flushing.get(0) and s._dirs[0].slot_log.runs.get(0)
         assert s.get_entries(0, 0, 100, 1 << 20) == [_data(0, e) for e in range(8)]
         assert s.get_entries(0, 3, 100, 1 << 20) == [_data(0, e) for e in range(3, 8)]
         assert s.stored_entries(0, 0, 20) == list(range(8))

@@ -16,7 +16,7 @@ files`` (``indexSlotLogMaxSizeMb = 0``: every touched ledger's index file writte
 file). In slot-log mode a *merge* (every run written to its index file, the log
 emptied) comes once per ``checkpoints_per_merge`` such checkpoints (its bound divided
 by what one appends): it costs about one index-files checkpoint, and is timed once
-(``merge_ms``) by a last flush with a bound that forces it.
+(``merge_ms``) by a last flush told to merge (``flush(merge_slot_logs=True)``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bookie.fs.real import RealFS
-from bookie.storage import LedgerStorage
-from bookie.storage._storage import SLOT_LOG
+from bookie.storage import SLOT_LOG, LedgerStorage
 
 __all__ = ["checkpoint_rows"]
 
@@ -65,19 +64,18 @@ def _row(where: Path, ledgers: int, entries: int, mode: str, bound: int) -> dict
             for entry in range(first, first + per_ledger):
                 for ledger in range(ledgers):
                     storage.add_entry(ledger, entry, payload)
-            end = storage._dirs[0].slot_log.end
+            end = storage.slot_log_bytes()
             wall, cpu = time.perf_counter(), time.thread_time()
             storage.flush()
             walls.append(time.perf_counter() - wall)
             cpus.append(time.thread_time() - cpu)
-            appended.append(storage._dirs[0].slot_log.end - end)
+            appended.append(storage.slot_log_bytes() - end)
         merge_ms = None
-        if bound and statistics.median(appended):  # one more checkpoint with the bound at the log's size: it merges every run
+        if bound and statistics.median(appended):  # one more checkpoint, told to merge every run
             for ledger in range(ledgers):
                 storage.add_entry(ledger, 1 + _ROUNDS * per_ledger, payload)
-            storage._dirs[0].slot_log.max_bytes = storage._dirs[0].slot_log.end
             wall = time.perf_counter()
-            storage.flush()
+            storage.flush(merge_slot_logs=True)
             merge_ms = round((time.perf_counter() - wall) * 1000, 1)
     finally:
         storage.close()
