@@ -83,7 +83,6 @@ from bookie.gc import GarbageCollector
 from bookie.storage import LedgerStorage
 from walkit.bench._common import Meter, figure, mib
 from walkit.bench._gc_compaction import RATES, compaction_table, run_compaction
-from walkit.client import BookKeeper
 from walkit.errors import InvalidArgumentError
 from walkit.metadata import (
     Create,
