@@ -43,14 +43,20 @@ __all__ = ["InProcessRunner", "run_on"]
 T = TypeVar("T")
 
 
+def _submit(loop: LoopThread, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """``coro`` started on ``loop`` for a caller that will wait for it: never the loop
+    itself (it would wait for ever)."""
+    if loop.in_loop():
+        coro.close()
+        raise UsageError("LocalCluster methods block: do not call them from its own event loop thread")
+    return loop.submit(coro)
+
+
 def run_on(loop: LoopThread, coro: Coroutine[Any, Any, T], timeout: float, what: str, **context: object) -> T:
     """Run ``coro`` on ``loop`` and wait for it (never from the loop itself); past
     ``timeout`` it is cancelled and ``what`` did not finish in time
     (BookieUnavailableError)."""
-    if loop.in_loop():
-        coro.close()
-        raise UsageError("LocalCluster methods block: do not call them from its own event loop thread")
-    fut = loop.submit(coro)
+    fut = _submit(loop, coro)
     try:
         return fut.result(timeout)
     except concurrent.futures.TimeoutError as exc:
@@ -69,7 +75,7 @@ class InProcessRunner:
         self._forced_usage: dict[int, float] = {}  # set_read_only: what the disks of a bookie look like
 
     def launch(self, slot: Slot, config: BookieConfig) -> None:
-        self._starting[slot.index] = self._loop.submit(self._start(slot, config))
+        self._starting[slot.index] = _submit(self._loop, self._start(slot, config))
 
     def wait_started(self, slot: Slot, timeout: float) -> Started:
         fut = self._starting.pop(slot.index)
