@@ -7,7 +7,7 @@ See :mod:`bookie.journal._writer` (writing), :mod:`bookie.journal._replay` (read
 
 from bookie.journal._format import FrameType, JournalHeader, journal_name, parse_journal_name
 from bookie.journal._inspect import JournalFile, JournalRecord, JournalStop
-from bookie.journal._mark import LogMark, highest_mark, read_marks, write_mark
+from bookie.journal._mark import MARK_FILE, LogMark, highest_mark, read_marks, write_mark
 from bookie.journal._policy import FlushReason, GroupCommitPolicy, flush_reason, wait_timeout
 from bookie.journal._replay import (
     RepairResult,
@@ -18,7 +18,8 @@ from bookie.journal._replay import (
     replay,
     scan_journal,
 )
-from bookie.journal._files import list_journals
+from bookie.journal._files import free_journals, list_journals
+from bookie.journal._framing import C_FRAMING
 from bookie.journal._writer import (
     ENTRY,
     FENCE_RECORD,
@@ -32,6 +33,9 @@ from bookie.journal._writer import (
 )
 
 __all__ = [
+    "C_FRAMING",
+    "MARK_FILE",
+    "free_journals",
     "ENTRY",
     "FENCE_RECORD",
     "KEY_RECORD",

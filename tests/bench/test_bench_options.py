@@ -8,6 +8,7 @@ import argparse
 import pytest
 
 from walkit.cli import _bench
+from walkit.cli._commands import Subcommands
 
 EXPECTED: dict[str, list[str]] = {
     "journal": ["--dir", "--help", "--json", "--seconds", "-h"],
@@ -29,7 +30,7 @@ EXPECTED: dict[str, list[str]] = {
 
 def _bench_parsers() -> dict[str, argparse.ArgumentParser]:
     root = argparse.ArgumentParser()
-    _bench.register(root.add_subparsers())
+    _bench.register(Subcommands(root, dest="command"))
     (bench,) = [a for a in root._actions if isinstance(a, argparse._SubParsersAction)]
     (what,) = [a for a in bench.choices["bench"]._actions if isinstance(a, argparse._SubParsersAction)]
     return dict(what.choices)

@@ -28,7 +28,7 @@ import pytest
 import walkit
 from support.client import FAST, client, local_cluster
 from support.metadata import Driver, driver  # noqa: F401 (fixture)
-from walkit.cli import _every_parser, _parser, main
+from walkit.cli import _parser, _parsers, main
 
 BINARY = b"\x00\xffbin\n"
 
@@ -508,9 +508,7 @@ def test_bookie_info_sees_a_running_bookie(world: World, capsys: pytest.CaptureF
 # -- every command: logging options, no tracebacks ----------------------------------------------
 
 def test_every_command_takes_the_logging_options(world: World, capsys: pytest.CaptureFixture[str]) -> None:
-    from walkit.cli import _every_parser
-
-    parsers = _every_parser(_parser())
+    parsers = _parsers()[1]
     assert len(parsers) > 30
     for p in parsers:
         assert {"-v", "--log-level"} <= set(p._option_string_actions), p.prog
@@ -590,7 +588,7 @@ def test_neither_option_nor_variable_is_a_usage_error(monkeypatch: pytest.Monkey
 def test_every_metadata_option_falls_back_to_walkit_metadata() -> None:
     """One helper adds --metadata everywhere: its help names the variable, and argparse
     itself requires nothing (the check runs after parsing, with the variable read)."""
-    options = [a for p in _every_parser(_parser()) for a in p._actions if "--metadata" in a.option_strings]
+    options = [a for p in _parsers()[1] for a in p._actions if "--metadata" in a.option_strings]
     assert len(options) >= 20
     for action in options:
         assert action.help is not None and "$WALKIT_METADATA" in action.help

@@ -41,8 +41,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from walkit._local_cluster import LocalCluster, _LoopThread
+from walkit._local_cluster import LocalCluster
+from walkit._local_inprocess import run_on
 from walkit._testing._proxy import PartitionableProxy
+from walkit.client import LoopThread
 from walkit.errors import InvalidArgumentError, MetadataUnavailableError, UsageError, WalkitError
 
 if TYPE_CHECKING:
@@ -75,7 +77,7 @@ class FaultyCluster:
                  metadata_uri: str | None = None, bookie_options: Mapping[str, Any] | None = None,
                  session_timeout: float = 2.0) -> None:
         self._lock = threading.Lock()
-        self._proxy_loop = _LoopThread()
+        self._proxy_loop = LoopThread("walkit-local-cluster", stop_at_exit=False)
         self._proxies: dict[int, PartitionableProxy] = {}
         self._slow: dict[int, float] = {}
         self._corrupt: dict[int, frozenset[tuple[int, int]]] = {}
@@ -273,7 +275,7 @@ class FaultyCluster:
         with self._lock:
             proxy = self._proxies.get(i)
             if proxy is None:
-                proxy = self._proxy_loop.call(_start_proxy(port), _PROXY_TIMEOUT, "starting a proxy", bookie=i)
+                proxy = run_on(self._proxy_loop, _start_proxy(port), _PROXY_TIMEOUT, "starting a proxy", bookie=i)
                 self._proxies[i] = proxy
             proxy.target_port = port  # the same port on every restart; read on the proxies' loop
             return proxy.address
@@ -299,15 +301,15 @@ class FaultyCluster:
         proxy = self._proxies.get(self._index(i))
         if proxy is None:
             raise UsageError("bookie has not registered yet: nothing to partition", bookie=i)
-        self._proxy_loop.call(_set_partitioned(proxy, partitioned), _PROXY_TIMEOUT, "switching a proxy", bookie=i)
+        run_on(self._proxy_loop, _set_partitioned(proxy, partitioned), _PROXY_TIMEOUT, "switching a proxy", bookie=i)
 
     def _close_proxies(self) -> None:
         proxies, self._proxies = list(self._proxies.values()), {}
         try:
             for proxy in proxies:
-                self._proxy_loop.call(proxy.close(), _PROXY_TIMEOUT, "closing a proxy")
+                run_on(self._proxy_loop, proxy.close(), _PROXY_TIMEOUT, "closing a proxy")
         finally:
-            self._proxy_loop.close()
+            self._proxy_loop.stop()
 
 
 async def _start_proxy(port: int) -> PartitionableProxy:

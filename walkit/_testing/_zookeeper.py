@@ -21,7 +21,7 @@ from pathlib import Path
 
 from walkit.errors import ConfigError, MetadataUnavailableError
 
-__all__ = ["ZooKeeperServer", "ensure_zookeeper"]
+__all__ = ["ZooKeeperServer", "ensure_zookeeper", "zookeeper_missing"]
 
 HOST = "127.0.0.1"
 JAR = Path("/usr/share/java/zookeeper.jar")
@@ -31,6 +31,13 @@ JVM_FLAGS = ("-Xms32m", "-Xmx256m", "-XX:+UseSerialGC")
 TICK_MS = 500  # sessions may be as short as 2 ticks: 1 s
 START_TIMEOUT = 30.0  # seconds: JVM start-up on a busy machine
 _LOG_TAIL = 3000
+
+
+def zookeeper_missing() -> str | None:
+    """Why no ZooKeeper can run here without installing it (None: its jar is there)."""
+    if JAR.exists():
+        return None
+    return f"ZooKeeper not installed ({JAR} missing; Debian package 'zookeeper')"
 
 
 def ensure_zookeeper() -> None:

@@ -24,7 +24,7 @@ from walkit.errors import NotEnoughBookiesError
 
 T = TypeVar("T")
 
-__all__ = ["Meter", "bench_cluster", "cpu_seconds", "journals_o_direct", "latency_percentiles", "window_loop"]
+__all__ = ["Meter", "bench_cluster", "cpu_seconds", "journals_o_direct", "latency_percentiles", "mib", "window_loop"]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -40,6 +40,11 @@ def _machine_seconds() -> tuple[float, float]:
     user, nice, system, _idle, _iowait, irq, softirq, steal = fields
     tick = os.sysconf("SC_CLK_TCK")
     return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
+def mib(n: float) -> float:
+    """``n`` bytes in MiB, to 2 decimals (a report's figure)."""
+    return round(n / (1 << 20), 2)
 
 
 def figure(seconds: float) -> float:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import shutil
 import statistics
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from walkit._local_cluster import LocalCluster
-from walkit.bench._common import Meter, figure, latency_percentiles
+from walkit.bench._common import Meter, figure, latency_percentiles, mib
 from walkit.client import BookieClient, BookKeeper, LedgerHandle
 
 __all__ = ["RATES", "compaction_table", "run_compaction"]
@@ -34,10 +33,6 @@ ENTRY_SIZE = 1024
 FILL_IN_FLIGHT = 1000
 PASS_TIMEOUT = 600.0  # seconds a forced pass may take before the benchmark gives up
 _POLL = 0.05
-
-
-def _mib(n: float) -> float:
-    return round(n / MiB, 2)
 
 
 async def _admin_all(ports: list[int], command: str, args: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -145,7 +140,7 @@ def _prepare(bk: BookKeeper, ports: list[int], case: _Case, payload: bytes) -> d
     logs = [st["entry_logs"] for st in statuses]
     return {"fill_entries_per_s": round(entries / fill_seconds),
             "ledgers_removed": [st["last_pass"]["ledgers_removed"] for st in statuses],
-            "sealed_mib": statistics.median(_mib(lg["total_bytes"]) for lg in logs),
+            "sealed_mib": statistics.median(mib(lg["total_bytes"]) for lg in logs),
             "live_fraction": statistics.median(lg["live_fraction"] or 0.0 for lg in logs)}
 
 

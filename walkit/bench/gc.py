@@ -77,13 +77,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bookie._config import BookieConfig
+from bookie import BookieConfig
 from bookie.fs.real import RealFS
 from bookie.gc import GarbageCollector
 from bookie.storage import LedgerStorage
-from walkit.bench._common import Meter, figure
-from walkit.bench._gc_compaction import RATES, _mib, compaction_table, run_compaction
-from walkit.client import BookKeeper
+from walkit.bench._common import Meter, figure, mib
+from walkit.bench._gc_compaction import RATES, compaction_table, run_compaction
 from walkit.errors import InvalidArgumentError
 from walkit.metadata import (
     Create,
@@ -201,7 +200,7 @@ def _drop(s: _ScanStore) -> None:
 def _start_zookeeper() -> tuple[Any, str]:
     """Debian's ZooKeeper on 127.0.0.1 with a bigger heap (the JVM reads
     ``_JAVA_OPTIONS`` after its command line); its ``hosts``."""
-    from walkit._testing._zookeeper import ZooKeeperServer
+    from walkit._testing import ZooKeeperServer
 
     saved = os.environ.get("_JAVA_OPTIONS")
     os.environ["_JAVA_OPTIONS"] = ZK_HEAP
@@ -225,12 +224,13 @@ def _scan_stores(base: Path, zk: str) -> Iterator[tuple[list[_ScanStore], str | 
     skipped: str | None = None
     try:
         if zk == "auto":
-            from walkit._testing._zookeeper import JAR
+            from walkit._testing import zookeeper_missing
 
-            if JAR.exists():
+            skipped = zookeeper_missing()
+            if skipped is None:
                 server, zk = _start_zookeeper()
             else:
-                skipped, zk = f"ZooKeeper not installed ({JAR} missing; Debian package 'zookeeper')", "none"
+                zk = "none"
         elif zk == "none":
             skipped = "ZooKeeper not asked for (--zk none)"
         if zk != "none":
@@ -341,8 +341,8 @@ def _memory_pass(storage: LedgerStorage, config: BookieConfig, s: _ScanStore) ->
         rss_growth = max(0, _status_kib("VmHWM") - rss_before) if rss_reset else None
     finally:
         tracemalloc.stop()
-    return {"peak_python_mib": _mib(peak), "removed": result["removed"],
-            "peak_rss_growth_mib": None if rss_growth is None else _mib(rss_growth * 1024)}
+    return {"peak_python_mib": mib(peak), "removed": result["removed"],
+            "peak_rss_growth_mib": None if rss_growth is None else mib(rss_growth * 1024)}
 
 
 def _scan_case(storage: LedgerStorage, config: BookieConfig, s: _ScanStore, n: int, deleted: list[int],

@@ -38,8 +38,7 @@ from typing import Any
 
 from bookie.fs import FileSystem
 from bookie.fs.real import RealFS
-from bookie.journal import GroupCommitPolicy, Journal, JournalConfig, LogMark
-from bookie.journal._framing import C_FRAMING
+from bookie.journal import C_FRAMING, GroupCommitPolicy, Journal, JournalConfig, LogMark
 from walkit.bench._common import latency_percentiles
 
 __all__ = ["BenchResult", "run_journal_bench", "format_markdown"]

@@ -173,10 +173,11 @@ def _zookeeper(zk: str) -> Iterator[tuple[str | None, str | None]]:
     if zk != "auto":
         yield zk, None
         return
-    from walkit._testing._zookeeper import JAR, ZooKeeperServer
+    from walkit._testing import ZooKeeperServer, zookeeper_missing
 
-    if not JAR.exists():
-        yield None, f"ZooKeeper not installed ({JAR} missing; Debian package 'zookeeper')"
+    missing = zookeeper_missing()
+    if missing is not None:
+        yield None, missing
         return
     server = ZooKeeperServer()
     try:

@@ -23,7 +23,7 @@ phases are windows of its timeline:
   included) is reported too.
 
 The lost share is counted from the metadata before each loss (entries the bookie held in
-its closed fragments, :mod:`walkit.recovery._plan`); MB/s is that share's bytes over the
+its closed fragments, :func:`walkit.recovery.lost_fragments`); MB/s is that share's bytes over the
 window. ``walkit recover`` must report exactly that many entries copied; the daemons'
 work is checked by the end state (nothing names the bookie) and the "repaired" lines of
 the bookies' logs. Each window carries the writer's adds/s and p50/p99/p99.9/max, and the
@@ -61,8 +61,7 @@ from walkit.bench._common import (
 )
 from walkit.errors import InvalidArgumentError, NotEnoughBookiesError, WalkitError
 from walkit.metadata import Cluster, connect
-from walkit.recovery import UnderReplication
-from walkit.recovery._plan import count_held, lost_fragments
+from walkit.recovery import UnderReplication, count_held, lost_fragments
 
 __all__ = ["run_recovery_bench", "format_markdown"]
 

@@ -89,6 +89,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bookie.journal import MARK_FILE  # written anew (tmp, rename) by every checkpoint
 from walkit._local_cluster import LocalCluster
 from walkit.bench._checkpoint import checkpoint_rows
 from walkit.bench._common import (
@@ -98,6 +99,14 @@ from walkit.bench._common import (
     create_ledger_waiting,
     latency_percentiles,
     window_loop,
+)
+from walkit.bench._scale_tables import (
+    checkpoint_table,
+    memory_table,
+    recovery_table,
+    restart_table,
+    throughput_table,
+    wal_table,
 )
 from walkit.client import BookKeeper, LedgerHandle
 from walkit.errors import InvalidArgumentError, WalkitError
@@ -115,7 +124,6 @@ _CREATORS = 8  # threads creating ledgers (the client runs 4 metadata calls at a
 _OPENS = 3  # WAL failovers per row
 _TAIL = 100  # unconfirmed entries at the end of the ledgers recovered against their length
 _WARMUP = 1.0  # seconds of each throughput row not counted
-_MARK = "lastMark"  # bookie.journal._mark.MARK_FILE: written anew (tmp, rename) by every checkpoint
 _REPLAYED = re.compile(r"replayed (\d+) records \((\d+) entries\)")
 _POLL = 0.1
 _TIMEOUT = 600.0  # a checkpoint, a registration expiry or a bookie start not seen by then fails the run
@@ -190,7 +198,7 @@ def _wait(condition: Callable[[], bool], what: str, **context: object) -> None:
 
 def _await_checkpoints(cluster: LocalCluster, count: int = 2) -> None:
     """Until every bookie has written its mark ``count`` more times."""
-    marks = [cluster.data_dir / f"bookie-{i}" / "ledgers" / _MARK for i in range(BOOKIES)]
+    marks = [cluster.data_dir / f"bookie-{i}" / "ledgers" / MARK_FILE for i in range(BOOKIES)]
 
     def stamp(path: Path) -> tuple[int, int] | None:
         with contextlib.suppress(FileNotFoundError):
@@ -556,88 +564,7 @@ def run_scale_bench(directory: str | None = None, *, ledgers: int = 10_000, entr
             "targets": TARGETS, "checks": _checks(out)}
 
 
-# --- the tables ---------------------------------------------------------------------------------
-def _fill_rate(fill: dict[str, Any] | None) -> str:
-    return f"{fill['entries_per_s']:,}" if fill else "-"
-
-
-def _memory_table(case: dict[str, Any]) -> list[str]:
-    lines = [f"bookie memory: RSS with ledgers and {case['entry_size']} B entries stored, after two checkpoints "
-             f"(empty bookie: {case['empty_rss_mib']} MiB)", "",
-             "| ledgers | entries | RSS MiB (mean) | RSS MiB (max) | bytes/ledger above empty | marginal bytes/ledger "
-             "| written entries/s |", "|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in case["rows"]:
-        marginal = "-" if r["marginal_bytes_per_ledger"] is None else f"{r['marginal_bytes_per_ledger']:,}"
-        lines.append(f"| {r['ledgers']:,} | {r['entries']:,} | {r['rss_mib']} | {r['rss_max_mib']} "
-                     f"| {r['bytes_per_ledger']:,} | {marginal} | {_fill_rate(r['fill'])} |")
-    return lines
-
-
-def _throughput_table(case: dict[str, Any], met: bool | None) -> list[str]:
-    verdict = "not measured (fewer ledgers)" if met is None else "met" if met else "**missed**"
-    lines = [f"throughput: {case['entry_size']} B adds round-robin over N ledgers, {case['in_flight']:,} in flight, "
-             f"{case['seconds']:g} s each", "",
-             "| ledgers | entries/s | vs 1 ledger | p50 ms | p99 ms | client CPU µs/entry | bookies CPU µs/entry "
-             "| other cores | steal cores |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in case["rows"]:
-        lines.append(f"| {r['ledgers']:,} | {r['entries_per_s']:,} | {r['ratio']:.2f} | {r['p50_ms']} | {r['p99_ms']} "
-                     f"| {r['client_cpu_us_per_entry']} | {r['bookie_cpu_us_per_entry']} | {r['other_cpu_cores']} "
-                     f"| {r['steal_cores']} |")
-    ratio = TARGETS["throughput_ratio_at_10000_ledgers"]
-    return [*lines, "", f"target: >= {ratio:.0%} of the one-ledger rate at 10,000 ledgers: {verdict}"]
-
-
-def _checkpoint_table(case: dict[str, Any]) -> list[str]:
-    lines = [f"checkpoint: one flush of a bookie's ledger storage after {case['entry_size']} B adds round-robin over "
-             "N ledgers (medians of 4; the ledgers' index files exist)", "",
-             "| ledgers | entries | index written to | flush ms | CPU ms | CPU µs/ledger | slot log bytes "
-             "| checkpoints a merge | merge ms |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
-    for r in case["rows"]:
-        per_merge = "-" if r["checkpoints_per_merge"] is None else f"{r['checkpoints_per_merge']:,}"
-        merge = "-" if r["merge_ms"] is None else r["merge_ms"]
-        lines.append(f"| {r['ledgers']:,} | {r['entries']:,} | {r['mode']} | {r['flush_ms']} | {r['cpu_ms']} "
-                     f"| {r['cpu_us_per_ledger']} | {r['slot_log_bytes']:,} | {per_merge} | {merge} |")
-    return lines
-
-
-def _restart_table(case: dict[str, Any]) -> list[str]:
-    lines = [f"bookie restart ({case['entry_size'] >> 20} MiB entries stored; s until it serves again)", "",
-             "| GiB stored | crash: start s | replayed entries | start CPU s | registration expired after s "
-             "| graceful: stop s | start s | replayed entries | written MB/s |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in case["rows"]:
-        c, g = r["crash"], r["graceful"]
-        mb = f"{r['fill']['mb_per_s']}" if r["fill"] else "-"
-        lines.append(f"| {r['gib']:g} | {c['seconds']} | {c['replayed_entries']:,} | {c['bookie_cpu_s']} "
-                     f"| {c['expiry_s']} | {g['stop_seconds']} | {g['seconds']} | {g['replayed_entries']:,} | {mb} |")
-    return lines
-
-
-def _recovery_table(case: dict[str, Any]) -> list[str]:
-    lines = [f"recovery: open_ledger(recovery=True) of a ledger of {case['entry_size']} B entries its writer left open",
-             "", "| against | entries | LAC the bookies had | tail read back | s | client CPU s | bookies CPU s "
-             "| written entries/s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for against, rows in (("length", case["rows"]), ("tail", case["tail_rows"])):
-        for r in rows:
-            lines.append(f"| {against} | {r['entries']:,} | {r['lac_before']:,} | {r['tail']:,} | {r['seconds']} "
-                         f"| {r['client_cpu_s']} | {r['bookie_cpu_s']} | {_fill_rate(r['fill'])} |")
-    return lines
-
-
-def _wal_table(case: dict[str, Any]) -> list[str]:
-    rolls = case["rolls"]
-    lines = [f"WAL open for writing while the previous writer is open (failover), {_OPENS} opens a row", "",
-             "| the log holds | median s | min s | max s | client CPU s | bookies CPU s |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for key, label in (("segments", "segment"), ("snapshots", "snapshot")):
-        for r in case[key]:
-            held = f"{r[key]:,} {label}{'' if r[key] == 1 else 's'}{' taken' if key == 'snapshots' else ''}"
-            lines.append(f"| {held} | {r['median_s']} | {r['min_s']} | {r['max_s']} | {r['client_cpu_s']} "
-                         f"| {r['bookie_cpu_s']} |")
-    return [*lines, "", f"segment rolls while growing the log: {rolls['rolls']:,} in {rolls['seconds']} s "
-                        f"({rolls['per_s']}/s)"]
-
-
+# --- the report as Markdown --------------------------------------------------------------------
 def format_markdown(report: dict[str, Any]) -> str:
     lines = [f"{report['started']}; {report['bookies']} bookie processes, E={report['ensemble']} "
              f"Qw={report['write_quorum']} Qa={report['ack_quorum']}, checkpoint every "
@@ -647,9 +574,11 @@ def format_markdown(report: dict[str, Any]) -> str:
         c = report["creation"]
         lines.append(f"ledgers created: {c['ledgers']:,} in {c['seconds']} s ({c['per_s']}/s, {c['threads']} threads)")
     met = report["checks"]["throughput_ratio_met"]
+    ratio = TARGETS["throughput_ratio_at_10000_ledgers"]
     tables: dict[str, Callable[[dict[str, Any]], list[str]]] = {
-        "memory": _memory_table, "throughput": lambda case: _throughput_table(case, met),
-        "checkpoint": _checkpoint_table, "restart": _restart_table, "recovery": _recovery_table, "wal": _wal_table}
+        "memory": memory_table, "throughput": lambda case: throughput_table(case, met, ratio),
+        "checkpoint": checkpoint_table, "restart": restart_table, "recovery": recovery_table,
+        "wal": lambda case: wal_table(case, _OPENS)}
     for name in report["cases"]:
         lines += ["", *tables[name](report[name])]
     lines += ["", "| case | wall s | this process CPU s | bookies CPU s | other cores | steal cores |",

@@ -26,7 +26,8 @@
 ``walkit export``          archive a log to Parquet by segment with Spark; a second run continues (walkit[spark])
 
 One module per group of commands, each with ``register(subparsers)`` adding its
-sub-commands (and the function each runs, as ``func``): ``_bench``, ``_init``,
+sub-commands (and the function each runs, as ``func``) to a ``_commands.Subcommands``
+(which remembers every parser made): ``_bench``, ``_init``,
 ``_bookie`` (with ``_gc`` and ``_disks``), ``_cluster``, ``_ledger``, ``_log``, ``_recover`` (recover,
 decommission), ``_autorecovery``, ``_journal``, ``_demo`` (demo, sandbox), ``_export``;
 ``_output`` holds what the inspection commands print alike; ``_metadata`` the
@@ -52,6 +53,7 @@ from collections.abc import Sequence
 from walkit.cli import (
     _autorecovery, _bench, _bookie, _cluster, _demo, _export, _init, _journal, _ledger, _log, _recover,
 )
+from walkit.cli._commands import Subcommands
 from walkit.cli._metadata import resolve_metadata
 
 __all__ = ["main"]
@@ -83,28 +85,22 @@ def _add_logging_options(p: argparse.ArgumentParser, top: bool) -> None:
                         "per line (walkit.logs)")
 
 
-def _every_parser(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
-    """The parsers of every sub-command below ``p``, at any depth (each once)."""
-    found: dict[int, argparse.ArgumentParser] = {}
-    for action in p._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                for q in [sub, *_every_parser(sub)]:
-                    found.setdefault(id(q), q)
-    return list(found.values())
-
-
-def _parser() -> argparse.ArgumentParser:
+def _parsers() -> tuple[argparse.ArgumentParser, list[argparse.ArgumentParser]]:
+    """The ``walkit`` parser, and the parsers of every sub-command below it, at any depth."""
     # no abbreviations: `walkit export --log NAME` must not read as a prefix of --log-level
     p = argparse.ArgumentParser(prog="walkit", description="walkit: a replicated write-ahead log", allow_abbrev=False)
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = Subcommands(p, dest="command")
     for group in (_bench, _init, _bookie, _cluster, _ledger, _log, _recover, _autorecovery, _journal, _demo,
                   _export):  # the order of --help
         group.register(sub)
     _add_logging_options(p, top=True)
-    for q in _every_parser(p):
+    for q in sub.parsers:
         _add_logging_options(q, top=False)
-    return p
+    return p, sub.parsers
+
+
+def _parser() -> argparse.ArgumentParser:
+    return _parsers()[0]
 
 
 def _log_level(args: argparse.Namespace) -> int:

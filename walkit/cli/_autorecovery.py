@@ -10,14 +10,15 @@ import threading
 from datetime import datetime, timezone
 from typing import Any
 
+from walkit.cli._commands import Subcommands
 from walkit.cli._metadata import add_metadata_option
 
 __all__ = ["register"]
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     ar = subparsers.add_parser("autorecovery", help="the auditor and replication workers: inspect, switch, run")
-    verbs = ar.add_subparsers(dest="verb", required=True)
+    verbs = subparsers.subcommands(ar, dest="verb")
     for name, help_text in (("status", "enabled or not, the auditor, how many ledgers are under-replicated"),
                             ("list-underreplicated", "every ledger marked under-replicated"),
                             ("who-is-auditor", "the daemon holding the auditor's seat"),

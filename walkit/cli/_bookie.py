@@ -8,11 +8,12 @@ import json
 import sys
 
 from walkit.cli import _disks, _gc
+from walkit.cli._commands import Subcommands
 from walkit.cli._metadata import add_metadata_option
 
 
 def _start(args: argparse.Namespace) -> int:
-    from bookie._main import run
+    from bookie import run
 
     return run(args)
 
@@ -34,12 +35,12 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     """``walkit bookie`` and its sub-commands."""
-    bookie = subparsers.add_parser("bookie", help="run and inspect bookies").add_subparsers(dest="what", required=True)
+    bookie = subparsers.subcommands(subparsers.add_parser("bookie", help="run and inspect bookies"), dest="what")
     bs = bookie.add_parser("start", help="run a bookie until SIGTERM (as python -m bookie)")
     bs.add_argument("--conf", required=True, help="bookie configuration (TOML, BookKeeper key names)")
-    bs.set_defaults(func=_start, log_default="INFO")  # bookie._main's: a server says what it does
+    bs.set_defaults(func=_start, log_default="INFO")  # python -m bookie's: a server says what it does
     bl = bookie.add_parser("list", help="the available and read-only bookies")
     add_metadata_option(bl)
     bl.add_argument("--json", action="store_true", help="machine-readable output")

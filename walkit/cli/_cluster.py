@@ -6,15 +6,16 @@ import argparse
 import json
 from typing import Any
 
+from walkit.cli._commands import Subcommands
 from walkit.cli._metadata import add_metadata_option
 
 __all__ = ["register"]
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     """``walkit cluster`` and its sub-commands."""
     cluster = subparsers.add_parser("cluster", help="the cluster as its metadata describes it")
-    verbs = cluster.add_subparsers(dest="verb", required=True)
+    verbs = subparsers.subcommands(cluster, dest="verb")
     info = verbs.add_parser("info", help="instance id, layout, bookies by state, number of ledgers and logs")
     add_metadata_option(info)
     info.add_argument("--json", action="store_true", help="machine-readable output")

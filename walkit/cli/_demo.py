@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from walkit.cli._commands import Subcommands
+
 
 def _demo(args: argparse.Namespace) -> int:
     from walkit.demo import format_report, run_demo
@@ -22,7 +24,7 @@ def _sandbox(args: argparse.Namespace) -> int:
                        bookie_options=parse_bookie_options(args.bookie_option))
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     """``walkit demo`` and ``walkit sandbox``."""
     demo = subparsers.add_parser("demo", help="failover of a replicated key-value store: SIGKILL, snapshot + replay, "
                                  "fencing")

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from walkit.cli._commands import Subcommands
 from walkit.cli._metadata import add_metadata_option
 from walkit.cli._output import limited, size
 from walkit.errors import NativeIOError, UsageError, WalkitError
@@ -41,7 +42,7 @@ _STOPS = {
 }
 
 
-def add_parsers(bookie: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parsers(bookie: Subcommands) -> None:
     info = bookie.add_parser("info", help="offline: a stopped bookie's disks: cookie, directories, usage, "
                                           "lastMark, journal files, entry logs, index files")
     mark = bookie.add_parser("lastmark", help="offline: the LastLogMark in each ledger directory (where replay starts)")
@@ -52,8 +53,7 @@ def add_parsers(bookie: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     entrylog = bookie.add_parser("readlog", help="offline: the records of an entry log (ledger, entry, size, offset)")
     entrylog.add_argument("file", help="an entry log (<ledger dir>/current/logs/<id:016x>.log)")
     entrylog.add_argument("--ledger", type=int, default=None, help="only this ledger's records")
-    cookie = bookie.add_parser("cookie", help="offline: the bookie's cookie").add_subparsers(dest="cookie_verb",
-                                                                                             required=True)
+    cookie = bookie.subcommands(bookie.add_parser("cookie", help="offline: the bookie's cookie"), dest="cookie_verb")
     get = cookie.add_parser("get", help="the cookie on each disk (and, with --metadata, the one in metadata)")
     add_metadata_option(get, required=False, help="also compare with the cookie kept in this cluster's metadata")
     drop = cookie.add_parser("delete", help="drop a bookie's cookie from the cluster's metadata (after `walkit "
@@ -146,8 +146,7 @@ def _cookie_json(cookie: Cookie | None) -> dict[str, Any] | None:
 
 def _mark_of(fs: FileSystem, directory: str) -> dict[str, Any] | None:
     from bookie.fs import read_all
-    from bookie.journal import LogMark, journal_name
-    from bookie.journal._mark import MARK_FILE
+    from bookie.journal import MARK_FILE, LogMark, journal_name
 
     path = f"{directory}/{MARK_FILE}"
     if not fs.exists(path):
@@ -169,8 +168,7 @@ def _disk(directory: str) -> dict[str, Any]:
 
 
 def _journal_info(fs: FileSystem, directory: str) -> dict[str, Any]:
-    from bookie.journal import list_journals, journal_name
-    from bookie.journal._files import free_journals
+    from bookie.journal import free_journals, journal_name, list_journals
 
     ids = list_journals(fs, directory)
     total = sum(os.path.getsize(os.path.join(directory, journal_name(j))) for j in ids)

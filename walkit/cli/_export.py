@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from walkit.cli._commands import Subcommands
 from walkit.cli._metadata import add_metadata_option
 
 
@@ -29,7 +30,7 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     """``walkit export``."""
     export = subparsers.add_parser("export", help="archive a log to Parquet by segment with Spark, resumably "
                                    "(walkit[spark])")

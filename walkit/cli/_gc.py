@@ -16,6 +16,7 @@ import json
 import time
 from typing import Any
 
+from walkit.cli._commands import Subcommands
 from walkit.cli._metadata import add_metadata_option
 from walkit.cli._output import size
 from walkit.errors import BookieTimeoutError, BookieUnavailableError, InvalidArgumentError, WalkitError
@@ -26,7 +27,7 @@ _POLL = 0.2  # seconds between status polls while a forced pass runs
 _CALL_TIMEOUT = 20.0  # seconds one request may take: a hung bookie (SIGSTOP, swapping) is reported
 
 
-def add_parser(bookie: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(bookie: Subcommands) -> None:
     p = bookie.add_parser("gc", help="force garbage collection and compaction on bookies, or show its status")
     add_metadata_option(p)
     p.add_argument("--bookie", help="only this bookie (its id); default: every registered bookie")

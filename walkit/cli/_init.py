@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from walkit.cli._commands import Subcommands
 from walkit.cli._metadata import add_metadata_option
 
 
@@ -20,7 +21,7 @@ def _init(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     """``walkit init``."""
     init = subparsers.add_parser("init", help="create the cluster layout in the metadata store (idempotent)")
     add_metadata_option(init)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from walkit.cli._commands import Subcommands
+
 
 def _repair(args: argparse.Namespace) -> int:
     from bookie.fs.real import RealFS
@@ -19,9 +21,9 @@ def _repair(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     """``walkit journal`` and its sub-commands."""
-    journal = subparsers.add_parser("journal", help="journal tools").add_subparsers(dest="what", required=True)
+    journal = subparsers.subcommands(subparsers.add_parser("journal", help="journal tools"), dest="what")
     jr = journal.add_parser("repair", help="keep PATH.broken and truncate PATH at its first bad frame")
     jr.add_argument("path", help="a journal file (<id:016x>.txn) the bookie refused to replay")
     jr.set_defaults(func=_repair)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from walkit.cli._commands import Subcommands
 from walkit.cli._output import (
     add_format,
     confirm,
@@ -32,10 +33,10 @@ if TYPE_CHECKING:
 
 __all__ = ["register"]
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     """``walkit ledger`` and its sub-commands."""
     ledger = subparsers.add_parser("ledger", help="list, show, read and delete ledgers")
-    verbs = ledger.add_subparsers(dest="verb", required=True)
+    verbs = subparsers.subcommands(ledger, dest="verb")
     ls = verbs.add_parser("list", help="every ledger: id, state, E/Qw/Qa, last entry, length, custom metadata")
     ls.add_argument("--limit", type=int, default=None, help="at most this many ledgers (lowest ids first)")
     show = verbs.add_parser("show", help="one ledger's metadata: fragments and their bookies, state, digest, ctime")

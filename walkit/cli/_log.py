@@ -14,6 +14,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from walkit.cli._commands import Subcommands
 from walkit.cli._metadata import add_metadata_option
 from walkit.cli._output import add_format, limited, record_line, size
 
@@ -35,10 +36,10 @@ def _lsn(text: str) -> LSN:
         raise argparse.ArgumentTypeError(f"not an LSN (segment/entry/slot): {text!r}") from None
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     """``walkit log`` and its sub-commands."""
     log = subparsers.add_parser("log", help="list, show, read and tail write-ahead logs (never fencing the writer)")
-    verbs = log.add_subparsers(dest="verb", required=True)
+    verbs = subparsers.subcommands(log, dest="verb")
     ls = verbs.add_parser("list", help="the logs (of one namespace, or of all): epoch, segments, snapshot, truncation")
     show = verbs.add_parser("show", help="one log: epoch, settings, snapshots, truncation, segments with their "
                                          "ledgers and LSN ranges (segment/entry/slot; * is any slot)")

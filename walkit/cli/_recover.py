@@ -8,15 +8,16 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from walkit.cli._commands import Subcommands
+from walkit.cli._metadata import add_metadata_option
+
 if TYPE_CHECKING:
     from walkit.recovery import RecoveryReport
-
-from walkit.cli._metadata import add_metadata_option
 
 __all__ = ["register"]
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     p = subparsers.add_parser("recover", help="re-replicate every fragment a lost bookie held")
     add_metadata_option(p)
     p.add_argument("--bookie", required=True, help="the lost bookie's id")

@@ -61,7 +61,14 @@ def _stop_at_exit() -> None:
 
 
 class LoopThread:
-    def __init__(self, name: str) -> None:
+    """One daemon thread running one asyncio event loop; work is handed over from other
+    threads (:meth:`submit`, :meth:`run`, :meth:`call`, :meth:`iterate`) or other loops
+    (:meth:`aiterate`). The client runs on one; so do a :class:`~walkit.LocalCluster`'s
+    in-process bookies and ``walkit.testing``'s proxies, which pass ``stop_at_exit=False``:
+    their owner stops them at exit itself (gracefully, its bookies first), after the
+    clients' loops."""
+
+    def __init__(self, name: str, *, stop_at_exit: bool = True) -> None:
         self.loop = asyncio.new_event_loop()
         self._stopped = False
         #: (loop only) the sequences handed to consumers (iterate, aiterate), closed first at stop
@@ -70,6 +77,8 @@ class LoopThread:
         self._thread = threading.Thread(target=self._run, args=(ready,), name=name, daemon=True)
         self._thread.start()
         ready.wait()
+        if not stop_at_exit:
+            return
         with _running_lock:
             if not _running:
                 atexit.unregister(_stop_at_exit)  # (a later registration runs earlier)
@@ -81,7 +90,9 @@ class LoopThread:
         self.loop.call_soon(ready.set)
         try:
             self.loop.run_forever()
-        finally:
+        finally:  # its executor's threads (a name lookup, a bookie's file work) end first
+            with contextlib.suppress(RuntimeError):
+                self.loop.run_until_complete(self.loop.shutdown_default_executor())
             self.loop.close()
 
     @property

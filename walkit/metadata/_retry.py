@@ -1,4 +1,5 @@
-"""Retrying a metadata change that lost its compare-and-set: the one retry policy.
+"""The metadata layer's retry policy: a change that lost its compare-and-set, and a
+store call that did not reach a live session.
 
 Theory of operation
 -------------------
@@ -20,6 +21,16 @@ unreachable store is its driver's to wait out (``metadata_retry_deadline``), and
 the change raises (a writer fenced, a bad argument) is its answer. Blocking (it sleeps):
 callers on an event loop run it on a metadata thread, as every store call is run.
 
+A ZooKeeper call whose request did not reach a live session (connection loss, a
+timed-out operation, a session expiry) is sent again by :func:`retry_until` - the same
+tenacity machinery, bounded by the call's deadline instead of a count: it waits
+``first_wait`` (50 ms for ZooKeeper) after the first failure, doubling up to ``max_wait``
+(1 s), and gives up - the store's MetadataUnavailableError, raised from the last
+failure - as soon as the next attempt would start at or after the deadline, so a call
+never outlives ``retry_deadline``. Its waits are deterministic (no jitter): the callers
+are different calls of one client waiting for the same server, not writers racing for
+one node. Only the failures named are retried; anything else ends it at once.
+
 The other retries of the metadata layer use tenacity too and live beside what they
 retry, because what they wait for is not a conflict: a bookie's registration
 (:mod:`walkit.metadata._registration`) looks again at once after a transaction that lost
@@ -38,7 +49,7 @@ import tenacity
 
 from walkit.errors import MetadataVersionError
 
-__all__ = ["ATTEMPTS", "DEADLINE", "FIRST_WAIT", "MAX_WAIT", "retry_cas"]
+__all__ = ["ATTEMPTS", "DEADLINE", "FIRST_WAIT", "MAX_WAIT", "retry_cas", "retry_until"]
 
 ATTEMPTS = 100  # attempts of one change at most
 DEADLINE = 30.0  # seconds of attempts at most
@@ -67,3 +78,22 @@ def retry_cas(change: Callable[[], T], what: str, *, attempts: int = ATTEMPTS, *
         raise MetadataVersionError(f"{what} kept changing: gave up after {made} attempts", attempts=made,
                                    seconds=round(time.monotonic() - started, 3),
                                    **context) from exc.last_attempt.exception()
+
+
+def retry_until(call: Callable[[], T], *, retry_on: tuple[type[BaseException], ...], deadline: float,
+                first_wait: float, max_wait: float, gave_up: Callable[[], Exception]) -> T:
+    """``call()``, made again while it raises one of ``retry_on``, ``first_wait`` seconds
+    after the first failure and twice as long after each next one (``max_wait`` at
+    most), until the next attempt would start at or after ``deadline`` (monotonic): then
+    ``gave_up()`` is raised from the last failure. Its result; any other error at once."""
+    wait = tenacity.wait_exponential(multiplier=first_wait, max=max_wait)
+
+    def past_deadline(state: tenacity.RetryCallState) -> bool:
+        return time.monotonic() + wait(state) >= deadline
+
+    retrying = tenacity.Retrying(retry=tenacity.retry_if_exception_type(retry_on), wait=wait, stop=past_deadline,
+                                 sleep=time.sleep)
+    try:
+        return retrying(call)
+    except tenacity.RetryError as exc:
+        raise gave_up() from exc.last_attempt.exception()

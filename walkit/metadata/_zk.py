@@ -18,7 +18,8 @@ call during an outage of every ZooKeeper server would wait for the whole outage.
 each call (:meth:`ZooKeeperStore._call`) waits for a connection, sends kazoo's async
 request and waits for its reply, all against one deadline; connection loss and a
 session expiry met on the way are retried (on the new session: the listeners hear
-LOST) until then, and the deadline raises ``MetadataUnavailableError``. A request left
+LOST) until then, by the metadata layer's retry policy
+(:func:`~walkit.metadata._retry.retry_until`: 50 ms doubling up to 1 s between attempts), and the deadline raises ``MetadataUnavailableError``. A request left
 in kazoo's queue when its call gave up may still be sent once a server is back: like
 any connection loss in flight, the caller's MetadataUnavailableError means "unknown
 outcome", and CAS versions, ``_settle`` and lost-reply detection above are built for
@@ -73,6 +74,7 @@ from walkit.errors import (
     NotEmptyError,
     SessionExpiredError,
 )
+from walkit.metadata._retry import retry_until
 from walkit.metadata._store import (
     ANY_VERSION, RETRY_DEADLINE, check_path, Create, Delete, Op, SessionState, SetData, Stat, Watch,
 )
@@ -106,7 +108,7 @@ def _translate(exc: BaseException, path: str, **context: Any) -> MetadataError |
 
 
 # Retryable within a call's deadline: the request did not reach a live session.
-_RETRY = (ConnectionLoss, OperationTimeoutError, KzSessionExpired)
+_RETRY: tuple[type[BaseException], ...] = (ConnectionLoss, OperationTimeoutError, KzSessionExpired)
 _FIRST_BACKOFF = 0.05  # after a failed attempt, before the next (doubling)
 _MAX_BACKOFF = 1.0
 
@@ -297,23 +299,23 @@ class ZooKeeperStore:
         """Send ``request()`` (a kazoo ``*_async`` call) and return its reply, retrying
         connection loss and session expiry, all before ``deadline`` (monotonic; one
         retry deadline from now when None); then MetadataUnavailableError."""
-        deadline = self._deadline() if deadline is None else deadline
-        backoff = _FIRST_BACKOFF
-        while True:
-            self._wait_connected(path, deadline)
+        until = self._deadline() if deadline is None else deadline
+
+        def attempt() -> Any:
+            self._wait_connected(path, until)
             try:
-                return request().get(timeout=max(0.0, deadline - time.monotonic()))
+                return request().get(timeout=max(0.0, until - time.monotonic()))
             except ConnectionClosedError as exc:  # a SessionExpiredError in kazoo: not one to retry
                 raise MetadataUnavailableError("ZooKeeper client closed", path=path, hosts=self.hosts) from exc
-            except _RETRY as exc:
-                if time.monotonic() + backoff >= deadline:
-                    raise self._unavailable(path) from exc
+            except _RETRY:
+                raise  # retry_until's to retry
             except KazooTimeoutError as exc:
                 raise self._unavailable(path) from exc
             except KazooException as exc:
                 raise _translate(exc, path) from exc
-            time.sleep(backoff)
-            backoff = min(backoff * 2, _MAX_BACKOFF)
+
+        return retry_until(attempt, retry_on=_RETRY, deadline=until, first_wait=_FIRST_BACKOFF,
+                           max_wait=_MAX_BACKOFF, gave_up=lambda: self._unavailable(path))
 
     def _wait_connected(self, path: str, deadline: float) -> None:
         if not self._closed and not self._connected.wait(max(0.0, deadline - time.monotonic())):

@@ -16,11 +16,11 @@ which verify them with the ledger's master key that only bookies hold.
 
 from walkit.metadata import Marker, UnderReplication  # the markers live with the metadata layout
 from walkit.recovery._autorecovery import AutoRecovery, AutoRecoveryConfig
-from walkit.recovery._plan import FragmentWork, held_by_writer, held_entries, lost_fragments
+from walkit.recovery._plan import FragmentWork, count_held, held_by_writer, held_entries, lost_fragments
 from walkit.recovery._recover import Progress, RecoveryReport, decommission, recover
 
 __all__ = [
     "AutoRecovery", "AutoRecoveryConfig", "FragmentWork", "Marker", "Progress", "RecoveryReport", "UnderReplication",
-    "held_by_writer",
+    "count_held", "held_by_writer",
     "decommission", "held_entries", "lost_fragments", "recover",
 ]
