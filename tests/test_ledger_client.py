@@ -76,8 +76,8 @@ def test_a_create_with_the_bookies_known_runs_on_the_callers_thread(tmp_path: Pa
         first = bk.create_ledger(3, 3, 2)  # reads the list, learns the endpoints: through the loop
         first.add_entry(b"a")
         hops: list[object] = []
-        real_run = bk._run
-        monkeypatch.setattr(bk, "_run", lambda coro: hops.append(coro) or real_run(coro))
+        real_run = bk.client.run
+        monkeypatch.setattr(bk.client, "run", lambda coro: hops.append(coro) or real_run(coro))
         fast = bk.create_ledger(3, 3, 2, password=b"pw")
         assert hops == [] and fast.add_entry(b"b") == 0
         assert fast.ledger_id in set(bk.list_ledgers())
