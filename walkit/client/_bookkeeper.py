@@ -9,9 +9,9 @@ gives in a handle. The asyncio flavour (``walkit.aio``) wraps the same client.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 from walkit.client._client import LedgerClient
 from walkit.client._config import ClientConfig
@@ -23,8 +23,6 @@ from walkit.client._writer import LedgerWriter
 from walkit.metadata import Cluster, LedgerMetadata
 
 __all__ = ["BookKeeper", "connect"]
-
-T = TypeVar("T")
 
 
 class BookKeeper:
@@ -65,9 +63,6 @@ class BookKeeper:
 
     async def _open(self, ledger_id: int, password: bytes, recovery: bool) -> ReadState:
         return await self._client.open(ledger_id, password, recovery)
-
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self._client.run(coro)
 
     # -- ledgers ---------------------------------------------------------------------------
     def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 3, ack_quorum: int = 2,
