@@ -125,10 +125,7 @@ def _freeze_on_sigusr1(metadata_store: object) -> None:
     which may be inside a transaction, and the lock is re-entrant (taken there, it would
     freeze the process mid-transaction with SQLite's lock held, and every other process's
     metadata call would fail after its busy timeout)."""
-    # LocalMetadataStore keeps the lock in its database object; walkit.metadata has no
-    # public name for it yet (issue 36: LocalMetadataStore.write_lock, for walkit.metadata)
-    db = getattr(metadata_store, "_db", None)
-    lock: contextlib.AbstractContextManager[Any] = db.write_lock if db is not None else contextlib.nullcontext()
+    lock: contextlib.AbstractContextManager[Any] = getattr(metadata_store, "write_lock", contextlib.nullcontext())
 
     def freeze_when_no_transaction() -> None:
         with lock:  # a thread of its own: the lock is re-entrant, and the main thread may be inside one

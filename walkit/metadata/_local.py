@@ -161,6 +161,13 @@ class LocalMetadataStore:
     def read_only(self) -> bool:
         return self._read_only
 
+    @property
+    def write_lock(self) -> threading.RLock:
+        """The re-entrant lock held around each of this process's write transactions: a
+        holder knows no write of this store is half done (a process may freeze itself
+        holding it, and leave the database's own lock free for the others)."""
+        return self._db.write_lock
+
     # -- the MetadataStore protocol ------------------------------------------------
 
     @property
