@@ -12,8 +12,10 @@ writes (:mod:`bookie._admission`), ledger state records on their way to the jour
 *Add*: check the master key (journaled on the ledger's first add or fence; a different
 key is refused with ``UnauthorizedError``) and the fence (``LedgerFencedError`` unless it
 is a recovery add), put the entry in ledger storage (memory), then hand it to the
-journal. The returned future completes when the journal's fdatasync covering the
-entry returned - that is what makes an acknowledgement durable. The server hands over
+journal - storage first, so that every record behind the journal's settled mark is in
+storage, which is what a checkpoint relies on (:mod:`bookie._checkpoints`). The returned
+future completes when the journal's fdatasync covering the entry returned - that is
+what makes an acknowledgement durable. The server hands over
 the adds of one received chunk together (:meth:`Bookie.add_batch_cb`): every check is
 still made per add and a refusal touches that add only, but the bookie, storage and
 journal locks are taken once for the batch - first all admitted entries go to storage,
@@ -30,8 +32,9 @@ replay or checkpoint). A ledger's state - fence, explicit LAC, master key - reac
 ledger storage only once its record is durable (a master key that comes with entries:
 with them, taken back if its record is refused; an explicit LAC published by
 :meth:`Bookie.publish_lac`: at once, since it is true whatever becomes of its record),
-so memory and journal agree even when the journal refuses the record for a full disk: the requester gets the error and the
-ledger's state is as if the request never came (:mod:`bookie._records`).
+so memory and journal agree even when the journal refuses the record for a full disk:
+the requester gets the error and the ledger's state is as if the request never came
+(:mod:`bookie._records`).
 
 *Checkpoint* (:mod:`bookie._checkpoints`): storage flushed up to the journal's settled
 mark, the mark written, journal files behind it deleted. *Restart*

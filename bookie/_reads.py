@@ -11,7 +11,11 @@ there is neither. The LAC of the last entry is remembered per ledger (``(last en
 its LAC)``, up to ``_LAST_LACS`` ledgers, then forgotten all at once) while that entry
 stays the last - it is valid exactly as long as the ledger's last entry id is the one
 remembered with it - so a read's answer, which carries the LAC, costs no second entry
-read. A deleted ledger is forgotten (:meth:`Reads.forget`).
+read. A deleted ledger is forgotten (:meth:`Reads.forget`). The memory is a plain dict
+read and written by single operations from the read threads and the event loop, with no
+lock: every pair it may hold is true of its entry (entries never change), and a pair is
+used only when its entry id is the ledger's last one now, so a racing update or clear
+can cost a read, never give a wrong LAC.
 
 The *memory* forms (:meth:`Reads.read_recent`, :meth:`Reads.read_memory`) are for the
 event loop: they answer only from what is in memory (an entry log's write buffer, the
