@@ -7,9 +7,13 @@ An add is admitted when its arguments are in range (ledger id, entry id, a maste
 the same ledger and entry, its master key is the ledger's (the first key a ledger gets
 is its key), and the ledger is not fenced - or the add is a recovery add. Everything here
 is a decision over the ledger's state as :meth:`bookie._records.LedgerRecords.look` sees
-it (durable state and the records still on their way to the journal); nothing is stored.
-The one thing admission makes is the MASTER_KEY record of a ledger whose key is not
-durable yet (:func:`admit_key`), which the caller journals with the adds or drops.
+it (durable state and the records still on their way to the journal). The one thing it
+does besides deciding is to make the MASTER_KEY record of a ledger whose key is not
+durable yet (:func:`admit_key`), which the caller journals with the adds or drops; for a
+batch of adds that record puts the key in storage ahead of the entries
+(:meth:`bookie._records.LedgerRecords.key_record`), and it is made at the decision, not
+after it, so that a storage unable to take the key (it failed) refuses that very add with
+its error, as it would refuse the entry.
 
 Why the decision holds until the adds are journaled: the caller holds the bookie lock
 from the look to the journal's framing, and only under that lock are adds, keys and
