@@ -219,109 +219,16 @@ class BookieConfig:
 
     def validate(self) -> None:
         """Every key checked at load; a ConfigError names the key (``key=...``) and the
-        value it refuses, so a bad file is fixed from the message alone."""
-        types: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "bool": bool, "str": str}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            expected = types.get(str(f.type))
-            if expected is not None and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
-                raise ConfigError("wrong type", key=f.metadata["key"], value=repr(value), expected=f.type)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError("must be a finite number", key=f.metadata["key"], value=repr(value))
-        dirs = self.ledger_directories
-        if not isinstance(dirs, list) or not dirs or not all(isinstance(d, str) and d for d in dirs):
-            _bad("ledgerDirectories", "must be a non-empty list of paths", dirs)
-        if len(set(dirs)) != len(dirs):
-            _bad("ledgerDirectories", "lists a directory twice", dirs)
-        for key, text in (("journalDirectory", self.journal_directory), ("bindAddress", self.bind_address),
-                          ("httpServerAddress", self.http_server_address)):
-            if not text:
-                _bad(key, "must not be empty", text)
-        a = self.journal_alignment_size
-        if a < MIN_ALIGNMENT or a & (a - 1):
-            _bad("journalAlignmentSize", f"must be a power of two >= {MIN_ALIGNMENT}", a)
-        if self.journal_direct_io and a < 4096:
-            _bad("journalAlignmentSize", "must be at least 4096 with journalDirectIO (O_DIRECT writes whole 4 KiB "
-                 "blocks; BookKeeper's 512 is for buffered journals)", a)
-        positive = {
-            "journalMaxSizeMB": self.journal_max_size_mb,
-            "journalPreAllocSizeMB": self.journal_pre_alloc_size_mb,
-            "journalBufferedWritesThreshold": self.journal_buffered_writes_threshold,
-            "journalSyncWarnMillis": self.journal_sync_warn_millis,
-            "entryLogSizeLimit": self.entry_log_size_limit,
-            "openFileLimit": self.open_file_limit,
-            "flushInterval": self.flush_interval,
-            "flushEntriesThreshold": self.flush_entries_threshold,
-            "dbStorage_writeCacheMaxSizeMb": self.write_cache_max_size_mb,
-            "nettyMaxFrameSizeBytes": self.netty_max_frame_size_bytes,
-            "zkTimeout": self.zk_timeout,
-            "metadataRetryDeadlineMs": self.metadata_retry_deadline_ms,
-            "maxPendingRequestsPerConnection": self.max_pending_requests_per_connection,
-            "maxPendingAddRequests": self.max_pending_add_requests,
-            "maxPendingAddBytes": self.max_pending_add_bytes,
-            "maxLongPolls": self.max_long_polls,
-            "maxConnections": self.max_connections,
-            "numReadWorkerThreads": self.num_read_worker_threads,
-            "dbStorage_readAheadCacheBatchSize": self.read_ahead_cache_batch_size,
-            "diskCheckInterval": self.disk_check_interval,
-            "gcWaitTime": self.gc_wait_time,
-            "gcOverreplicatedLedgerWaitTime": self.gc_overreplicated_ledger_wait_time,
-            "gcMetadataOpRateLimit": self.gc_metadata_op_rate_limit,
-            "compactionRateByEntries": self.compaction_rate_by_entries,
-            "compactionRateByBytes": self.compaction_rate_by_bytes,
-            "auditorPeriodicBookieCheckInterval": self.auditor_periodic_bookie_check_interval,
-        }
-        for key, value in positive.items():
-            if value <= 0:
-                _bad(key, "must be positive", value)
-        not_negative = {
-            "journalMaxGroupWaitMSec": self.journal_max_group_wait_msec,
-            "journalBufferedEntriesThreshold": self.journal_buffered_entries_threshold,
-            "journalMaxBackups": self.journal_max_backups,
-            "journalRecycleFiles": self.journal_recycle_files,
-            "journalZeroFillRateMB": self.journal_zero_fill_rate_mb,
-            "flushEntrylogBytes": self.flush_entrylog_bytes,
-            "indexSlotLogMaxSizeMb": self.index_slot_log_max_size_mb,
-            "dbStorage_readAheadCacheMaxSizeMb": self.read_ahead_cache_max_size_mb,
-            "recentWritesCacheMaxSizeMb": self.recent_writes_cache_max_size_mb,
-            "lostBookieRecoveryDelay": self.lost_bookie_recovery_delay,
-            "openLedgerRereplicationGracePeriod": self.open_ledger_rereplication_grace_period,
-        }
-        for key, value in not_negative.items():
-            if value < 0:
-                _bad(key, "must not be negative", value)
-        if self.advertised_host in ("0.0.0.0", "::", "*"):
-            _bad("advertisedAddress", f"must be set to the host clients reach when bindAddress is a wildcard "
-                 f"({self.bind_address}): clients are told the advertised address", self.advertised_address)
-        if self.netty_max_frame_size_bytes < 4096:
-            _bad("nettyMaxFrameSizeBytes", "must be at least 4096", self.netty_max_frame_size_bytes)
-        for key, port in (("bookiePort", self.bookie_port), ("httpServerPort", self.http_server_port)):
-            if not 0 <= port <= 65535:
-                _bad(key, "must be 0..65535", port)
-        if self.metadata_service_uri:
-            try:
-                parse_metadata_uri(self.metadata_service_uri)
-            except WalkitError as exc:
-                raise ConfigError("not a metadata service URI (zk://host:port/path or local:///dir): " + str(exc),
-                                  key="metadataServiceUri") from exc
-        if bool(self.tls_certificate_path) != bool(self.tls_key_store):
-            _bad("tlsKeyStore" if self.tls_certificate_path else "tlsCertificatePath",
-                 "TLS needs both tlsCertificatePath and tlsKeyStore", self.tls_key_store or self.tls_certificate_path)
-        if self.tls_client_authentication and not self.tls_trust_store:
-            _bad("tlsTrustStore", "tlsClientAuthentication needs it (the CA to verify clients by)", "")
-        if not 0 < self.disk_usage_threshold <= 1:
-            _bad("diskUsageThreshold", "must be in (0, 1]", self.disk_usage_threshold)
-        if not 0 < self.disk_usage_lwm_threshold <= self.disk_usage_threshold:
-            _bad("diskUsageLwmThreshold", f"must be in (0, diskUsageThreshold = {self.disk_usage_threshold}]",
-                 self.disk_usage_lwm_threshold)
-        if not 0 < self.disk_usage_warn_threshold <= 1:  # used as min(warn, diskUsageThreshold)
-            _bad("diskUsageWarnThreshold", "must be in (0, 1]", self.disk_usage_warn_threshold)
-        minor, major = self.minor_compaction_threshold, self.major_compaction_threshold
-        if major > 1:
-            _bad("majorCompactionThreshold", "must be at most 1 (<= 0: major compaction off)", major)
-        if minor > 1 or (minor > 0 and major > 0 and minor > major):
-            _bad("minorCompactionThreshold", f"must be at most 1 and at most majorCompactionThreshold ({major}) "
-                 "(<= 0: minor compaction off)", minor)
+        value it refuses, so a bad file is fixed from the message alone. The checks run
+        in this order, one concern each; the first key refused is the one reported."""
+        _check_types(self)
+        _check_directories_and_addresses(self)
+        _check_journal_alignment(self)
+        _check_bounds(self)
+        _check_network(self)
+        _check_tls(self)
+        _check_disk_usage(self)
+        _check_compaction(self)
 
     @classmethod
     def keys(cls) -> dict[str, str]:
@@ -351,6 +258,126 @@ class BookieConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.metadata["key"]: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+# --- validation: one check per concern, in the order BookieConfig.validate runs them ----
+
+def _check_types(c: BookieConfig) -> None:
+    """Each value of the declared type (an int is no bool; a float may be an int) and
+    every float finite."""
+    types: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "bool": bool, "str": str}
+    for f in dataclasses.fields(c):
+        value = getattr(c, f.name)
+        expected = types.get(str(f.type))
+        if expected is not None and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
+            raise ConfigError("wrong type", key=f.metadata["key"], value=repr(value), expected=f.type)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError("must be a finite number", key=f.metadata["key"], value=repr(value))
+
+
+def _check_directories_and_addresses(c: BookieConfig) -> None:
+    """Ledger directories: a non-empty list of distinct paths; the journal directory
+    and the addresses set."""
+    dirs = c.ledger_directories
+    if not isinstance(dirs, list) or not dirs or not all(isinstance(d, str) and d for d in dirs):
+        _bad("ledgerDirectories", "must be a non-empty list of paths", dirs)
+    if len(set(dirs)) != len(dirs):
+        _bad("ledgerDirectories", "lists a directory twice", dirs)
+    for key, text in (("journalDirectory", c.journal_directory), ("bindAddress", c.bind_address),
+                      ("httpServerAddress", c.http_server_address)):
+        if not text:
+            _bad(key, "must not be empty", text)
+
+
+def _check_journal_alignment(c: BookieConfig) -> None:
+    """A power of two of at least MIN_ALIGNMENT, and of a whole 4 KiB block for O_DIRECT."""
+    a = c.journal_alignment_size
+    if a < MIN_ALIGNMENT or a & (a - 1):
+        _bad("journalAlignmentSize", f"must be a power of two >= {MIN_ALIGNMENT}", a)
+    if c.journal_direct_io and a < 4096:
+        _bad("journalAlignmentSize", "must be at least 4096 with journalDirectIO (O_DIRECT writes whole 4 KiB "
+             "blocks; BookKeeper's 512 is for buffered journals)", a)
+
+
+#: Keys whose value must be positive, in the order they are checked.
+_POSITIVE = (
+    "journalMaxSizeMB", "journalPreAllocSizeMB", "journalBufferedWritesThreshold", "journalSyncWarnMillis",
+    "entryLogSizeLimit", "openFileLimit", "flushInterval", "flushEntriesThreshold",
+    "dbStorage_writeCacheMaxSizeMb", "nettyMaxFrameSizeBytes", "zkTimeout", "metadataRetryDeadlineMs",
+    "maxPendingRequestsPerConnection", "maxPendingAddRequests", "maxPendingAddBytes", "maxLongPolls",
+    "maxConnections", "numReadWorkerThreads", "dbStorage_readAheadCacheBatchSize", "diskCheckInterval",
+    "gcWaitTime", "gcOverreplicatedLedgerWaitTime", "gcMetadataOpRateLimit", "compactionRateByEntries",
+    "compactionRateByBytes", "auditorPeriodicBookieCheckInterval",
+)
+#: Keys whose value must not be negative (0 turns the thing off), in the order they are checked.
+_NOT_NEGATIVE = (
+    "journalMaxGroupWaitMSec", "journalBufferedEntriesThreshold", "journalMaxBackups", "journalRecycleFiles",
+    "journalZeroFillRateMB", "flushEntrylogBytes", "indexSlotLogMaxSizeMb", "dbStorage_readAheadCacheMaxSizeMb",
+    "recentWritesCacheMaxSizeMb", "lostBookieRecoveryDelay", "openLedgerRereplicationGracePeriod",
+)
+
+
+def _check_bounds(c: BookieConfig) -> None:
+    """Sizes, counts and intervals: :data:`_POSITIVE` ones positive, then
+    :data:`_NOT_NEGATIVE` ones not negative."""
+    attribute = BookieConfig.keys()
+    for key in _POSITIVE:
+        value = getattr(c, attribute[key])
+        if value <= 0:
+            _bad(key, "must be positive", value)
+    for key in _NOT_NEGATIVE:
+        value = getattr(c, attribute[key])
+        if value < 0:
+            _bad(key, "must not be negative", value)
+
+
+def _check_network(c: BookieConfig) -> None:
+    """An advertised host clients can reach, a frame that holds an entry, ports in range,
+    a metadata service URI that parses."""
+    if c.advertised_host in ("0.0.0.0", "::", "*"):
+        _bad("advertisedAddress", f"must be set to the host clients reach when bindAddress is a wildcard "
+             f"({c.bind_address}): clients are told the advertised address", c.advertised_address)
+    if c.netty_max_frame_size_bytes < 4096:
+        _bad("nettyMaxFrameSizeBytes", "must be at least 4096", c.netty_max_frame_size_bytes)
+    for key, port in (("bookiePort", c.bookie_port), ("httpServerPort", c.http_server_port)):
+        if not 0 <= port <= 65535:
+            _bad(key, "must be 0..65535", port)
+    if c.metadata_service_uri:
+        try:
+            parse_metadata_uri(c.metadata_service_uri)
+        except WalkitError as exc:
+            raise ConfigError("not a metadata service URI (zk://host:port/path or local:///dir): " + str(exc),
+                              key="metadataServiceUri") from exc
+
+
+def _check_tls(c: BookieConfig) -> None:
+    """A certificate and its key together; a trust store to verify clients by."""
+    if bool(c.tls_certificate_path) != bool(c.tls_key_store):
+        _bad("tlsKeyStore" if c.tls_certificate_path else "tlsCertificatePath",
+             "TLS needs both tlsCertificatePath and tlsKeyStore", c.tls_key_store or c.tls_certificate_path)
+    if c.tls_client_authentication and not c.tls_trust_store:
+        _bad("tlsTrustStore", "tlsClientAuthentication needs it (the CA to verify clients by)", "")
+
+
+def _check_disk_usage(c: BookieConfig) -> None:
+    """Fractions in (0, 1], the low-water mark at most the threshold."""
+    if not 0 < c.disk_usage_threshold <= 1:
+        _bad("diskUsageThreshold", "must be in (0, 1]", c.disk_usage_threshold)
+    if not 0 < c.disk_usage_lwm_threshold <= c.disk_usage_threshold:
+        _bad("diskUsageLwmThreshold", f"must be in (0, diskUsageThreshold = {c.disk_usage_threshold}]",
+             c.disk_usage_lwm_threshold)
+    if not 0 < c.disk_usage_warn_threshold <= 1:  # used as min(warn, diskUsageThreshold)
+        _bad("diskUsageWarnThreshold", "must be in (0, 1]", c.disk_usage_warn_threshold)
+
+
+def _check_compaction(c: BookieConfig) -> None:
+    """Thresholds at most 1, minor at most major (<= 0: that compaction off)."""
+    minor, major = c.minor_compaction_threshold, c.major_compaction_threshold
+    if major > 1:
+        _bad("majorCompactionThreshold", "must be at most 1 (<= 0: major compaction off)", major)
+    if minor > 1 or (minor > 0 and major > 0 and minor > major):
+        _bad("minorCompactionThreshold", f"must be at most 1 and at most majorCompactionThreshold ({major}) "
+             "(<= 0: minor compaction off)", minor)
 
 
 _OS_REASONS = {errno.ENOENT: "no such file", errno.EISDIR: "is a directory", errno.EACCES: "permission denied",

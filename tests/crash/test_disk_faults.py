@@ -322,7 +322,7 @@ def test_a_mark_that_cannot_be_written(tmp_path: Path, err: int, monkeypatch: py
             raise OSError(err, "injected")
 
         with monkeypatch.context() as patch:
-            patch.setattr("bookie._bookie.write_mark", broken)
+            patch.setattr("bookie._checkpoints.write_mark", broken)
             with pytest.raises(OSError):
                 b.checkpoint()
         assert highest_mark(fs, list(cfg.ledger_directories)) == mark
