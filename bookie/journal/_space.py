@@ -17,9 +17,10 @@ room for it. Replay needs no new space, so a bookie with a full journal disk sti
 starts (read-only) and serves what it holds.
 
 Why a refusal is safe: the refused batch's space was never written (the reservation
-failed before the ``pwritev``), the thread refusing it holds the flush claim (so nobody
-else closes a batch meanwhile: the file looks full to the inline and sync-thread
-flushes), and putting the file position back happens under the producer lock, where it
+failed before the ``pwritev``), the thread refusing it is the one that closed it - a
+claimant in :class:`~bookie.journal._claim.FlushClaim`'s sense, so nobody else closes a
+batch meanwhile (and when the batch was to end the file, the file looks full to the
+inline and sync-thread flushes) - and putting the file position back happens under the producer lock, where it
 was moved. Any error that is not ENOSPC fails the batch's records and is raised: it
 kills the journal.
 
