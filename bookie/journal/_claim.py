@@ -24,12 +24,12 @@ class FlushClaim:
     **Only one flush is ever in flight.** A batch is closed either by the journal thread
     while the sync thread is idle, or by the sync thread itself between two of its
     flushes, or by a kicking caller that found the journal thread parked and the sync
-    thread idle - never two of them, since the flush is claimed (:attr:`busy`: set by
-    :meth:`claim` - a kick, under the journal's producer lock - or by :meth:`hand_over` -
-    the journal thread's hand-off, after it saw the claim free in :meth:`wait_idle` and
-    with every other claimant excluded: a kick needs the journal thread parked, the sync
-    thread takes batches only while it holds the claim) before a batch is closed, and
-    kept until the flush's callbacks returned (:meth:`release`). So every batch, and its
+    thread idle - never two of them. A kick takes the flush with :meth:`claim` (under
+    the journal's producer lock) before it closes a batch; the sync thread closes one only
+    while it holds the claim; the journal thread closes one only after :meth:`wait_idle`
+    found the claim free, while it is awake (so no kick claims) and the sync thread idle
+    (so it takes nothing), and takes the claim with :meth:`hand_over`. The claim is kept
+    until the flush's callbacks returned (:meth:`release`). So every batch, and its
     FLUSH_START frame, is written after the previous batch's fdatasync returned, and the
     journal's roll (which waits in :meth:`wait_idle`) never changes the file under a
     flush.
