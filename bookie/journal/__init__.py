@@ -1,6 +1,7 @@
 """The bookie journal: group-committed, checksummed frames on aligned, synced writes.
 
-See :mod:`bookie.journal._writer` (writing), :mod:`bookie.journal._replay` (reading back),
+See :mod:`bookie.journal._writer` (writing; with _batch, _claim, _sync, _space, _tail, _config),
+:mod:`bookie.journal._replay` (reading back),
 :mod:`bookie.journal._inspect` (one file, read-only, for tools),
 :mod:`bookie.journal._policy` (when to flush) and docs/format.md for the bytes.
 """
@@ -18,19 +19,11 @@ from bookie.journal._replay import (
     replay,
     scan_journal,
 )
+from bookie.journal._batch import ENTRY, FENCE_RECORD, KEY_RECORD, LAC_RECORD, Callback, Record
+from bookie.journal._config import JournalConfig, JournalStats
 from bookie.journal._files import free_journals, list_journals
 from bookie.journal._framing import C_FRAMING
-from bookie.journal._writer import (
-    ENTRY,
-    FENCE_RECORD,
-    KEY_RECORD,
-    LAC_RECORD,
-    Callback,
-    Journal,
-    JournalConfig,
-    JournalStats,
-    Record,
-)
+from bookie.journal._writer import Journal
 
 __all__ = [
     "C_FRAMING",

@@ -261,7 +261,7 @@ def test_a_recycled_file_is_not_filled(monkeypatch: pytest.MonkeyPatch) -> None:
                                   zero_fill_rate=1 << 30))
     j.start()
     try:
-        assert j._current is not None and j._current.previous_id, "the test meant a recycled file"
+        assert j._tail.current is not None and j._tail.current.previous_id, "the test meant a recycled file"
         logged = _sequential(j, 2, range(20))
         time.sleep(0.1)
         assert fs.zero_writes() == []

@@ -524,7 +524,7 @@ def test_cluster_layout_nodes(layout: str) -> None:
     assert info == ClusterInfo("/ledgers", "2bf6f3fe-64ae-4a9a-bfd6-5178a7ace783", layout)  # type: ignore[arg-type]
 
 
-# --- wire protocol (walkit/protocol/_wire.py) ---------------------------------------------
+# --- wire protocol (walkit/protocol/_codec.py) --------------------------------------------
 REQUESTS: list[Request] = [
     AddEntry(7, 0, KEY_7, E7_0, request_id=1),
     ReadEntry(7, -1, fence=True, master_key=KEY_7, previous_lac=0, timeout_ms=1000, request_id=2),

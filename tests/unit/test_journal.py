@@ -818,7 +818,7 @@ def test_a_kick_while_a_flush_is_in_flight_leaves_the_batch_to_group_commit(mem:
     j.sync_delay = 0.5
     j.log_entry(1, 0, b"first", acks, "first")  # wakes the journal thread as ever
     deadline = time.monotonic() + 5
-    while j.stats.flushes == 0 and not j._sync_busy and time.monotonic() < deadline:
+    while j.stats.flushes == 0 and not j._claim.busy and time.monotonic() < deadline:
         time.sleep(0.001)
     j.sync_delay = 0.0  # only the flush in flight is slow now
     j.log_entries([(1, 1, b"second")], acks, "second", defer=True)
@@ -864,10 +864,10 @@ def test_an_inline_flush_wakes_no_other_thread(mem: Env, monkeypatch: pytest.Mon
     j.kick()
     assert acks.threads == [threading.current_thread().name]
     deadline = time.monotonic() + 5  # both threads parked again after the first flush
-    while not (j._waiting == _writer._UNTIMED and j._sync_cond._waiters) and time.monotonic() < deadline:  # type: ignore[attr-defined]
+    while not (j._waiting == _writer._UNTIMED and j._claim._handed._waiters) and time.monotonic() < deadline:  # type: ignore[attr-defined]
         time.sleep(0.001)
     woken: list[str] = []
-    for cond in (j._sync_cond, j._cond):  # a woken thread loops and waits again: counted here
+    for cond in (j._claim._handed, j._cond):  # a woken thread loops and waits again: counted here
         wait = cond.wait
 
         def counted(timeout: float | None = None, _wait: Any = wait) -> bool:

@@ -1,5 +1,6 @@
-"""The bookie wire protocol (walkit/protocol/_wire.py and _range.py, docs/format.md "Wire
-protocol"): round trips, refusals, fuzzing, framing, connection state machines, pinned bytes."""
+"""The bookie wire protocol (walkit/protocol/_messages, _codec, _frames, _connection and
+_range.py, docs/format.md "Wire protocol"): round trips, refusals, fuzzing, framing,
+connection state machines, pinned bytes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Sans-IO codecs shared by the client and the bookie (no sockets in here): the entry
-format (``_entry.py``) and the bookie wire protocol (``_codes.py`` its numbers, ``_wire.py`` its codec)."""
+format (``_entry.py``) and the bookie wire protocol: ``_codes.py`` its numbers, ``_messages.py``
+its requests and responses, ``_codec.py`` the walkit dialect (messages <-> frames),
+``_frames.py`` the incremental frame cutter, ``_connection.py`` one connection's state."""
 
 from walkit.protocol._entry import (
     ENTRY_HEADER,
@@ -25,15 +27,13 @@ from walkit.protocol._codes import (
     Op,
     Status,
 )
-from walkit.protocol._wire import (
+from walkit.protocol._messages import (
     AddEntry,
     AddEntryResponse,
     AdminRequest,
     AdminResponse,
     BookieInfoResponse,
-    ClientConnection,
     ErrorResponse,
-    FrameDecoder,
     GetBookieInfo,
     ReadEntry,
     ReadEntryResponse,
@@ -43,16 +43,12 @@ from walkit.protocol._wire import (
     ReadRangeResponse,
     Request,
     Response,
-    ServerConnection,
     WriteLac,
     WriteLacResponse,
-    decode_request,
-    decode_response,
-    encode_request,
-    encode_response,
-    error_for,
-    status_for,
 )
+from walkit.protocol._codec import decode_request, decode_response, encode_request, encode_response, error_for, status_for
+from walkit.protocol._frames import FrameDecoder
+from walkit.protocol._connection import ClientConnection, ServerConnection
 
 __all__ = [
     "ENTRY_HEADER",
@@ -64,7 +60,7 @@ __all__ = [
     "encode_entry",
     "master_key",
     "parse_entry_header",
-    # wire protocol (_wire.py)
+    # wire protocol (_codes, _messages, _codec, _frames, _connection)
     "DEFAULT_MAX_FRAME_SIZE",
     "HEADER_SIZE",
     "MAX_KEY_SIZE",

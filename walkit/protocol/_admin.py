@@ -8,7 +8,7 @@ JSON arguments; the answer carries a JSON document, or is an ordinary error resp
     request body:   command length u8 | command (ASCII, [a-z0-9._-], 1..64) | arguments (JSON)
     response body:  result (JSON)
 
-The frame header is :mod:`walkit.protocol._wire`'s; these are the body codecs it
+The frame header is :mod:`walkit.protocol._codec`'s; these are the body codecs it
 dispatches to. JSON keeps the operator surface open to new commands without a new op
 for each; the data path never goes through here.
 """

@@ -2,7 +2,7 @@
 bounds every frame is checked against, and the opcodes (:class:`Op`), request flags
 (:class:`Flag`) and status codes (:class:`Status`), named as BookKeeper names them.
 
-Pure constants, no behaviour: the codec (:mod:`walkit.protocol._wire`) encodes and decodes
+Pure constants, no behaviour: the codec (:mod:`walkit.protocol._codec`) encodes and decodes
 with them; a later wire dialect keeps its own numbers in a module beside this one.
 """
 

@@ -22,7 +22,7 @@ entry, checked by the reader (digest, ledger and entry ids) as a single read is.
 
 A bookie that predates this op answers it EBADREQ (kind 0x80, an op it cannot name); a
 client then reads from that bookie entry by entry. The frame header is
-:mod:`walkit.protocol._wire`'s; these are the body codecs it dispatches to.
+:mod:`walkit.protocol._codec`'s; these are the body codecs it dispatches to.
 """
 
 from __future__ import annotations

@@ -1,0 +1,279 @@
+"""One connection's protocol state, sans-IO: the bookie's side
+(:class:`ServerConnection`) and the client's (:class:`ClientConnection`).
+
+Theory of operation. Nothing here touches a socket, a thread or an event loop (h11
+style): the asyncio transports of ``bookie/server.py`` and the client hand received
+bytes to ``receive()`` and write the bytes ``send()`` returns. Frames are cut by a
+:class:`~walkit.protocol._frames.FrameDecoder` and spelled by the walkit dialect
+(:mod:`walkit.protocol._codec`).
+
+The server side never raises: a malformed frame becomes an :class:`ErrorResponse`
+(EBADREQ) to send back and the connection stays usable; another protocol version gets
+EBADVERSION and :attr:`ServerConnection.closing` (nothing after that frame counts); a
+bad length prefix gets EBADREQ and closing (the stream cannot be resynchronized). The
+client side numbers requests 1, 2, 3, ... and matches responses by id, in any order; a
+response nobody asked for, of the wrong op, or a bad frame is fatal and raised again by
+every later ``receive()``.
+
+Both sides have a hot path for ADD_ENTRY and its answers that cuts frames inline and
+builds the message without a second range test (``_trusted_add`` /
+``_trusted_added``); each states the exact shape it accepts, and any other frame goes
+through :func:`decode_request` / :func:`decode_response`, so the answer to every frame
+is the one the general path gives.
+"""
+
+from __future__ import annotations
+
+from walkit.errors import FrameTooLargeError, ProtocolError, ProtocolVersionError
+from walkit.protocol._codec import (
+    _ADD_HEAD,
+    _ADD_REQ,
+    _ADD_RESP,
+    _HEAD,
+    _RANGE_ANSWER,
+    _RECOVERY_ADD,
+    _REQUEST_DECODERS,
+    _REQUEST_ENCODERS,
+    _RESPONSE_ENCODERS,
+    _V,
+    _add_resp_frame,
+    _enc_add,
+    _encode,
+    decode_request,
+    decode_response,
+    encode_response,
+)
+from walkit.protocol._codes import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, MAX_KEY_SIZE, Op, Status
+from walkit.protocol._frames import _LENGTH, Buffer, FrameDecoder
+from walkit.protocol._messages import (
+    _I63,
+    _OPS,
+    _REQUEST_OP,
+    AddEntry,
+    ErrorResponse,
+    Request,
+    Response,
+    _response_op,
+    _trusted_add,
+    _trusted_added,
+)
+
+__all__ = ["ServerConnection", "ClientConnection"]
+
+
+class ServerConnection:
+    """A bookie's side of one connection: frames in, requests (or errors to send) out."""
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self._decoder = FrameDecoder(max_frame_size)
+        self._max = max_frame_size
+        self._closing = False
+
+    @property
+    def closing(self) -> bool:
+        """True once the stream is unusable: send what receive() returned last, then close."""
+        return self._closing
+
+    def receive(self, data: Buffer) -> list[Request | ErrorResponse]:
+        """Requests to handle and ErrorResponses to send back, in stream order. Never raises.
+
+        Frames are cut here, not by :meth:`FrameDecoder.split`: an ADD_ENTRY frame of the
+        usual shape (version 1, no flag but RECOVERY_ADD, a key of at most 64 bytes inside
+        the frame, ids up to 2^63-1) becomes an AddEntry straight from the received bytes
+        - one copy of key and entry, one struct unpack, no second range test. Any other
+        frame, a malformed add included, goes through :func:`decode_request` and gets
+        exactly the answer it got before (the same checks, the same messages)."""
+        if self._closing:
+            return []
+        decoder = self._decoder
+        src = decoder.join(data)
+        events: list[Request | ErrorResponse] = []
+        n, off, limit, length_of, add_head = len(src), 0, decoder.limit, _LENGTH.unpack_from, _ADD_HEAD.unpack_from
+        error: ProtocolError | None = None
+        while n - off >= 4:
+            (length,) = length_of(src, off)
+            if not HEADER_SIZE <= length <= limit:
+                error = decoder.refuse(length)
+                break
+            end = off + 4 + length
+            if end > n:
+                break
+            if src[off + 5] == 1 and length >= 29:  # ADD_ENTRY (kind byte): the hot path
+                version, _, flags, rid, ledger, entry, klen = add_head(src, off + 4)
+                key_end = off + 33 + klen
+                if version == 1 and flags <= 1 and klen <= MAX_KEY_SIZE and key_end <= end and ledger <= _I63 \
+                        and entry <= _I63:
+                    events.append(_trusted_add(ledger, entry, src[off + 33 : key_end], src[key_end:end], flags == 1,
+                                               rid))
+                    off = end
+                    continue
+            events.append(self._event(src[off + 4 : end]))
+            off = end
+            if self._closing:  # another protocol version: nothing after this frame counts
+                return events
+        decoder.keep(src, off)
+        if error is not None:
+            self._closing = True
+            events.append(ErrorResponse(Op.INVALID, Status.EBADREQ, message=str(error)))
+        return events
+
+    def _event(self, frame: bytes) -> Request | ErrorResponse:
+        try:
+            return decode_request(frame)
+        except ProtocolError as exc:
+            _, kind, _, rid = _HEAD.unpack_from(frame)
+            op = _OPS[kind] if kind in _REQUEST_DECODERS else Op.INVALID
+            status = Status.EBADREQ
+            if isinstance(exc, ProtocolVersionError):
+                self._closing, status = True, Status.EBADVERSION
+            return ErrorResponse(op, status, message=str(exc), request_id=rid)
+
+    def send_added(self, req: AddEntry) -> bytes:
+        """The frame of the AddEntryResponse answering ``req`` (the same bytes as
+        ``send(AddEntryResponse(req.ledger_id, req.entry_id, req.request_id))``), without
+        building the response: the bookie's hot path. ``req`` already passed the same
+        range checks, and the frame (32 bytes) is below any maximum frame size."""
+        return _add_resp_frame(req.ledger_id, req.entry_id, req.request_id)
+
+    def send_added_many(self, reqs: list[AddEntry]) -> bytes:
+        """The frames answering each of ``reqs`` (durable adds), back to back: the bytes of
+        :meth:`send_added` for each, joined once."""
+        pack = _ADD_RESP.pack
+        return b"".join([pack(28, _V, 0x81, 0, r.request_id, r.ledger_id, r.entry_id) for r in reqs])
+
+    def send(self, resp: Response) -> bytes:
+        """The frame for ``resp``. A response past the maximum frame size (an entry too
+        big to return) is replaced by an EIO ErrorResponse saying so."""
+        try:
+            return _encode(_RESPONSE_ENCODERS, resp, self._max, None)
+        except FrameTooLargeError as exc:
+            ledger, entry = getattr(resp, "ledger_id", 0), getattr(resp, "entry_id", -1)
+            error = ErrorResponse(_response_op(resp), Status.EIO, ledger, entry, str(exc), resp.request_id)
+            return encode_response(error, max_frame_size=self._max)
+
+
+class ClientConnection:
+    """A client's side of one connection to a bookie: numbers requests, matches responses.
+
+    Requests may be pipelined and answered in any order. A response that matches no
+    pending request, or the wrong op, is a ProtocolError; so is a bad frame. These are
+    fatal: receive() raises the same error from then on.
+    """
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self._decoder = FrameDecoder(max_frame_size)
+        self._max = max_frame_size
+        self._next_id = 1
+        self._pending: dict[int, Op] = {}
+        self._error: ProtocolError | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def pending_ids(self) -> list[int]:
+        """Ids of the requests sent and not answered, oldest first."""
+        return list(self._pending)
+
+    def send(self, req: Request) -> tuple[int, bytes]:
+        """(request id, frame): ``req.request_id`` is replaced by the next id of this connection."""
+        rid = self._next_id
+        if type(req) is AddEntry and 33 + len(req.master_key) + len(req.data) <= self._max:
+            frame = _enc_add(req, rid)  # the hot path: no table look-up, the size known
+            op = Op.ADD_ENTRY
+        else:
+            frame = _encode(_REQUEST_ENCODERS, req, self._max, rid)
+            op = _REQUEST_OP[type(req)]
+        self._next_id = rid + 1
+        self._pending[rid] = op
+        return rid, frame
+
+    def send_add(self, req: AddEntry) -> tuple[int, bytes]:
+        """(request id, head) for an AddEntry: the frame :meth:`send` would give is
+        ``head + req.master_key + req.data`` (head: the 33 bytes from the length prefix to
+        the key length). For a writer sending one entry to several bookies: the key and
+        the entry go out as they are, not copied into a frame per connection.
+        FrameTooLargeError (and nothing pending) past the maximum frame size."""
+        key = req.master_key
+        size = 33 + len(key) + len(req.data)
+        if size > self._max:
+            raise FrameTooLargeError("frame over the maximum frame size", type="AddEntry", request_id=self._next_id,
+                                     frame_size=size, max_frame_size=self._max)
+        rid = self._next_id
+        self._next_id = rid + 1
+        self._pending[rid] = Op.ADD_ENTRY
+        head = _ADD_REQ.pack(size - 4, _V, 1, _RECOVERY_ADD if req.recovery else 0, rid, req.ledger_id, req.entry_id,
+                             len(key))
+        return rid, head
+
+    def receive(self, data: Buffer) -> list[Response]:
+        """Responses completed by ``data``, in stream order.
+
+        Frames are cut here (as :meth:`ServerConnection.receive` does): an EOK answer to
+        a pending ADD_ENTRY (32 bytes, version 1, ids up to 2^63-1) becomes an
+        AddEntryResponse straight from the received bytes; every other frame goes
+        through :func:`decode_response` and the matching as before."""
+        return self._receive(data, True)  # type: ignore[return-value]
+
+    def receive_acks(self, data: Buffer) -> list[Response | int]:
+        """:meth:`receive` for a writer, which needs nothing of an EOK answer to its
+        ADD_ENTRY but that it came: such an answer is its request id (an ``int``), not
+        an AddEntryResponse (a third of the cost of an answer, three answers an entry)."""
+        return self._receive(data, False)
+
+    def _receive(self, data: Buffer, objects: bool) -> list[Response | int]:
+        if self._error is not None:
+            raise self._error
+        decoder, pending = self._decoder, self._pending
+        src = decoder.join(data)
+        view = memoryview(src)  # runs of add answers are unpacked from it: no copy of the rest
+        responses: list[Response | int] = []
+        append = responses.append
+        n, off, limit, length_of = len(src), 0, decoder.limit, _LENGTH.unpack_from
+        add_op, size = Op.ADD_ENTRY, _ADD_RESP.size
+        error: ProtocolError | None = None
+        try:
+            while n - off >= 4:
+                (length,) = length_of(src, off)
+                if not HEADER_SIZE <= length <= limit:
+                    error = decoder.refuse(length)
+                    break
+                end = off + 4 + length
+                if end > n:
+                    break
+                if length == 28 and src[off + 5] == 0x81:  # ADD_ENTRY's answers: the hot path, a run at a time
+                    start = off
+                    for size_, version, op, status, rid, ledger, entry in _ADD_RESP.iter_unpack(
+                            view[off : off + (n - off) // size * size]):
+                        if size_ != 28 or op != 0x81 or version != 1 or status or ledger > _I63 or entry > _I63 \
+                                or pending.get(rid) is not add_op:
+                            break  # not a plain EOK answer to a pending add: the general path
+                        del pending[rid]
+                        append(_trusted_added(ledger, entry, rid) if objects else rid)
+                        off += size
+                    if off != start:
+                        continue  # the frame that ended the run goes through the loop's checks
+                # a READ_RANGE answer is decoded from a view of src (a fresh buffer each call)
+                frame = view[off + 4 : end] if src[off + 5] == _RANGE_ANSWER else src[off + 4 : end]
+                append(self._match(decode_response(frame)))
+                off = end
+        except ProtocolError as exc:
+            self._error = exc
+            raise
+        decoder.keep(src, off)
+        if error is not None:
+            self._error = error
+            raise error
+        return responses
+
+    def _match(self, resp: Response) -> Response:
+        rid, op = resp.request_id, _response_op(resp)
+        expected = self._pending.get(rid)
+        if expected is None:  # an error here may be the bookie refusing the whole stream (id 0)
+            told = {"status": resp.status.name, "said": resp.message} if isinstance(resp, ErrorResponse) else {}
+            raise ProtocolError("response to no pending request", request_id=rid, op=op.name, **told)
+        if op != expected and op is not Op.INVALID:
+            raise ProtocolError("response op does not match the request", request_id=rid, op=op.name,
+                                expected=expected.name)
+        del self._pending[rid]
+        return resp
