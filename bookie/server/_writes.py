@@ -20,6 +20,11 @@ sees the flag set does not even take the drain lock: the drain clears the flag *
 it empties the queue, so a completion queued after the flag was read set is still found),
 so a group commit of a thousand entries costs a few queue items and one wake-up.
 
+A WRITE_LAC for a ledger whose key is durable here is published at once (storage, long
+polls, the answer) and its record rides on the next flush: an explicit LAC needs no
+fsync (:meth:`bookie.Bookie.publish_lac`). For a ledger new to this bookie it is
+journaled like an add, after the ledger's key, and answered when durable.
+
 Answers given during a kick are not scheduled one flush each: the connections are
 remembered (``unflushed``) and written once at the end of the kick. A durable add lowers
 the adds in flight (:class:`~bookie.server._admission.AddsInFlight`) and wakes the long
