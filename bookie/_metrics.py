@@ -155,8 +155,8 @@ class BookieCollector:
         yield from _gc(bookie)
 
 
-def _journal(bookie: object) -> Iterator[Metric]:
-    js = bookie.journal.stats  # type: ignore[attr-defined]
+def _journal(bookie: Bookie) -> Iterator[Metric]:
+    js = bookie.journal.stats
     flushes = CounterMetricFamily("walkit_bookie_journal_flushes", "Journal batches written and synced, by reason",
                                   labels=["reason"])
     for reason, n in sorted(js.reasons.items()):
@@ -172,7 +172,7 @@ def _journal(bookie: object) -> Iterator[Metric]:
     yield CounterMetricFamily("walkit_bookie_journal_no_space",
                               "Journal batches refused because the disk had no room for them (ENOSPC)",
                               value=js.no_space)
-    zero_bytes, zero_failures = bookie.journal.zero_filled  # type: ignore[attr-defined]
+    zero_bytes, zero_failures = bookie.journal.zero_filled
     yield CounterMetricFamily("walkit_bookie_journal_zero_filled_bytes",
                               "Zeros written ahead of new journal files' tails (journalZeroFillRateMB)",
                               value=zero_bytes)
@@ -243,9 +243,9 @@ def _sizes(directory: str) -> tuple[int, int]:
     return log_bytes, index_bytes
 
 
-def _gc(bookie: object) -> Iterator[Metric]:
+def _gc(bookie: Bookie) -> Iterator[Metric]:
     try:
-        status = bookie.gc.status()  # type: ignore[attr-defined]
+        status = bookie.gc.status()
     except Exception:  # noqa: BLE001 - no collector (not started, stopping): no GC metrics this time
         return
     totals = status["totals"]
