@@ -877,3 +877,19 @@ def test_the_slot_log_is_measured_and_merged(tmp_path: Path) -> None:
                 assert isinstance(read, ReadEntryResponse) and read.data == entry(lid, 2)
 
     run(body)
+
+
+def test_admission_is_one_pure_decision_with_its_precedence() -> None:
+    """An add is refused for stopping before read-only before busy; a recovery add passes
+    a read-only bookie; the limits are on adds and on bytes in flight."""
+    from bookie.server._admission import REFUSALS, AddsInFlight, refusal
+
+    idle, full, heavy = AddsInFlight(), AddsInFlight(), AddsInFlight()
+    full.count, heavy.bytes = 10, 1000
+    assert refusal(False, False, False, idle, 10, 1000) is None
+    assert refusal(True, True, False, full, 10, 1000) == "stopping"
+    assert refusal(False, True, False, full, 10, 1000) == "readonly"
+    assert refusal(False, True, True, idle, 10, 1000) is None  # recovery completes others' recoveries
+    assert refusal(False, True, True, full, 10, 1000) == "busy"
+    assert refusal(False, False, False, heavy, 10, 1000) == "busy"
+    assert set(REFUSALS) == {"stopping", "readonly", "busy"}

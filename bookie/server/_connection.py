@@ -21,13 +21,16 @@ connection per loop iteration carries all of them (coalescing), in completion or
 request ids let the client match them (pipelining, out of order).
 
 Back-pressure and memory: a connection stops reading once it has
-``maxPendingRequestsPerConnection`` requests in flight, or ``_READS_IN_FLIGHT`` reads,
-or when the answers it has not sent (queued plus its transport's write buffer) pass the
-byte budget (``pause_writing``), and reads again below it; reading pauses whenever the
-backlog is not empty, so a connection holds at most that many requests plus one read
-chunk, and a client that does not read its answers stops being served. ``in_flight``
-counts every request dispatched and not yet answered: each is answered exactly once
-(errors included), which is what lets the count, and shutdown's wait on it, be exact.
+``maxPendingRequestsPerConnection`` requests in flight, or when its transport's write
+buffer is over the high-water mark (``pause_writing``), and reads again below half of
+it; so a connection holds at most that many requests plus one read chunk. Decoded
+requests wait in ``backlog`` until :meth:`Connection._pump` dispatches them: at most
+``maxPendingRequestsPerConnection`` requests and ``_READS_IN_FLIGHT`` reads in flight,
+and only while the answers not yet sent (queued plus the transport's buffer) stay under
+the byte budget. Reading pauses whenever the backlog is not empty, so a client that
+does not read its answers stops being served. ``in_flight`` counts every request
+dispatched and not yet answered: each is answered exactly once (errors included),
+which is what keeps the count exact.
 """
 
 from __future__ import annotations
