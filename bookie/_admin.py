@@ -14,29 +14,54 @@
                 the disks say; ``walkit decommission``), answered once registered so.
 
 Commands run on the server's read pool; an unknown command or bad arguments raise
-InvalidArgumentError (EBADREQ with the reason).
+InvalidArgumentError (EBADREQ with the reason). They see the server only as an
+:class:`AdminTarget`: its core, configuration and loop, its read-only state, the
+operator's flag (the one thing written here) and the disk check that applies it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
+from bookie._bookie import Bookie
+from bookie._config import BookieConfig
 from bookie._replicate import replicate
 from walkit.errors import InvalidArgumentError
 
-if TYPE_CHECKING:
-    from bookie.server import BookieServer
-
-__all__ = ["COMMANDS", "run_command"]
+__all__ = ["COMMANDS", "AdminTarget", "run_command"]
 
 COMMANDS = ("gc.status", "gc.run", "ledger.replicate", "ledger.entries", "storage.caches", "bookie.readonly")
 _MAX_RANGE = 65536
 _REGISTER_TIMEOUT = 60.0
 
 
-def run_command(server: BookieServer, command: str, raw_args: bytes) -> dict[str, Any]:
+class AdminTarget(Protocol):
+    """What the commands need of a bookie server (:class:`bookie.server.BookieServer`)."""
+
+    #: Read-only on the operator's word (``bookie.readonly`` writes it).
+    forced_readonly: bool
+
+    @property
+    def config(self) -> BookieConfig: ...
+
+    @property
+    def bookie(self) -> Bookie | None: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def readonly(self) -> bool: ...
+
+    def check_disks(self) -> Coroutine[Any, Any, None]:
+        """Re-evaluate read-only mode (disks, ``forced_readonly``) and register so."""
+        ...
+
+
+def run_command(server: AdminTarget, command: str, raw_args: bytes) -> dict[str, Any]:
     """Run ``command`` for ``server`` (on a read-pool thread)."""
     try:
         args = json.loads(raw_args)

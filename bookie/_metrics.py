@@ -14,18 +14,17 @@ from __future__ import annotations
 import collections
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
+from bookie._bookie import Bookie, BookieFailure
+from bookie._config import BookieConfig
 from walkit.metrics import COUNT_BUCKETS, Histogram, registry_of
 from walkit.protocol import AddEntryResponse, ErrorResponse, Op, ReadRangeResponse, Response, Status
 
-if TYPE_CHECKING:
-    from bookie.server import BookieServer
-
-__all__ = ["ServerStats", "BookieCollector", "bookie_registry"]
+__all__ = ["ServerStats", "MetricsSource", "BookieCollector", "bookie_registry"]
 
 
 class ServerStats:
@@ -76,10 +75,41 @@ _SUCCESS_OPS = {"AddEntryResponse": "add_entry", "ReadEntryResponse": "read_entr
 assert AddEntryResponse.__name__ in _SUCCESS_OPS
 
 
-class BookieCollector:
-    """prometheus-client's collector protocol over one :class:`~bookie.server.BookieServer`."""
+class MetricsSource(Protocol):
+    """What the collector reads of a bookie server (:class:`bookie.server.BookieServer`),
+    when ``/metrics`` is asked for (any thread: each value is one read)."""
 
-    def __init__(self, server: BookieServer) -> None:
+    @property
+    def config(self) -> BookieConfig: ...
+
+    @property
+    def bookie(self) -> Bookie | None: ...
+
+    @property
+    def stats(self) -> ServerStats: ...
+
+    @property
+    def readonly(self) -> bool: ...
+
+    @property
+    def failure(self) -> BookieFailure | None: ...
+
+    @property
+    def connection_count(self) -> int: ...
+
+    @property
+    def requests_in_flight(self) -> int: ...
+
+    @property
+    def adds_in_flight(self) -> int: ...
+
+    def disk_usage_of(self, directory: str) -> float: ...
+
+
+class BookieCollector:
+    """prometheus-client's collector protocol over one bookie server."""
+
+    def __init__(self, server: MetricsSource) -> None:
         self.server = server
 
     def collect(self) -> Iterator[Metric]:
@@ -98,12 +128,11 @@ class BookieCollector:
         for reason in ("busy", "readonly", "stopping"):
             refused.add_metric([reason], st.refused.get(reason, 0))
         yield refused
-        connections = list(server._connections)
         yield GaugeMetricFamily("walkit_bookie_requests_in_flight", "Requests dispatched and not yet answered",
-                                value=sum(c.in_flight for c in connections))
+                                value=server.requests_in_flight)
         yield GaugeMetricFamily("walkit_bookie_adds_in_flight", "Adds admitted and not yet durable",
-                                value=server._pending_adds)
-        yield GaugeMetricFamily("walkit_bookie_connections", "Client connections open", value=len(connections))
+                                value=server.adds_in_flight)
+        yield GaugeMetricFamily("walkit_bookie_connections", "Client connections open", value=server.connection_count)
         yield CounterMetricFamily("walkit_bookie_received_bytes", "Bytes received from clients", value=st.bytes_in)
         yield CounterMetricFamily("walkit_bookie_sent_bytes", "Bytes sent to clients", value=st.bytes_out)
         yield st.range_entries.family("walkit_bookie_range_read_entries",
@@ -126,8 +155,8 @@ class BookieCollector:
         yield from _gc(bookie)
 
 
-def _journal(bookie: object) -> Iterator[Metric]:
-    js = bookie.journal.stats  # type: ignore[attr-defined]
+def _journal(bookie: Bookie) -> Iterator[Metric]:
+    js = bookie.journal.stats
     flushes = CounterMetricFamily("walkit_bookie_journal_flushes", "Journal batches written and synced, by reason",
                                   labels=["reason"])
     for reason, n in sorted(js.reasons.items()):
@@ -143,7 +172,7 @@ def _journal(bookie: object) -> Iterator[Metric]:
     yield CounterMetricFamily("walkit_bookie_journal_no_space",
                               "Journal batches refused because the disk had no room for them (ENOSPC)",
                               value=js.no_space)
-    zero_bytes, zero_failures = bookie.journal.zero_filled  # type: ignore[attr-defined]
+    zero_bytes, zero_failures = bookie.journal.zero_filled
     yield CounterMetricFamily("walkit_bookie_journal_zero_filled_bytes",
                               "Zeros written ahead of new journal files' tails (journalZeroFillRateMB)",
                               value=zero_bytes)
@@ -157,7 +186,7 @@ def _journal(bookie: object) -> Iterator[Metric]:
     yield js.bytes_per_flush.family("walkit_bookie_journal_flush_bytes", "Bytes of one journal batch")
 
 
-def _storage(server: BookieServer) -> Iterator[Metric]:
+def _storage(server: MetricsSource) -> Iterator[Metric]:
     logs = GaugeMetricFamily("walkit_bookie_entry_log_bytes", "Bytes of entry log files, by ledger directory",
                              labels=["directory"])
     index = GaugeMetricFamily("walkit_bookie_index_bytes", "Bytes of index files and the slot log, by ledger directory",
@@ -214,9 +243,9 @@ def _sizes(directory: str) -> tuple[int, int]:
     return log_bytes, index_bytes
 
 
-def _gc(bookie: object) -> Iterator[Metric]:
+def _gc(bookie: Bookie) -> Iterator[Metric]:
     try:
-        status = bookie.gc.status()  # type: ignore[attr-defined]
+        status = bookie.gc.status()
     except Exception:  # noqa: BLE001 - no collector (not started, stopping): no GC metrics this time
         return
     totals = status["totals"]
@@ -238,6 +267,6 @@ def _gc(bookie: object) -> Iterator[Metric]:
                             value=0 if status["compaction"] == "idle" else 1)
 
 
-def bookie_registry(server: BookieServer) -> CollectorRegistry:
+def bookie_registry(server: MetricsSource) -> CollectorRegistry:
     """The registry ``/metrics`` serves for ``server``."""
     return registry_of(BookieCollector(server))

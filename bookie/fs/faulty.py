@@ -18,8 +18,10 @@ it), as a failing disk would:
   a directory above, at or under its own is armed: the failed writeback may be any file's.
 
 Only syncs fail; reads, writes and directory operations pass through unchanged. It is
-test machinery (``walkit.testing.FaultyCluster.fail_sync`` arms it on a serving bookie),
-kept beside :mod:`bookie.fs.mem` because both are twins of the same seam.
+test machinery (``walkit.testing.FaultyCluster.fail_sync`` arms it on a serving bookie,
+which it reaches as ``ServerHooks.disk`` of :mod:`bookie.server`: the server itself
+knows nothing of it), kept beside :mod:`bookie.fs.mem` because both are twins of the
+same seam.
 """
 
 from __future__ import annotations

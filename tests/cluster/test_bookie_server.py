@@ -15,7 +15,8 @@ import pytest
 
 from bookie._metrics import BookieCollector
 from bookie.cookie import Cookie
-from bookie.server import _READS_IN_FLIGHT, BookieServer
+from bookie.server import BookieServer
+from bookie.server._connection import _READS_IN_FLIGHT
 from bookie.storage._storage import SLOT_LOG_LEDGERS
 from support.bookie import KEY, client_of, config, entry, in_process, make_certificates, run
 from walkit.client import BookieClient, client_ssl_context
@@ -182,25 +183,25 @@ def test_long_poll_answers_survive_failures_on_the_loop(tmp_path: Path) -> None:
                     raise RuntimeError("fails on the loop's fast path")
                 return data
 
-            server.read_hook = flaky
+            server.hooks.read = flaky
             poll = asyncio.ensure_future(client.read_entry(1, 1, previous_lac=0, timeout_ms=10_000))
             await asyncio.sleep(0.1)
             await client.write_lac(1, 1, KEY)  # published: wakes the poll, answered from memory
             answered = await poll
             assert (answered.entry_id, answered.lac, answered.data) == (1, 1, entry(1, 1, lac=0))
             assert calls == [1, 1], "the pool answered what the loop could not"
-            server.read_hook = None
+            server.hooks.read = None
 
             def broken(ledger_id: int, lac: int) -> None:
                 raise RuntimeError("waking the polls failed")
 
             poll = asyncio.ensure_future(client.read_entry(1, 2, previous_lac=1, timeout_ms=300))
             await asyncio.sleep(0.1)
-            real, server._lac_advanced = server._lac_advanced, broken  # type: ignore[method-assign]
+            real, server.polls.lac_advanced = server.polls.lac_advanced, broken  # type: ignore[method-assign]
             try:
                 await client.write_lac(1, 5, KEY)
             finally:
-                server._lac_advanced = real  # type: ignore[method-assign]
+                server.polls.lac_advanced = real  # type: ignore[method-assign]
             with pytest.raises(NoSuchEntryError, match="long poll"):
                 await poll  # not woken: it timed out, answered once
             assert await client.read_lac(1) == 5  # the connection goes on
@@ -511,20 +512,20 @@ def test_long_polls_are_capped_and_answered_at_stop_or_forgotten(tmp_path: Path)
         await client.add_entry(1, 0, KEY, entry(1, 0, lac=-1))
         polls = [asyncio.ensure_future(client.read_entry(1, 1, previous_lac=0, timeout_ms=60_000)) for _ in range(3)]
         gone = asyncio.ensure_future(leaver.read_entry(1, 1, previous_lac=0, timeout_ms=60_000))
-        while server._poll_count < 4:
+        while server.polls.count < 4:
             await asyncio.sleep(0.01)
         with pytest.raises(BookieBusyError):
             await client.read_entry(1, 1, previous_lac=0, timeout_ms=60_000)
         await leaver.close()
         with pytest.raises(BookieUnavailableError):
             await gone
-        while server._poll_count != 3:
+        while server.polls.count != 3:
             await asyncio.sleep(0.01)
         await server.stop()
         for poll in polls:
             with pytest.raises(NoSuchEntryError):
                 await poll
-        assert server._poll_count == 0 and not server._waiters
+        assert server.polls.count == 0 and not server.polls.waiters
 
     run(body)
 
@@ -601,7 +602,7 @@ def test_a_lone_add_is_answered_by_the_kick_that_flushed_it(tmp_path: Path, monk
 
             def counted(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
                 owner = getattr(callback, "__self__", None)
-                if owner is server or type(owner).__module__ == "bookie.server":
+                if owner is server or type(owner).__module__.startswith("bookie.server"):
                     scheduled.append(callback.__name__)
                 return call_soon(callback, *args, **kwargs)
 
@@ -609,7 +610,7 @@ def test_a_lone_add_is_answered_by_the_kick_that_flushed_it(tmp_path: Path, monk
             for e in range(1, 31):
                 await client.add_entry(1, e, KEY, entry(1, e))
             monkeypatch.undo()
-            assert scheduled == ["_kick_journal"] * 30, scheduled
+            assert scheduled == ["kick_journal"] * 30, scheduled
             await client.close()
 
     run(body)
@@ -788,7 +789,7 @@ def test_the_read_hook_applies_to_every_entry_of_a_range(tmp_path: Path) -> None
                 seen.append((ledger, entry_id))
                 return data[:-1] + bytes([data[-1] ^ 1]) if entry_id == 3 else data
 
-            server.read_hook = corrupt_entry_3
+            server.hooks.read = corrupt_entry_3
             ranged, single = await ask(server, ReadRange(1, 1, 4), ReadEntry(1, 3))
             assert isinstance(ranged, ReadRangeResponse) and isinstance(single, ReadEntryResponse)
             assert seen == [(1, 1), (1, 2), (1, 3), (1, 4), (1, 3)]
@@ -806,13 +807,13 @@ def test_single_reads_of_entries_read_ahead_are_answered_without_the_read_pool(
             await ask(server, *(AddEntry(1, e, KEY, entry(1, e)) for e in range(200)))
             server.bookie.storage.flush()  # on disk only: not in a write buffer any more
             pooled: list[int] = []
-            original = server._do_read_entry
+            original = server.reads.read_entry
 
             def counting(req: ReadEntry) -> Response:
                 pooled.append(req.entry_id)
                 return original(req)
 
-            monkeypatch.setattr(server, "_do_read_entry", counting)
+            monkeypatch.setattr(server.reads, "read_entry", counting)
             (first,) = await ask(server, ReadEntry(1, 0))  # to the disk, with the 99 after it
             rest = await ask(server, *(ReadEntry(1, e) for e in range(1, 100)))
             assert isinstance(first, ReadEntryResponse) and first.data == entry(1, 0)
@@ -823,7 +824,7 @@ def test_single_reads_of_entries_read_ahead_are_answered_without_the_read_pool(
             (family,) = [m for m in BookieCollector(server).collect() if m.name == "walkit_bookie_read_cache_hits"]
             hits = {s.labels["cache"]: s.value for s in family.samples}
             assert hits["read_ahead"] == 99 and hits["recent_writes"] >= 1  # the read-ahead's preads, from memory
-            server.read_hook = lambda ledger, entry_id, data: data  # a hook sees every read: the pool again
+            server.hooks.read = lambda ledger, entry_id, data: data  # a hook sees every read: the pool again
             await ask(server, ReadEntry(1, 100), ReadEntry(1, 101))
             assert pooled == [0, 100, 101]
 
@@ -876,3 +877,19 @@ def test_the_slot_log_is_measured_and_merged(tmp_path: Path) -> None:
                 assert isinstance(read, ReadEntryResponse) and read.data == entry(lid, 2)
 
     run(body)
+
+
+def test_admission_is_one_pure_decision_with_its_precedence() -> None:
+    """An add is refused for stopping before read-only before busy; a recovery add passes
+    a read-only bookie; the limits are on adds and on bytes in flight."""
+    from bookie.server._admission import REFUSALS, AddsInFlight, refusal
+
+    idle, full, heavy = AddsInFlight(), AddsInFlight(), AddsInFlight()
+    full.count, heavy.bytes = 10, 1000
+    assert refusal(False, False, False, idle, 10, 1000) is None
+    assert refusal(True, True, False, full, 10, 1000) == "stopping"
+    assert refusal(False, True, False, full, 10, 1000) == "readonly"
+    assert refusal(False, True, True, idle, 10, 1000) is None  # recovery completes others' recoveries
+    assert refusal(False, True, True, full, 10, 1000) == "busy"
+    assert refusal(False, False, False, heavy, 10, 1000) == "busy"
+    assert set(REFUSALS) == {"stopping", "readonly", "busy"}

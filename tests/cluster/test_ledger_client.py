@@ -169,7 +169,7 @@ def test_digests_and_passwords(tmp_path: Path, driver: Driver, digest: str) -> N
 def _corrupt_reads(cluster: walkit.LocalCluster, bookie_id: str) -> None:
     """Make an in-process bookie return its entries (READ_ENTRY and READ_RANGE) with one
     payload byte flipped."""
-    cluster.server(index_of(cluster, bookie_id)).read_hook = lambda ledger, entry, data: data[:-1] + bytes(
+    cluster.server(index_of(cluster, bookie_id)).hooks.read = lambda ledger, entry, data: data[:-1] + bytes(
         [data[-1] ^ 0xFF])
 
 

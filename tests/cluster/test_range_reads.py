@@ -160,11 +160,11 @@ def test_a_corrupt_entry_in_a_run_is_read_from_another_replica(cluster: walkit.L
         return data[:-1] + bytes([data[-1] ^ 0xFF]) if entry_id == 300 else data
 
     for bookie_id in ensemble[:2]:
-        cluster.server(index_of(cluster, bookie_id)).read_hook = corrupt
+        cluster.server(index_of(cluster, bookie_id)).hooks.read = corrupt
     with _client(cluster) as bk:
         rh = bk.open_ledger(lh.ledger_id)
         assert [e.data for e in rh.read(0, 599)] == [_payload(i) for i in range(600)]
-    cluster.server(index_of(cluster, ensemble[2])).read_hook = corrupt
+    cluster.server(index_of(cluster, ensemble[2])).hooks.read = corrupt
     with _client(cluster) as bk:
         rh = bk.open_ledger(lh.ledger_id)
         with pytest.raises(DigestMismatchError):
@@ -217,17 +217,17 @@ def test_fenced_and_truncated_ledgers_read_to_their_end_and_no_further(cluster: 
 
 def _speak_no_range(cluster: walkit.LocalCluster, bookie_id: str) -> None:
     """Bookie ``bookie_id`` answers READ_RANGE as a bookie without the op does."""
-    server = cluster.server(index_of(cluster, bookie_id))
-    real = server._dispatch
+    reads = cluster.server(index_of(cluster, bookie_id)).reads
+    real = reads.in_pool  # every READ_RANGE is dispatched to the read pool
 
-    def dispatch(conn: Any, req: Any) -> None:
+    def in_pool(conn: Any, req: Any, fn: Any, arg: Any) -> None:
         if isinstance(req, ReadRange):
             conn.respond(ErrorResponse(Op.INVALID, Status.EBADREQ, message="kind 0x07 is no request op",
                                        request_id=req.request_id))
         else:
-            real(conn, req)
+            real(conn, req, fn, arg)
 
-    server._dispatch = dispatch  # type: ignore[method-assign]
+    reads.in_pool = in_pool  # type: ignore[method-assign]
 
 
 def test_bookies_without_the_op_are_read_entry_by_entry(cluster: walkit.LocalCluster) -> None:

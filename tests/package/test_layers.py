@@ -21,7 +21,7 @@ BELOW = {"walkit/client": ("walkit.wal", "walkit.aio", "walkit.spark", "walkit.c
          "walkit/protocol": ("walkit.client", "walkit.wal", "walkit.metadata", "bookie"),
          "bookie": ("walkit.client", "walkit.recovery", "walkit.wal", "walkit.aio", "walkit.spark", "walkit.cli",
                     "walkit.bench")}
-ALLOWED = {("bookie/_replicate.py", "walkit.client"), ("bookie/server.py", "walkit.recovery")}
+ALLOWED = {("bookie/_replicate.py", "walkit.client"), ("bookie/server/_startup.py", "walkit.recovery")}
 #: a package, and the layers that import it by its public name only
 PUBLIC_ONLY = {"walkit.client": ABOVE,
                "walkit.wal": ["walkit/aio.py", "walkit/spark"],

@@ -4,16 +4,19 @@ Theory of operation
 -------------------
 The bookies run in-process (``LocalCluster(processes=False)``); the cluster's
 ``on_server`` seam hands every new :class:`~bookie.server.BookieServer` to
-:meth:`FaultyCluster._prepare` before it starts, which sets the server's two test hooks:
+:meth:`FaultyCluster._prepare` before it starts, which plugs this harness into the
+server's seam (:class:`bookie.server.ServerHooks`; production code, no test logic):
 
-* ``endpoint_hook``: the bookie registers the address of a :class:`PartitionableProxy`
+* ``disk``: the bookie's file system is a :class:`bookie.fs.faulty.FaultyFS` over the
+  real disk (one per bookie number, kept across restarts), for :meth:`~FaultyCluster.fail_sync`.
+* ``endpoint``: the bookie registers the address of a :class:`PartitionableProxy`
   (one per bookie number, on the proxies' own event loop thread, created at the bookie's
   first registration and kept across restarts) instead of its own. Clients resolve
   bookie ids through the registration, so all their traffic to bookie ``i`` crosses its
   proxy, and :meth:`~FaultyCluster.partition` / :meth:`~FaultyCluster.heal` switch that
   traffic off and on while the bookie itself runs on. (A client that connects to the
   bookie id's own ``host:port`` bypasses the proxy: the walkit client never does.)
-* ``read_hook``: entries named by :meth:`~FaultyCluster.corrupt_entry` are answered
+* ``read``: entries named by :meth:`~FaultyCluster.corrupt_entry` are answered
   with their last byte flipped, so a reader's digest check fails on that replica
   (with ``digest="none"`` nothing can notice).
 
@@ -23,8 +26,7 @@ later; reads do not touch the journal). Faults are remembered per bookie number 
 outlive a :meth:`~FaultyCluster.restart_bookie`, as a slow disk, a corrupted file or a
 broken network would; ``slow_disk(i, 0)`` and ``heal(i)`` lift them.
 :meth:`~FaultyCluster.fail_sync` makes the next fsyncs of a bookie's journal or ledger
-directory fail with EIO (every bookie's file system is a :class:`bookie.fs.faulty.FaultyFS`
-over the real disk, one per bookie number, kept across restarts).
+directory fail with EIO (through its FaultyFS).
 :meth:`~FaultyCluster.expire_session` ends a bookie's or a client's metadata session
 through the store's ``expire_session()`` test hook (ZooKeeper's own recipe on
 ``zk://``; the lease on ``local://``) and waits until the session is replaced (and, for
@@ -260,15 +262,16 @@ class FaultyCluster:
 
     # -- hooks (called by the bookies) ----------------------------------------------------------
     def _prepare(self, i: int, server: BookieServer) -> None:
-        """LocalCluster's on_server, on its loop thread: set the server's test hooks."""
+        """LocalCluster's on_server, on its loop thread: plug into the server's hooks."""
         from bookie.fs.faulty import FaultyFS
         from bookie.fs.real import RealFS
+        from bookie.server import ServerHooks
 
         with self._lock:  # one FaultyFS per bookie number: armed faults outlive a restart
-            server._fs = self._disks.setdefault(i, FaultyFS(RealFS()))
+            disk = self._disks.setdefault(i, FaultyFS(RealFS()))
             self._configs[i] = server.config
-        server.endpoint_hook = lambda port: self._endpoint_for(i, port)
-        server.read_hook = lambda ledger_id, entry_id, data: self._read(i, ledger_id, entry_id, data)
+        server.hooks = ServerHooks(disk=disk, endpoint=lambda port: self._endpoint_for(i, port),
+                                   read=lambda ledger_id, entry_id, data: self._read(i, ledger_id, entry_id, data))
 
     def _endpoint_for(self, i: int, port: int) -> str:
         """The proxy in front of bookie ``i`` (bound to ``port``), made on first use."""

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-The bookie registers the proxy's address as its endpoint (``BookieServer.endpoint_hook``),
-so every client connection to it goes through the proxy: one accepted connection
+The bookie registers the proxy's address as its endpoint (``ServerHooks.endpoint``,
+:mod:`bookie.server`), so every client connection to it goes through the proxy: one accepted connection
 (downstream, the client's side) and one connection to the bookie (upstream) per link,
 and bytes copied both ways.
 

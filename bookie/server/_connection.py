@@ -1,0 +1,384 @@
+"""One client connection: bytes in, requests dispatched under flow control, answers out.
+
+Theory of operation
+-------------------
+One event loop thread owns every connection. A connection (:class:`Connection`, an
+``asyncio.BufferedProtocol``) feeds the bytes it receives to its sans-IO
+:class:`~walkit.protocol.ServerConnection`, which yields requests (or ready-made error
+responses for frames it could not accept) and dispatches each:
+
+* ADD_ENTRY goes straight to the core: the consecutive adds that one pass of
+  :meth:`Connection._pump` admits (:func:`~bookie.server._admission.refusal`, per add)
+  are handed over together (:meth:`~bookie.server._writes.Writes.submit_adds`); any other
+  request (or a refused add) first submits the adds collected before it, so submission
+  order is arrival order.
+* WRITE_LAC is published or journaled (:mod:`bookie.server._writes`); a long-poll
+  READ_ENTRY is parked (:mod:`bookie.server._long_poll`); every other request is a read
+  (:mod:`bookie.server._reads`).
+
+Responses are appended to the connection's output list; one ``transport.write`` per
+connection per loop iteration carries all of them (coalescing), in completion order -
+request ids let the client match them (pipelining, out of order).
+
+Back-pressure and memory: a connection stops reading once it has
+``maxPendingRequestsPerConnection`` requests in flight, or when its transport's write
+buffer is over the high-water mark (``pause_writing``), and reads again below half of
+it; so a connection holds at most that many requests plus one read chunk. Decoded
+requests wait in ``backlog`` until :meth:`Connection._pump` dispatches them: at most
+``maxPendingRequestsPerConnection`` requests and ``_READS_IN_FLIGHT`` reads in flight,
+and only while the answers not yet sent (queued plus the transport's buffer) stay under
+the byte budget. Reading pauses whenever the backlog is not empty, so a client that
+does not read its answers stops being served. ``in_flight`` counts every request
+dispatched and not yet answered: each is answered exactly once (errors included),
+which is what keeps the count exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import Any, Protocol
+
+from bookie._config import BookieConfig
+from bookie._metrics import ServerStats
+from bookie.server._admission import refusal, refusal_error
+from bookie.server._answers import error_response, failed
+from bookie.server._long_poll import LongPoll, LongPolls
+from bookie.server._reads import ReadPool
+from bookie.server._writes import Writes
+from walkit.errors import BookieReadOnlyError, BookieShutdownError
+from walkit.logs import context
+from walkit.protocol import (
+    AddEntry,
+    AddEntryResponse,
+    AdminRequest,
+    ErrorResponse,
+    GetBookieInfo,
+    Op,
+    ReadEntry,
+    ReadLac,
+    ReadRange,
+    Request,
+    Response,
+    ServerConnection,
+    WriteLac,
+    WriteLacResponse,
+)
+
+__all__ = ["READ_CHUNK", "Connection", "ConnectionHost"]
+
+log = logging.getLogger("bookie.server")
+
+_BAD_FRAMES = 16  # malformed frames a connection may send before it is closed
+_READS_IN_FLIGHT = 32  # reads one connection may have in flight (each may answer a big entry)
+READ_CHUNK = 256 * 1024  # bytes one socket read may bring (asyncio's own read size)
+
+
+class ConnectionHost(Protocol):
+    """What a connection needs of the server: its settings and the parts that answer."""
+
+    @property
+    def config(self) -> BookieConfig: ...
+
+    @property
+    def bookie_id(self) -> str: ...
+
+    @property
+    def stats(self) -> ServerStats: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def readonly(self) -> bool: ...
+
+    @property
+    def loop(self) -> Any: ...
+
+    @property
+    def reads(self) -> ReadPool: ...
+
+    @property
+    def polls(self) -> LongPolls: ...
+
+    @property
+    def writes(self) -> Writes: ...
+
+
+class Connection(asyncio.BufferedProtocol):
+    """One client connection (see the module docstring).
+
+    The socket is read into the server's one read buffer (``read_buffer``, shared: the
+    loop reads one connection at a time and :meth:`buffer_updated` copies out what came),
+    not into a fresh 256 KiB ``bytes`` per read, which malloc serves with mmap + mremap +
+    munmap and page faults: three system calls more per request of a lone writer.
+    ``open_connections`` is the server's set of them: a connection joins it when made
+    (unless the server is stopping or at ``maxConnections``) and leaves it when lost."""
+
+    def __init__(self, host: ConnectionHost, open_connections: set[Connection], read_buffer: memoryview) -> None:
+        self.server = host
+        self._open = open_connections
+        self._read_buffer = read_buffer
+        self.wire = ServerConnection(host.config.netty_max_frame_size_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.backlog: collections.deque[Request] = collections.deque()
+        self.in_flight = 0
+        self.reads_in_flight = 0
+        self.bad_frames = 0
+        self.out: list[bytes] = []
+        self.out_bytes = 0
+        self.flush_scheduled = False
+        self.reading_paused = False
+        self.pumping = False  # inside _pump: answers given meanwhile do not pump again
+        self.closed = False
+        self.eof = False
+        self.peer = "?"
+        self.waiters: set[LongPoll] = set()
+        #: The core's callback for this connection's adds (``cb(err, adds)``).
+        self.on_added = host.writes.callback_for(self)
+
+    # -- asyncio callbacks -------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.peer = str(transport.get_extra_info("peername"))
+        server = self.server
+        if server.stopping or len(self._open) >= server.config.max_connections:
+            log.warning("refusing connection from %s (%s)", self.peer,
+                        "stopping" if server.stopping else "too many connections",
+                        extra=context(bookie=server.bookie_id))
+            transport.abort()
+            return
+        self._open.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.backlog.clear()
+        self._open.discard(self)
+        self.server.polls.forget(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._read_buffer[:nbytes].tobytes())
+
+    def data_received(self, data: bytes) -> None:
+        self.server.stats.bytes_in += len(data)
+        for item in self.wire.receive(data):
+            if isinstance(item, ErrorResponse):
+                self.bad_frames += 1
+                if self.bad_frames == 1:
+                    log.info("bad request from %s: %s", self.peer, item.message)
+                self._queue(item)
+            else:
+                self.backlog.append(item)
+        if self.wire.closing or self.bad_frames > _BAD_FRAMES:
+            self.close_after_flush()
+            return
+        self._pump()
+
+    def eof_received(self) -> bool:
+        """The client half-closed (or closed): answer what it sent, then close (plaintext
+        only; TLS cannot half-close and closes at once)."""
+        self.eof = True
+        for waiter in list(self.waiters):  # parked polls end now (as if timed out): a
+            self.server.polls.expired(waiter)  # client that closed is not waiting for them
+        if self.in_flight == 0 and not self.backlog:
+            self.flush()
+            return False
+        return True
+
+    def pause_writing(self) -> None:
+        self._pump()
+
+    def resume_writing(self) -> None:
+        self._pump()
+
+    # -- dispatch and flow control -------------------------------------------------------
+    def _unsent(self) -> int:
+        buffered = self.transport.get_write_buffer_size() if self.transport is not None else 0
+        return self.out_bytes + buffered
+
+    def _pump(self) -> None:
+        """Dispatch what the limits allow; pause reading while anything must wait.
+        Consecutive adds are admitted here (:func:`~bookie.server._admission.refusal`,
+        once per add) and handed to the core together; anything else - another request,
+        a refused add - first submits the adds collected before it, so submission order
+        is arrival order. Not re-entered: a request answered while it is dispatched (a
+        refused add, a published WRITE_LAC) leaves the rest of the backlog to this loop,
+        which sees the answer's freed slot - a nested pump per answer would recurse once
+        per such request in the backlog."""
+        if self.pumping:
+            return
+        self.pumping = True
+        try:
+            self._pump_backlog()
+        finally:
+            self.pumping = False
+
+    def _pump_backlog(self) -> None:
+        server = self.server
+        c, writes = server.config, server.writes
+        limit, budget = c.max_pending_requests_per_connection, 2 * c.netty_max_frame_size_bytes
+        max_adds, max_bytes, adds_in_flight = c.max_pending_add_requests, c.max_pending_add_bytes, writes.in_flight
+        backlog = self.backlog
+        adds: list[AddEntry] = []  # consecutive adds admitted so far: submitted in one call
+        unsent = self._unsent()  # changes only when this loop answers something
+        while backlog and not self.closed:
+            req = backlog[0]
+            if self.in_flight >= limit or unsent >= budget:
+                break
+            if isinstance(req, AddEntry):
+                backlog.popleft()
+                self.in_flight += 1
+                reason = refusal(server.stopping, server.readonly, req.recovery, adds_in_flight, max_adds, max_bytes)
+                if reason is None:
+                    adds_in_flight.count += 1
+                    adds_in_flight.bytes += len(req.data)
+                    adds.append(req)
+                    continue
+                if adds:  # keep the order: what came before goes first
+                    writes.submit_adds(adds, self.on_added)
+                    adds = []
+                server.stats.refused[reason] += 1
+                self.respond(error_response(Op.ADD_ENTRY, req.ledger_id, req.entry_id, req.request_id,
+                                            refusal_error(reason, server.bookie_id, c)))
+                unsent = self._unsent()
+                continue
+            is_read = not isinstance(req, WriteLac)
+            if is_read and self.reads_in_flight >= _READS_IN_FLIGHT:
+                break
+            backlog.popleft()
+            self.in_flight += 1
+            if adds:
+                writes.submit_adds(adds, self.on_added)
+                adds = []
+            if is_read:
+                self.reads_in_flight += 1
+            self._dispatch(req)
+            unsent = self._unsent()
+        if adds:
+            writes.submit_adds(adds, self.on_added)
+        want_pause = bool(backlog) or server.stopping
+        if want_pause != self.reading_paused and self.transport is not None and not self.closed:
+            self.reading_paused = want_pause
+            if want_pause:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    def _dispatch(self, req: ReadEntry | ReadRange | ReadLac | WriteLac | GetBookieInfo | AdminRequest) -> None:
+        """Every request but ADD_ENTRY (adds are admitted by :meth:`_pump` and go through
+        :meth:`~bookie.server._writes.Writes.submit_adds`, a chunk at a time)."""
+        server = self.server
+        reads = server.reads
+        published = False
+        try:
+            if server.stopping:
+                raise BookieShutdownError("bookie is stopping", bookie=server.bookie_id)
+            if isinstance(req, ReadEntry):
+                if req.fence:
+                    reads.fenced_read(self, req)
+                elif req.previous_lac is not None:
+                    server.polls.park(self, req)
+                else:
+                    response = reads.from_memory(req)
+                    if response is not None:
+                        self.respond(response)
+                    else:
+                        reads.in_pool(self, req, reads.read_entry, req)
+            elif isinstance(req, ReadRange):
+                reads.in_pool(self, req, reads.read_range, req)
+            elif isinstance(req, ReadLac):
+                reads.in_pool(self, req, reads.read_lac, req)
+            elif isinstance(req, WriteLac):
+                if server.readonly:
+                    raise BookieReadOnlyError("bookie is read-only", bookie=server.bookie_id)
+                published = server.writes.write_lac(self, req)
+            elif isinstance(req, AdminRequest):
+                reads.in_pool(self, req, reads.admin, req)
+            else:
+                reads.in_pool(self, req, reads.bookie_info, req)
+        except Exception as exc:  # answered, never lost: the connection keeps its count
+            self.respond(failed(req, exc))
+            return
+        if published:  # no fsync to wait for: answered now (outside the try: answered once)
+            assert isinstance(req, WriteLac)
+            server.writes.lac_published(self, req)
+
+    def stop_reading(self) -> None:
+        """Shutdown: no more requests from this connection (those waiting are dropped)."""
+        self.backlog.clear()
+        self._pump()
+
+    # -- responses ---------------------------------------------------------------------
+    def respond(self, response: Response) -> None:
+        """Answer one dispatched request (dropped if the connection is gone)."""
+        self.in_flight -= 1
+        if not _answers_write(response):
+            self.reads_in_flight -= 1
+        self.server.stats.answered(response)
+        if self.closed:
+            return
+        self._queue_frame(self.wire.send(response))
+        self._answered()
+
+    def respond_added(self, reqs: list[AddEntry]) -> None:
+        """``respond(AddEntryResponse(...))`` for each of several durable adds, without
+        building the response objects: their frames (the same bytes) joined once."""
+        self.in_flight -= len(reqs)
+        self.server.stats.adds_ok += len(reqs)
+        if self.closed:
+            return
+        self._queue_frame(self.wire.send_added_many(reqs))
+        self._answered()
+
+    def _answered(self) -> None:
+        """After an answer was queued: close once the last one is out after EOF, or
+        dispatch what waited for it."""
+        if self.eof and self.in_flight == 0 and not self.backlog:
+            self.server.loop.call_soon(self.close_after_flush)
+        elif self.backlog or self.reading_paused:
+            self._pump()
+
+    def close_after_flush(self) -> None:
+        """Write what is queued, then close."""
+        self.flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    def _queue(self, response: Response) -> None:
+        self._queue_frame(self.wire.send(response))
+
+    def _queue_frame(self, frame: bytes) -> None:
+        self.out.append(frame)
+        self.out_bytes += len(frame)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            writes = self.server.writes
+            if writes.kicking:  # written at the end of the kick, in this loop iteration
+                writes.unflushed.append(self)
+            else:
+                self.server.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write every answer queued, in one ``transport.write``."""
+        self.flush_scheduled = False
+        out, self.out, self.out_bytes = self.out, [], 0
+        if out and self.transport is not None and not self.closed:
+            data = b"".join(out) if len(out) > 1 else out[0]
+            self.server.stats.bytes_out += len(data)
+            self.transport.write(data)
+        if self.backlog:
+            self._pump()
+
+
+_WRITE_OPS = frozenset({Op.ADD_ENTRY, Op.WRITE_LAC})
+
+
+def _answers_write(response: Response) -> bool:
+    if isinstance(response, ErrorResponse):
+        return response.op in _WRITE_OPS
+    return isinstance(response, (AddEntryResponse, WriteLacResponse))

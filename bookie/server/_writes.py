@@ -1,0 +1,213 @@
+"""The journal hand-off: admitted adds and WRITE_LACs go to the core, their answers come
+back on the event loop.
+
+Theory of operation
+-------------------
+The consecutive adds one pass of a connection's pump admitted are handed to the core in
+one :meth:`Bookie.add_batch_cb` call (:meth:`Writes.submit_adds`), which still checks
+each add on its own. The adds the core admitted are framed into one journal batch with
+**one callback** for the group, called once their fdatasync returned (a refused add is
+called back on its own, at once). The journal is not woken per chunk: at the end of the
+loop iteration (:meth:`Writes.kick_journal`, once, after every connection with bytes was
+read) an idle journal writes, syncs and calls back on the loop's own thread
+(``journalInlineFlush``; no thread switch between a lone add and its answer, which the
+kick drains and writes at once, in the same loop iteration), while a busy one groups them
+into its next batch, written by its sync thread (:meth:`bookie.journal.Journal.kick`).
+
+Completions are queued (a deque, thread-safe) and the loop is woken once per journal
+flush (``call_soon_threadsafe`` only when no drain is scheduled yet - a callback that
+sees the flag set does not even take the drain lock: the drain clears the flag *before*
+it empties the queue, so a completion queued after the flag was read set is still found),
+so a group commit of a thousand entries costs a few queue items and one wake-up.
+
+A WRITE_LAC for a ledger whose key is durable here is published at once (storage, long
+polls, the answer) and its record rides on the next flush: an explicit LAC needs no
+fsync (:meth:`bookie.Bookie.publish_lac`). For a ledger new to this bookie it is
+journaled like an add, after the ledger's key, and answered when durable.
+
+Answers given during a kick are not scheduled one flush each: the connections are
+remembered (``unflushed``) and written once at the end of the kick. A durable add lowers
+the adds in flight (:class:`~bookie.server._admission.AddsInFlight`) and wakes the long
+polls of its ledger with the LAC its entry carries; a WRITE_LAC wakes them with its LAC.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from bookie._bookie import Bookie
+from bookie._config import BookieConfig
+from bookie.server._admission import AddsInFlight
+from bookie.server._answers import Peer, error_response
+from bookie.server._long_poll import LongPolls
+from walkit.logs import context
+from walkit.protocol import AddEntry, Op, WriteLac, WriteLacResponse, parse_entry_header
+
+__all__ = ["WriteHost", "Writes"]
+
+log = logging.getLogger("bookie.server")
+
+_ADD_DONE = 0
+_LAC_WRITTEN = 1
+
+
+class WriteHost(Protocol):
+    """What the hand-off needs of the server."""
+
+    @property
+    def config(self) -> BookieConfig: ...
+
+    @property
+    def bookie(self) -> Bookie | None: ...
+
+    @property
+    def bookie_id(self) -> str: ...
+
+    @property
+    def loop(self) -> Any: ...
+
+
+class Writes:
+    """Adds and WRITE_LACs between the connections and the journal (see the module
+    docstring). Everything but the journal callbacks runs on the loop."""
+
+    def __init__(self, host: WriteHost, polls: LongPolls) -> None:
+        self._host = host
+        self._polls = polls
+        self.in_flight = AddsInFlight()
+        #: Completions (kind, connection, adds or request, error), from the sync thread.
+        self._done: collections.deque[tuple[int, Peer, Any, BaseException | None]] = collections.deque()
+        self._drain_lock = threading.Lock()
+        self._drain_scheduled = False
+        self._kick_scheduled = False  # a journal kick is due at the end of this loop iteration
+        #: Inside :meth:`kick_journal`: answers are drained and written by it.
+        self.kicking = False
+        #: Connections with answers queued during a kick (written at its end).
+        self.unflushed: list[Peer] = []
+        #: The loop's thread id (a callback there needs no self-pipe wake-up); set by start.
+        self.loop_thread = 0
+
+    def callback_for(self, conn: Peer) -> Callable[[BaseException | None, list[AddEntry]], None]:
+        """The core's callback for ``conn``'s adds (``cb(err, adds)``)."""
+        return functools.partial(self._on_added, conn)
+
+    def submit_adds(self, adds: list[AddEntry], callback: Callable[[BaseException | None, list[AddEntry]], None]) -> None:
+        """Hand admitted adds to the core in one call; they are answered via ``callback``
+        (once for those durable together, once per refusal). The journal is not woken
+        now: :meth:`kick_journal` runs once at the end of this loop iteration, after every
+        connection that had bytes was read, so the adds of all of them share one flush."""
+        bookie = self._host.bookie
+        assert bookie is not None
+        bookie.add_batch_cb(adds, callback, defer=True)
+        if not self._kick_scheduled:
+            self._kick_scheduled = True
+            self._host.loop.call_soon(self.kick_journal)
+
+    def write_lac(self, conn: Peer, req: WriteLac) -> bool:
+        """WRITE_LAC: True when it was published at once (the ledger's key is durable
+        here: no fsync to wait for; the caller answers it with :meth:`lac_published`),
+        False when it is journaled after the ledger's key (answered when durable)."""
+        bookie = self._host.bookie
+        assert bookie is not None
+        if bookie.publish_lac(req.ledger_id, req.master_key, req.lac):
+            return True
+        bookie.write_lac_cb(req.ledger_id, req.master_key, req.lac, self._on_done, (_LAC_WRITTEN, conn, req))
+        return False
+
+    def lac_published(self, conn: Peer, req: WriteLac) -> None:
+        """Answer a WRITE_LAC :meth:`write_lac` published, and wake the ledger's polls."""
+        self._lac_written(conn, req, None)
+
+    def kick_journal(self) -> None:
+        """The end of a loop iteration that submitted adds: an idle journal flushes them
+        here, on the loop's thread (``journalInlineFlush``; or hands them to its sync
+        thread), and what completed is answered at once; a busy journal groups them into
+        its next batch (:meth:`bookie.journal.Journal.kick`)."""
+        self._kick_scheduled = False
+        host = self._host
+        if host.bookie is None:
+            return
+        self.kicking = True  # an inline flush's answers: drained and written below, not scheduled
+        try:
+            host.bookie.kick_journal(host.config.journal_inline_flush)
+        finally:
+            if self._done:
+                self._drain()  # never raises (each completion's failure is logged)
+            self.kicking = False
+            unflushed, self.unflushed = self.unflushed, []
+            for conn in unflushed:
+                try:
+                    conn.flush()
+                except Exception:  # one connection's failure must not keep the others' answers
+                    log.exception("writing answers to %s failed", conn.peer, extra=context(bookie=host.bookie_id))
+
+    def _on_added(self, conn: Peer, err: BaseException | None, reqs: list[AddEntry]) -> None:
+        """Journal callback for a group of adds (sync thread, or this thread on a refusal)."""
+        self._done.append((_ADD_DONE, conn, reqs, err))
+        self._wake_drain()
+
+    def _on_done(self, err: BaseException | None, ctx: Any) -> None:
+        """Journal callback of one WRITE_LAC: ``ctx`` is ``(_LAC_WRITTEN, conn, req)``."""
+        kind, conn, req = ctx
+        self._done.append((kind, conn, req, err))
+        self._wake_drain()
+
+    def _wake_drain(self) -> None:
+        if self.kicking and threading.get_ident() == self.loop_thread:
+            return  # a kick's inline flush: the kick drains at once
+        if self._drain_scheduled:  # read without the lock: the drain, which clears the
+            return  # flag before it empties the queue, will find this completion
+        with self._drain_lock:
+            if self._drain_scheduled:
+                return
+            self._drain_scheduled = True
+        if threading.get_ident() == self.loop_thread:  # an inline flush, a refusal: no self-pipe
+            self._host.loop.call_soon(self._drain)
+        else:
+            self._host.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._drain_lock:
+            self._drain_scheduled = False
+        done = self._done
+        while done:
+            kind, conn, req, err = done.popleft()
+            try:
+                if kind == _ADD_DONE:
+                    self._added(conn, req, err)
+                else:
+                    self._lac_written(conn, req, err)
+            except Exception:  # one bad completion must not strand the others
+                log.exception("answering a completed request failed")
+
+    def _added(self, conn: Peer, reqs: list[AddEntry], err: BaseException | None) -> None:
+        self.in_flight.count -= len(reqs)
+        self.in_flight.bytes -= sum([len(req.data) for req in reqs])
+        if err is None:
+            conn.respond_added(reqs)
+            polls = self._polls
+            if polls.any_waiting():
+                for req in reqs:
+                    if polls.waiting_on(req.ledger_id):
+                        polls.lac_advanced(req.ledger_id, parse_entry_header(req.data).lac)
+        else:
+            for req in reqs:
+                conn.respond(error_response(Op.ADD_ENTRY, req.ledger_id, req.entry_id, req.request_id, err))
+
+    def _lac_written(self, conn: Peer, req: WriteLac, err: BaseException | None) -> None:
+        if err is None:
+            conn.respond(WriteLacResponse(req.ledger_id, req.request_id))
+            if self._polls.waiting_on(req.ledger_id):
+                try:
+                    self._polls.lac_advanced(req.ledger_id, req.lac)
+                except Exception:  # the WRITE_LAC is answered; a poll left parked times out
+                    bookie_id = self._host.bookie_id
+                    log.exception("bookie %s: waking the long polls of ledger %d failed", bookie_id,
+                                  req.ledger_id, extra=context(bookie=bookie_id, ledger=req.ledger_id))
+        else:
+            conn.respond(error_response(Op.WRITE_LAC, req.ledger_id, -1, req.request_id, err))
