@@ -104,7 +104,7 @@ from typing import Any
 from sortedcontainers import SortedKeyList
 
 from bookie._admin import run_command
-from bookie._metrics import ServerStats
+from bookie._metrics import ServerStats, bookie_registry
 from bookie._bookie import LAST_ENTRY, Bookie, BookieFailure
 from bookie._config import BookieConfig, os_reason
 from bookie.cookie import Cookie
@@ -532,6 +532,11 @@ class BookieServer:
         """The admin endpoint's port (0: not enabled)."""
         return self._http.port if self._http is not None else 0
 
+    @property
+    def read_executor(self) -> ThreadPoolExecutor:
+        """The read pool: reads, ADMIN commands, the admin endpoint's blocking work."""
+        return self._reads
+
     def disk_usage_of(self, directory: str) -> float:
         """The fraction of ``directory``'s file system in use (as read-only mode sees it)."""
         return self._disk_usage(directory)
@@ -559,7 +564,7 @@ class BookieServer:
         if c.http_server_enabled:
             from bookie._http import AdminEndpoint
 
-            self._http = AdminEndpoint(self)
+            self._http = AdminEndpoint(self, bookie_registry(self), functools.partial(run_command, self))
             try:
                 await self._http.start()
             except OSError as exc:
