@@ -2,8 +2,8 @@
 walkit/metrics.py): every endpoint on an in-process bookie, the metrics moving with
 real traffic (adds, reads, refusals, read-only, journal batches, checkpoints), clear 4xx
 answers to wrong methods, paths and bodies, keep-alive, the config keys, and the slow
-journal sync warning (issue 17). The transport's limits (issue 36), on an endpoint over a
-stub AdminView with raw sockets: malformed and oversized requests, slow clients, pipelining,
+journal sync warning (issue 17). The transport's limits (bookie/_http_connection.py, issue
+36), on an endpoint over a stub AdminView with raw sockets: malformed and oversized requests, slow clients, pipelining,
 clients gone mid-way, HTTP/1.0, 100-continue - each answered or closed, nothing logged as
 an error, no task left behind."""
 
@@ -28,7 +28,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-import bookie._http as admin_http
+import bookie._http_connection as http_connection
 from bookie import BookieConfig
 from bookie._http import AdminEndpoint
 from bookie.fs.mem import MemFS, _MemFile
@@ -306,7 +306,7 @@ def _endpoint_test(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFix
     connection task left once the clients are done, none after stop, nothing logged as an
     error and no traceback."""
     for name, value in limits.items():
-        monkeypatch.setattr(admin_http, name, value)
+        monkeypatch.setattr(http_connection, name, value)
 
     async def main() -> None:
         with ThreadPoolExecutor(2) as pool:
@@ -416,12 +416,14 @@ def test_oversized_headers_are_a_431_by_total_bytes_and_by_count(
         one_long = b"GET /heartbeat HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * (20 << 10) + b"\r\n\r\n"
         many_short = b"GET /heartbeat HTTP/1.1\r\nHost: x\r\n" + b"".join(
             b"X-%03d: %s\r\n" % (i, b"b" * 60) for i in range(90)) + b"\r\n"  # 90 headers, 6 KiB: fine
-        answer, closed = await _in_thread(_talk, endpoint.port, many_short.replace(b"Host: x", b"Connection: close\r\nHost: x"))
+        many_short = many_short.replace(b"Host: x", b"Connection: close\r\nHost: x")
+        answer, closed = await _in_thread(_talk, endpoint.port, many_short)
         assert closed and _statuses(answer) == [b"200"]
         # under 8 KiB each and under 100 headers (the old caps), 18 KiB in all: refused
         wide = b"GET /heartbeat HTTP/1.1\r\nHost: x\r\n" + b"".join(
             b"X-%03d: %s\r\n" % (i, b"c" * 300) for i in range(60)) + b"\r\n"
-        too_many = b"GET /heartbeat HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%03d: d\r\n" % i for i in range(101)) + b"\r\n"
+        too_many = b"GET /heartbeat HTTP/1.1\r\nHost: x\r\n" + b"".join(
+            b"X-%03d: d\r\n" % i for i in range(101)) + b"\r\n"
         for request_bytes, words in ((one_long, "over 16384 bytes"), (wide, "over 16384 bytes"),
                                      (too_many, "over 100 headers")):
             answer, closed = await _in_thread(_talk, endpoint.port, request_bytes)
@@ -497,7 +499,7 @@ def test_slow_loris_is_cut_at_the_whole_request_deadline(
         answer, closed = await _in_thread(_talk, endpoint.port, _GET)
         assert closed and _statuses(answer) == [b"200"]
 
-    _endpoint_test(monkeypatch, caplog, test, _IDLE=1.0, _REQUEST_DEADLINE=0.6, _LINGER=0.5)
+    _endpoint_test(monkeypatch, caplog, test, IDLE=1.0, REQUEST_DEADLINE=0.6, LINGER=0.5)
     assert "refused (408)" in caplog.text
 
 
@@ -555,7 +557,7 @@ def test_clients_gone_mid_request_or_mid_answer_end_their_task(
         await _in_thread(close_after, port, b"GET /api/v1/bookie/gc HTTP/1.1\r\nHost: x\r\n\r\n", reset=True)
         await _in_thread(never_reads, port, endpoint)
 
-    _endpoint_test(monkeypatch, caplog, test, _SEND_DEADLINE=0.5)
+    _endpoint_test(monkeypatch, caplog, test, SEND_DEADLINE=0.5)
     assert "refused" not in caplog.text  # nobody left to answer: no 400s sent or logged
 
 
