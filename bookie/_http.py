@@ -172,30 +172,30 @@ class AdminEndpoint:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        connection = HttpConnection(reader, writer)
         self._connections.add(task)
-        exchange = HttpConnection(reader, writer)
         try:
-            while await self._one(exchange):
-                exchange.next_cycle()
+            while await self._one(connection):
+                connection.next_cycle()
         except ClientGone as exc:
-            log.debug("admin endpoint: %s gone: %s", exchange.peer, exc)
+            log.debug("admin endpoint: %s gone: %s", connection.peer, exc)
         except asyncio.CancelledError:
             pass
-        except Exception:  # a bug here: the connection ends, the endpoint goes on
-            log.exception("admin endpoint: connection from %s failed", exchange.peer)
+        except Exception:  # a bug here: this connection ends, the endpoint goes on
+            log.exception("admin endpoint: connection from %s failed", connection.peer)
         finally:
             self._connections.discard(task)
-            exchange.close()
+            connection.close()
 
-    async def _one(self, exchange: HttpConnection) -> bool:
+    async def _one(self, connection: HttpConnection) -> bool:
         """Read one request and answer it; False when the connection is to end."""
         try:
-            request = await exchange.receive()
+            request = await connection.receive()
         except HttpError as exc:  # the transport's refusal: answered, then the connection ends
-            log.info("admin endpoint: %s refused (%d): %s", exchange.peer, exc.status, exc.message)
-            await exchange.send(exc.status, *_json_error(exc.status, exc.message), {**exc.headers,
-                                                                                     "Connection": "close"})
-            await exchange.linger()
+            log.info("admin endpoint: %s refused (%d): %s", connection.peer, exc.status, exc.message)
+            closing = {**exc.headers, "Connection": "close"}
+            await connection.send(exc.status, *_json_error(exc.status, exc.message), closing)
+            await connection.linger()
             return False
         if request is None:
             return False
@@ -211,8 +211,8 @@ class AdminEndpoint:
             status, (content_type, payload), extra = 500, _json_error(500, str(exc)), {}
         if status in (400, 413):  # as before h11: a bad request or body ends the connection
             extra = {**extra, "Connection": "close"}
-        await exchange.send(status, content_type, payload, extra)
-        return exchange.keep_alive
+        await connection.send(status, content_type, payload, extra)
+        return connection.keep_alive
 
     # --- routes -------------------------------------------------------------------------
     async def _route(self, method: str, path: str, body: bytes) -> _Reply:

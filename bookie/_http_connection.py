@@ -43,8 +43,6 @@ is read as a request (the connection ends).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
 import h11
 
 __all__ = ["ClientGone", "HttpConnection", "HttpError", "IDLE", "LINGER", "MAX_BODY", "MAX_HEAD", "MAX_HEADERS",
@@ -139,10 +137,12 @@ class HttpConnection:
             elif isinstance(event, h11.EndOfMessage):
                 assert request is not None
                 return request[0], request[1], bytes(body)
-            else:  # ConnectionClosed between requests
+            else:  # ConnectionClosed between requests (PAUSED cannot come: each cycle ends at EndOfMessage)
                 return None
 
-    def _next_event(self) -> Any:
+    def _next_event(self) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
+        """h11's next event; its refusal an HttpError (ClientGone when the client has
+        closed its side: nobody to answer)."""
         try:
             return self.h11.next_event()
         except h11.RemoteProtocolError as exc:
