@@ -1,4 +1,4 @@
-"""The bookie's admin endpoint: HTTP/1.1 on the bookie's own event loop.
+"""The bookie's admin endpoint: HTTP/1.1 (parsed by h11) on the bookie's own event loop.
 
 Theory of operation
 -------------------
@@ -7,9 +7,14 @@ With ``httpServerEnabled`` the server (:class:`~bookie.server.BookieServer`) lis
 :func:`asyncio.start_server`: one coroutine per connection on the loop that serves the
 bookie, no thread per request. A request is read whole (request line, headers, a body
 of at most 64 KiB by ``Content-Length``), answered, and the connection kept for the
-next one (``Connection: close`` ends it). Whatever may block - the metrics scrape
-(walks the ledger directories), the ADMIN commands reused here (:mod:`bookie._admin`:
-garbage collection, forced read-only) - runs on the server's read pool.
+next one (``Connection: close`` or HTTP/1.0 ends it). Whatever may block - the metrics
+scrape (walks the ledger directories), the ADMIN commands reused here
+(:mod:`bookie._admin`: garbage collection, forced read-only) - runs on the server's read
+pool (:attr:`AdminView.read_executor`).
+
+The endpoint sees the server through :class:`AdminView`, the few members its routes read
+(it never imports :mod:`bookie.server`); the registry ``/metrics`` serves and the ADMIN
+command runner are handed to it by the server (:class:`AdminEndpoint`'s arguments).
 
 =======  =============================  ==================================================
 method   path                           answer
@@ -24,9 +29,16 @@ GET|PUT  /api/v1/bookie/gc              the collector's status; PUT ``{"compact"
 GET      /api/v1/autorecovery/status    this bookie's autorecovery daemon (or 404)
 =======  =============================  ==================================================
 
-Errors are JSON (``{"error": ..., "status": ...}``): 404 for an unknown path, 405 (with
-``Allow``) for a wrong method, 400 for a malformed request or body, 413 for a body too
-large, 500 with the error's message for a failure (logged) - never a traceback.
+HEAD is answered as GET without the body. Errors are JSON (``{"error": ..., "status":
+...}``): 404 for an unknown path, 405 (with ``Allow``) for a wrong method, 400 for a
+malformed request or body, 413 for a body too large, 500 with the error's message for a
+failure (logged) - never a traceback on the wire.
+
+The HTTP/1.1 transport - h11, one request at a time per connection, the limits against
+malformed, oversized, slow and pipelined requests - is :mod:`bookie._http_connection`.
+Each connection is one task in ``_connections`` (what :meth:`AdminEndpoint.stop`
+cancels), which always ends: the transport's every wait on the client has a deadline,
+and every way out of :meth:`AdminEndpoint._serve` closes the socket and leaves the set.
 """
 
 from __future__ import annotations
@@ -36,34 +48,86 @@ import json
 import logging
 import shutil
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import CollectorRegistry
 
-from bookie._admin import run_command
-from bookie._metrics import bookie_registry
+from bookie._http_connection import READ_SIZE, ClientGone, HttpConnection, HttpError
 from walkit.errors import InvalidArgumentError, WalkitError
 
 if TYPE_CHECKING:
-    from bookie.server import BookieServer
+    from bookie._bookie import Bookie, BookieFailure
+    from bookie._config import BookieConfig
 
-__all__ = ["AdminEndpoint"]
+__all__ = ["AdminCommands", "AdminEndpoint", "AdminView", "RecoveryDaemon"]
 
 log = logging.getLogger("bookie.http")
 
-_MAX_BODY = 64 << 10
-_MAX_HEADERS = 100
-_LINE = 8192
-_IDLE = 60.0  # seconds a kept connection may wait for its next request
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
-            413: "Payload Too Large", 500: "Internal Server Error"}
+
+class RecoveryDaemon(Protocol):
+    """What ``/api/v1/autorecovery/status`` shows of the bookie's autorecovery daemon
+    (:class:`walkit.recovery.AutoRecovery`)."""
+
+    @property
+    def owner(self) -> str: ...
+    @property
+    def marked(self) -> int: ...
+    @property
+    def repaired(self) -> int: ...
+    @property
+    def dropped(self) -> int: ...
+    @property
+    def audits(self) -> int: ...
+    @property
+    def error(self) -> BaseException | None: ...
 
 
-class _HttpError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
+class AdminView(Protocol):
+    """The server as the admin endpoint's routes see it (:class:`bookie.server.BookieServer`
+    is one): its configuration and state, read on the loop or on the read pool."""
+
+    config: BookieConfig
+
+    @property
+    def bookie(self) -> Bookie | None:
+        """The storage (None before it is open)."""
+
+    @property
+    def bookie_id(self) -> str: ...
+    @property
+    def port(self) -> int:
+        """The port bookie clients reach."""
+
+    @property
+    def tls(self) -> bool: ...
+    @property
+    def readonly(self) -> bool:
+        """Read-only now (disks full or failed, or on the operator's word)."""
+
+    #: Read-only on the operator's word (the ``bookie.readonly`` ADMIN command sets it).
+    forced_readonly: bool
+
+    @property
+    def autorecovery(self) -> RecoveryDaemon | None: ...
+    @property
+    def failure(self) -> BookieFailure | None:
+        """The I/O error that made the bookie read-only until restarted, if one did."""
+
+    @property
+    def read_executor(self) -> Executor:
+        """The pool for work that may block (the bookie's read pool)."""
+
+    def disk_usage_of(self, directory: str) -> float:
+        """The fraction of ``directory``'s file system in use."""
+
+
+#: Runs one ADMIN command (:func:`bookie._admin.run_command` bound to the server): name and
+#: JSON arguments in, the JSON-able answer out; blocking (called on the read pool); raises
+#: InvalidArgumentError for bad arguments.
+AdminCommands = Callable[[str, bytes], dict[str, Any]]
 
 
 _Reply = tuple[int, str, bytes]  # status, content type, body
@@ -71,17 +135,27 @@ _Handler = Callable[["AdminEndpoint", bytes], Awaitable[_Reply]]
 
 
 class AdminEndpoint:
-    def __init__(self, server: BookieServer) -> None:
+    """The admin endpoint of one server: ``registry`` is what ``/metrics`` serves
+    (:func:`bookie._metrics.bookie_registry`), ``commands`` runs the ADMIN commands
+    ``/api/v1/bookie/gc`` and ``.../state/readonly`` reuse."""
+
+    def __init__(self, server: AdminView, registry: CollectorRegistry, commands: AdminCommands) -> None:
         self.server = server
-        self.registry = bookie_registry(server)
+        self.registry = registry
+        self._commands = commands
         self._listener: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
 
+    @property
+    def open_connections(self) -> int:
+        """Connections being served now (each one task)."""
+        return len(self._connections)
+
     async def start(self) -> None:
         c = self.server.config
         self._listener = await asyncio.start_server(self._serve, c.http_server_address, c.http_server_port,
-                                                    reuse_address=True, limit=_LINE)
+                                                    reuse_address=True, limit=READ_SIZE)
         self.port = int(self._listener.sockets[0].getsockname()[1])
         log.info("bookie %s admin endpoint on http://%s:%d/", self.server.bookie_id, c.http_server_address, self.port)
 
@@ -98,68 +172,68 @@ class AdminEndpoint:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        connection = HttpConnection(reader, writer)
         self._connections.add(task)
         try:
-            while True:
-                keep = await self._one(reader, writer)
-                if not keep:
-                    break
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            while await self._one(connection):
+                connection.next_cycle()
+        except ClientGone as exc:
+            log.debug("admin endpoint: %s gone: %s", connection.peer, exc)
+        except asyncio.CancelledError:
             pass
+        except Exception:  # a bug here: this connection ends, the endpoint goes on
+            log.exception("admin endpoint: connection from %s failed", connection.peer)
         finally:
             self._connections.discard(task)
-            writer.close()
+            connection.close()
 
-    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def _one(self, connection: HttpConnection) -> bool:
         """Read one request and answer it; False when the connection is to end."""
         try:
-            line = await asyncio.wait_for(reader.readline(), _IDLE)
-        except asyncio.TimeoutError:
+            request = await connection.receive()
+        except HttpError as exc:  # the transport's refusal: answered, then the connection ends
+            log.info("admin endpoint: %s refused (%d): %s", connection.peer, exc.status, exc.message)
+            closing = {**exc.headers, "Connection": "close"}
+            await connection.send(exc.status, *_json_error(exc.status, exc.message), closing)
+            await connection.linger()
             return False
-        except ValueError:  # a line past the limit
-            await _send(writer, 400, *_json_error(400, "request line too long"), close=True)
+        if request is None:
             return False
-        if not line:
-            return False
-        keep = True
+        method, path, body = request
         try:
-            method, path, version = _request_line(line)
-            headers = await _headers(reader)
-            keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-            body = await _body(reader, headers)
             status, content_type, payload = await self._route(method, path, body)
             extra: dict[str, str] = {}
-        except _HttpError as exc:
+        except HttpError as exc:
             status, (content_type, payload), extra = exc.status, _json_error(exc.status, exc.message), exc.headers
-            keep = keep and exc.status not in (400, 413)
         except Exception as exc:  # noqa: BLE001 - an answer, never a traceback on the wire
             if not isinstance(exc, WalkitError):
                 log.exception("admin endpoint: request failed")
             status, (content_type, payload), extra = 500, _json_error(500, str(exc)), {}
-        await _send(writer, status, content_type, payload, close=not keep, headers=extra,
-                    head_only=line.startswith(b"HEAD "))
-        return keep
+        if status in (400, 413):  # as before h11: a bad request or body ends the connection
+            extra = {**extra, "Connection": "close"}
+        await connection.send(status, content_type, payload, extra)
+        return connection.keep_alive
 
     # --- routes -------------------------------------------------------------------------
     async def _route(self, method: str, path: str, body: bytes) -> _Reply:
         path = path.split("?", 1)[0].rstrip("/") or "/"
         routes = _ROUTES.get(path)
         if routes is None:
-            raise _HttpError(404, f"no such path: {path}")
+            raise HttpError(404, f"no such path: {path}")
         handler = routes.get("GET" if method == "HEAD" else method)
         if handler is None:
             allowed = ", ".join(sorted(routes))
-            raise _HttpError(405, f"{method} not allowed on {path} (allowed: {allowed})", {"Allow": allowed})
+            raise HttpError(405, f"{method} not allowed on {path} (allowed: {allowed})", {"Allow": allowed})
         return await handler(self, body)
 
     async def _off(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.server._reads, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.server.read_executor, fn, *args)
 
     async def _admin(self, command: str, args: dict[str, Any]) -> Any:
         try:
-            return await self._off(run_command, self.server, command, json.dumps(args).encode())
+            return await self._off(self._commands, command, json.dumps(args).encode())
         except InvalidArgumentError as exc:
-            raise _HttpError(400, str(exc)) from None
+            raise HttpError(400, str(exc)) from None
 
     async def heartbeat(self, body: bytes) -> _Reply:
         return 200, "text/plain; charset=utf-8", b"OK\n"
@@ -204,13 +278,13 @@ class AdminEndpoint:
         if body:  # PUT
             wanted = _json_body(body).get("readonly")
             if type(wanted) is not bool:
-                raise _HttpError(400, 'the body must be {"readonly": true} or {"readonly": false}')
+                raise HttpError(400, 'the body must be {"readonly": true} or {"readonly": false}')
             return _json(200, await self._admin("bookie.readonly", {"readonly": wanted}))
         return _json(200, {"readonly": self.server.readonly, "forced": self.server.forced_readonly})
 
     async def readonly_put(self, body: bytes) -> _Reply:
         if not body:
-            raise _HttpError(400, 'the body must be {"readonly": true} or {"readonly": false}')
+            raise HttpError(400, 'the body must be {"readonly": true} or {"readonly": false}')
         return await self.readonly(body)
 
     async def gc_status(self, body: bytes) -> _Reply:
@@ -220,13 +294,13 @@ class AdminEndpoint:
         args = _json_body(body) if body else {}
         unknown = set(args) - {"compact"}
         if unknown:
-            raise _HttpError(400, f"unknown fields: {', '.join(sorted(unknown))} (known: compact)")
+            raise HttpError(400, f"unknown fields: {', '.join(sorted(unknown))} (known: compact)")
         return _json(200, await self._admin("gc.run", {"compact": args.get("compact")}))
 
     async def autorecovery(self, body: bytes) -> _Reply:
         daemon = self.server.autorecovery
         if daemon is None:
-            raise _HttpError(404, "autorecovery is not running in this bookie (autoRecoveryDaemonEnabled)")
+            raise HttpError(404, "autorecovery is not running in this bookie (autoRecoveryDaemonEnabled)")
         return _json(200, {"owner": daemon.owner, "marked": daemon.marked, "repaired": daemon.repaired,
                            "dropped": daemon.dropped, "audits": daemon.audits,
                            "error": None if daemon.error is None else str(daemon.error)})
@@ -242,54 +316,13 @@ _ROUTES: dict[str, dict[str, _Handler]] = {
 }
 
 
-# --- HTTP/1.1, the little of it an admin endpoint needs --------------------------------------
-def _request_line(line: bytes) -> tuple[str, str, str]:
-    try:
-        method, path, version = line.decode("ascii").rstrip("\r\n").split(" ")
-    except (UnicodeDecodeError, ValueError):
-        raise _HttpError(400, "malformed request line") from None
-    if version not in ("HTTP/1.0", "HTTP/1.1") or not path.startswith("/"):
-        raise _HttpError(400, "malformed request line")
-    return method, path, version
-
-
-async def _headers(reader: asyncio.StreamReader) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for _ in range(_MAX_HEADERS):
-        try:
-            line = await asyncio.wait_for(reader.readline(), _IDLE)
-        except ValueError:
-            raise _HttpError(400, "header line too long") from None
-        if line in (b"\r\n", b"\n", b""):
-            return headers
-        name, sep, value = line.decode("latin-1").partition(":")
-        if not sep or not name.strip():
-            raise _HttpError(400, "malformed header")
-        headers[name.strip().lower()] = value.strip()
-    raise _HttpError(400, "too many headers")
-
-
-async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
-    if "transfer-encoding" in headers:
-        raise _HttpError(400, "chunked bodies are not accepted: send Content-Length")
-    try:
-        length = int(headers.get("content-length", "0"))
-    except ValueError:
-        raise _HttpError(400, "bad Content-Length") from None
-    if length < 0:
-        raise _HttpError(400, "bad Content-Length")
-    if length > _MAX_BODY:
-        raise _HttpError(413, f"body over {_MAX_BODY} bytes")
-    return await asyncio.wait_for(reader.readexactly(length), _IDLE) if length else b""
-
-
 def _json_body(body: bytes) -> dict[str, Any]:
     try:
         value = json.loads(body)
     except ValueError:
-        raise _HttpError(400, "the body is not JSON") from None
+        raise HttpError(400, "the body is not JSON") from None
     if not isinstance(value, dict):
-        raise _HttpError(400, "the body must be a JSON object")
+        raise HttpError(400, "the body must be a JSON object")
     return value
 
 
@@ -300,17 +333,6 @@ def _json(status: int, value: Any) -> _Reply:
 def _json_error(status: int, message: str) -> tuple[str, bytes]:
     _, content_type, body = _json(status, {"error": message, "status": status})
     return content_type, body
-
-
-async def _send(writer: asyncio.StreamWriter, status: int, content_type: str, body: bytes, *, close: bool,
-                headers: dict[str, str] | None = None, head_only: bool = False) -> None:
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}", f"Content-Type: {content_type}",
-             f"Content-Length: {len(body)}"]
-    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-    if close:
-        lines.append("Connection: close")
-    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head_only else body))
-    await writer.drain()
 
 
 def _version() -> str:

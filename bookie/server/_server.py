@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -50,7 +51,8 @@ from typing import Any
 
 from bookie._bookie import Bookie, BookieFailure
 from bookie._config import BookieConfig
-from bookie._metrics import ServerStats
+from bookie._admin import run_command
+from bookie._metrics import ServerStats, bookie_registry
 from bookie.fs import FileSystem
 from bookie.fs.real import RealFS, disk_usage
 from bookie.server._connection import READ_CHUNK, Connection
@@ -146,11 +148,6 @@ class BookieServer:
         """The admin endpoint's port (0: not enabled)."""
         return self._http.port if self._http is not None else 0
 
-    @property
-    def _reads(self) -> concurrent.futures.Executor:
-        """:attr:`read_executor`, by the name bookie/_http.py used (until it takes a view)."""
-        return self.read_executor
-
     def disk_usage_of(self, directory: str) -> float:
         """The fraction of ``directory``'s file system in use (as read-only mode sees it)."""
         return self._disk_usage(directory)
@@ -194,7 +191,7 @@ class BookieServer:
         if c.http_server_enabled:
             from bookie._http import AdminEndpoint
 
-            self._http = AdminEndpoint(self)
+            self._http = AdminEndpoint(self, bookie_registry(self), functools.partial(run_command, self))
             try:
                 await self._http.start()
             except OSError as exc:
