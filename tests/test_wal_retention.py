@@ -443,6 +443,6 @@ def test_a_ledger_that_could_not_be_deleted_is_deleted_by_a_later_pass(bk: walki
         monkeypatch.setattr(ledgers, "delete", refuse_once)
         wal.snapshot(b"s", lsns[-1])
         _wait(lambda: bool(refused) and wal.metadata().segments[0].seq == lsns[-1].segment)
-        assert refused == [first.ledger_id] and first.ledger_id in wal._undeleted
+        assert refused == [first.ledger_id] and first.ledger_id in wal.core.state.undeleted
         _fill(wal, 1)  # the next pass
-        _wait(lambda: _gone(bk, first.ledger_id) and not wal._undeleted)
+        _wait(lambda: _gone(bk, first.ledger_id) and not wal.core.state.undeleted)
