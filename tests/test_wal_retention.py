@@ -276,7 +276,7 @@ def test_a_snapshot_failing_half_way_is_never_listed_and_its_ledger_is_deleted(b
 def test_a_writer_dying_mid_snapshot_leaves_a_name_the_next_writer_cleans_up(bk: walkit.BookKeeper) -> None:
     wal = WriteAheadLog.open(bk, "dead", roll_bytes=1000)
     lsn = wal.append(b"x")
-    job = SnapshotJob(wal, lsn)
+    job = SnapshotJob(wal.core.state, lsn)
     bk._loop.run(job.begin())
     bk._loop.run(job.add(b"half of the state"))  # ... and the writer dies: no commit, no abort
     assert job._writer is not None
