@@ -76,8 +76,8 @@ def test_a_create_with_the_bookies_known_runs_on_the_callers_thread(tmp_path: Pa
         first = bk.create_ledger(3, 3, 2)  # reads the list, learns the endpoints: through the loop
         first.add_entry(b"a")
         hops: list[object] = []
-        real_run = bk._run
-        monkeypatch.setattr(bk, "_run", lambda coro: hops.append(coro) or real_run(coro))
+        real_run = bk.client.run
+        monkeypatch.setattr(bk.client, "run", lambda coro: hops.append(coro) or real_run(coro))
         fast = bk.create_ledger(3, 3, 2, password=b"pw")
         assert hops == [] and fast.add_entry(b"b") == 0
         assert fast.ledger_id in set(bk.list_ledgers())
@@ -1163,15 +1163,15 @@ def test_an_add_in_flight_keeps_two_objects_for_the_cyclic_gc(walkit_cluster: An
             walkit_cluster.partition(i)
         gc.collect()
         alive = gc.get_objects()  # held until the count: no id of theirs is reused meanwhile
-        before, queue = {id(o) for o in alive}, lh._writer._incoming
+        before, queue = {id(o) for o in alive}, lh._writer.queue._incoming
         futures = [lh.add_entry_async(b"x" * 100) for _ in range(500)]
-        wait_for(lambda: not lh._writer._incoming, timeout=10)  # sent: each in the writer's pending
-        assert lh._writer._incoming is queue  # the same list: a fresh one per take would outlive it (10,000 ledgers)
+        wait_for(lambda: not lh._writer.queue._incoming, timeout=10)  # sent: each in the writer's pending
+        assert lh._writer.queue._incoming is queue  # the same list: a fresh one per take would outlive it (10,000 ledgers)
         gc.collect()
         new = collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}"
                                   for o in gc.get_objects() if id(o) not in before)
         per_add = {name: count for name, count in new.items() if count >= 250}
-        assert per_add == {"walkit.client._writer._Add": 500, "walkit.client._submit.QuickFuture": 500}, \
+        assert per_add == {"walkit.client._add_queue.Add": 500, "walkit.client._submit.QuickFuture": 500}, \
             f"tracked objects new while 500 adds are in flight: {new.most_common(8)}"
         del alive
         for i in range(3):

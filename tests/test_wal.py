@@ -21,6 +21,7 @@ import walkit
 from client_support import client, index_of, local_cluster
 from metadata_support import Driver, driver  # noqa: F401  (fixture)
 from walkit import LSN, WriteAheadLog
+from walkit.client import LedgerClient
 from walkit.errors import (
     FormatError,
     InvalidArgumentError,
@@ -511,19 +512,20 @@ def _meddle_while_the_segment_is_made(bk: walkit.BookKeeper, monkeypatch: pytest
     """While ``open`` makes its new segment's ledger (after its claim), the log node is
     rewritten with ``change`` applied: another process's write between the claim and
     the segment's add."""
-    real = type(bk)._create
-    node = wal_node.LogNode(bk._cluster, "default", name)
+    client_type = type(bk.client)
+    real = client_type.create
+    node = wal_node.LogNode(bk.client.cluster, "default", name)
 
-    async def create(self: walkit.BookKeeper, *args: object) -> object:
+    async def create(self: LedgerClient, *args: object) -> object:
         def meddle() -> None:
             meta, version = node.read()
             node.write(change(meta), version)
 
-        await self._core.md(meddle)
-        monkeypatch.setattr(type(bk), "_create", real)  # once
+        await self.metadata(meddle)
+        monkeypatch.setattr(client_type, "create", real)  # once
         return await real(self, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(type(bk), "_create", create)
+    monkeypatch.setattr(client_type, "create", create)
 
 
 def test_the_segments_add_writes_over_the_claim_unread_and_never_over_a_change_since(

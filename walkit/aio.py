@@ -18,12 +18,12 @@ caller's loop.
                 ...
 
 Where things run: every call is a coroutine of the client's core run on its loop
-(``walkit.client.LoopThread``), awaited here through ``asyncio.wrap_future`` - the very
+(``walkit.client.LedgerClient.on_loop``), awaited here through ``asyncio.wrap_future`` - the very
 coroutines the synchronous API runs and waits for, so both behave alike. A replay or a
 tail is an async generator on the core loop that hands over batches of entries (a
 replay's next chunk read meanwhile); the records are made here, on the caller's loop.
 No thread of the caller's (no ``run_in_executor``) is used: blocking metadata calls
-run on the client's own metadata threads (``ClientCore.md``). Exceptions: ``connect``
+run on the client's own metadata threads (``LedgerClient.metadata``). Exceptions: ``connect``
 and closing a client (``AsyncBookKeeper.close``, or a log's ``close`` when the log was
 opened from a URI) run the blocking connect and shutdown on the default executor;
 ``snapshot``, ``truncate``, ``latest_snapshot`` and ``snapshots`` run the synchronous
@@ -40,7 +40,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callab
 from types import TracebackType
 from typing import Any, TypeVar
 
-from walkit.client import BookKeeper, Entry, LedgerReader, LedgerWriter, ReadState, check_payload, check_range
+from walkit.client import BookKeeper, Entry, LedgerClient, LedgerWriter, ReadState, check_payload, check_range
 from walkit.errors import InvalidArgumentError, LedgerClosedError, UsageError, WalkitError
 from walkit.metadata import LedgerMetadata
 from walkit.wal import (
@@ -51,7 +51,6 @@ from walkit.wal import (
     SnapshotJob,
     WriteAheadLog,
     asnapshot_chunks,
-    ledger_client,
     open_reader,
     wait_locked,
 )
@@ -73,27 +72,31 @@ class AsyncBookKeeper:
     def __init__(self, bk: BookKeeper) -> None:
         self.sync = bk  # the synchronous client this wraps (same connections, same core)
 
-    async def _on_core(self, coro: Coroutine[Any, Any, T]) -> T:
-        return await _on_core(self.sync, coro)
+    @property
+    def client(self) -> LedgerClient:
+        """The async core this client runs on (``walkit.client.LedgerClient``), as ``sync.client``."""
+        return self.sync.client
 
     async def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 3, ack_quorum: int = 2,
                             digest: str = "crc32c", password: bytes = b"",
                             custom_metadata: Mapping[str, bytes] | None = None) -> AsyncLedgerHandle:
-        writer = await self._on_core(self.sync._create(ensemble_size, write_quorum, ack_quorum, digest, password,
-                                                       custom_metadata))
-        return AsyncLedgerHandle(self, writer)
+        client = self.client
+        writer = await client.on_loop(client.create(ensemble_size, write_quorum, ack_quorum, digest, password,
+                                                    custom_metadata))
+        return AsyncLedgerHandle(client, writer)
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> AsyncReadHandle:
-        return AsyncReadHandle(self, await self._on_core(self.sync._open(ledger_id, password, recovery)))
+        client = self.client
+        return AsyncReadHandle(client, await client.on_loop(client.open(ledger_id, password, recovery)))
 
     async def delete_ledger(self, ledger_id: int) -> None:
-        await self._on_core(self.sync._core.md(self.sync.delete_ledger, ledger_id))
+        await self.client.on_loop(self.client.metadata(self.sync.delete_ledger, ledger_id))
 
     async def list_ledgers(self) -> list[int]:
-        return await self._on_core(self.sync._core.md(lambda: list(self.sync.list_ledgers())))
+        return await self.client.on_loop(self.client.metadata(lambda: list(self.sync.list_ledgers())))
 
     async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
-        return await self._on_core(self.sync._core.md(self.sync.ledger_metadata, ledger_id))
+        return await self.client.on_loop(self.client.metadata(self.sync.ledger_metadata, ledger_id))
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.sync.close)
@@ -107,33 +110,24 @@ class AsyncBookKeeper:
 
 
 async def _on_core(bk: BookKeeper, coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on ``bk``'s loop and await it here (no thread of this loop's)."""
-    if bk._closed:
-        coro.close()
-        raise UsageError("client is closed")
-    try:
-        return await asyncio.wrap_future(bk._loop.submit(coro))
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise  # the caller was cancelled (and the coroutine with it)
-        raise UsageError("client closed while the call ran") from None
+    """Run ``coro`` on ``bk``'s loop and await it here (``LedgerClient.on_loop``)."""
+    return await bk.client.on_loop(coro)
 
 
-async def _read_chunks(bk: AsyncBookKeeper, state: ReadState, first: int, last: int) -> AsyncIterator[Entry]:
+async def _read_chunks(client: LedgerClient, state: ReadState, first: int, last: int) -> AsyncIterator[Entry]:
     check_range(state.reader.ledger_id, first, last, state.lac)
-    chunk = bk.sync.config.read_parallelism * 4
+    chunk = client.config.read_parallelism * 4
     start = first
     while start <= last:
         end = min(last, start + chunk - 1)
-        for entry in await bk._on_core(state.read(start, end)):
+        for entry in await client.on_loop(state.read(start, end)):
             yield entry
         start = end + 1
 
 
 class AsyncLedgerHandle:
-    def __init__(self, bk: AsyncBookKeeper, writer: LedgerWriter) -> None:
-        self._bk = bk
+    def __init__(self, client: LedgerClient, writer: LedgerWriter) -> None:
+        self._client = client
         self._writer = writer
         self._closed = False
 
@@ -159,7 +153,7 @@ class AsyncLedgerHandle:
         bookies. Futures complete in entry order."""
         if self._closed:
             raise LedgerClosedError("ledger handle is closed", ledger=self.ledger_id)
-        payload = check_payload(data, self._bk.sync.config.max_frame_size, self._writer.meta.digest)
+        payload = check_payload(data, self._client.config.max_frame_size, self._writer.meta.digest)
         slots = self._writer.slots
         delay = 0.0005
         while not slots.acquire(blocking=False):  # no thread parked on the semaphore: cancel-safe
@@ -172,19 +166,19 @@ class AsyncLedgerHandle:
         return await (await self.add_entry_async(data))
 
     async def read(self, first: int, last: int) -> list[Entry]:
-        state = ReadState(LedgerReader(self._bk.sync._core, self._writer.meta, self._writer.key),
-                          self._writer.version, self._writer.lac)
-        return [entry async for entry in _read_chunks(self._bk, state, first, last)]
+        writer = self._writer
+        state = self._client.read_state(writer.meta, writer.key, writer.version, writer.lac)
+        return [entry async for entry in _read_chunks(self._client, state, first, last)]
 
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
-            await self._bk._on_core(self._writer.close())
+            await self._client.on_loop(self._writer.close())
 
 
 class AsyncReadHandle:
-    def __init__(self, bk: AsyncBookKeeper, state: ReadState) -> None:
-        self._bk = bk
+    def __init__(self, client: LedgerClient, state: ReadState) -> None:
+        self._client = client
         self._state = state
 
     @property
@@ -209,22 +203,22 @@ class AsyncReadHandle:
 
     def read(self, first: int, last: int) -> AsyncIterator[Entry]:
         """``async for entry in handle.read(first, last)``."""
-        return _read_chunks(self._bk, self._state, first, last)
+        return _read_chunks(self._client, self._state, first, last)
 
     async def read_last_add_confirmed(self) -> int:
-        return await self._bk._on_core(self._state.read_lac())
+        return await self._client.on_loop(self._state.read_lac())
 
     async def wait_for_lac(self, previous: int, timeout: float) -> int:
-        return await self._bk._on_core(self._state.wait_lac(previous, timeout))
+        return await self._client.on_loop(self._state.wait_lac(previous, timeout))
 
     async def follow(self, start: int = 0, *, poll_timeout: float = 1.0) -> AsyncIterator[Entry]:
         """Entries from ``start`` on as the LAC passes them; ends once the ledger is
         closed and read to its end."""
         if not isinstance(start, int) or start < 0:
             raise InvalidArgumentError("follow starts at an entry id >= 0", start=start)
-        next_id, limit = start, self._bk.sync.config.read_parallelism * 4
+        next_id, limit = start, self._client.config.read_parallelism * 4
         while True:
-            batch = await self._bk._on_core(self._state.follow_step(next_id, poll_timeout, limit))
+            batch = await self._client.on_loop(self._state.follow_step(next_id, poll_timeout, limit))
             if batch is None:
                 return
             for entry in batch:
@@ -253,8 +247,7 @@ async def _close_owned(bk: BookKeeper, owned: bool) -> None:
 
 async def _blocking(bk: BookKeeper, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """A blocking metadata call on ``bk``'s metadata threads (``LedgerClient.metadata``), awaited."""
-    client = ledger_client(bk)
-    return await client.on_loop(client.metadata(functools.partial(fn, *args, **kwargs)))
+    return await bk.client.on_loop(bk.client.metadata(functools.partial(fn, *args, **kwargs)))
 
 
 class AsyncWriteAheadLog:
@@ -274,7 +267,7 @@ class AsyncWriteAheadLog:
         """``WriteAheadLog.open`` (the same options)."""
         bk, owned = await _client_of(client_or_uri)
         try:
-            return cls(await ledger_client(bk).on_loop(WriteAheadLog.opening(bk, owned, name, **options)))
+            return cls(await bk.client.on_loop(WriteAheadLog.opening(bk, owned, name, **options)))
         except BaseException:
             await _close_owned(bk, owned)
             raise
@@ -317,13 +310,13 @@ class AsyncWriteAheadLog:
 
     async def flush(self) -> LSN | None:
         """Wait until every record appended so far is durable; the last LSN."""
-        return await ledger_client(self._bk).on_loop(self.core.flush())
+        return await self._bk.client.on_loop(self.core.flush())
 
     async def snapshot(self, data: SnapshotData | AsyncIterable[bytes], lsn: LSN) -> Snapshot:
         """``WriteAheadLog.snapshot``; ``data`` may also be an async iterable of byte chunks.
         Each step runs on the client's loop (walkit/wal/_snapshots.py)."""
         core, bk = self.core, self._bk
-        on_loop = ledger_client(bk).on_loop
+        on_loop = bk.client.on_loop
         core.check_snapshot(data, lsn)
         admin = core.admin
         async with wait_locked(admin.lock):
@@ -366,7 +359,7 @@ class AsyncWriteAheadLog:
         if wal.closed:
             return
         try:
-            await asyncio.shield(ledger_client(self._bk).on_loop(self.core.finish()))
+            await asyncio.shield(self._bk.client.on_loop(self.core.finish()))
         finally:
             await _close_owned(self._bk, wal.shut())
 
@@ -424,7 +417,7 @@ class AsyncLogReader:
     async def close(self) -> None:
         """Close the reader: a tail under way ends (UsageError), holds are released."""
         reader, bk = self.sync, self._bk
-        if ledger_client(bk).closed:  # nothing runs on that client any more: as the synchronous close does
+        if bk.client.closed:  # nothing runs on that client any more: as the synchronous close does
             reader.close()
             return
         await _close_owned(bk, await _blocking(bk, reader.shut))

@@ -86,9 +86,16 @@ def _primary(conn: Connection, uri: str, log_name: str, seed: int, quiet: bool) 
     """Open the store, announce its state, then change it until fenced or killed."""
     if quiet:
         logging.getLogger("walkit").setLevel(logging.ERROR)
+    from walkit import BookKeeper
+
     kv = load_kvstore()
-    store = kv.KVStore.open(uri, log_name, snapshot_every=SNAPSHOT_EVERY, roll_bytes=ROLL_BYTES)
-    _freeze_on_sigusr1(store)
+    bk = BookKeeper(uri)  # the primary's own client: the freeze takes its metadata store's write lock
+    try:
+        store = kv.KVStore.open(bk, log_name, snapshot_every=SNAPSHOT_EVERY, roll_bytes=ROLL_BYTES)
+    except BaseException:
+        bk.close()
+        raise
+    _freeze_on_sigusr1(bk.client.cluster.store)
     items = store.items()
     conn.send_bytes(b"R" + json.dumps({"pid": os.getpid(), "keys": len(items), "digest": digest(items)}).encode())
     try:
@@ -98,10 +105,12 @@ def _primary(conn: Connection, uri: str, log_name: str, seed: int, quiet: bool) 
     finally:
         with contextlib.suppress(WalkitError):
             store.close()
+        with contextlib.suppress(WalkitError):
+            bk.close()
         conn.close()
 
 
-def _freeze_on_sigusr1(store: Any) -> None:
+def _freeze_on_sigusr1(metadata_store: object) -> None:
     """SIGUSR1 makes the process SIGSTOP itself, at an instant when it has no metadata
     transaction open.
 
@@ -109,14 +118,16 @@ def _freeze_on_sigusr1(store: Any) -> None:
     of the cluster; a process frozen inside a write transaction would hold the file's
     lock and stall everyone's metadata until it is resumed (a ZooKeeper client frozen
     mid-request just loses its session). So the freeze takes the lock the store holds
-    around each write transaction (``write_lock``; the demo reaches into the store's
-    private database, as LocalCluster's crash does) and stops with it held: appends in
+    around each write transaction (``write_lock`` of the client's ``local://`` store;
+    another store has none, and needs none) and stops with it held: appends in
     flight, open segment, session and all are frozen as they were; only the SQLite lock
     is free. It takes it on a thread of its own: the handler runs on the main thread,
     which may be inside a transaction, and the lock is re-entrant (taken there, it would
     freeze the process mid-transaction with SQLite's lock held, and every other process's
     metadata call would fail after its busy timeout)."""
-    db = getattr(getattr(store.wal._bk._cluster, "store", None), "_db", None)
+    # LocalMetadataStore keeps the lock in its database object; walkit.metadata has no
+    # public name for it yet (issue 36: LocalMetadataStore.write_lock, for walkit.metadata)
+    db = getattr(metadata_store, "_db", None)
     lock: contextlib.AbstractContextManager[Any] = db.write_lock if db is not None else contextlib.nullcontext()
 
     def freeze_when_no_transaction() -> None:

@@ -1,5 +1,6 @@
-"""walkit's client side: the ledger client (:class:`BookKeeper` and its handles) and the
-connection to one bookie (:class:`BookieClient`).
+"""walkit's client side: the ledger client (:class:`BookKeeper` and its handles, over the
+public async core :class:`LedgerClient`) and the connection to one bookie
+(:class:`BookieClient`).
 
 The layers above it (``walkit.wal``, ``walkit.aio``, ``walkit.spark``) import from this
 package only, never from its private modules: what they build on is exported here - the
@@ -10,15 +11,17 @@ uses (:func:`read_chunks` on the client's loop, :func:`read_ahead` from a thread
 
 from walkit.client._bookie_client import BookieClient, client_ssl_context
 from walkit.client._bookkeeper import BookKeeper, connect
+from walkit.client._client import LedgerClient
 from walkit.client._config import ClientConfig
-from walkit.client._handles import LedgerHandle, ReadHandle, ReadState, check_payload, check_range
+from walkit.client._handles import LedgerHandle, ReadHandle, check_payload
 from walkit.client._loop import LoopThread
 from walkit.client._pool import Endpoint, parse_endpoint
 from walkit.client._read import Entry, LedgerReader
+from walkit.client._read_state import ReadState, check_range
 from walkit.client._readahead import read_ahead, read_chunks
 from walkit.client._submit import QuickFuture
 from walkit.client._writer import LedgerWriter
 
-__all__ = ["BookKeeper", "BookieClient", "ClientConfig", "Endpoint", "Entry", "LedgerHandle", "LedgerReader",
-           "LedgerWriter", "LoopThread", "QuickFuture", "ReadHandle", "ReadState", "check_payload", "check_range",
+__all__ = ["BookKeeper", "BookieClient", "ClientConfig", "Endpoint", "Entry", "LedgerClient", "LedgerHandle",
+           "LedgerReader", "LedgerWriter", "LoopThread", "QuickFuture", "ReadHandle", "ReadState", "check_payload", "check_range",
            "client_ssl_context", "connect", "parse_endpoint", "read_ahead", "read_chunks"]

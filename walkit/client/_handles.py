@@ -1,6 +1,7 @@
 """The handles applications hold: :class:`LedgerHandle` (the writer) and
 :class:`ReadHandle` (a reader), synchronous and thread-safe. The asyncio flavours in
-``walkit.aio`` drive the same cores (:class:`LedgerWriter`, :class:`ReadState`)."""
+``walkit.aio`` drive the same cores (:class:`LedgerWriter`, :class:`ReadState`). A handle
+holds the :class:`~walkit.client.LedgerClient` it runs on, never the ``BookKeeper``."""
 
 from __future__ import annotations
 
@@ -8,25 +9,15 @@ import contextlib
 from collections.abc import Iterator
 from concurrent.futures import Future
 from types import TracebackType
-from typing import TYPE_CHECKING
 
-from walkit.client._ranges import read_entries
+from walkit.client._client import LedgerClient
+from walkit.client._read import Entry
+from walkit.client._read_state import ReadState, check_range
 from walkit.client._readahead import read_ahead
-from walkit.client._read import Entry, LedgerReader
 from walkit.client._writer import LedgerWriter
-from walkit.errors import (
-    EntryTooLargeError,
-    InvalidArgumentError,
-    LedgerClosedError,
-    NoSuchEntryError,
-    UsageError,
-    WalkitError,
-)
-from walkit.metadata import LedgerMetadata, LedgerState
+from walkit.errors import EntryTooLargeError, InvalidArgumentError, LedgerClosedError, UsageError, WalkitError
+from walkit.metadata import LedgerMetadata
 from walkit.protocol import digest_size
-
-if TYPE_CHECKING:
-    from walkit.client._bookkeeper import BookKeeper
 
 __all__ = ["LedgerHandle", "ReadHandle", "ReadState", "Entry", "check_payload", "check_range"]
 
@@ -44,100 +35,10 @@ def check_payload(data: object, max_frame_size: int, digest: str) -> bytes:
     return payload
 
 
-def check_range(ledger_id: int, first: int, last: int, lac: int) -> None:
-    if not isinstance(first, int) or not isinstance(last, int) or first < 0 or last < first:
-        raise InvalidArgumentError("read needs 0 <= first <= last", ledger=ledger_id, first=first, last=last)
-    if last > lac:
-        raise NoSuchEntryError("read past the last add confirmed", ledger=ledger_id, last=last,
-                               last_add_confirmed=lac)
-
-
-class ReadState:
-    """What a reader knows of a ledger (client loop): metadata, LAC, closed."""
-
-    def __init__(self, reader: LedgerReader, version: int, lac: int) -> None:
-        self.reader = reader
-        self.version = version
-        self.lac = lac
-        self.length = reader.metadata.length
-        self._polled: Entry | None = None  # the entry a long poll brought along (confirmed)
-
-    @property
-    def metadata(self) -> LedgerMetadata:
-        return self.reader.metadata
-
-    @property
-    def closed(self) -> bool:
-        return self.reader.metadata.state is LedgerState.CLOSED
-
-    async def refresh(self) -> None:
-        """Re-read the metadata (a writer's ensemble change; a close)."""
-        core = self.reader.core
-        meta, version = await core.md(core.ledgers.read, self.reader.ledger_id)
-        if version != self.version:
-            self.reader.metadata, self.version = meta, version
-            if meta.state is LedgerState.CLOSED:
-                self.lac, self.length = meta.last_entry_id, meta.length
-
-    async def read(self, first: int, last: int, max_bytes: int | None = None) -> list[Entry]:
-        """Entries ``first``..``last``; with ``max_bytes``, a prefix of them (one entry at
-        least) holding about that many bytes (:func:`walkit.client._ranges.read_entries`)."""
-        check_range(self.reader.ledger_id, first, last, self.lac)
-        try:
-            return await read_entries(self.reader, first, last, max_bytes)
-        except WalkitError:
-            if self.closed:
-                raise
-            old = self.version
-            await self.refresh()  # an ensemble change may have moved entries: try once more
-            if self.version == old:
-                raise
-            return await read_entries(self.reader, first, last, max_bytes)
-
-    def _saw(self, lac: int) -> None:
-        if lac > self.lac and not self.closed:
-            self.lac = lac
-
-    async def follow_step(self, next_id: int, poll_timeout: float, limit: int) -> list[Entry] | None:
-        """One step of following the ledger from ``next_id``: the entries up to the LAC
-        (at most ``limit``); ``[]`` after a long poll that brought nothing yet; None once
-        the ledger is closed and read to its end. (Shared by the sync, asyncio and WAL
-        followers.)"""
-        if next_id > self.lac:
-            if self.closed:
-                return None
-            await self.wait_lac(self.lac, poll_timeout)
-            if next_id > self.lac:
-                return []
-        last = min(self.lac, next_id + limit - 1)
-        polled, self._polled = self._polled, None
-        if polled is not None and polled.entry_id == next_id:  # the poll brought it: no read
-            return [polled] if last == next_id else [polled, *await self.read(next_id + 1, last)]
-        return await self.read(next_id, last)
-
-    async def read_lac(self) -> int:
-        if not self.closed:
-            await self.refresh()
-        if not self.closed:
-            self._saw(await self.reader.read_lac())
-        return self.lac
-
-    async def wait_lac(self, previous: int, timeout: float) -> int:
-        if self.closed or self.lac > previous:
-            return self.lac
-        lac, entry = await self.reader.wait_lac(previous, timeout)
-        self._saw(lac)
-        if entry is not None:
-            self._polled = entry
-        if self.lac <= previous:
-            await self.refresh()  # no news from bookies: maybe the ledger was closed
-        return self.lac
-
-
 class _Handle:
-    def __init__(self, bk: BookKeeper) -> None:
-        self._bk = bk
-        self._loop = bk._loop
+    def __init__(self, client: LedgerClient) -> None:
+        self._client = client
+        self._loop = client.loop
 
     def _iter_read(self, state: ReadState, first: int, last: int) -> Iterator[Entry]:
         check_range(state.reader.ledger_id, first, last, state.lac)
@@ -148,8 +49,8 @@ class _Handle:
 class LedgerHandle(_Handle):
     """The single writer of a ledger (from :meth:`BookKeeper.create_ledger`)."""
 
-    def __init__(self, bk: BookKeeper, writer: LedgerWriter) -> None:
-        super().__init__(bk)
+    def __init__(self, client: LedgerClient, writer: LedgerWriter) -> None:
+        super().__init__(client)
         self._writer = writer
         self._closed = False
 
@@ -185,7 +86,7 @@ class LedgerHandle(_Handle):
         (LedgerFencedError, NotEnoughBookiesError, ...): then no later add succeeds."""
         if self._closed:
             raise LedgerClosedError("ledger handle is closed", ledger=self.ledger_id)
-        return self._writer.submit(check_payload(data, self._bk.config.max_frame_size, self._writer.meta.digest))
+        return self._writer.submit(check_payload(data, self._client.config.max_frame_size, self._writer.meta.digest))
 
     def add_entry(self, data: bytes) -> int:
         """Add an entry and wait until it (and every lower one) is durable on Qa
@@ -196,8 +97,8 @@ class LedgerHandle(_Handle):
 
     def read(self, first: int, last: int) -> Iterator[Entry]:
         """Entries ``first``..``last`` (up to the LAC), in order."""
-        state = ReadState(LedgerReader(self._bk._core, self._writer.meta, self._writer.key), self._writer.version,
-                          self._writer.lac)
+        writer = self._writer
+        state = self._client.read_state(writer.meta, writer.key, writer.version, writer.lac)
         return self._iter_read(state, first, last)
 
     def close(self) -> None:
@@ -223,8 +124,8 @@ class ReadHandle(_Handle):
     """A reader of a ledger (from :meth:`BookKeeper.open_ledger`); closed ledgers are
     read to their end, open ones up to the LAC, and followed as it advances."""
 
-    def __init__(self, bk: BookKeeper, state: ReadState) -> None:
-        super().__init__(bk)
+    def __init__(self, client: LedgerClient, state: ReadState) -> None:
+        super().__init__(client)
         self._state = state
         self._closed = False
 
@@ -273,7 +174,7 @@ class ReadHandle(_Handle):
         after the last entry once the ledger is closed."""
         if not isinstance(start, int) or start < 0:
             raise InvalidArgumentError("follow starts at an entry id >= 0", start=start)
-        next_id, limit = start, self._bk.config.read_parallelism * 4
+        next_id, limit = start, self._client.config.read_parallelism * 4
         while True:
             self._check_open()
             batch = self._loop.run(self._state.follow_step(next_id, poll_timeout, limit))

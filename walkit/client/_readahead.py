@@ -28,13 +28,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Iterator
-from typing import TYPE_CHECKING
 
 from walkit.client._loop import LoopThread
 from walkit.client._read import Entry
-
-if TYPE_CHECKING:
-    from walkit.client._handles import ReadState
+from walkit.client._read_state import ReadState
 
 __all__ = ["read_ahead", "read_chunks", "CHUNK_BYTES", "FIRST_CHUNK_BYTES"]
 

@@ -1,6 +1,7 @@
 """The write path of one ledger: quorum adds, in-order completion, ensemble change.
 
-Theory of operation (all state lives on the client loop except the submission queue):
+Theory of operation (all state lives on the client loop except the submission queue,
+:class:`~walkit.client._add_queue.AddQueue`, the one part any thread touches):
 
 * :meth:`LedgerWriter.submit` (any thread) numbers the entry and queues it; the loop
   takes the queue in one go, encodes each entry with the current LAC piggybacked, and
@@ -21,7 +22,7 @@ Theory of operation (all state lives on the client loop except the submission qu
   (:mod:`walkit.recovery`) may put another bookie into an earlier fragment while the
   ledger is open: the writer's compare-and-sets (ensemble change, close) accept any
   metadata whose fragments start where its own do and whose last fragment is its own,
-  and keep those replacements.
+  and keep those replacements (the compare-and-sets: walkit/client/_writer_metadata.py).
 * A recovery writer (re-adding what recovery found) waits for its whole write set, not
   Qa, so a recovered entry ends up on every bookie metadata names; if a failed bookie
   cannot be replaced it settles for Qa acks from the others, as BookKeeper does.
@@ -34,21 +35,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
-import threading
 import time
 from concurrent.futures import Future
 from typing import Any
 
+from walkit.client._add_queue import Add, AddQueue
 from walkit.client._core import ClientCore
 from walkit.client._placement import Placement
-from walkit.client._submit import QuickFuture, Slots
+from walkit.client._submit import QuickFuture
+from walkit.client._writer_metadata import write_close, write_ensemble, write_recovered
 from walkit.errors import (
     BookieTimeoutError,
-    LedgerClosedError,
     LedgerFencedError,
-    MetadataVersionError,
     NotEnoughBookiesError,
     UsageError,
     WalkitError,
@@ -60,41 +59,6 @@ from walkit.protocol import AddEntry, Response, WriteLac, encode_entry
 __all__ = ["LedgerWriter"]
 
 log = logging.getLogger(__name__)
-
-_SAMPLE = 7  # adds whose entry id is a multiple of 8 are timed: the latency histogram's sample
-
-
-class _Add:
-    """One add in flight. What it keeps is made for the cyclic GC, which walks every
-    object that lives past a collection or two (an add lives a few ms to a few tens):
-    the bookies it went to and that acknowledged it are tuples of ``str`` (the write
-    set's own tuple, usually; the GC stops tracking tuples of strings), and it is its
-    own context for the bookies' answers (:meth:`answered`) - a QuickFuture and this
-    object per add, nothing else."""
-
-    __slots__ = ("writer", "entry_id", "payload", "length", "future", "data", "sent", "acked", "sent_at", "quorum",
-                 "done", "slot", "started")
-
-    def __init__(self, writer: LedgerWriter, entry_id: int, payload: bytes, length: int, future: Future[int],
-                 data: bytes = b"", slot: bool = True) -> None:
-        self.writer = writer
-        self.entry_id = entry_id
-        self.payload = payload
-        self.length = length  # the ledger's length including this entry
-        self.future = future
-        self.data = data  # the encoded entry, made when first sent (recovery: as read)
-        self.sent: tuple[str, ...] = ()  # bookies of the current write set it went to
-        self.acked: tuple[str, ...] = ()  # those of them that acknowledged it
-        self.sent_at = 0.0
-        self.quorum = False
-        self.done = False
-        self.slot = slot  # holds one of the writer's max_pending_adds slots
-        self.started = 0.0  # when submitted, for one add in 8 (0: not timed)
-
-    def answered(self, bookie: str, response: Response | None, error: WalkitError | None) -> None:
-        """(Loop) ``bookie``'s answer to this add (BookiePool.request_each's target)."""
-        self.writer.on_ack(self, bookie, error)
-
 
 class LedgerWriter:
     def __init__(self, core: ClientCore, metadata: LedgerMetadata, version: int, key: bytes, *,
@@ -114,7 +78,7 @@ class LedgerWriter:
         # a bookie cannot be replaced ("degraded": then Qa)
         self.quorum_size = metadata.write_quorum if recovery else metadata.ack_quorum
         self._degraded = False
-        self.pending: collections.deque[_Add] = collections.deque()
+        self.pending: collections.deque[Add] = collections.deque()
         self._changing = False
         self._drained: list[asyncio.Future[None]] = []
         self._lac_timer: asyncio.TimerHandle | None = None
@@ -123,20 +87,15 @@ class LedgerWriter:
         # a WAL turns it on unless the client said False; a recoverer's LAC is the close's business
         self.idle_lac = bool(core.config.idle_lac) and not recovery
         self._set_ensemble()
-        # submission (any thread)
-        self._lock = threading.Lock()
-        self._incoming: list[_Add] = []
-        self._scheduled = False
-        self._next_entry_id = lac + 1
-        self._length = length
-        self.closing = False
-        self.slots = Slots(core.config.max_pending_adds, self._lock)  # max_pending_adds, under the same lock
+        # submission (any thread): walkit/client/_add_queue.py
+        self.queue = AddQueue(self, self.ledger_id, core.config.max_pending_adds, core.loop.in_loop, lac + 1, length)
+        self.slots = self.queue.slots  # max_pending_adds (walkit.aio takes them itself)
         with core.writers_lock:
             core.writers.add(self)
 
     def fail_for_close(self, error: WalkitError) -> None:
         """(Loop) the client is closing: adds in flight fail now rather than hang."""
-        if self.pending or self._incoming:
+        if self.pending or self.queue.queued:
             self._fail(error)
 
     def fenced_here(self) -> None:
@@ -162,42 +121,15 @@ class LedgerWriter:
         ``reserved`` (the caller took a slot already) this waits for a free slot when
         ``max_pending_adds`` adds are in flight."""
         fut: QuickFuture[int] = QuickFuture()
-        with self._lock:
-            if not reserved:
-                slots = self.slots
-                if slots.free > 0:
-                    slots.free -= 1
-                # blocking on the loop thread would stop the very loop that frees slots
-                elif not slots.take_locked(blocking=not self.core.loop.in_loop()):
-                    raise UsageError("too many adds in flight to wait for a slot on the client's loop thread",
-                                     ledger=self.ledger_id, limit=self.core.config.max_pending_adds)
-            if self.closing:
-                self.slots.release_locked()
-                raise LedgerClosedError("ledger handle is closed", ledger=self.ledger_id)
-            error = self.error
-            if error is None:
-                entry_id = self._next_entry_id
-                self._next_entry_id += 1
-                self._length += len(payload)
-                add = _Add(self, entry_id, payload, self._length, fut)
-                if not entry_id & _SAMPLE:  # one add in 8 is timed (walkit_client_add_seconds)
-                    add.started = time.monotonic()
-                self._incoming.append(add)
-                schedule = not self._scheduled
-                self._scheduled = True
-            else:
-                self.slots.release_locked()
-        if error is not None:
-            fut.set_exception(error)
+        add, schedule = self.queue.put(payload, fut, reserved)
+        if add is None:  # the writer failed: so does the add
+            fut.set_exception(self.error)
             return fut
         if schedule:
             try:
                 self.core.schedule(self)
             except UsageError:  # the client is closed: nothing will ever take this add
-                with self._lock:
-                    self._incoming.remove(add)
-                    self._scheduled = False
-                    self.slots.release_locked()
+                self.queue.unput(add)
                 raise
         return fut
 
@@ -205,7 +137,7 @@ class LedgerWriter:
         """(Loop, recovery writer) re-add an entry exactly as it was read (recovery's
         own read window bounds these: they take no slot)."""
         fut: QuickFuture[int] = QuickFuture()
-        add = _Add(self, entry_id, b"", length, fut, data, slot=False)
+        add = Add(self, entry_id, b"", length, fut, data, slot=False)
         self.pending.append(add)
         if self.error is not None:
             self._settle(add, self.error)
@@ -218,13 +150,7 @@ class LedgerWriter:
     def take_incoming(self, flush: bool = True) -> None:
         """(Loop) send the adds submitted since the last call; ``flush``: write them to
         the bookies now (else the caller flushes, once for many writers)."""
-        with self._lock:
-            # a copy, not a fresh list for _incoming: that one would live until the
-            # ledger's next add, long enough to reach the GC's oldest generation when
-            # thousands of ledgers are written round-robin (and make its full passes come often)
-            batch = self._incoming.copy()
-            self._incoming.clear()
-            self._scheduled = False
+        batch = self.queue.take()
         for add in batch:
             if self.error is not None:
                 self._settle(add, self.error)
@@ -238,16 +164,13 @@ class LedgerWriter:
     def abandon_incoming(self, error: WalkitError) -> None:
         """(Any thread) the client closed before the loop took the queued adds: each
         fails with ``error`` (nothing was sent) and gives its slot back."""
-        with self._lock:
-            batch, self._incoming = self._incoming, []
-            self._scheduled = False
-        for add in batch:  # not _settle: the client's stats are the loop's
+        for add in self.queue.take():  # not _settle: the client's stats are the loop's
             if add.slot:
                 self.slots.release()
             self._finish(add, error)
 
     # -- sending and acks --------------------------------------------------------------
-    def _send(self, add: _Add) -> None:
+    def _send(self, add: Add) -> None:
         """Send ``add`` to the members of its write set it has not gone to yet."""
         if not add.data:
             meta = self.meta
@@ -274,7 +197,7 @@ class LedgerWriter:
         request = AddEntry(self.ledger_id, add.entry_id, self.key, add.data, self.recovery)
         self.core.pool.request_each(write_set, request, add)  # after add.sent: no answer comes inside it
 
-    def on_ack(self, add: _Add, bookie: str, error: WalkitError | None) -> None:
+    def on_ack(self, add: Add, bookie: str, error: WalkitError | None) -> None:
         """(Loop) ``bookie`` answered ``add``."""
         if error is not None:
             if isinstance(error, LedgerFencedError):
@@ -297,7 +220,7 @@ class LedgerWriter:
         if self._changing:
             return  # held until the new fragment's entries went to its replacements
         pending = self.pending
-        ready: list[_Add] = []
+        ready: list[Add] = []
         freed = 0
         while pending and pending[0].quorum:
             add = pending.popleft()
@@ -316,19 +239,19 @@ class LedgerWriter:
         if not self.recovery:  # a recoverer's re-adds are not the application's
             stats.adds += len(ready)
         if not pending:
-            if self.idle_lac and not self._incoming and ready:  # idle: no entry will carry this LAC soon
+            if self.idle_lac and not self.queue.queued and ready:  # idle: no entry will carry this LAC soon
                 acked = [b for b in self.ensemble if b in ready[-1].acked]
                 self._publish_lac(acked or None)
             self._wake_drained()
 
-    def _settle(self, add: _Add, error: WalkitError | None) -> None:
+    def _settle(self, add: Add, error: WalkitError | None) -> None:
         if add.slot:
             self.slots.release()
         if error is not None and add.slot:  # an application's add (a recoverer's take no slot)
             self.core.stats.add_failures += 1
         self._finish(add, error)
 
-    def _finish(self, add: _Add, error: WalkitError | None) -> None:
+    def _finish(self, add: Add, error: WalkitError | None) -> None:
         """Mark ``add`` done and complete its future (its slot is the caller's business)."""
         add.done = True
         add.payload = add.data = b""
@@ -346,9 +269,7 @@ class LedgerWriter:
                             extra=context(ledger=self.ledger_id))
         while self.pending:
             self._settle(self.pending.popleft(), self.error)
-        with self._lock:
-            batch, self._incoming = self._incoming, []
-        for add in batch:
+        for add in self.queue.take_failed():
             self._settle(add, self.error)
         self._wake_drained()
 
@@ -358,7 +279,7 @@ class LedgerWriter:
             return
         if bookie not in self.ensemble or bookie in self.failed:
             return
-        if self.closing and not self.pending:
+        if self.queue.closing and not self.pending:
             return  # every add is settled: the close records the ledger as it is
         log.info("ledger %d: bookie %s failed (%s); changing the ensemble", self.ledger_id, bookie, error,
                  extra=context(ledger=self.ledger_id, bookie=bookie))
@@ -392,7 +313,7 @@ class LedgerWriter:
                 if self.recovery:
                     self.meta = self.meta.with_ensemble(start, new)
                 else:
-                    self.meta, self.version = await self.core.md(self._write_ensemble, self.meta, start, new)
+                    self.meta, self.version = await self.core.md(write_ensemble, self.core.ledgers, self.meta, start, new)
                 self._set_ensemble()
                 self.ensemble_changes += 1
                 self.core.stats.ensemble_changes += 1
@@ -438,18 +359,6 @@ class LedgerWriter:
             if len(alive) < self.quorum_size:
                 self._fail(error)
                 return
-
-    def _write_ensemble(self, ours: LedgerMetadata, start: int, new: tuple[str, ...]) -> tuple[LedgerMetadata, int]:
-        """(Metadata thread) CAS the new fragment in."""
-
-        def change(current: LedgerMetadata) -> LedgerMetadata | None:
-            check_writable(current, self.ledger_id)
-            if current.ensembles[-1] == (start, new):
-                return None  # our own write, whose reply was lost
-            check_own_fragment(current, ours)
-            return current.with_ensemble(start, new)
-
-        return self.core.ledgers.update(self.ledger_id, change)
 
     # -- timeouts and explicit LAC -----------------------------------------------------
     def _arm_timer(self) -> None:
@@ -530,67 +439,16 @@ class LedgerWriter:
     async def close(self) -> LedgerMetadata:
         """Stop taking adds, let the pending ones finish, and record the close (CAS):
         last entry = LAC, length = the LAC entry's length."""
-        with self._lock:
-            self.closing = True
+        self.queue.close()
         await self.drain()
         while self._changing:  # an ensemble change already under way lands first
             await asyncio.sleep(0.01)
         if self._lac_timer is not None:
             self._lac_timer.cancel()
             self._lac_timer = None
-        if self.recovery:
-            self.meta, self.version = await self.core.md(self._write_recovered, self.meta, self.lac, self.lac_length)
-        else:
-            self.meta, self.version = await self.core.md(self._write_close, self.meta, self.lac, self.lac_length)
+        record = write_recovered if self.recovery else write_close  # walkit/client/_writer_metadata.py
+        self.meta, self.version = await self.core.md(record, self.core.ledgers, self.meta, self.lac, self.lac_length)
         return self.meta
-
-    def _write_close(self, ours: LedgerMetadata, lac: int, length: int) -> tuple[LedgerMetadata, int]:
-        """(Metadata thread) OPEN -> CLOSED; a conflict is resolved as BookKeeper does:
-        closed by someone else at the same point is success, anything else an error."""
-
-        def change(current: LedgerMetadata) -> LedgerMetadata | None:
-            if current.state is LedgerState.CLOSED and current.last_entry_id == lac and current.length == length:
-                return None
-            check_writable(current, self.ledger_id)
-            check_own_fragment(current, ours)
-            return current.closed(lac, length)
-
-        return self.core.ledgers.update(self.ledger_id, change)
-
-    def _write_recovered(self, ours: LedgerMetadata, lac: int, length: int) -> tuple[LedgerMetadata, int]:
-        """(Metadata thread) IN_RECOVERY -> CLOSED with the ensembles recovery used from
-        the fragment it started in on; earlier fragments as the store has them now
-        (re-replication may have changed them meanwhile). A ledger another recoverer
-        closed first stays as it is: the store decided."""
-
-        def change(current: LedgerMetadata) -> LedgerMetadata | None:
-            if current.state is LedgerState.CLOSED:
-                return None
-            if current.state is not LedgerState.IN_RECOVERY:
-                raise MetadataVersionError("ledger left recovery under its recoverer", ledger=self.ledger_id,
-                                           state=current.state.name)
-            keep = len(current.ensembles) - 1  # every fragment before the one recovery started in
-            if [f for f, _ in current.ensembles] != [f for f, _ in ours.ensembles[:keep + 1]]:
-                raise MetadataVersionError("ledger fragments changed under their recoverer", ledger=self.ledger_id)
-            ensembles = (*current.ensembles[:keep], *ours.ensembles[keep:])
-            return dataclasses.replace(current.closed(lac, length), ensembles=ensembles)
-
-        return self.core.ledgers.update(self.ledger_id, change)
-
-
-def check_writable(current: LedgerMetadata, ledger_id: int) -> None:
-    if current.state is LedgerState.IN_RECOVERY:
-        raise LedgerFencedError("ledger is being recovered by another client", ledger=ledger_id)
-    if current.state is LedgerState.CLOSED:
-        raise LedgerClosedError("ledger was closed", ledger=ledger_id, last_entry=current.last_entry_id)
-
-
-def check_own_fragment(current: LedgerMetadata, ours: LedgerMetadata) -> None:
-    """The store's fragments start where the writer's do and its last fragment is the
-    writer's (earlier ones may name other bookies: re-replication replaced one)."""
-    if current.ensembles[-1] != ours.ensembles[-1] or \
-            [f for f, _ in current.ensembles] != [f for f, _ in ours.ensembles]:
-        raise MetadataVersionError("ledger ensembles changed under their writer", ledger=current.ledger_id)
 
 
 def _ignore(response: Response | None, error: WalkitError | None, ctx: Any) -> None:

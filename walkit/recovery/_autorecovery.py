@@ -122,6 +122,11 @@ class AutoRecovery:
             await replicator.close()
             await off(cluster.close)
 
+    def now(self) -> float:
+        """The daemon's clock (``clock``: ``time.monotonic`` unless a test gave its own),
+        which the auditor's delays and intervals and the worker's back-offs are timed by."""
+        return self._clock()
+
     async def sleep(self, seconds: float) -> bool:
         """Wait (True: stopping)."""
         assert self._stopped is not None
@@ -141,7 +146,7 @@ class _Auditor:
         self.audited: set[str] = set()
         self.seated = False
         self.last_bookie_audit = -1e18
-        self.last_check = daemon._clock()
+        self.last_check = daemon.now()
 
     async def run(self) -> None:
         while not await self.d.sleep(_TICK):
@@ -159,7 +164,7 @@ class _Auditor:
             self.seated, self.last_bookie_audit = seated, -1e18  # a new term audits at once
         if not seated or await off(self.markers.disabled):
             return
-        now = self.d._clock()
+        now = self.d.now()
         bookies = await self.replicator.bookies()
         available = set(bookies.writable | bookies.readonly)
         self._track(available, now)
@@ -257,7 +262,7 @@ class _Worker:
                 ledgers = await off(self.markers.ledgers)
                 random.shuffle(ledgers)
                 for ledger_id in ledgers:
-                    if self.d._clock() >= self.not_before.get(ledger_id, 0.0):
+                    if self.d.now() >= self.not_before.get(ledger_id, 0.0):
                         await self._take(ledger_id)
             except WalkitError as exc:
                 log.warning("replication worker %s: %s", self.d.owner, exc, extra=context(daemon=self.d.owner))
@@ -273,7 +278,7 @@ class _Worker:
         except WalkitError as exc:
             n = self.failures[ledger_id] = self.failures.get(ledger_id, 0) + 1
             delay = min(_BACKOFF[1], _BACKOFF[0] * 2 ** (n - 1))
-            self.not_before[ledger_id] = self.d._clock() + delay
+            self.not_before[ledger_id] = self.d.now() + delay
             log.warning("replication worker %s: ledger %d not repaired (%s); again in %.0f s", self.d.owner,
                         ledger_id, exc, delay, extra=context(daemon=self.d.owner, ledger=ledger_id))
             await off(self.markers.unlock, ledger_id)
@@ -310,7 +315,7 @@ class _Worker:
                     await self.replicator.copy(work, held_entries(work), target)
                     await self.replicator.replace(work, target)
         if any(held_by_writer(meta, b) for b in marker.bookies - available):
-            self.not_before[ledger_id] = self.d._clock() + self.d.config.open_ledger_rereplication_grace_period
+            self.not_before[ledger_id] = self.d.now() + self.d.config.open_ledger_rereplication_grace_period
             return False  # the writer's share: looked at again after the grace period
         if await off(self.markers.complete, marker):
             self.d.repaired += 1

@@ -8,10 +8,8 @@ format a reader of raw entries decodes (:data:`FRAGMENT_MAGIC`, :func:`unpack_re
 :func:`unpack_fragment`, :class:`Assembly`, :func:`last_record`,
 :data:`DEFAULT_MAX_RECORD_BYTES`), the snapshot writer's steps (:class:`SnapshotJob`,
 :func:`asnapshot_chunks`, :func:`check_snapshot_data`), the wait for a retention
-lock (:func:`wait_locked`), the blocking open of a reader (:func:`open_reader`) and,
-until ``BookKeeper.client`` lands, the client's public core (:func:`ledger_client`)."""
+lock (:func:`wait_locked`) and the blocking open of a reader (:func:`open_reader`)."""
 
-from walkit.wal._client import ledger_client
 from walkit.wal._format import (
     DEFAULT_MAX_RECORD_BYTES,
     FRAGMENT_MAGIC,
@@ -42,6 +40,6 @@ from walkit.wal._snapshots import Snapshot, SnapshotData, SnapshotJob, asnapshot
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "FRAGMENT_MAGIC", "LSN", "NAME_RULES", "is_plain_name", "Assembly", "LogMetadata", "LogReader", "LogSettings",
            "Retention", "Segment", "Snapshot", "SnapshotData", "SnapshotJob", "SnapshotRef", "WriteAheadLog",
-           "asnapshot_chunks", "check_snapshot_data", "delete_log", "inspect_reader", "iter_logs", "ledger_client", "open_reader", "last_lsn", "list_logs", "list_namespaces", "log_names",
+           "asnapshot_chunks", "check_snapshot_data", "delete_log", "inspect_reader", "iter_logs", "open_reader", "last_lsn", "list_logs", "list_namespaces", "log_names",
            "last_record", "read_log_holds", "read_log_metadata", "set_namespace_defaults", "unpack_fragment",
            "unpack_records", "wait_locked"]

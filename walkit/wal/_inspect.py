@@ -19,7 +19,6 @@ from walkit.client import BookKeeper
 from walkit.errors import NoNodeError, NoSuchLogError
 from walkit.metadata import Cluster, cluster_path
 from walkit.wal._format import LogMetadata
-from walkit.wal._client import ledger_client
 from walkit.wal._lsn import LSN
 from walkit.wal._node import LogNode, check_name
 from walkit.wal._readers import LogReader, check_not_truncated
@@ -94,7 +93,7 @@ class _InspectReader(LogReader):
 
 def inspect_reader(bk: BookKeeper, name: str, namespace: str = "default", password: bytes = b"") -> LogReader:
     """A reader of the log (``replay``, ``tail``) for inspection; NoSuchLogError now."""
-    node = LogNode(ledger_client(bk).cluster, namespace, name)
+    node = LogNode(bk.client.cluster, namespace, name)
     node.read()
     return _InspectReader(bk, False, node, password)
 

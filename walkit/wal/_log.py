@@ -32,7 +32,6 @@ from typing import Any
 
 from walkit.client import BookKeeper, LedgerWriter
 from walkit.errors import NodeExistsError, NoNodeError, NoSuchLedgerError, UsageError, WalkitError
-from walkit.wal._client import ledger_client
 from walkit.wal._format import LogSettings, Retention, Segment
 from walkit.wal._lsn import LSN
 from walkit.wal._node import NAME_RULES, LogNode, check_name, is_plain_name
@@ -96,7 +95,7 @@ class WriteAheadLog(LogView):
         namespace's defaults)."""
         bk, owned = client_of(client_or_uri)
         try:
-            return ledger_client(bk).loop.run(cls.opening(
+            return bk.client.loop.run(cls.opening(
                 bk, owned, name, namespace=namespace, password=password, ensemble_size=ensemble_size,
                 write_quorum=write_quorum, ack_quorum=ack_quorum, roll_bytes=roll_bytes, roll_seconds=roll_seconds,
                 max_entry_bytes=max_entry_bytes, max_inflight_entries=max_inflight_entries, retention=retention,
@@ -234,7 +233,7 @@ def list_logs(client_or_uri: BookKeeper | str, namespace: str = "default") -> li
     """The names of the logs of ``namespace``, sorted."""
     bk, owned = client_of(client_or_uri)
     try:
-        node = LogNode(ledger_client(bk).cluster, namespace, "x")
+        node = LogNode(bk.client.cluster, namespace, "x")
         try:
             return sorted(node.store.children(node.ns_path))
         except NoNodeError:
@@ -250,7 +249,7 @@ def delete_log(client_or_uri: BookKeeper | str, namespace: str, name: str) -> No
     a later format (a newer walkit's: it may name ledgers this one does not know of)."""
     bk, owned = client_of(client_or_uri)
     try:
-        node = LogNode(ledger_client(bk).cluster, namespace, name)
+        node = LogNode(bk.client.cluster, namespace, name)
         meta, version = node.read()
         meta.check_writable()  # a newer walkit's log may hold ledgers this one does not know of
         node.store.delete(node.path, version)
@@ -272,7 +271,7 @@ def set_namespace_defaults(client_or_uri: BookKeeper | str, namespace: str, **se
     LogSettings.of(settings)  # checked against the defaults of the others
     bk, owned = client_of(client_or_uri)
     try:
-        node = LogNode(ledger_client(bk).cluster, check_name("namespace", namespace, new=True), "x")
+        node = LogNode(bk.client.cluster, check_name("namespace", namespace, new=True), "x")
         body = {k: v.to_json() if isinstance(v, Retention) else v for k, v in settings.items()}
         data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")
         try:

@@ -34,7 +34,6 @@ from walkit.errors import InvalidArgumentError, MetadataVersionError, NoSuchLedg
 from walkit.logs import context
 from walkit.metadata import retry_cas
 from walkit.wal._auth import LogAuth
-from walkit.wal._client import ledger_client
 from walkit.wal._format import LogMetadata, LogSettings, Retention, Segment
 from walkit.wal._node import LogNode, settle
 from walkit.wal._records import DEFAULT_MAX_RECORD_BYTES, check_max_record_bytes
@@ -77,7 +76,7 @@ class OpenRequest:
              max_inflight_entries: int = 4, retention: Retention | Mapping[str, Any] | None = None,
              snapshots_kept: int | None = None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> OpenRequest:
         """The checks of an open, made now (they block on nothing)."""
-        node = LogNode(ledger_client(bk).cluster, namespace, name)
+        node = LogNode(bk.client.cluster, namespace, name)
         check_max_record_bytes(max_record_bytes)
         if not 1 <= max_inflight_entries <= 1024 or not 1024 <= max_entry_bytes <= 4 << 20:
             raise InvalidArgumentError("max_inflight_entries in 1..1024, max_entry_bytes in 1 KiB..4 MiB",
@@ -154,13 +153,13 @@ def _add_first_segment(node: LogNode, meta: LogMetadata, version: int, segment: 
 
 async def new_segment_ledger(bk: BookKeeper, node: LogNode, settings: LogSettings, password: bytes) -> LedgerWriter:
     """(Client loop) the ledger of a new segment of the log (not named by the node yet)."""
-    return await ledger_client(bk).create(settings.ensemble_size, settings.write_quorum, settings.ack_quorum,
+    return await bk.client.create(settings.ensemble_size, settings.write_quorum, settings.ack_quorum,
                                           "crc32c", password, {"walkit.log": f"{node.namespace}/{node.name}".encode()})
 
 
 async def claim(bk: BookKeeper, request: OpenRequest) -> Claimed:
     """(Client loop) become the log's single writer (module docstring)."""
-    client = ledger_client(bk)
+    client = bk.client
     node, password = request.node, request.password
     meta, version = await client.metadata(_claim_epoch, bk, request)
     for segment in meta.segments[-2:]:  # fence and close what a previous writer left open
@@ -190,7 +189,7 @@ async def discard_segment(bk: BookKeeper, node: LogNode, writer: LedgerWriter, s
     if the segment is surely not in the log (its records would be lost with it)."""
     with contextlib.suppress(WalkitError):
         await writer.close()
-    client = ledger_client(bk)
+    client = bk.client
     if await client.metadata(settle, node, lambda meta: segment in meta.segments) is False:
         with contextlib.suppress(WalkitError):
             await client.metadata(client.ledgers.delete, writer.ledger_id)

@@ -30,7 +30,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 
 from walkit.client import BookKeeper, Entry, LoopThread, ReadState, read_chunks
 from walkit.errors import InvalidArgumentError, NoSuchLedgerError, NoSuchLogError, UsageError, WalkitError
-from walkit.wal._client import ledger_client
 from walkit.wal._format import LogMetadata, Segment
 from walkit.wal._lsn import LSN
 from walkit.wal._node import LogNode
@@ -68,7 +67,7 @@ class LogView:
     def __init__(self, bk: BookKeeper, owned: bool, node: LogNode, password: bytes, *,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
         self._bk = bk
-        self._client = ledger_client(bk)
+        self._client = bk.client
         self._owned = owned
         self._node = node
         self._password = password
@@ -408,7 +407,7 @@ def open_reader(bk: BookKeeper, owned: bool, name: str, *, namespace: str = "def
     """(Blocking: metadata) ``WriteAheadLog.reader`` on ``bk``: the log must exist and
     the password be its own before a hold or a cursor is written."""
     check_max_record_bytes(max_record_bytes)
-    node = LogNode(ledger_client(bk).cluster, namespace, name)
+    node = LogNode(bk.client.cluster, namespace, name)
     meta, _ = node.read()  # NoSuchLogError now rather than at the first read
     node.check_password(bk.ledger_metadata, meta, password)  # before a hold or a cursor is written
     return LogReader(bk, owned, node, password, hold=hold, cursor=cursor, max_record_bytes=max_record_bytes)

@@ -26,7 +26,6 @@ from collections.abc import Callable
 
 from walkit.client import BookKeeper
 from walkit.errors import WriterFencedError
-from walkit.wal._client import ledger_client
 from walkit.wal._format import LogMetadata, LogSettings, Segment
 from walkit.wal._node import LogNode
 
@@ -39,7 +38,7 @@ class WriterState:
     def __init__(self, bk: BookKeeper, node: LogNode, password: bytes, epoch: int, settings: LogSettings,
                  segment: Segment) -> None:
         self.bk = bk  # what a Snapshot handle reads its ledger through
-        self.client = ledger_client(bk)
+        self.client = bk.client
         self.node = node
         self.password = password
         self.epoch = epoch
