@@ -11,10 +11,10 @@ newer snapshot) is an error, never a silent gap; so is a pass that starts before
 log's ``truncated`` mark (:func:`check_not_truncated`).
 
 Where things run: the entries of a replay or a tail are an async generator on the
-client's loop (``LogView.replay_entries``, ``LogReader.tail_entries``: batches of entries
-with their segment, a replay's next chunk read while one is out). A :class:`Pass` hands
-them to the consumer - a thread through ``LoopThread.iterate``, an asyncio loop through
-``LoopThread.aiterate`` - where one :class:`RecordReader` per pass makes the records. So
+client's loop (``LogView._replay_entries``, ``LogReader._tail_entries``: batches of
+entries with their segment, a replay's next chunk read while one is out). A :class:`Pass`
+(``replay_pass``, ``tail_pass``) hands them to the consumer - a thread through
+``LoopThread.iterate``, an asyncio loop through ``LoopThread.aiterate`` - where one :class:`RecordReader` per pass makes the records. So
 the sync API (``replay``, ``tail``) and ``walkit.aio`` run the very same generators.
 
 Holds (walkit/wal/_retention.py): a reader opened with ``hold`` moves its hold to where a
