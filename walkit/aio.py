@@ -51,7 +51,7 @@ from walkit.wal import (
     SnapshotJob,
     WriteAheadLog,
     asnapshot_chunks,
-    check_snapshot_data,
+    open_reader,
     wait_locked,
 )
 
@@ -253,10 +253,13 @@ async def _blocking(bk: BookKeeper, fn: Callable[..., T], *args: Any, **kwargs: 
 class AsyncWriteAheadLog:
     """``walkit.WriteAheadLog`` for asyncio: ``await AsyncWriteAheadLog.open(...)``,
     ``await log.append(record)``, ``async for lsn, record in log.replay()``. The same
-    errors as the synchronous log, raised at the same points."""
+    errors as the synchronous log, raised at the same points: both drive one writer core
+    (``WriteAheadLog.core``, walkit/wal/_writer.py), this one awaiting its coroutines."""
 
     def __init__(self, wal: WriteAheadLog) -> None:
-        self.sync = wal  # the synchronous log this drives (same state, same client)
+        self.sync = wal  # the synchronous face of the same log (same core, same client)
+        self.core = wal.core
+        self._bk = wal.bookkeeper
 
     @classmethod
     async def open(cls, client_or_uri: AsyncBookKeeper | BookKeeper | str, name: str,
@@ -264,7 +267,7 @@ class AsyncWriteAheadLog:
         """``WriteAheadLog.open`` (the same options)."""
         bk, owned = await _client_of(client_or_uri)
         try:
-            return cls(await _on_core(bk, WriteAheadLog._opening(bk, owned, name, **options)))
+            return cls(await bk.client.on_loop(WriteAheadLog.opening(bk, owned, name, **options)))
         except BaseException:
             await _close_owned(bk, owned)
             raise
@@ -275,7 +278,7 @@ class AsyncWriteAheadLog:
         """``WriteAheadLog.reader`` (the same options)."""
         bk, owned = await _client_of(client_or_uri)
         try:
-            return AsyncLogReader(await _blocking(bk, WriteAheadLog._reader_of, bk, owned, name, **options))
+            return AsyncLogReader(await _blocking(bk, open_reader, bk, owned, name, **options))
         except BaseException:
             await _close_owned(bk, owned)
             raise
@@ -290,77 +293,75 @@ class AsyncWriteAheadLog:
 
     @property
     def last_lsn(self) -> LSN | None:
-        return self.sync.last_lsn
+        return self.core.last_lsn
 
     async def append_async(self, record: bytes) -> asyncio.Future[LSN]:
         """Queue a record; the future gives its LSN once durable (in append order)."""
-        return asyncio.wrap_future(self.sync.append_async(record))
+        return asyncio.wrap_future(self.core.append_async(record))
 
     async def append(self, record: bytes) -> LSN:
         """Append a record; its LSN once it is durable on a quorum of bookies."""
-        return await asyncio.wrap_future(self.sync.append_async(record))
+        return await asyncio.wrap_future(self.core.append_async(record))
 
     async def append_many(self, records: Iterable[bytes]) -> list[LSN]:
         """Append ``records`` together (``WriteAheadLog.append_many``); their LSNs, in
         order, once the last of them is durable on a quorum."""
-        return await asyncio.wrap_future(self.sync.append_many(records))
+        return await asyncio.wrap_future(self.core.append_many(records))
 
     async def flush(self) -> LSN | None:
         """Wait until every record appended so far is durable; the last LSN."""
-        return await _on_core(self.sync._bk, self.sync._flush())
+        return await self._bk.client.on_loop(self.core.flush())
 
     async def snapshot(self, data: SnapshotData | AsyncIterable[bytes], lsn: LSN) -> Snapshot:
         """``WriteAheadLog.snapshot``; ``data`` may also be an async iterable of byte chunks.
         Each step runs on the client's loop (walkit/wal/_snapshots.py)."""
-        wal = self.sync
-        bk = wal._bk
-        wal._check_writable()
-        if not isinstance(lsn, LSN):
-            raise InvalidArgumentError("snapshot needs the LSN it covers", type=type(lsn).__name__)
-        check_snapshot_data(data)
-        async with wait_locked(wal._admin):
-            await _blocking(bk, wal._check_snapshot_lsn, lsn)
-            job = SnapshotJob(wal, lsn)
+        core, bk = self.core, self._bk
+        on_loop = bk.client.on_loop
+        core.check_snapshot(data, lsn)
+        admin = core.admin
+        async with wait_locked(admin.lock):
+            await _blocking(bk, admin.check_snapshot_lsn, lsn)
+            job = SnapshotJob(core.state, lsn)
             try:
-                await _on_core(bk, job.begin())
+                await on_loop(job.begin())
                 async for chunk in asnapshot_chunks(data):
-                    await _on_core(bk, job.add(chunk))
-                snapshot, pruned = await _on_core(bk, job.commit())
+                    await on_loop(job.add(chunk))
+                snapshot, pruned = await on_loop(job.commit())
             except BaseException as exc:
-                wal._snapshot_failed(exc)
+                admin.snapshot_failed(exc)
                 with contextlib.suppress(UsageError):
-                    await asyncio.shield(_on_core(bk, job.abort()))
+                    await asyncio.shield(on_loop(job.abort()))
                 raise
-            await _on_core(bk, wal._snapshotted(snapshot, pruned))
+            await on_loop(admin.snapshotted(snapshot, pruned))
             return snapshot
 
     async def latest_snapshot(self) -> Snapshot | None:
-        return await _blocking(self.sync._bk, self.sync.latest_snapshot)
+        return await _blocking(self._bk, self.sync.latest_snapshot)
 
     async def snapshots(self) -> list[Snapshot]:
-        return await _blocking(self.sync._bk, self.sync.snapshots)
+        return await _blocking(self._bk, self.sync.snapshots)
 
     def replay(self, after: LSN | None = None) -> AsyncGenerator[tuple[LSN, bytes], None]:
         """``async for lsn, record in log.replay(after)``: every durable record after ``after``."""
-        return self.sync._replay_pass(after).arecords()
+        return self.sync.replay_pass(after).arecords()
 
     async def truncate(self, before: LSN) -> int:
         """``WriteAheadLog.truncate`` (the cut on a metadata thread of the client)."""
-        wal = self.sync
-        wal._check_truncate(before)
-        async with wait_locked(wal._admin):
-            return await _blocking(wal._bk, wal._truncate_locked, before)
+        admin = self.core.admin
+        self.core.check_truncate(before)
+        async with wait_locked(admin.lock):
+            return await _blocking(self._bk, admin.truncate_locked, before)
 
     async def close(self) -> None:
         """Wait for appended records, close the segment (carried through even if the caller
         is cancelled meanwhile)."""
         wal = self.sync
-        if wal._closed:
+        if wal.closed:
             return
         try:
-            await asyncio.shield(_on_core(wal._bk, wal._finish()))
+            await asyncio.shield(self._bk.client.on_loop(self.core.finish()))
         finally:
-            await _close_owned(wal._bk, wal._shut())
+            await _close_owned(self._bk, wal.shut())
 
     async def __aenter__(self) -> AsyncWriteAheadLog:
         return self
@@ -379,6 +380,7 @@ class AsyncLogReader:
 
     def __init__(self, reader: LogReader) -> None:
         self.sync = reader  # the synchronous reader this drives
+        self._bk = reader.bookkeeper
 
     @property
     def name(self) -> str:
@@ -386,39 +388,39 @@ class AsyncLogReader:
 
     def replay(self, after: LSN | None = None) -> AsyncGenerator[tuple[LSN, bytes], None]:
         """``async for lsn, record in reader.replay(after)``."""
-        return self.sync._replay_pass(after).arecords()
+        return self.sync.replay_pass(after).arecords()
 
     def tail(self, after: LSN | None = None, *,
              poll_timeout: float = 1.0) -> AsyncGenerator[tuple[LSN, bytes], None]:
         """``async for lsn, record in reader.tail(after)``: records as they become durable,
         for ever (``break``, ``aclose()`` or cancel the task to stop; closing the reader
         ends it with UsageError)."""
-        return self.sync._tail_pass(after, poll_timeout).arecords()
+        return self.sync.tail_pass(after, poll_timeout).arecords()
 
     async def latest_snapshot(self) -> Snapshot | None:
-        return await _blocking(self.sync._bk, self.sync.latest_snapshot)
+        return await _blocking(self._bk, self.sync.latest_snapshot)
 
     async def snapshots(self) -> list[Snapshot]:
-        return await _blocking(self.sync._bk, self.sync.snapshots)
+        return await _blocking(self._bk, self.sync.snapshots)
 
     async def position(self) -> LSN | None:
         """The named cursor's committed position (``LogReader.position``)."""
-        return await _blocking(self.sync._bk, lambda: self.sync.position)
+        return await _blocking(self._bk, lambda: self.sync.position)
 
     async def commit(self, lsn: LSN) -> None:
         """Store ``lsn`` as the named cursor's position (``LogReader.commit``)."""
-        await _blocking(self.sync._bk, self.sync.commit, lsn)
+        await _blocking(self._bk, self.sync.commit, lsn)
 
     async def delete_cursor(self) -> None:
-        await _blocking(self.sync._bk, self.sync.delete_cursor)
+        await _blocking(self._bk, self.sync.delete_cursor)
 
     async def close(self) -> None:
         """Close the reader: a tail under way ends (UsageError), holds are released."""
-        reader, bk = self.sync, self.sync._bk
-        if bk._closed:  # nothing runs on that client any more: as the synchronous close does
+        reader, bk = self.sync, self._bk
+        if bk.client.closed:  # nothing runs on that client any more: as the synchronous close does
             reader.close()
             return
-        await _close_owned(bk, await _blocking(bk, reader._shut))
+        await _close_owned(bk, await _blocking(bk, reader.shut))
 
     async def __aenter__(self) -> AsyncLogReader:
         return self

@@ -21,6 +21,7 @@ import walkit
 from support.client import client, index_of, local_cluster
 from support.metadata import Driver, driver  # noqa: F401  (fixture)
 from walkit import LSN, WriteAheadLog
+from walkit.client import LedgerClient
 from walkit.errors import (
     FormatError,
     InvalidArgumentError,
@@ -30,7 +31,8 @@ from walkit.errors import (
     WriterFencedError,
 )
 from walkit.wal import LogMetadata, LogReader, delete_log, list_logs, set_namespace_defaults
-from walkit.wal import _log as wal_log
+from walkit.wal import _node as wal_node
+from walkit.wal import _readers as wal_readers
 from walkit.wal._format import pack_records, unpack_records
 
 pytestmark = pytest.mark.timeout(180)
@@ -274,7 +276,7 @@ def test_reader_tails_across_rolls_and_failover(bk: walkit.BookKeeper) -> None:
 
 def test_a_tail_learns_of_a_new_segment_from_the_node_watch(bk: walkit.BookKeeper,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wal_log, "_POLL", 120.0)  # the node is not read again on a timer within this test
+    monkeypatch.setattr(wal_readers, "POLL", 120.0)  # the node is not read again on a timer within this test
     cluster = bk.cluster  # type: ignore[attr-defined]
     wal = WriteAheadLog.open(bk, "watched")
     wal.append(b"one")
@@ -480,7 +482,7 @@ def test_a_change_that_landed_though_it_failed_keeps_its_ledger(bk: walkit.BookK
     the write in flight) is in the log: its ledger must stay (torture seed 12 lost a
     writer's records this way), and the next writer goes on after it."""
     from walkit.errors import SessionExpiredError
-    from walkit.wal._log import _LogNode
+    from walkit.wal._node import LogNode as _LogNode
 
     with monkeypatch.context() as patch:  # open: the new log's node is made claimed (no write); the
         patch.setattr(_LogNode, "write", _LogNode.write)  # segment's write lands, its reply is lost
@@ -510,19 +512,20 @@ def _meddle_while_the_segment_is_made(bk: walkit.BookKeeper, monkeypatch: pytest
     """While ``open`` makes its new segment's ledger (after its claim), the log node is
     rewritten with ``change`` applied: another process's write between the claim and
     the segment's add."""
-    real = type(bk)._create
-    node = wal_log._LogNode(bk, "default", name)
+    client_type = type(bk.client)
+    real = client_type.create
+    node = wal_node.LogNode(bk.client.cluster, "default", name)
 
-    async def create(self: walkit.BookKeeper, *args: object) -> object:
+    async def create(self: LedgerClient, *args: object) -> object:
         def meddle() -> None:
             meta, version = node.read()
             node.write(change(meta), version)
 
-        await self._core.md(meddle)
-        monkeypatch.setattr(type(bk), "_create", real)  # once
+        await self.metadata(meddle)
+        monkeypatch.setattr(client_type, "create", real)  # once
         return await real(self, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(type(bk), "_create", create)
+    monkeypatch.setattr(client_type, "create", create)
 
 
 def test_the_segments_add_writes_over_the_claim_unread_and_never_over_a_change_since(
@@ -537,15 +540,15 @@ def test_the_segments_add_writes_over_the_claim_unread_and_never_over_a_change_s
     calls: list[str] = []
 
     def counted(kind: str) -> Callable[..., object]:
-        real = getattr(wal_log._LogNode, kind)
+        real = getattr(wal_node.LogNode, kind)
 
-        def call(self: wal_log._LogNode, *args: object) -> object:
+        def call(self: wal_node.LogNode, *args: object) -> object:
             calls.append(kind)
             return real(self, *args)
         return call
 
     for kind in ("read", "write"):
-        monkeypatch.setattr(wal_log._LogNode, kind, counted(kind))
+        monkeypatch.setattr(wal_node.LogNode, kind, counted(kind))
     with WriteAheadLog.open(bk, "claimed") as wal:
         assert calls == ["write"]  # a new log: made claimed, its segment added unread - one write after the create
         calls.clear()
@@ -579,8 +582,8 @@ def test_a_segment_add_that_landed_though_its_compare_and_set_was_refused_is_kep
     from walkit.errors import MetadataVersionError
 
     with monkeypatch.context() as patch:
-        patch.setattr(wal_log._LogNode, "write", wal_log._LogNode.write)
-        _fail_write(wal_log._LogNode, [MetadataVersionError("its own write, sent again")], lands=True)
+        patch.setattr(wal_node.LogNode, "write", wal_node.LogNode.write)
+        _fail_write(wal_node.LogNode, [MetadataVersionError("its own write, sent again")], lands=True)
         wal = WriteAheadLog.open(bk, "retried")
     with wal:
         assert [s.seq for s in wal.metadata().segments] == [1] and wal.metadata().epoch == 1
@@ -629,7 +632,7 @@ def test_a_change_that_surely_failed_deletes_its_ledger(bk: walkit.BookKeeper, m
     """When the store refused the write, or cannot tell, the answer decides: refused (and
     settled by a write at the version read) deletes the ledger; unknown keeps it."""
     from walkit.errors import MetadataUnavailableError
-    from walkit.wal._log import _LogNode
+    from walkit.wal._node import LogNode as _LogNode
 
     before = set(bk.list_ledgers())
     with WriteAheadLog.open(bk, "refused", roll_bytes=300) as wal:
@@ -691,7 +694,7 @@ def test_an_older_snapshot_landing_late_is_refused(bk: walkit.BookKeeper) -> Non
         early = wal.append(b"1")
         late = wal.append(b"2")
         wal.snapshot(b"newer", late)
-        wal._check_snapshot_lsn = lambda lsn: None  # type: ignore[method-assign]  # as if checked before
+        wal.core.admin.check_snapshot_lsn = lambda lsn: None  # type: ignore[method-assign]  # as if checked before
         with pytest.raises(InvalidArgumentError):
             wal.snapshot(b"older", early)
         assert wal.latest_snapshot().lsn == late  # type: ignore[union-attr]

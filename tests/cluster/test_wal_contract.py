@@ -387,7 +387,7 @@ async def _core_tasks(bk: walkit.BookKeeper) -> int:
     async def count() -> int:
         return len(asyncio.all_tasks()) - 1  # this one aside
 
-    return await asyncio.wrap_future(bk._loop.submit(count()))
+    return await asyncio.wrap_future(bk.client.loop.submit(count()))
 
 
 async def _settled(bk: walkit.BookKeeper, baseline: int, timeout: float = 5.0) -> None:

@@ -239,10 +239,10 @@ class Held:
 
     def __init__(self, wal: WriteAheadLog, after: int) -> None:
         self.wal, self.left = wal, after
-        self.real = wal._entry_done
+        self.real = wal.core._entry_done
         self.calls: list[tuple[Future[int], dict[str, Any]]] = []
         self.reached = threading.Event()
-        wal._entry_done = self._done  # type: ignore[method-assign]
+        wal.core._entry_done = self._done  # type: ignore[method-assign]
 
     def _done(self, done: Future[int], **kwargs: Any) -> None:
         if self.left <= 0:
@@ -253,13 +253,13 @@ class Held:
         self.real(done, **kwargs)
 
     def release(self) -> None:
-        self.wal._entry_done = self.real  # type: ignore[method-assign]
+        self.wal.core._entry_done = self.real  # type: ignore[method-assign]
 
         def run() -> None:
             for done, kwargs in self.calls:
                 self.real(done, **kwargs)
 
-        self.wal._bk._loop.call(run)
+        self.wal.core.state.client.loop.call(run)
 
 
 def test_records_from_one_byte_to_many_entries_round_trip(bk: walkit.BookKeeper) -> None:
@@ -316,7 +316,7 @@ def test_mixed_sizes_through_append_async_and_append_many(bk: walkit.BookKeeper)
                 assert lsn.slot == 0
         assert wal.flush() == lsns[-1] == wal.last_lsn and wal.stats.records == len(records)
         assert list(wal.replay()) == list(zip(lsns, records))
-        entries = entries_of(bk, wal._segment.ledger_id)
+        entries = entries_of(bk, wal.core.state.segment.ledger_id)
         assert sum(map(is_fragment, entries)) == sum(fragment_count(n, ROOM) for n in sizes if n > ENTRY - 16)
     assert replayed(bk, "mixed") == list(zip(lsns, records))
 
@@ -385,7 +385,7 @@ def test_a_roll_asked_for_mid_record_waits_for_its_last_fragment(bk: walkit.Book
         if by == "age":
             time.sleep(0.6)  # the segment is old enough to roll now, in the middle of the record
         else:
-            assert wal._segment_bytes >= 3 * ENTRY - 200  # about to be big enough to roll
+            assert wal.core.state.segment_bytes >= 3 * ENTRY - 200  # about to be big enough to roll
         held.release()
         lsn = fut.result(30)
         after = wal.append(b"after")
@@ -459,7 +459,7 @@ def _mid_record_writer(uri: str, out: Any) -> None:
     bk = walkit.BookKeeper(uri, **FAST)
     wal = WriteAheadLog.open(bk, "killed", max_entry_bytes=ENTRY, max_inflight_entries=1)
     out.put(("acked", tuple(wal.append(b"before"))))
-    real = wal._entry_done
+    real = wal.core._entry_done
     completed = [0]
 
     def done(fut: Future[int], **kwargs: Any) -> None:
@@ -469,7 +469,7 @@ def _mid_record_writer(uri: str, out: Any) -> None:
             out.put(("mid", completed[0]))
             time.sleep(3600)  # on the client's loop: nothing more is sent or completed
 
-    wal._entry_done = done  # type: ignore[method-assign]
+    wal.core._entry_done = done  # type: ignore[method-assign]
     wal.append_async(blob(50 * ROOM, 9))
     time.sleep(3600)
 

@@ -199,7 +199,7 @@ def test_a_held_reader_keeps_the_segments_it_has_not_read_and_releases_them_on_c
         _fill(wal, 1)  # a roll: a pass; the reader's hold now stands at the last segment it read
         _wait(lambda: wal.metadata().segments[0].seq == lsns[-1].segment)
         reader.close()
-        assert read_holds(bk._cluster.store, wal._node.holds_path) == []
+        assert read_holds(bk.client.cluster.store, wal._node.holds_path) == []
 
 
 def test_a_named_cursor_is_kept_across_readers_and_bounds_retention(bk: walkit.BookKeeper) -> None:
@@ -276,9 +276,9 @@ def test_a_snapshot_failing_half_way_is_never_listed_and_its_ledger_is_deleted(b
 def test_a_writer_dying_mid_snapshot_leaves_a_name_the_next_writer_cleans_up(bk: walkit.BookKeeper) -> None:
     wal = WriteAheadLog.open(bk, "dead", roll_bytes=1000)
     lsn = wal.append(b"x")
-    job = SnapshotJob(wal, lsn)
-    bk._loop.run(job.begin())
-    bk._loop.run(job.add(b"half of the state"))  # ... and the writer dies: no commit, no abort
+    job = SnapshotJob(wal.core.state, lsn)
+    bk.client.loop.run(job.begin())
+    bk.client.loop.run(job.add(b"half of the state"))  # ... and the writer dies: no commit, no abort
     assert job._writer is not None
     orphan = job._writer.ledger_id
     assert [p.ledger_id for p in wal.metadata().pending] == [orphan]
@@ -394,7 +394,7 @@ def test_a_refused_commit_or_pass_leaves_the_hold_where_it_was(bk: walkit.BookKe
             with pytest.raises(InvalidArgumentError):
                 list(held.replay(lsns[0]))
             assert held._hold.position == position  # type: ignore[union-attr]
-            store = bk._cluster.store
+            store = bk.client.cluster.store
             store.delete(held._hold._path)  # type: ignore[union-attr,arg-type]  # as if its session expired
             newest = wal.append(b"y")
             assert list(held.replay(newest)) == []  # its next move holds again
@@ -407,7 +407,7 @@ def test_a_retention_rule_of_a_newer_walkit_is_kept_and_stops_every_cut(bk: walk
     with WriteAheadLog.open(bk, "newer", roll_bytes=1000) as wal:
         lsns = _fill(wal, 3)
         wal.snapshot(b"s", lsns[-1])
-        store, path = bk._cluster.store, wal._node.path
+        store, path = bk.client.cluster.store, wal._node.path
         import json
         data, stat = store.get(path)
         body = json.loads(data)
@@ -430,7 +430,7 @@ def test_a_ledger_that_could_not_be_deleted_is_deleted_by_a_later_pass(bk: walki
     with WriteAheadLog.open(bk, "undeleted", roll_bytes=1000, retention=Retention(before_snapshot=True)) as wal:
         lsns = _fill(wal, 3)
         first = wal.metadata().segments[0]
-        ledgers = bk._core.ledgers
+        ledgers = bk.client.ledgers
         real = ledgers.delete
         refused: list[int] = []
 
@@ -443,6 +443,6 @@ def test_a_ledger_that_could_not_be_deleted_is_deleted_by_a_later_pass(bk: walki
         monkeypatch.setattr(ledgers, "delete", refuse_once)
         wal.snapshot(b"s", lsns[-1])
         _wait(lambda: bool(refused) and wal.metadata().segments[0].seq == lsns[-1].segment)
-        assert refused == [first.ledger_id] and first.ledger_id in wal._undeleted
+        assert refused == [first.ledger_id] and first.ledger_id in wal.core.state.undeleted
         _fill(wal, 1)  # the next pass
-        _wait(lambda: _gone(bk, first.ledger_id) and not wal._undeleted)
+        _wait(lambda: _gone(bk, first.ledger_id) and not wal.core.state.undeleted)

@@ -48,6 +48,8 @@ MAGIC = b"WKRB"
 VERSION = 2  # written; 1 is still read
 _HEAD = struct.Struct(">4sBI")
 _LEN = struct.Struct(">I")
+BATCH_HEAD_SIZE = _HEAD.size  # 9: magic, version, count
+RECORD_LENGTH_SIZE = _LEN.size  # 4: each record's length, in a version-2 batch's table
 #: A version-2 batch of one record starts with these 9 bytes, then the record's length:
 #: what a reader checks of an entry written by one append (``RecordReader.chunk``).
 ONE_RECORD = struct.Struct(">9sI")

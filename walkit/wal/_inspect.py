@@ -19,8 +19,9 @@ from walkit.client import BookKeeper
 from walkit.errors import NoNodeError, NoSuchLogError
 from walkit.metadata import Cluster, cluster_path
 from walkit.wal._format import LogMetadata
-from walkit.wal._log import LogReader, _check_name, _LogNode, _LogView
 from walkit.wal._lsn import LSN
+from walkit.wal._node import LogNode, check_name
+from walkit.wal._readers import LogReader, check_not_truncated
 from walkit.wal._records import last_record
 from walkit.wal._retention import named_holds
 
@@ -42,7 +43,7 @@ def list_namespaces(cluster: Cluster) -> list[str]:
 
 def read_log_metadata(cluster: Cluster, name: str, namespace: str = "default") -> tuple[LogMetadata, int]:
     """A log's metadata node, decoded, and its version. NoSuchLogError, FormatError."""
-    path = f"{_logs_root(cluster)}/{_check_name('namespace', namespace)}/{_check_name('log', name)}"
+    path = f"{_logs_root(cluster)}/{check_name('namespace', namespace)}/{check_name('log', name)}"
     try:
         data, stat = cluster.store.get(path)
     except NoNodeError:
@@ -54,7 +55,7 @@ def read_log_holds(cluster: Cluster, name: str, namespace: str = "default") -> l
     """What keeps a log's segments from retention besides its snapshots: ``("reader",
     position)`` per reader opened with ``hold=True``, ``("cursor <name>", position)`` per
     named cursor (position None: the log's start)."""
-    path = cluster_path(cluster.info.root, f"logholds/{_check_name('namespace', namespace)}/{_check_name('log', name)}")
+    path = cluster_path(cluster.info.root, f"logholds/{check_name('namespace', namespace)}/{check_name('log', name)}")
     return [("reader" if node.startswith("h-") else f"cursor {node[2:]}", position)
             for node, position in named_holds(cluster.store, path)]
 
@@ -64,7 +65,7 @@ def log_names(cluster: Cluster, namespace: str | None = None) -> Iterator[tuple[
     then name: one listing per namespace, no log read."""
     for ns in list_namespaces(cluster) if namespace is None else [namespace]:
         try:
-            names = cluster.store.children(f"{_logs_root(cluster)}/{_check_name('namespace', ns)}")
+            names = cluster.store.children(f"{_logs_root(cluster)}/{check_name('namespace', ns)}")
         except NoNodeError:
             continue
         yield from ((ns, name) for name in sorted(names))
@@ -87,12 +88,12 @@ class _InspectReader(LogReader):
     @staticmethod
     def _check_not_truncated(meta: LogMetadata, after: LSN | None) -> None:
         if after is not None:
-            _LogView._check_not_truncated(meta, after)
+            check_not_truncated(meta, after)
 
 
 def inspect_reader(bk: BookKeeper, name: str, namespace: str = "default", password: bytes = b"") -> LogReader:
     """A reader of the log (``replay``, ``tail``) for inspection; NoSuchLogError now."""
-    node = _LogNode(bk, namespace, name)
+    node = LogNode(bk.client.cluster, namespace, name)
     node.read()
     return _InspectReader(bk, False, node, password)
 

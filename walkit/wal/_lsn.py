@@ -26,7 +26,10 @@ class LSN(_Parts):
     together share an entry). Totally ordered (as the tuple), hashable, immutable;
     ``str(lsn)`` is ``"segment/entry/slot"`` and :meth:`parse` reads it back.
 
-    A tuple underneath: the writer makes one per record, so it must cost little.
+    A tuple underneath: the writer makes one per record, so it must cost little. Code
+    that numbers records itself (the writer, the readers) makes them without the checks
+    of the constructor: :meth:`unchecked`, :meth:`slots`, :meth:`first_slots`,
+    :meth:`slots_between` (the last three made in C, as they are taken).
     """
 
     __slots__ = ()
@@ -38,22 +41,22 @@ class LSN(_Parts):
         return tuple.__new__(cls, (segment, entry, slot))
 
     @classmethod
-    def _trusted(cls, segment: int, entry: int, slot: int) -> LSN:
+    def unchecked(cls, segment: int, entry: int, slot: int) -> LSN:
         """Without the checks: for parts the writer itself numbered."""
         return tuple.__new__(cls, (segment, entry, slot))
 
     @classmethod
-    def _slots(cls, segment: int, entry: int, count: int) -> Iterator[LSN]:
+    def slots(cls, segment: int, entry: int, count: int) -> Iterator[LSN]:
         """The LSNs of slots 0 .. count - 1 of one entry, made in C (the completer's path)."""
         return map(tuple.__new__, repeat(cls), zip(repeat(segment), repeat(entry), range(count)))
 
     @classmethod
-    def _slot0(cls, segment: int, entries: Iterable[int]) -> Iterator[LSN]:
+    def first_slots(cls, segment: int, entries: Iterable[int]) -> Iterator[LSN]:
         """The LSNs of slot 0 of ``entries`` of one segment (made in C, as taken)."""
         return map(tuple.__new__, repeat(cls), zip(repeat(segment), entries, repeat(0)))
 
     @classmethod
-    def _slots_between(cls, segment: int, entry: int, first: int, last: int) -> Iterator[LSN]:
+    def slots_between(cls, segment: int, entry: int, first: int, last: int) -> Iterator[LSN]:
         """The LSNs of slots ``first`` .. ``last - 1`` of one entry (made in C)."""
         return map(tuple.__new__, repeat(cls), zip(repeat(segment), repeat(entry), range(first, last)))
 

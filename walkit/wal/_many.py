@@ -24,7 +24,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
-from concurrent.futures._base import FINISHED
 from itertools import chain
 from typing import Any
 
@@ -61,14 +60,14 @@ class ManyFuture(QuickFuture[list[LSN]]):
             self.set_result(None)  # type: ignore[arg-type]  # the list is made when asked for
 
     def result(self, timeout: float | None = None) -> list[LSN]:
-        if self._state != FINISHED or self._exception is not None:
+        if not self.done() or self._exception is not None:  # done: FINISHED (a QuickFuture is never cancelled)
             super().result(timeout)  # waits; raises the writer's error
         lsns: list[LSN] | None = self._result
         if lsns is None:
             with _MAKING:  # once, whoever asks first
                 lsns = self._result
                 if lsns is None:
-                    lsns = self._result = list(chain.from_iterable(LSN._slots_between(*run) for run in self.runs))
+                    lsns = self._result = list(chain.from_iterable(LSN.slots_between(*run) for run in self.runs))
                     self.runs = []  # made: not needed any more
         return lsns
 
@@ -87,7 +86,7 @@ def complete_entry(futures: Sequence[Any], segment: int, entry: int) -> None:
             fut.take(segment, entry, slot, end)
             slot = end
         else:
-            fut.set_result(LSN._trusted(segment, entry, slot))
+            fut.set_result(LSN.unchecked(segment, entry, slot))
             slot += 1
 
 

@@ -193,8 +193,8 @@ class RecordReader:
         if after is not None and (after.segment, after.entry) >= (seq, entry_id):
             first = after.slot + 1 if (after.segment, after.entry) == (seq, entry_id) else count
         if first == 0:  # the (lsn, record) pairs are made in C: replay hands out millions a second
-            return zip(LSN._slots(seq, entry_id, count), records)
-        return zip(LSN._slots_between(seq, entry_id, first, count), records[first:])
+            return zip(LSN.slots(seq, entry_id, count), records)
+        return zip(LSN.slots_between(seq, entry_id, first, count), records[first:])
 
     def _fragment(self, segment: Segment, entry_id: int, data: bytes, after: LSN | None) -> Iterable[tuple[LSN, bytes]]:
         """A fragment entry: the record it completes, if the record began after ``after``
@@ -208,12 +208,12 @@ class RecordReader:
         if after is not None and (after.segment, after.entry) >= (segment.seq, first):
             return ()
         self.stats.replayed_records += 1
-        return ((LSN._trusted(segment.seq, entry_id, 0), record),)
+        return ((LSN.unchecked(segment.seq, entry_id, 0), record),)
 
 
 def _singles(seq: int, ids: list[int], records: list[bytes]) -> Iterator[tuple[LSN, bytes]]:
     """The pairs of a run of single-record entries of segment ``seq``, made in C as taken."""
-    return zip(LSN._slot0(seq, ids), records)
+    return zip(LSN.first_slots(seq, ids), records)
 
 
 def _raising(error: FormatError) -> Iterator[tuple[LSN, bytes]]:

@@ -51,7 +51,6 @@ from dataclasses import dataclass
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING
 
 from walkit.errors import (
     FormatError,
@@ -66,9 +65,7 @@ from walkit.errors import (
 from walkit.metadata import LedgerState, MetadataStore, retry_cas
 from walkit.wal._format import LogMetadata, Retention, Segment
 from walkit.wal._lsn import LSN
-
-if TYPE_CHECKING:
-    from walkit.wal._log import WriteAheadLog
+from walkit.wal._state import WriterState
 
 __all__ = ["Hold", "SegmentFacts", "PASS_INTERVAL", "read_holds", "named_holds", "segments_to_drop", "touch_node", "check_cursor_name",
            "cut", "delete_ledgers", "wait_locked"]
@@ -124,12 +121,12 @@ def segments_to_drop(meta: LogMetadata, current: Segment | None, rules: Retentio
     return dropped
 
 
-def cut(wal: WriteAheadLog, before: LSN | None = None) -> list[Segment]:
-    """One retention pass of ``wal`` (blocking; the writer's metadata thread or the
+def cut(wal: WriterState, before: LSN | None = None) -> list[Segment]:
+    """One retention pass of the writer ``wal`` (blocking; the writer's metadata thread or the
     caller's): the cut its log's rules allow (``before`` given: the cut an explicit
     ``truncate(before)`` asks, rules aside), and the ledgers of snapshots left pending by
     writers that are gone; the segments deleted."""
-    node = wal._node
+    node = wal.node
     facts = _Facts(wal)
     dropped: list[Segment] = []
     stale: list[int] = []
@@ -145,11 +142,11 @@ def cut(wal: WriteAheadLog, before: LSN | None = None) -> list[Segment]:
         holds: list[LSN | None] = []
         if meta.snapshots and (rules.active or before is not None) and not unknown:
             holds = read_holds(node.store, node.holds_path)  # after the node: see the module docstring
-        current = wal._segment
+        current = wal.segment
         dropped[:] = [] if unknown else segments_to_drop(meta, current, rules, holds, facts,
-                                                         open_bytes=wal._segment_bytes, before=before)
+                                                         open_bytes=wal.segment_bytes, before=before)
         gone = [p for p in meta.pending
-                if p.epoch < wal.epoch or (p.epoch == wal.epoch and p.ledger_id not in wal._writing_snapshots)]
+                if p.epoch < wal.epoch or (p.epoch == wal.epoch and p.ledger_id not in wal.writing_snapshots)]
         stale[:] = [p.ledger_id for p in gone]
         listed.clear()
         listed.update(s.ledger_id for s in meta.snapshots)
@@ -163,37 +160,37 @@ def cut(wal: WriteAheadLog, before: LSN | None = None) -> list[Segment]:
         return dataclasses.replace(meta, segments=keep, truncated=truncated,
                                    pending=tuple(p for p in meta.pending if p not in gone))
 
-    retry_cas(functools.partial(wal._change, change), "log metadata (retention)", log=wal.name)
+    retry_cas(functools.partial(wal.change, change), "log metadata (retention)", log=wal.name)
     for segment in dropped:
-        wal._segment_facts.pop(segment.ledger_id, None)
-    wal._undeleted.update([s.ledger_id for s in dropped] + [i for i in stale if i not in listed])
+        wal.segment_facts.pop(segment.ledger_id, None)
+    wal.undeleted.update([s.ledger_id for s in dropped] + [i for i in stale if i not in listed])
     delete_ledgers(wal)
     if dropped:
         log.info("log %s: retention deleted segments %d..%d", wal.name, dropped[0].seq, dropped[-1].seq)
     return dropped
 
 
-def delete_ledgers(wal: WriteAheadLog) -> None:
-    """(Blocking) delete the ledgers the log no longer names (``wal._undeleted``); one that
+def delete_ledgers(wal: WriterState) -> None:
+    """(Blocking) delete the ledgers the log no longer names (``wal.undeleted``); one that
     cannot be deleted now is tried again at the next pass."""
-    for ledger_id in sorted(wal._undeleted):
+    for ledger_id in sorted(wal.undeleted):
         try:
-            wal._bk._core.ledgers.delete(ledger_id)
+            wal.client.ledgers.delete(ledger_id)
         except NoSuchLedgerError:
             pass
         except WalkitError as exc:
             log.warning("log %s: ledger %d, no longer named by the log, not deleted yet: %s", wal.name, ledger_id,
                         exc)
             continue
-        wal._undeleted.discard(ledger_id)
+        wal.undeleted.discard(ledger_id)
 
 
 class _Facts:
     """Segment facts from ledger metadata, remembered per writer for closed ledgers."""
 
-    def __init__(self, wal: WriteAheadLog) -> None:
+    def __init__(self, wal: WriterState) -> None:
         self._wal = wal
-        self._cache = wal._segment_facts
+        self._cache = wal.segment_facts
         self.segments: tuple[Segment, ...] = ()  # the log's, as the pass read them
 
     def _meta(self, ledger_id: int) -> tuple[int, bool, float | None]:
@@ -204,7 +201,7 @@ class _Facts:
             return known
         found: tuple[int, bool, float | None]
         try:
-            meta = self._wal._bk._core.ledgers.read(ledger_id)[0]
+            meta = self._wal.client.ledgers.read(ledger_id)[0]
         except NoSuchLedgerError:
             found = (0, True, None)
         else:

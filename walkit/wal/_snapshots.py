@@ -36,7 +36,7 @@ import io
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from concurrent.futures import Future
-from typing import IO, TYPE_CHECKING, Any, Union
+from typing import IO, Any, Union
 
 from walkit.client import BookKeeper, LedgerWriter, check_payload
 from walkit.errors import InvalidArgumentError, WalkitError
@@ -44,9 +44,7 @@ from walkit.logs import context
 from walkit.metadata import retry_cas
 from walkit.wal._format import LogMetadata, PendingSnapshot, SnapshotRef
 from walkit.wal._lsn import LSN
-
-if TYPE_CHECKING:
-    from walkit.wal._log import WriteAheadLog
+from walkit.wal._state import WriterState
 
 __all__ = ["Snapshot", "SnapshotData", "SnapshotJob", "SNAPSHOT_CHUNK", "IN_FLIGHT", "snapshot_chunks",
            "asnapshot_chunks", "check_snapshot_data"]
@@ -196,7 +194,7 @@ class SnapshotJob:
     coroutines on the client's loop: the sync API runs each step with ``loop.run``, the
     asyncio API awaits it; the chunks come from the caller's side, one step each."""
 
-    def __init__(self, wal: WriteAheadLog, lsn: LSN) -> None:
+    def __init__(self, wal: WriterState, lsn: LSN) -> None:
         self._wal = wal
         self.lsn = lsn
         self.size = 0
@@ -207,9 +205,9 @@ class SnapshotJob:
     async def begin(self) -> None:
         wal = self._wal
         s = wal.settings
-        core = wal._bk._core
-        self._writer = writer = await wal._bk._create(
-            s.ensemble_size, s.write_quorum, s.ack_quorum, "crc32c", wal._password,
+        client = wal.client
+        self._writer = writer = await client.create(
+            s.ensemble_size, s.write_quorum, s.ack_quorum, "crc32c", wal.password,
             {"walkit.snapshot": f"{wal.namespace}/{wal.name}".encode(), "walkit.lsn": str(self.lsn).encode()})
         pending = PendingSnapshot(writer.ledger_id, wal.epoch)
 
@@ -218,9 +216,9 @@ class SnapshotJob:
                 return meta  # our own write, whose reply was lost
             return dataclasses.replace(meta, pending=(*meta.pending, pending))
 
-        wal._writing_snapshots.add(writer.ledger_id)
+        wal.writing_snapshots.add(writer.ledger_id)
         self._pending = pending  # from here on it may have landed: abort() settles it
-        await core.md(functools.partial(retry_cas, functools.partial(wal._change, name_it),
+        await client.metadata(functools.partial(retry_cas, functools.partial(wal.change, name_it),
                                         "log metadata (naming a snapshot being written)", log=wal.name))
 
     async def add(self, chunk: bytes) -> None:
@@ -228,7 +226,7 @@ class SnapshotJob:
         :data:`IN_FLIGHT` are unacknowledged."""
         writer = self._writer
         assert writer is not None
-        config = self._wal._bk.config
+        config = self._wal.client.config
         while len(self._in_flight) >= min(IN_FLIGHT, config.max_pending_adds):
             await asyncio.wrap_future(self._in_flight.popleft())
         self._in_flight.append(writer.submit(check_payload(chunk, config.max_frame_size, writer.meta.digest)))
@@ -258,10 +256,10 @@ class SnapshotJob:
             pruned[:] = [old for old in meta.snapshots if old not in kept]
             return dataclasses.replace(meta, snapshots=kept, pending=rest)
 
-        await wal._bk._core.md(functools.partial(retry_cas, functools.partial(wal._change, record),
-                                                 "log metadata (recording a snapshot)", log=wal.name))
-        wal._writing_snapshots.discard(ref.ledger_id)
-        return Snapshot(wal._bk, ref, wal._password), pruned
+        await wal.client.metadata(functools.partial(retry_cas, functools.partial(wal.change, record),
+                                                    "log metadata (recording a snapshot)", log=wal.name))
+        wal.writing_snapshots.discard(ref.ledger_id)
+        return Snapshot(wal.bk, ref, wal.password), pruned
 
     async def abort(self) -> None:
         """After a failure: settle whether the snapshot was listed; if surely not, take
@@ -274,8 +272,8 @@ class SnapshotJob:
         with contextlib.suppress(WalkitError):
             await writer.close()
         ledger_id = writer.ledger_id
-        node = wal._node
-        core = wal._bk._core
+        node = wal.node
+        client = wal.client
 
         def decide() -> bool:
             meta, version = node.read()
@@ -287,17 +285,17 @@ class SnapshotJob:
 
         listed: bool | None
         try:
-            listed = await core.md(functools.partial(retry_cas, decide, "log metadata (settling a failed snapshot)",
+            listed = await client.metadata(functools.partial(retry_cas, decide, "log metadata (settling a failed snapshot)",
                                                      log=wal.name))
         except WalkitError as exc:
             log.warning("log %s: cannot tell whether snapshot ledger %d was listed (%s): a later pass cleans it up",
                         wal.name, ledger_id, exc, extra=context(log=wal.name, namespace=wal.namespace,
                                                                  ledger=ledger_id))
             listed = None
-        wal._writing_snapshots.discard(ledger_id)  # not under way: a pass may take its pending name now
+        wal.writing_snapshots.discard(ledger_id)  # not under way: a pass may take its pending name now
         if listed is False:
             with contextlib.suppress(WalkitError):
-                await core.md(core.ledgers.delete, ledger_id)
+                await client.metadata(client.ledgers.delete, ledger_id)
         elif listed:
             log.warning("log %s: snapshot ledger %d kept: it is the log's snapshot after all", wal.name, ledger_id,
                         extra=context(log=wal.name, namespace=wal.namespace, ledger=ledger_id))
