@@ -81,10 +81,10 @@ def test_a_create_with_the_bookies_known_runs_on_the_callers_thread(tmp_path: Pa
         fast = bk.create_ledger(3, 3, 2, password=b"pw")
         assert hops == [] and fast.add_entry(b"b") == 0
         assert fast.ledger_id in set(bk.list_ledgers())
-        bk._core._writable_at -= 3600  # a stale list: read again, on the loop
+        bk.client._core._writable_at -= 3600  # a stale list: read again, on the loop
         slow = bk.create_ledger(3, 3, 2)
         assert len(hops) == 1 and slow.add_entry(b"c") == 0
-        assert fast._writer in set(bk._core.writers) and slow._writer in set(bk._core.writers)
+        assert fast._writer in set(bk.client._core.writers) and slow._writer in set(bk.client._core.writers)
         with pytest.raises(InvalidArgumentError):
             bk.create_ledger(2, 3, 2)  # checked before anything is chosen
         for handle in (first, fast, slow):
@@ -247,7 +247,7 @@ def test_adds_acknowledged_during_an_ensemble_change_reach_the_replacement(tmp_p
     # Each entry of the new fragment must still go to the replacement before it completes.
     with local_cluster(tmp_path, driver, bookies=4) as cluster, client(cluster) as bk:
         lh = bk.create_ledger(3, 3, 2)
-        core = bk._core
+        core = bk.client._core
         core.ledgers = _SlowUpdates(core.ledgers, delay=0.5)
         victim = lh.metadata.ensembles[0][1][0]
         futures = [lh.add_entry_async(b"a%d" % i) for i in range(200)]
@@ -282,7 +282,7 @@ def test_the_writer_keeps_an_earlier_fragment_re_replicated_under_it(tmp_path: P
         wait_for(lambda: len(lh.metadata.ensembles) == 2, 10)
         live = lh.metadata.ensembles[1][1]
         spare = next(b for b in cluster.bookie_ids if b not in first_ensemble and b not in live)
-        md = bk._core.ledgers
+        md = bk.client._core.ledgers
         md.update(lh.ledger_id, lambda m: m.replace_bookie(0, first_ensemble[0], spare))  # as recovery would
         # Entries in the second fragment before the next kill: the first failure may be
         # noticed only once entries 10-19 were acknowledged by the other two (a loaded
@@ -324,7 +324,7 @@ def test_a_recoverer_keeps_an_earlier_fragment_re_replicated_while_it_recovered(
         # the writer is gone (its client closed without closing the ledger)
         spare = next(b for b in cluster.bookie_ids if b not in first_ensemble and b not in live)
         with client(cluster) as bk:
-            core = bk._core
+            core = bk.client._core
             landed: list[bool] = []
 
             def replace_first(ledger_id: int, change: Any) -> None:
@@ -781,7 +781,7 @@ def test_a_follower_of_a_dead_ensemble_waits_instead_of_spinning(tmp_path: Path,
         for i in range(3):
             cluster.kill_bookie(i)
         reads = 0
-        ledgers = bk._core.ledgers
+        ledgers = bk.client._core.ledgers
         real = ledgers.read
 
         def counted(ledger_id: int) -> object:
@@ -955,7 +955,7 @@ def test_adds_to_many_ledgers_share_one_wake_up_and_one_flush_per_bookie(tmp_pat
         pytest.skip("client logic: one driver is enough")
     with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
         handles = [bk.create_ledger(3, 3, 2) for _ in range(40)]
-        core = bk._core
+        core = bk.client._core
         calls: list[Any] = []
         flushed: list[set[str]] = []
         real_call, real_flush = core.loop.call, core.pool.flush
@@ -994,7 +994,7 @@ def test_one_timeout_sweep_watches_every_writer_with_adds_in_flight(tmp_path: Pa
         pytest.skip("client logic: one driver is enough")
     with local_cluster(tmp_path, driver, bookies=4) as cluster, client(cluster, add_timeout=1.0) as bk:
         handles = [bk.create_ledger(3, 3, 3) for _ in range(40)]
-        core = bk._core
+        core = bk.client._core
         armed: list[Any] = []
 
         def count_timers() -> None:
@@ -1043,7 +1043,7 @@ def test_adds_queued_when_the_loop_is_gone_fail_instead_of_hanging(tmp_path: Pat
         pytest.skip("client logic: one driver is enough")
     with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
         first, second = bk.create_ledger(3, 3, 2), bk.create_ledger(3, 3, 2)
-        core = bk._core
+        core = bk.client._core
         real_call = core.loop.call
         busy, release = threading.Event(), threading.Event()
         real_call(lambda: (busy.set(), release.wait(10)))
@@ -1086,7 +1086,7 @@ def test_a_stopped_client_does_not_time_out_the_adds_it_sent_before_the_stop(tmp
         hold_entry(cluster, ensemble, 1, release)  # entry 1's answers wait on every bookie
         fut = lh.add_entry_async(b"second")
         time.sleep(0.2)  # sent, unanswered
-        core = bk._core
+        core = bk.client._core
         core.loop.call(time.sleep, 2.5)  # the loop stops for 2.5 s (add_timeout: 1 s)
         threading.Timer(2.9, release.set).start()  # the answers come just after it runs again
         assert fut.result(10) == 1
@@ -1105,7 +1105,7 @@ def test_placement_chooses_from_the_watched_bookie_list(tmp_path: Path, driver: 
 
     with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
         bk.create_ledger(3, 3, 2).close()
-        core = bk._core
+        core = bk.client._core
         reads: list[int] = []
         listing = core.cluster.bookies
 

@@ -323,7 +323,7 @@ def test_writes_go_on_and_metadata_waits_through_a_zookeeper_outage(
             wait_until(lambda: registered(uri) == survivors, 20, "the running bookies registered, the stopped one not")
 
             acked += append_many(wal, "after", 10)
-            bk._cluster.store.expire_session()  # the writer's session ends
+            bk.client.cluster.store.expire_session()  # the writer's session ends
             acked += append_many(wal, "expired", 10)  # nobody took over yet: still the writer
             successor = WriteAheadLog.open(other, "orders")
             with pytest.raises(WriterFencedError):

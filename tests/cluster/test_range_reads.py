@@ -66,7 +66,7 @@ def _count_range_reads(cluster: walkit.LocalCluster) -> Counter[str]:
 
 
 def _stats(bk: walkit.BookKeeper) -> Any:
-    return bk._core.stats
+    return bk.client._core.stats
 
 
 def test_a_ledger_reads_in_runs_from_one_replica(cluster: walkit.LocalCluster) -> None:
@@ -206,7 +206,7 @@ def test_fenced_and_truncated_ledgers_read_to_their_end_and_no_further(cluster: 
         rh = bk.open_ledger(lh.ledger_id)
         assert rh.is_closed and rh.last_add_confirmed == 49
         for bookie_id in ensemble[1:]:  # the reader sticks to the replica that holds entry 50 too
-            bk._core.bookie_failed(bookie_id)
+            bk.client._core.bookie_failed(bookie_id)
         served = _count_range_reads(cluster)
         assert [e.data for e in rh.read(0, 49)] == [_payload(i) for i in range(50)]
         assert [e.data for e in rh.read(45, 49)] == [_payload(i) for i in range(45, 50)]
@@ -240,18 +240,18 @@ def test_bookies_without_the_op_are_read_entry_by_entry(cluster: walkit.LocalClu
         with _client(cluster) as bk:
             rh = bk.open_ledger(lh.ledger_id)
             assert [e.data for e in rh.read(0, 499)] == [_payload(i) for i in range(500)]
-            assert set(bk._core.no_range_reads) <= set(ensemble[:2])
+            assert set(bk.client._core.no_range_reads) <= set(ensemble[:2])
             assert 0 < _stats(bk).range_reads <= 10, "the third replica answers in runs"
     _speak_no_range(cluster, ensemble[2])
     with _client(cluster) as bk:
         rh = bk.open_ledger(lh.ledger_id)
         assert [e.data for e in rh.read(0, 499)] == [_payload(i) for i in range(500)]
-        assert set(bk._core.no_range_reads) == set(ensemble)
+        assert set(bk.client._core.no_range_reads) == set(ensemble)
         assert _stats(bk).range_reads == 0 and _stats(bk).reads == 500
-        assert not bk._core.speaks_range_reads(ensemble[0])
+        assert not bk.client._core.speaks_range_reads(ensemble[0])
         for bookie_id in ensemble:  # an older bookie is asked again after a while (it may be upgraded)
-            bk._core.no_range_reads[bookie_id] -= NO_RANGE_MEMORY
-        assert all(bk._core.speaks_range_reads(b) for b in ensemble)
+            bk.client._core.no_range_reads[bookie_id] -= NO_RANGE_MEMORY
+        assert all(bk.client._core.speaks_range_reads(b) for b in ensemble)
 
 
 def test_a_slow_replica_is_left_for_the_next_one_after_the_speculative_timeout(cluster: walkit.LocalCluster) -> None:
@@ -279,7 +279,7 @@ def test_a_slow_replica_is_left_for_the_next_one_after_the_speculative_timeout(c
             assert [e.data for e in rh.read(10, 299)] == [_payload(i) for i in range(10, 300)]
             assert time.monotonic() - started < 10, "answered while the sticky replica hangs"
             assert stuck and _stats(bk).speculative_reads >= 1
-            assert bk._core.recently_failed(sticky), "the slow replica is asked last from now on"
+            assert bk.client._core.recently_failed(sticky), "the slow replica is asked last from now on"
         finally:
             release.set()
 
@@ -352,7 +352,7 @@ def test_recovery_reads_entry_by_entry_from_bookies_without_the_op(cluster: walk
         with _client(cluster) as bk:
             rh = bk.open_ledger(lh.ledger_id)
             assert rh.is_closed and rh.last_add_confirmed == 499
-            assert not bk._core.speaks_range_reads(ensemble[1])
+            assert not bk.client._core.speaks_range_reads(ensemble[1])
             assert [e.data for e in rh.read(0, 499)] == [_payload(i) for i in range(500)]
 
 

@@ -199,7 +199,7 @@ def _quiet(bk: walkit.BookKeeper, bookie: str, timeout: float = 10.0) -> None:
     and the third one failing after a kill would make the idle writer change its ensemble
     (a failed bookie is replaced at once) - these tests lose a bookie the writer holds."""
     deadline = time.monotonic() + timeout
-    client = bk._core.pool._clients.get(bookie)
+    client = bk.client._core.pool._clients.get(bookie)
     while client is not None and client.in_flight and time.monotonic() < deadline:
         time.sleep(0.01)
 

@@ -291,13 +291,13 @@ def bk(tmp_path: Path) -> Iterator[walkit.BookKeeper]:
 
 
 def _log_node(bk: walkit.BookKeeper, name: str) -> str:
-    return f"{bk._cluster.info.root}/logs/default/{name}"  # noqa: SLF001
+    return f"{bk.client.cluster.info.root}/logs/default/{name}"  # noqa: SLF001
 
 
 def test_a_log_a_newer_walkit_changed_is_replayed_but_not_taken_over(bk: walkit.BookKeeper) -> None:
     with WriteAheadLog.open(bk, "orders") as wal:
         wal.append(b"before")
-    store, path = bk._cluster.store, _log_node(bk, "orders")  # noqa: SLF001
+    store, path = bk.client.cluster.store, _log_node(bk, "orders")  # noqa: SLF001
     data, _ = store.get(path)
     kept = _node(LogMetadata.decode(data, path), retention={"days": 7})
     store.set(path, kept)

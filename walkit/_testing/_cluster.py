@@ -230,7 +230,7 @@ class FaultyCluster:
                   bookie=bookie, id=server.bookie_id)
         else:
             assert client is not None
-            cluster = _cluster_of_client(client)
+            cluster = client.client.cluster
             old = cluster.store.session_id
             _expire(cluster)
             _wait(lambda: cluster.store.session_id not in (0, old), timeout, "client's new session")
@@ -328,17 +328,13 @@ async def _set_partitioned(proxy: PartitionableProxy, partitioned: bool) -> None
         proxy.heal()
 
 
-# The metadata sessions of a server and a client are private to them; this harness
+# The metadata session of a server is private to it; this harness
 # reaches in (as LocalCluster's kill does) rather than widen their public API.
 def _cluster_of_server(server: BookieServer) -> Cluster:
     cluster: Cluster | None = server._cluster
     if cluster is None:
         raise UsageError("the bookie has no metadata session", id=server.bookie_id)
     return cluster
-
-
-def _cluster_of_client(client: BookKeeper) -> Cluster:
-    return client._cluster
 
 
 def _expire(cluster: Cluster) -> None:

@@ -15,12 +15,8 @@ from typing import Any
 
 from walkit.client._client import LedgerClient
 from walkit.client._config import ClientConfig
-from walkit.client._core import ClientCore
 from walkit.client._handles import LedgerHandle, ReadHandle
-from walkit.client._loop import LoopThread
-from walkit.client._read_state import ReadState
-from walkit.client._writer import LedgerWriter
-from walkit.metadata import Cluster, LedgerMetadata
+from walkit.metadata import LedgerMetadata
 
 __all__ = ["BookKeeper", "connect"]
 
@@ -38,31 +34,6 @@ class BookKeeper:
     def client(self) -> LedgerClient:
         """The async core this client runs on (``walkit.client.LedgerClient``)."""
         return self._client
-
-    # The client's insides under their former names, for code of other packages not yet
-    # moved to :attr:`client` (walkit.wal) and for tests; new code uses :attr:`client`.
-    @property
-    def _core(self) -> ClientCore:
-        return self._client._core
-
-    @property
-    def _loop(self) -> LoopThread:
-        return self._client.loop
-
-    @property
-    def _cluster(self) -> Cluster:
-        return self._client.cluster
-
-    @property
-    def _closed(self) -> bool:
-        return self._client.closed
-
-    async def _create(self, ensemble_size: int, write_quorum: int, ack_quorum: int, digest: str, password: bytes,
-                      custom_metadata: Mapping[str, bytes] | None) -> LedgerWriter:
-        return await self._client.create(ensemble_size, write_quorum, ack_quorum, digest, password, custom_metadata)
-
-    async def _open(self, ledger_id: int, password: bytes, recovery: bool) -> ReadState:
-        return await self._client.open(ledger_id, password, recovery)
 
     # -- ledgers ---------------------------------------------------------------------------
     def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 3, ack_quorum: int = 2,

@@ -335,7 +335,7 @@ class EnsembleFaults:
         writer's client (the leader when that is not known)."""
         client = self.session_client() if how == "session" else None
         if client is not None:
-            session = getattr(client._cluster.store, "session_id", 0)
+            session = getattr(client.client.cluster.store, "session_id", 0)
             node = self.ensemble.node_of_session(session) if session else None
             if node is not None:
                 return [node], f"the ledger writer's session 0x{session:x}"
