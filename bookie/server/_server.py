@@ -148,6 +148,12 @@ class BookieServer:
         """The admin endpoint's port (0: not enabled)."""
         return self._http.port if self._http is not None else 0
 
+    @property
+    def registered(self) -> bool:
+        """The bookie's node is in the metadata store as far as it knows (False without
+        metadata, and from a session expiry until it has registered again)."""
+        return self._registration is not None and self._registration.registered
+
     def disk_usage_of(self, directory: str) -> float:
         """The fraction of ``directory``'s file system in use (as read-only mode sees it)."""
         return self._disk_usage(directory)

@@ -226,8 +226,10 @@ class FaultyCluster:
             cluster = _cluster_of_server(server)
             old = cluster.store.session_id
             _expire(cluster)
-            _wait(lambda: _registered(cluster, server.bookie_id, old), timeout, "bookie re-registration",
-                  bookie=bookie, id=server.bookie_id)
+            # Back under the new session in the store, and in the bookie's own view too: the
+            # node exists a moment before the registration notes it is restored.
+            _wait(lambda: _registered(cluster, server.bookie_id, old) and server.registered, timeout,
+                  "bookie re-registration", bookie=bookie, id=server.bookie_id)
         else:
             assert client is not None
             cluster = client.client.cluster
