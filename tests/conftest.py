@@ -130,8 +130,23 @@ def torture_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
 _TORTURE_RUNS = pytest.StashKey[Any]()
 
 
+_FOLDER_SECONDS: dict[str, float] = {}  # tests' folder -> wall time of its tests' phases
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Adds each phase's (set-up, call, tear-down) wall time to the test's folder."""
+    parts = report.nodeid.split("/")
+    folder = parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0].partition("::")[0]
+    _FOLDER_SECONDS[folder] = _FOLDER_SECONDS.get(folder, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    """One line per torture seed run: faults injected, records acknowledged, anomalies."""
+    """What each folder of tests cost (what CI's time goes to); then one line per
+    torture seed run: faults injected, records acknowledged, anomalies."""
+    if _FOLDER_SECONDS:
+        terminalreporter.section("time by folder")
+        for folder, spent in sorted(_FOLDER_SECONDS.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{folder:10s} {spent:7.0f} s")
     runs = config.stash.get(_TORTURE_RUNS, None)
     if runs is None or not runs.reports:
         return
