@@ -41,11 +41,12 @@ from __future__ import annotations
 
 import struct
 from enum import IntEnum, IntFlag
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from walkit.errors import FrameTooLargeError, InvalidArgumentError, ProtocolError, ProtocolVersionError
-from walkit.protocol import _bk_v3_pb2 as pb
+from walkit.protocol import _bk_v3_pb2
 from walkit.protocol._codes import DEFAULT_MAX_FRAME_SIZE, Op, Status
 from walkit.protocol._frames import Buffer
 from walkit.protocol._messages import (
@@ -59,6 +60,8 @@ from walkit.protocol._messages import (
     ReadEntryResponse,
 )
 from walkit.protocol._range import MAX_RANGE_ENTRIES, ReadRange, ReadRangeResponse
+
+pb: Any = _bk_v3_pb2  # generated code: its classes and enum values are made at import, unknown to mypy
 
 __all__ = ["V2_VERSION", "V2Op", "V2Flag", "STATUS_TO_V2", "V2_TO_STATUS", "decode_request", "encode_response",
            "encode_error", "encode_request", "decode_response"]

@@ -49,7 +49,7 @@ from typing import Any
 from google.protobuf.message import DecodeError, Message
 
 from walkit.errors import FrameTooLargeError, InvalidArgumentError, ProtocolError
-from walkit.protocol import _bk_v3_pb2 as pb
+from walkit.protocol import _bk_v3_pb2
 from walkit.protocol._codes import DEFAULT_MAX_FRAME_SIZE, Op, Status
 from walkit.protocol._frames import Buffer
 from walkit.protocol._messages import (
@@ -74,6 +74,8 @@ from walkit.protocol._messages import (
     WriteLac,
     WriteLacResponse,
 )
+
+pb: Any = _bk_v3_pb2  # generated code: its classes and enum values are made at import, unknown to mypy
 
 __all__ = ["STATUS_TO_BK", "BK_TO_STATUS", "decode_request", "encode_response", "encode_error",
            "encode_request", "decode_response", "operation_of"]
@@ -142,7 +144,7 @@ def operation_of(msg: BkRequest | BkResponse) -> int:
 
 
 def _frame(msg: Message, max_frame_size: int, what: str) -> bytes:
-    body = msg.SerializeToString()
+    body = bytes(msg.SerializeToString())
     if 4 + len(body) > max_frame_size:
         raise FrameTooLargeError("frame larger than max_frame_size", size=4 + len(body), limit=max_frame_size,
                                  type=what, dialect="bk-v3")
@@ -155,14 +157,14 @@ def _header(into: Any, operation: int, txn: int) -> None:
     into.txnId = txn
 
 
-def _parse(cls: Callable[[], Message], frame: Buffer, what: str) -> Any:
+def _parse(cls: Callable[[], Any], frame: Buffer, what: str) -> Any:
     msg = cls()
     try:
         msg.ParseFromString(bytes(frame))
         if not msg.IsInitialized():
             raise DecodeError("required fields missing: " + ", ".join(msg.FindInitializationErrors()))
     except (DecodeError, RuntimeError, ValueError, TypeError) as exc:
-        txn = msg.header.txnId if msg.HasField("header") else None  # type: ignore[attr-defined]
+        txn = msg.header.txnId if msg.HasField("header") else None
         raise ProtocolError(f"invalid {what}", dialect="bk-v3", request_id=txn, reason=str(exc)[:200]) from exc
     return msg
 
@@ -396,10 +398,11 @@ def decode_response(frame: Buffer) -> BkResponse:
         field, decoder = entry
         if resp.status != pb.EOK:
             sub = getattr(resp, field)
-            return ErrorResponse(_OP_OF.get(operation, Op.INVALID), BK_TO_STATUS[resp.status],
-                                 getattr(sub, "ledgerId", 0) if sub.HasField("status") else 0,
-                                 getattr(sub, "entryId", -1) if sub.HasField("status") else -1,
-                                 pb.StatusCode.Name(resp.status), txn)
+            fields = sub.DESCRIPTOR.fields_by_name
+            ledger = sub.ledgerId if "ledgerId" in fields and sub.HasField("ledgerId") else 0
+            entry_id = sub.entryId if "entryId" in fields and sub.HasField("entryId") else -1
+            return ErrorResponse(_OP_OF.get(operation, Op.INVALID), BK_TO_STATUS[resp.status], ledger, entry_id,
+                                 str(pb.StatusCode.Name(resp.status)), txn)
         if field not in ("startTLSResponse",) and not resp.HasField(field):
             raise InvalidArgumentError(f"{field} missing")
         return decoder(getattr(resp, field), txn)

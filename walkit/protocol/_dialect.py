@@ -22,14 +22,17 @@ from __future__ import annotations
 
 from enum import Enum
 from types import ModuleType
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from walkit.errors import ProtocolError
 from walkit.protocol import _bk_v2, _bk_v3, _codec
-from walkit.protocol import _bk_v3_pb2 as pb
+from walkit.protocol import _bk_v3_pb2
 from walkit.protocol._codes import PROTOCOL_VERSION
 from walkit.protocol._frames import Buffer
+
+pb: Any = _bk_v3_pb2  # generated code: its classes are made at import, unknown to mypy
 
 __all__ = ["Dialect", "detect_dialect", "codec_for"]
 

@@ -22,7 +22,7 @@ OUTPUT = HERE / "_bk_v3_pb2.py"
 
 def generate() -> str:
     """The text protoc generates for bookkeeper.proto today."""
-    from grpc_tools import protoc  # type: ignore[import-untyped]
+    from grpc_tools import protoc
 
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "_bk_v3.proto"
