@@ -296,7 +296,7 @@ def test_v2_other_version_is_a_version_error() -> None:
                                    bytes.fromhex("0a0608031003180a"),  # RANGE_READ_ENTRY: not served
                                    bytes.fromhex("0a06080310021801"),  # ADD without addRequest
                                    bytes.fromhex("0a0608031007180bc20600"),  # readLacRequest, no ledgerId
-                                   bytes.fromhex("0a0608031007180bc206091d") + b"\xff" * 10,  # ledgerId -1
+                                   bytes.fromhex("0a0608031007180bc2060b08") + b"\xff" * 9 + b"\x01",  # ledgerId -1
                                    ])
 def test_v3_bad_requests_are_protocol_errors(frame: bytes) -> None:
     with pytest.raises(ProtocolError) as info:
