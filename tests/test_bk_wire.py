@@ -371,8 +371,7 @@ def test_fuzz_v2_decoders_raise_only_protocol_error(data: bytes) -> None:
 @FAST
 @given(st.sampled_from(V3_REQUESTS + V3_RESPONSES), st.integers(0, 300), st.integers(0, 255))
 def test_fuzz_v3_mutated_frames(msg: object, at: int, byte: int) -> None:
-    encode = _bk_v3.encode_request if type(msg) in {type(r) for r in V3_REQUESTS} and msg in V3_REQUESTS \
-        else _bk_v3.encode_response
+    encode = _bk_v3.encode_request if msg in V3_REQUESTS else _bk_v3.encode_response
     body = bytearray(encode(msg)[4:])  # type: ignore[operator]
     body[at % len(body)] = byte
     for decode in (_bk_v3.decode_request, _bk_v3.decode_response):
@@ -400,6 +399,19 @@ def test_fuzz_v2_mutated_frames(msg: object, at: int, byte: int) -> None:
 def test_fuzz_v3_read_round_trip(ledger: int, entry: int, txn: int, fence: bool) -> None:
     req = ReadEntry(ledger, entry, fence, KEY if fence else b"", request_id=txn)
     assert _bk_v3.decode_request(_bk_v3.encode_request(req)[4:]) == req
+
+
+@FAST
+@given(st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1), st.binary(max_size=64), st.booleans(),
+       st.sampled_from(list(BkDigestType)))
+def test_fuzz_add_round_trip_both_dialects(ledger: int, entry: int, payload: bytes, recovery: bool,
+                                           digest: BkDigestType) -> None:
+    data = bk_encode_entry(ledger, entry, entry - 1, len(payload), payload, digest=digest, password=b"pw")
+    req = AddEntry(ledger, entry, KEY, data, recovery)
+    assert _bk_v2.decode_request(_bk_v2.encode_request(req)[4:]) == req
+    assert _bk_v3.decode_request(_bk_v3.encode_request(req)[4:]) == req
+    assert bk_decode_entry(req.data, digest=digest, password=b"pw") == ((ledger, entry, entry - 1, len(payload)),
+                                                                        payload)
 
 
 # --- dialect detection ---------------------------------------------------------------------
