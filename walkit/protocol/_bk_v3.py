@@ -216,10 +216,6 @@ def decode_request(frame: Buffer) -> BkRequest:
                             reason=str(exc)[:200]) from exc
 
 
-def _status_into(sub: Any, status: int) -> None:
-    sub.status = status
-
-
 def _fill_response(out: Any, resp: BkResponse) -> None:
     if isinstance(resp, AddEntryResponse):
         sub = out.addResponse
