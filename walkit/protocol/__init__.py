@@ -1,7 +1,9 @@
 """Sans-IO codecs shared by the client and the bookie (no sockets in here): the entry
 format (``_entry.py``) and the bookie wire protocol: ``_codes.py`` its numbers, ``_messages.py``
 its requests and responses, ``_codec.py`` the walkit dialect (messages <-> frames),
-``_frames.py`` the incremental frame cutter, ``_connection.py`` one connection's state."""
+``_frames.py`` the incremental frame cutter, ``_connection.py`` one connection's state;
+BookKeeper's dialects: ``_bk_v3.py`` (protobuf), ``_bk_v2.py`` (binary), ``_bk_digest.py``
+(its digests and master key), ``_dialect.py`` (which one a connection speaks)."""
 
 from walkit.protocol._entry import (
     ENTRY_HEADER,
@@ -49,6 +51,19 @@ from walkit.protocol._messages import (
 from walkit.protocol._codec import decode_request, decode_response, encode_request, encode_response, error_for, status_for
 from walkit.protocol._frames import FrameDecoder
 from walkit.protocol._connection import ClientConnection, ServerConnection
+from walkit.protocol._messages import (
+    AuthMessage,
+    BkRequest,
+    BkResponse,
+    ForceLedger,
+    ForceLedgerResponse,
+    GetListOfEntries,
+    ListOfEntriesResponse,
+    StartTls,
+    StartTlsResponse,
+)
+from walkit.protocol._bk_digest import BK_MASTER_KEY_SIZE, BkDigestType, bk_decode_entry, bk_encode_entry, bk_master_key
+from walkit.protocol._dialect import Dialect, codec_for, detect_dialect
 
 __all__ = [
     "ENTRY_HEADER",
@@ -100,4 +115,22 @@ __all__ = [
     "encode_response",
     "error_for",
     "status_for",
+    # BookKeeper's wire dialects (_bk_v3, _bk_v2, _bk_digest, _dialect; issue 37)
+    "AuthMessage",
+    "BkRequest",
+    "BkResponse",
+    "ForceLedger",
+    "ForceLedgerResponse",
+    "GetListOfEntries",
+    "ListOfEntriesResponse",
+    "StartTls",
+    "StartTlsResponse",
+    "BK_MASTER_KEY_SIZE",
+    "BkDigestType",
+    "bk_decode_entry",
+    "bk_encode_entry",
+    "bk_master_key",
+    "Dialect",
+    "codec_for",
+    "detect_dialect",
 ]

@@ -47,6 +47,15 @@ __all__ = [
     "BookieInfoResponse",
     "ErrorResponse",
     "Response",
+    "ForceLedger",
+    "ForceLedgerResponse",
+    "GetListOfEntries",
+    "ListOfEntriesResponse",
+    "AuthMessage",
+    "StartTls",
+    "StartTlsResponse",
+    "BkRequest",
+    "BkResponse",
 ]
 
 _I63 = 2**63 - 1
@@ -350,3 +359,95 @@ _RESPONSE_OP: dict[type[Any], Op] = {
 def _response_op(resp: Response) -> Op:
     return resp.op if isinstance(resp, ErrorResponse) else _RESPONSE_OP[type(resp)]
 
+
+
+# --- BookKeeper-only operations (issue 37) -----------------------------------------------
+# Ops BookKeeper's wire dialects carry that walkit's own dialect does not: the BookKeeper
+# codecs (walkit.protocol._bk_v3, _bk_v2) decode into these; walkit's codec never sees
+# them (they are outside Request / Response; see BkRequest / BkResponse).
+
+
+@dataclass(frozen=True)
+class ForceLedger:
+    """Make every entry of the ledger the bookie acknowledged durable (v3 FORCE_LEDGER)."""
+
+    ledger_id: int
+    request_id: int = 0
+
+    def __post_init__(self) -> None:
+        _int("ledger_id", self.ledger_id, 0, _I63)
+        _int("request_id", self.request_id, 0, _U64)
+
+
+@dataclass(frozen=True)
+class ForceLedgerResponse:
+    ledger_id: int
+    request_id: int = 0
+
+    def __post_init__(self) -> None:
+        _int("ledger_id", self.ledger_id, 0, _I63)
+        _int("request_id", self.request_id, 0, _U64)
+
+
+@dataclass(frozen=True)
+class GetListOfEntries:
+    """Which entries of the ledger the bookie stores (v3 GET_LIST_OF_ENTRIES_OF_LEDGER)."""
+
+    ledger_id: int
+    request_id: int = 0
+
+    def __post_init__(self) -> None:
+        _int("ledger_id", self.ledger_id, 0, _I63)
+        _int("request_id", self.request_id, 0, _U64)
+
+
+@dataclass(frozen=True)
+class ListOfEntriesResponse:
+    """``availability``: BookKeeper's AvailabilityOfEntriesOfLedger bytes, carried as they are."""
+
+    ledger_id: int
+    availability: bytes
+    request_id: int = 0
+
+    def __post_init__(self) -> None:
+        _int("ledger_id", self.ledger_id, 0, _I63)
+        _bytes("availability", self.availability)
+        _int("request_id", self.request_id, 0, _U64)
+
+
+@dataclass(frozen=True)
+class AuthMessage:
+    """One step of BookKeeper's authentication handshake (AUTH, both directions): the
+    plug-in's name and its opaque payload."""
+
+    plugin_name: str
+    payload: bytes
+    request_id: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.plugin_name, str):
+            raise _bad_field("plugin_name", self.plugin_name)
+        _bytes("payload", self.payload)
+        _int("request_id", self.request_id, 0, _U64)
+
+
+@dataclass(frozen=True)
+class StartTls:
+    """Upgrade the connection to TLS (v3 START_TLS; the answer is a StartTlsResponse)."""
+
+    request_id: int = 0
+
+    def __post_init__(self) -> None:
+        _int("request_id", self.request_id, 0, _U64)
+
+
+@dataclass(frozen=True)
+class StartTlsResponse:
+    request_id: int = 0
+
+    def __post_init__(self) -> None:
+        _int("request_id", self.request_id, 0, _U64)
+
+
+BkRequest: TypeAlias = Request | ForceLedger | GetListOfEntries | AuthMessage | StartTls
+BkResponse: TypeAlias = Response | ForceLedgerResponse | ListOfEntriesResponse | AuthMessage | StartTlsResponse
