@@ -50,7 +50,7 @@ from support.zk import free_port
 VERSION = "4.18.2"
 CACHE = Path(os.environ.get("WALKIT_BK_CACHE", Path.home() / ".cache" / "walkit" / f"bookkeeper-{VERSION}"))
 PEER_SOURCE = Path(__file__).parent / "java" / "Peer.java"
-JVM_FLAGS = ("-Xmx256m", "-XX:MaxDirectMemorySize=256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+JVM_FLAGS = ("-Djava.net.preferIPv4Stack=true", "-Xmx256m", "-XX:MaxDirectMemorySize=256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 START_TIMEOUT = 60.0
 POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -274,6 +274,7 @@ class JavaPeer:
     def __init__(self, classpath: str, metadata_uri: str, directory: Path, *, v2: bool = False,
                  timeout: float = 60.0) -> None:
         classes = peer_classes(classpath)
+        self.v2 = v2
         self.log = Path(tempfile.mkstemp(prefix="peer-", suffix=".log", dir=directory)[1])
         self.acks: list[int] = []
         self._results: queue.Queue[dict[str, Any]] = queue.Queue()
