@@ -1,0 +1,396 @@
+"""The real Apache BookKeeper 4.18.2 in the tests: Maven-fetched jars, Java bookies, a Java peer.
+
+Theory of operation
+-------------------
+- **Classpath.** :func:`bookkeeper_classpath` writes a tiny ``pom.xml`` depending on
+  ``org.apache.bookkeeper:bookkeeper-server:4.18.2`` into ``~/.cache/walkit/bookkeeper-4.18.2/``
+  (``$WALKIT_BK_CACHE`` overrides) and runs ``mvn -q -B dependency:build-classpath``
+  (68 jars, ~121 MB into ``~/.m2``; ~14 s the first time). The classpath file is reused while
+  every jar it names exists. Without ``java`` or ``mvn`` on PATH the caller is skipped
+  (``pytest.skip``); a failed fetch raises with the tail of Maven's output.
+- **Cluster.** :class:`JavaCluster` puts a cluster under a root of its own in the suite's
+  ZooKeeper: ``zk+hierarchical://127.0.0.1:PORT/bk-<uuid>/ledgers``. BookKeeper 4.18 accepts a
+  multi-level root but ``initnewcluster`` does not create the parent (``NoNode``): we create
+  ``/bk-<uuid>`` with kazoo first. Then N :class:`JavaBookie`\\ s
+  (``org.apache.bookkeeper.server.Main``, DbLedgerStorage, loopback only, small caches),
+  each ready once ``<root>/available/127.0.0.1:<port>`` exists (it registers writable).
+- **Peer.** :class:`JavaPeer` runs ``tests/support/java/Peer.java`` (compiled once into the
+  cache dir with ``javac``: ~1 s, and starting the compiled class saves the ~2 s a
+  ``java Peer.java`` run spends compiling each time). It reads one JSON command per line and
+  answers one JSON line each; while adding with ``report`` it also emits ``{"ack": id}``
+  lines as entries are acknowledged. Errors come back as ``{"error": "<BKException code
+  name>", "message": ...}`` and raise :class:`PeerError`.
+- **Shell.** ``JavaCluster.shell(*args)`` runs BookieShell with the cluster's client.conf and
+  returns its stdout (logs included: parse the ``{key=value, ...}`` parts).
+
+Run them with ``pytest -m bookkeeper tests/bookkeeper``. Processes are stopped (SIGTERM, then
+SIGKILL) and temporary directories removed by ``stop()``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.zk import free_port
+
+VERSION = "4.18.2"
+CACHE = Path(os.environ.get("WALKIT_BK_CACHE", Path.home() / ".cache" / "walkit" / f"bookkeeper-{VERSION}"))
+PEER_SOURCE = Path(__file__).parent / "java" / "Peer.java"
+JVM_FLAGS = ("-Djava.net.preferIPv4Stack=true", "-Xmx256m", "-XX:MaxDirectMemorySize=256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+START_TIMEOUT = 60.0
+POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>walkit.tests</groupId><artifactId>bookkeeper-classpath</artifactId><version>1</version>
+  <packaging>pom</packaging>
+  <dependencies><dependency>
+    <groupId>org.apache.bookkeeper</groupId><artifactId>bookkeeper-server</artifactId><version>{VERSION}</version>
+  </dependency></dependencies>
+</project>
+"""
+
+__all__ = ["bookkeeper_classpath", "peer_classes", "JavaBookie", "JavaCluster", "JavaPeer", "PeerError"]
+
+
+def _require(tool: str) -> None:
+    if shutil.which(tool) is None:
+        pytest.skip(f"Apache BookKeeper tests need {tool!r} on PATH")
+
+
+def bookkeeper_classpath() -> str:
+    """The classpath of bookkeeper-server 4.18.2 (fetched by Maven once, then cached)."""
+    _require("java")
+    cp_file = CACHE / "classpath.txt"
+    if cp_file.exists():
+        cp = cp_file.read_text().strip()
+        if cp and all(Path(j).exists() for j in cp.split(":")):
+            return cp
+    _require("mvn")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    (CACHE / "pom.xml").write_text(POM)
+    tmp = CACHE / "classpath.txt.tmp"
+    run = subprocess.run(["mvn", "-q", "-B", "dependency:build-classpath", f"-Dmdep.outputFile={tmp}"],
+                         cwd=CACHE, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if run.returncode != 0 or not tmp.exists():
+        raise RuntimeError(f"mvn could not fetch bookkeeper-server {VERSION} (exit {run.returncode}):\n"
+                           f"{(run.stdout + run.stderr)[-3000:]}")
+    tmp.replace(cp_file)
+    return cp_file.read_text().strip()
+
+
+def peer_classes(classpath: str) -> Path:
+    """The directory of the compiled Peer class (recompiled when Peer.java changes)."""
+    out = CACHE / "peer-classes"
+    stamp = out / "source.sha"
+    source = PEER_SOURCE.read_bytes()
+    import hashlib
+    digest = hashlib.sha256(source).hexdigest()
+    if stamp.exists() and stamp.read_text() == digest and (out / "Peer.class").exists():
+        return out
+    tmp = Path(tempfile.mkdtemp(prefix="peer-", dir=CACHE))
+    run = subprocess.run(["javac", "-d", str(tmp), "-cp", classpath, str(PEER_SOURCE)],
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"javac Peer.java failed:\n{run.stdout}{run.stderr}")
+    (tmp / "source.sha").write_text(digest)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    try:
+        return f"--- last {chars} chars of {path} ---\n" + path.read_bytes()[-chars:].decode(errors="replace")
+    except OSError:
+        return f"--- no log at {path} ---"
+
+
+class JavaBookie:
+    """One ``org.apache.bookkeeper.server.Main`` on 127.0.0.1, its disks under ``directory``."""
+
+    def __init__(self, classpath: str, metadata_uri: str, zk: Any, root: str, directory: Path) -> None:
+        self.classpath = classpath
+        self.port = free_port()
+        self.bookie_id = f"127.0.0.1:{self.port}"
+        self.directory = directory
+        self._zk = zk
+        self._znode = f"{root}/available/{self.bookie_id}"
+        directory.mkdir(parents=True, exist_ok=True)
+        self.conf = directory / "bk_server.conf"
+        self.conf.write_text("\n".join([
+            f"bookiePort={self.port}", "listeningInterface=lo", "allowLoopback=true",
+            "advertisedAddress=127.0.0.1", f"metadataServiceUri={metadata_uri}",
+            f"journalDirectories={directory / 'journal'}", f"ledgerDirectories={directory / 'ledgers'}",
+            "ledgerStorageClass=org.apache.bookkeeper.bookie.storage.ldb.DbLedgerStorage",
+            "httpServerEnabled=false", "dbStorage_writeCacheMaxSizeMb=16", "dbStorage_readAheadCacheMaxSizeMb=16",
+            "dbStorage_rocksDB_blockCacheSize=16777216", "journalPreAllocSizeMB=4", "zkTimeout=4000",
+            "statsProviderClass=org.apache.bookkeeper.stats.NullStatsProvider", "",
+        ]))
+        self.log = directory / "bookie.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = START_TIMEOUT) -> None:
+        if self.running:
+            raise RuntimeError(f"bookie {self.bookie_id} is already running")
+        with open(self.log, "ab") as log:
+            self._proc = subprocess.Popen(
+                ["java", *JVM_FLAGS, "-cp", self.classpath, "org.apache.bookkeeper.server.Main",
+                 "--conf", str(self.conf)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        self.wait_registered(timeout)
+
+    def wait_registered(self, timeout: float = START_TIMEOUT) -> None:
+        """Until the bookie's writable registration znode exists; RuntimeError with the log tail if not."""
+        deadline = time.monotonic() + timeout
+        while not self._zk.exists(self._znode):
+            if not self.running:
+                raise RuntimeError(f"bookie {self.bookie_id} exited ({self.returncode})\n{_tail(self.log)}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"bookie {self.bookie_id} not registered after {timeout:.0f} s\n{_tail(self.log)}")
+            time.sleep(0.1)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    def kill(self) -> None:
+        """SIGKILL and reap."""
+        if self.running:
+            assert self._proc is not None
+            self._proc.send_signal(signal.SIGKILL)
+        if self._proc is not None:
+            self._proc.wait()
+
+    def stop(self) -> None:
+        """SIGTERM, SIGKILL after 15 s."""
+        if self.running:
+            assert self._proc is not None
+            self._proc.terminate()
+            try:
+                self._proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def restart(self, timeout: float = START_TIMEOUT) -> None:
+        self.stop()
+        self.start(timeout)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return _tail(self.log, chars)
+
+
+class JavaCluster:
+    """``initnewcluster`` under ``/bk-<uuid>/ledgers`` of ZooKeeper ``zk_hosts``, then N bookies."""
+
+    def __init__(self, classpath: str, zk_hosts: str, bookies: int = 3) -> None:
+        from kazoo.client import KazooClient
+
+        self.classpath = classpath
+        self.chroot = f"/bk-{uuid.uuid4().hex[:12]}"
+        self.root = f"{self.chroot}/ledgers"
+        self.metadata_uri = f"zk+hierarchical://{zk_hosts}{self.root}"
+        self.directory = Path(tempfile.mkdtemp(prefix="walkit-bk-"))
+        self.zk = KazooClient(zk_hosts)
+        self.zk.start(timeout=15)
+        self.bookies: list[JavaBookie] = []
+        self.client_conf = self.directory / "client.conf"
+        self.client_conf.write_text(f"metadataServiceUri={self.metadata_uri}\n")
+        try:
+            self.zk.ensure_path(self.chroot)  # initnewcluster does not create the root's parent
+            self.shell("initnewcluster")
+            self.bookies = [JavaBookie(classpath, self.metadata_uri, self.zk, self.root, self.directory / f"bookie{i}")
+                            for i in range(bookies)]
+            self._start_all()  # all JVMs boot side by side, then wait for each
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_all(self) -> None:
+        for bookie in self.bookies:
+            with open(bookie.log, "ab") as log:
+                bookie._proc = subprocess.Popen(
+                    ["java", *JVM_FLAGS, "-cp", self.classpath, "org.apache.bookkeeper.server.Main",
+                     "--conf", str(bookie.conf)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        for bookie in self.bookies:
+            bookie.wait_registered()
+
+    def shell(self, *args: str, timeout: float = 120.0, check: bool = True) -> str:
+        """BookieShell ``args`` with the cluster's client.conf; its stdout (logs included)."""
+        run = subprocess.run(["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp",
+                              self.classpath, "org.apache.bookkeeper.bookie.BookieShell", "-conf",
+                              str(self.client_conf), *args],
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        if check and run.returncode != 0:
+            raise RuntimeError(f"BookieShell {' '.join(args)} exited {run.returncode}:\n"
+                               f"{(run.stdout + run.stderr)[-3000:]}")
+        return run.stdout + run.stderr
+
+    def peer(self, *, v2: bool = False) -> JavaPeer:
+        return JavaPeer(self.classpath, self.metadata_uri, self.directory, v2=v2)
+
+    def stop(self) -> None:
+        for bookie in self.bookies:
+            if bookie.running:
+                assert bookie._proc is not None
+                bookie._proc.terminate()
+        for bookie in self.bookies:
+            bookie.stop()
+        try:
+            self.zk.delete(self.chroot, recursive=True)
+        except Exception:
+            pass
+        self.zk.stop()
+        self.zk.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class PeerError(Exception):
+    """A command the Java client refused: ``code`` is the BKException code name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class JavaPeer:
+    """The Java client in a process of its own, one JSON command per line."""
+
+    def __init__(self, classpath: str, metadata_uri: str, directory: Path, *, v2: bool = False,
+                 timeout: float = 60.0) -> None:
+        classes = peer_classes(classpath)
+        self.v2 = v2
+        self.log = Path(tempfile.mkstemp(prefix="peer-", suffix=".log", dir=directory)[1])
+        self.acks: list[int] = []
+        self._results: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._next = 0
+        with open(self.log, "ab") as log:
+            self._proc = subprocess.Popen(
+                ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp",
+                 f"{classes}:{classpath}", "Peer", metadata_uri, "v2" if v2 else "v3"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        ready = self._get(timeout)
+        if not ready.get("ready"):
+            raise RuntimeError(f"Java peer did not start: {ready}\n{_tail(self.log)}")
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            message = json.loads(line)
+            if "ack" in message:
+                self.acks.append(message["ack"])
+            else:
+                self._results.put(message)
+        self._results.put({"error": "PeerExited", "message": f"exit {self._proc.wait()}"})
+
+    def _get(self, timeout: float) -> dict[str, Any]:
+        try:
+            return self._results.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"Java peer: no answer in {timeout} s\n{_tail(self.log)}") from None
+
+    def send(self, op: str, **args: Any) -> int:
+        """Send a command without waiting; :meth:`result` collects its answer."""
+        assert self._proc.stdin is not None
+        self._next += 1
+        self._proc.stdin.write((json.dumps({"op": op, "id": self._next, **args}) + "\n").encode())
+        self._proc.stdin.flush()
+        return self._next
+
+    def result(self, timeout: float = 60.0) -> dict[str, Any]:
+        answer = self._get(timeout)
+        if "error" in answer:
+            raise PeerError(answer["error"], answer.get("message", ""))
+        return answer
+
+    def call(self, op: str, timeout: float = 60.0, **args: Any) -> dict[str, Any]:
+        self.send(op, **args)
+        return self.result(timeout)
+
+    def create(self, ensemble: int = 3, write_quorum: int = 3, ack_quorum: int = 2, digest: str = "CRC32C",
+               password: str = "") -> int:
+        return int(self.call("create", ensemble=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum,
+                             digest=digest, password=password)["ledger"])
+
+    def add(self, ledger: int, payloads: list[bytes] | None = None, *, count: int = 1, size: int = 100,
+            seed: int = 0, pipelined: bool = True, timeout: float = 120.0) -> list[int]:
+        args: dict[str, Any] = {"ledger": ledger, "pipelined": pipelined}
+        if payloads is not None:
+            args.update(payloads=[base64.b64encode(p).decode() for p in payloads], count=len(payloads))
+        else:
+            args.update(count=count, size=size, seed=seed)
+        return list(self.call("add", timeout, **args)["entries"])
+
+    def read(self, ledger: int, first: int, last: int, timeout: float = 60.0) -> list[bytes]:
+        answer = self.call("read", timeout, ledger=ledger, first=first, last=last)
+        assert answer["entries"] == list(range(first, last + 1))
+        return [base64.b64decode(p) for p in answer["payloads"]]
+
+    def open(self, ledger: int, *, recovery: bool = False, digest: str = "CRC32C", password: str = "") -> dict[str, Any]:
+        return self.call("open", ledger=ledger, recovery=recovery, digest=digest, password=password)
+
+    def read_lac(self, ledger: int) -> int:
+        return int(self.call("read_lac", ledger=ledger)["lac"])
+
+    def tail(self, ledger: int, entry: int, timeout_ms: int = 1000) -> tuple[int, bytes | None]:
+        """One long poll for ``entry``: (last add confirmed, its payload or None)."""
+        answer = self.call("tail", timeout_ms / 1000 + 30, ledger=ledger, entry=entry, timeout_ms=timeout_ms)
+        payload = answer.get("payload")
+        return int(answer["lac"]), None if payload is None else base64.b64decode(payload)
+
+    def close_ledger(self, ledger: int) -> None:
+        self.call("close", ledger=ledger)
+
+    def delete(self, ledger: int) -> None:
+        self.call("delete", ledger=ledger)
+
+    def list_ledgers(self) -> list[int]:
+        return sorted(self.call("list")["ledgers"])
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL the peer process."""
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGKILL)
+        self._proc.wait()
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            assert self._proc.stdin is not None
+            try:
+                self._proc.stdin.close()
+                self._proc.wait(15)
+            except (OSError, subprocess.TimeoutExpired):
+                self.kill()
+        self._reader.join(5)
+
+
+def payload(seed: int, i: int, size: int = 100) -> bytes:
+    """The bytes Peer.java generates for entry ``i`` of an add with ``seed`` (its LCG, in Python)."""
+    mask = (1 << 64) - 1
+    state = (seed * 1_000_003 + i) & mask
+    out = bytearray(size)
+    for k in range(size):
+        state = (state * 6364136223846793005 + 1442695040888963407) & mask
+        out[k] = state >> 56
+    return bytes(out)
