@@ -98,9 +98,6 @@ def test_writer_killed_recovery_reads_exactly_acknowledged(java_cluster: JavaClu
 
 
 def test_bookie_killed_mid_write_ensemble_change(java_cluster: JavaCluster, peer) -> None:
-    if peer.v2:  # seen once: NotEnoughBookiesException at the ensemble change after the v3 run's
-        # victim had been restarted (the spare was that restarted bookie); not yet explained
-        pytest.xfail("v2 ensemble change onto a restarted bookie: NotEnoughBookies (under investigation)")
     ledger = peer.create(ensemble=2, write_quorum=2, ack_quorum=2)  # the third bookie is the spare
     assert peer.add(ledger, count=200, seed=5) == list(range(200))
     data, _ = java_cluster.zk.get(f"{java_cluster.root}/00/0000/L{ledger % 10000:04d}")

@@ -145,16 +145,24 @@ class JavaBookie:
     def start(self, timeout: float = START_TIMEOUT) -> None:
         if self.running:
             raise RuntimeError(f"bookie {self.bookie_id} is already running")
+        stale = self._owner()  # a killed bookie's node lives on until its session expires
         with open(self.log, "ab") as log:
             self._proc = subprocess.Popen(
                 ["java", *JVM_FLAGS, "-cp", self.classpath, "org.apache.bookkeeper.server.Main",
                  "--conf", str(self.conf)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        self.wait_registered(timeout)
+        self.wait_registered(timeout, stale)
 
-    def wait_registered(self, timeout: float = START_TIMEOUT) -> None:
-        """Until the bookie's writable registration znode exists; RuntimeError with the log tail if not."""
+    def _owner(self) -> int | None:
+        """The session holding the writable registration znode (None: no node)."""
+        stat = self._zk.exists(self._znode)
+        return None if stat is None else int(stat.ephemeralOwner)
+
+    def wait_registered(self, timeout: float = START_TIMEOUT, stale: int | None = None) -> None:
+        """Until the bookie's writable registration znode exists under a session other than
+        ``stale`` (the previous process's, which outlives a SIGKILL by the session timeout);
+        RuntimeError with the log tail if not."""
         deadline = time.monotonic() + timeout
-        while not self._zk.exists(self._znode):
+        while self._owner() in (None, stale):
             if not self.running:
                 raise RuntimeError(f"bookie {self.bookie_id} exited ({self.returncode})\n{_tail(self.log)}")
             if time.monotonic() > deadline:
