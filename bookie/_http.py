@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from bookie import _http_connection as limits
 from bookie._http_connection import READ_SIZE, ClientGone, HttpConnection, HttpError
 from walkit.errors import InvalidArgumentError, WalkitError
 
@@ -173,8 +174,13 @@ class AdminEndpoint:
         task = asyncio.current_task()
         assert task is not None
         connection = HttpConnection(reader, writer)
-        self._connections.add(task)
+        crowded = len(self._connections) >= limits.MAX_CONNECTIONS
+        self._connections.add(task)  # a turned-away one too: stop() ends it like the others
         try:
+            if crowded:
+                log.info("admin endpoint: %s turned away: %d connections open", connection.peer, limits.MAX_CONNECTIONS)
+                await connection.turn_away(503, *_json_error(503, f"over {limits.MAX_CONNECTIONS} connections open"))
+                return
             while await self._one(connection):
                 connection.next_cycle()
         except ClientGone as exc:

@@ -23,6 +23,9 @@ until ``keep_alive`` is False. One request at a time; the limits, each answered 
 * pipelining: requests sent back to back are answered in order, one at a time (h11
   keeps what follows a request for the next cycle; the next request's deadline starts
   when its bytes are already there).
+* connections: at most ``MAX_CONNECTIONS`` served at once; one more is answered 503 at
+  once (before any of its bytes is read) and closed, so idle or dribbling clients cannot
+  pile up descriptors and tasks (:meth:`HttpConnection.turn_away`).
 * ``Expect: 100-continue``: ``100 Continue`` is sent when the body is about to be read;
   a request refused on its headers (413, 431...) is answered and the connection closed.
 * HTTP/1.0: answered and closed (h11 says so: ``Connection: close``).
@@ -45,12 +48,14 @@ from __future__ import annotations
 import asyncio
 import h11
 
-__all__ = ["ClientGone", "HttpConnection", "HttpError", "IDLE", "LINGER", "MAX_BODY", "MAX_HEAD", "MAX_HEADERS",
+__all__ = ["ClientGone", "HttpConnection", "HttpError", "IDLE", "LINGER", "MAX_BODY", "MAX_CONNECTIONS", "MAX_HEAD",
+           "MAX_HEADERS",
            "READ_SIZE", "REASONS", "REQUEST_DEADLINE", "SEND_DEADLINE"]
 
 MAX_BODY = 64 << 10
 MAX_HEAD = 16 << 10  # the request line and all the headers, in bytes
 MAX_HEADERS = 100
+MAX_CONNECTIONS = 64  # served at once; more are answered 503 and closed
 READ_SIZE = 16 << 10  # bytes asked of the socket at a time
 IDLE = 60.0  # seconds a kept connection may wait for the first byte of its next request
 REQUEST_DEADLINE = 15.0  # seconds from a request's first byte to its last
@@ -58,7 +63,7 @@ SEND_DEADLINE = 30.0  # seconds for the client to take an answer
 LINGER = 2.0  # seconds a refused client's last bytes are read (and dropped) before closing
 REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
            408: "Request Timeout", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
-           500: "Internal Server Error"}
+           500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 class HttpError(Exception):
@@ -190,6 +195,17 @@ class HttpConnection:
             raise ClientGone(f"answer not taken within {SEND_DEADLINE:g} s") from None
         except ConnectionError as exc:
             raise ClientGone(str(exc)) from None
+
+    async def turn_away(self, status: int, content_type: str, body: bytes) -> None:
+        """Answer ``status`` before reading anything (h11 answers only a request it has
+        read, so this one response is written whole here), then linger and end."""
+        head = (f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode("ascii")
+        try:
+            await self._write(head + body)
+        except ClientGone:
+            return
+        await self.linger()
 
     async def linger(self) -> None:
         """After a refusal: end our side and read (and drop) what the client still sends -

@@ -503,6 +503,33 @@ def test_slow_loris_is_cut_at_the_whole_request_deadline(
     assert "refused (408)" in caplog.text
 
 
+def test_connections_over_the_cap_are_turned_away_with_a_503(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    async def test(endpoint: AdminEndpoint) -> None:
+        idle = [socket.create_connection(("127.0.0.1", endpoint.port), timeout=10) for _ in range(3)]
+        try:
+            for _ in range(100):  # each accepted and served (waiting for its first byte)
+                if endpoint.open_connections == 3:
+                    break
+                await asyncio.sleep(0.02)
+            assert endpoint.open_connections == 3
+            answer, closed = await _in_thread(_talk, endpoint.port, _GET)
+            assert closed
+            _closing(answer, 503, "over 3 connections open")
+        finally:
+            for s in idle:
+                s.close()
+        for _ in range(100):
+            if endpoint.open_connections == 0:
+                break
+            await asyncio.sleep(0.02)
+        answer, closed = await _in_thread(_talk, endpoint.port, _GET)  # room again: served
+        assert _statuses(answer) == [b"200"]
+
+    _endpoint_test(monkeypatch, caplog, test, MAX_CONNECTIONS=3, IDLE=1.0)
+    assert "turned away" in caplog.text
+
+
 def test_pipelined_requests_are_answered_in_order(monkeypatch: pytest.MonkeyPatch,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     async def test(endpoint: AdminEndpoint) -> None:

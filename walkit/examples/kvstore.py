@@ -350,7 +350,7 @@ class _Snapshotter:
 
     def _wait_acknowledged(self, lsn: LSN) -> None:
         """``WriteAheadLog.snapshot`` refuses an LSN past ``wal.last_lsn``, and the log
-        completes a record's future before it moves ``last_lsn`` (walkit/wal/_log.py,
+        completes a record's future before it moves ``last_lsn`` (walkit/wal/_writer.py,
         ``_entry_done``): a snapshot taken the instant a change is acknowledged can be
         refused. The LSN is acknowledged, so ``last_lsn`` reaches it a moment later."""
         deadline = time.monotonic() + _LAST_LSN_WAIT

@@ -2,7 +2,7 @@
 (:class:`ServerConnection`) and the client's (:class:`ClientConnection`).
 
 Theory of operation. Nothing here touches a socket, a thread or an event loop (h11
-style): the asyncio transports of ``bookie/server.py`` and the client hand received
+style): the asyncio transports of ``bookie/server/_connection.py`` and the client hand received
 bytes to ``receive()`` and write the bytes ``send()`` returns. Frames are cut by a
 :class:`~walkit.protocol._frames.FrameDecoder` and spelled by the walkit dialect
 (:mod:`walkit.protocol._codec`).

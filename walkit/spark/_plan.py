@@ -1,7 +1,7 @@
 """Pure planning for the Spark data source: options, sort keys, offsets, partitions.
 
 Nothing here does I/O or imports Spark: the driver learns what the log holds
-(:class:`SegmentExtent`, from ``_bookies``) and these functions decide which entries
+(:class:`SegmentExtent`, from ``_read.py``) and these functions decide which entries
 each Spark task reads (:class:`LogRange`, :class:`LedgerRange`). Tasks carry ids,
 entry ranges and LSN bounds only - never a client or a handle - so they pickle.
 """
