@@ -21,13 +21,13 @@ The tests are in folders by kind; markers, not folders, select what runs (``-m t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from support.torture.options import torture_jobs, torture_seconds, torture_seeds
 from support.zk import ZooKeeperEnsemble, ZooKeeperServer
 
 
@@ -67,14 +67,6 @@ def zk_ensemble(zk_ensemble_module: ZooKeeperEnsemble) -> ZooKeeperEnsemble:
 
 # -- torture runs (tests/torture/test_torture.py, docs/reliability.md) ------------------------------------
 
-def _env_number(name: str, default: float) -> float:
-    text = os.environ.get(name, "")
-    try:
-        return float(text) if text else default
-    except ValueError:
-        raise pytest.UsageError(f"{name} must be a number, not {text!r}") from None
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("torture", "seeded fault-injection runs (pytest -m torture)")
     group.addoption("--torture-seed", type=int, action="append", default=None, metavar="N",
@@ -90,25 +82,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "python tests/support/torture/record.py then rewrites docs/reliability.md's table)")
     group.addoption("--torture-jobs", type=int, default=None, metavar="N",
                     help="seeds run at once, each in a process of its own (default: $WALKIT_TORTURE_JOBS or 2)")
-
-
-def torture_seeds(config: pytest.Config) -> list[int]:
-    chosen: list[int] | None = config.getoption("--torture-seed")
-    if chosen:
-        return chosen
-    count = config.getoption("--torture-seeds")
-    first: int = config.getoption("--torture-first-seed")
-    return list(range(first, first + (int(_env_number("WALKIT_TORTURE_SEEDS", 12)) if count is None else count)))
-
-
-def torture_seconds(config: pytest.Config) -> float:
-    seconds: float | None = config.getoption("--torture-seconds")
-    return _env_number("WALKIT_TORTURE_SECONDS", 20.0) if seconds is None else seconds
-
-
-def torture_jobs(config: pytest.Config) -> int:
-    jobs: int | None = config.getoption("--torture-jobs")
-    return int(_env_number("WALKIT_TORTURE_JOBS", 2)) if jobs is None else jobs
 
 
 @pytest.fixture(scope="session")

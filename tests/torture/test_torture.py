@@ -18,7 +18,7 @@ import pytest
 
 import support.torture.plan as torture_plan
 import walkit
-from conftest import torture_seeds
+from support.torture.options import torture_seeds
 from support.torture.history import Anomaly, History, Read, check, late_acknowledgments
 from support.torture.ledgers import ledger_payload
 from support.torture.run import TortureRuns
