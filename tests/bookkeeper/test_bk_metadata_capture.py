@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support.bookkeeper import JavaCluster
+from support.bookkeeper import JVM_FLAGS, JavaCluster
 
 pytestmark = pytest.mark.bookkeeper
 
@@ -85,3 +88,76 @@ def test_decode_and_reencode_bookkeepers_own_znodes(java_cluster: JavaCluster) -
     assert any(e.port == java_cluster.bookies[0].port for e in info.endpoints)
     ur = _bk_records.UrLayout.decode(records["underreplication-LAYOUT"])
     assert ur == _bk_records.UrLayout() and ur.encode() == records["underreplication-LAYOUT"]
+
+
+def _wait_for(zk: Any, root: str, want: Callable[[dict[str, bytes]], bool], proc: subprocess.Popen[bytes],
+              log: Path, timeout: float = 60.0) -> dict[str, bytes]:
+    deadline = time.monotonic() + timeout
+    while True:
+        tree = _dump(zk, root)
+        if want(tree):
+            return tree
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"AutoRecoveryMain: not seen (exit {proc.poll()})\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+
+
+def test_auditor_vote_and_underreplication_mark(java_cluster: JavaCluster) -> None:
+    """AutoRecoveryMain on the first bookie's conf is elected auditor; the last bookie
+    stops; the auditor marks every ledger that had it under-replicated (with two bookies
+    left, no E=3 ledger can be re-replicated, so the mark stays)."""
+    peer = java_cluster.peer()
+    try:
+        ledger = peer.create()
+        peer.add(ledger, [b"one", b"two"], pipelined=False)
+        peer.close_ledger(ledger)
+    finally:
+        peer.close()
+    root, first, last = java_cluster.root, java_cluster.bookies[0], java_cluster.bookies[-1]
+    log = java_cluster.directory / "autorecovery.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(["java", *JVM_FLAGS, "-cp", java_cluster.classpath,
+                                 "org.apache.bookkeeper.replication.AutoRecoveryMain", "--conf", str(first.conf)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    election = f"{root}/underreplication/auditorelection"
+    try:
+        tree = _wait_for(java_cluster.zk, root, lambda t: bool(t.get(election)), proc, log)
+        last.stop()
+        mark_path = _bk_paths_ur(root, ledger)
+        tree = _wait_for(java_cluster.zk, root, lambda t: mark_path in t, proc, log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    votes = sorted(p for p in tree if p.startswith(election + "/V_"))
+    records = {"auditorelection": tree[election], "auditor-vote": tree[votes[0]], "underreplication-mark": tree[mark_path]}
+    locks = sorted(p for p in tree if p.startswith(f"{root}/underreplication/locks/urL"))
+    if locks:
+        records["underreplication-lock"] = tree[locks[0]]
+    manifest = {"root": root, "auditor": first.bookie_id, "lost": last.bookie_id, "ledger": ledger,
+                "votes": [v[len(root):] for v in votes], "mark": mark_path[len(root):],
+                "paths": sorted(p[len(root):] or "/" for p in tree)}
+    if os.environ.get("WALKIT_BK_GOLDEN"):
+        directory = Path(os.environ["WALKIT_BK_GOLDEN"]) / "auditor"
+        _save(directory, records, manifest)
+    from walkit.metadata import _bk_paths, _bk_records
+
+    vote = _bk_records.BookieNote.decode(records["auditor-vote"])
+    assert vote == _bk_records.BookieNote(first.bookie_id) and vote.encode() == records["auditor-vote"]
+    elected = _bk_records.BookieNote.decode(records["auditorelection"])
+    assert elected == vote and elected.encode() == records["auditorelection"]
+    assert _bk_paths.vote_sequence(votes[0].rsplit("/", 1)[1]) >= 0
+    mark = _bk_records.UrMark.decode(records["underreplication-mark"])
+    assert last.bookie_id in mark.replicas and mark.encode() == records["underreplication-mark"]
+    assert _bk_paths.parse_ur_path(root, mark_path) == ledger
+    if "underreplication-lock" in records:
+        assert _bk_records.BookieNote.decode(records["underreplication-lock"]).encode() == records["underreplication-lock"]
+
+
+def _bk_paths_ur(root: str, ledger: int) -> str:
+    from walkit.metadata import _bk_paths
+
+    return _bk_paths.ur_path(root, ledger)

@@ -24,7 +24,8 @@ FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCh
 GOLDEN = Path(__file__).parent / "golden" / "bookkeeper"
 MANIFEST: dict[str, Any] = json.loads((GOLDEN / "manifest.json").read_text())
 GOLDEN_FILES = {"INSTANCEID", "LAYOUT", "cookie", "ledger-closed", "ledger-hmac", "ledger-open", "manifest.json",
-                "registration", "underreplication-LAYOUT", "README.md"}
+                "registration", "underreplication-LAYOUT", "README.md", "auditor"}
+AUDITOR: dict[str, Any] = json.loads((GOLDEN / "auditor" / "manifest.json").read_text())
 B1, B2, B3 = MANIFEST["bookies"]
 
 
@@ -80,6 +81,25 @@ def test_golden_layout_instance_cookie_registration() -> None:
     assert info.encode() == golden("registration")
     assert UrLayout.decode(golden("underreplication-LAYOUT")) == UrLayout()
     assert UrLayout().encode() == golden("underreplication-LAYOUT")
+
+
+def test_golden_auditor_vote_election_lock_and_mark() -> None:
+    assert {p.name for p in (GOLDEN / "auditor").iterdir()} == {
+        "auditor-vote", "auditorelection", "underreplication-lock", "underreplication-mark", "manifest.json"}
+    vote = BookieNote.decode(golden("auditor/auditor-vote"))
+    assert vote == BookieNote(AUDITOR["auditor"]) and vote.encode() == golden("auditor/auditor-vote")
+    assert BookieNote.decode(golden("auditor/auditorelection")) == vote
+    assert vote.encode() == golden("auditor/auditorelection")
+    lock = BookieNote.decode(golden("auditor/underreplication-lock"))
+    assert lock.bookie_id and lock.encode() == golden("auditor/underreplication-lock")  # the worker's host name
+    mark = UrMark.decode(golden("auditor/underreplication-mark"))
+    assert mark.replicas == (AUDITOR["lost"],) and mark.ctime is not None and mark.ctime > 1_600_000_000_000
+    assert mark.encode() == golden("auditor/underreplication-mark")
+    assert _bk_paths.ur_path("/", AUDITOR["ledger"]) == AUDITOR["mark"]
+    assert _bk_paths.parse_ur_path("/", AUDITOR["mark"]) == AUDITOR["ledger"]
+    assert [_bk_paths.vote_sequence(v.rsplit("/", 1)[1]) for v in AUDITOR["votes"]] == [0]
+    assert all(v.startswith(_bk_paths.election_path("/") + "/") for v in AUDITOR["votes"])
+    assert _bk_paths.ur_lock_path("/", AUDITOR["ledger"]) in AUDITOR["paths"]
 
 
 def test_golden_tree_paths() -> None:
