@@ -170,7 +170,10 @@ def test_version_1_text() -> None:
     meta = decode_ledger_metadata(closed)
     assert meta.state is LedgerState.CLOSED and meta.last_entry_id == 9 and meta.length == 100
     assert meta.segments == ((0, ("a:1", "b:2", "c:3")), (5, ("a:1", "d:4", "c:3")))
-    assert meta.to_walkit(1)[0].ack_quorum == 2  # no ack quorum before version 3: Qa = Qw
+    with pytest.raises(FormatError, match="reader must name them"):
+        meta.to_walkit(1)  # no password, no digest type kept: BookKeeper takes both from the reader
+    walkit, password = meta.to_walkit(1, digest="mac", password=b"pw")
+    assert walkit.ack_quorum == 2 and walkit.digest == "mac" and password == b"pw"  # no Qa before 4.3: Qa = Qw
     recovering = decode_ledger_metadata(b"BookieMetadataFormatVersion\t1\n1\n1\n0\n0\ta:1\n-102\tCLOSED")
     assert recovering.state is LedgerState.IN_RECOVERY
     with pytest.raises(InvalidArgumentError):
@@ -209,9 +212,13 @@ def test_trailing_bytes_are_refused() -> None:
 
 def test_metadata_walkit_cannot_hold_is_a_format_error() -> None:
     bad = BkLedgerMetadata(write_quorum=3, ensemble_size=2, length=0, state=LedgerState.OPEN,
-                           segments=((0, ("a:1", "b:2")),), digest="CRC32C")
+                           segments=((0, ("a:1", "b:2")),), digest="CRC32C", password=b"")
     with pytest.raises(FormatError, match="cannot hold"):
         decode_ledger_metadata(bad.encode()).to_walkit(4)
+    no_digest = BkLedgerMetadata(write_quorum=1, ensemble_size=1, length=0, state=LedgerState.OPEN,
+                                 segments=((0, ("a:1",)),), password=b"pw")
+    with pytest.raises(FormatError, match="CRC32"):
+        no_digest.to_walkit(4)  # a password without a digest type: the enum's default, CRC32
 
 
 BOOKIE = st.from_regex(r"[a-z0-9.]{1,12}:[0-9]{1,5}", fullmatch=True)

@@ -26,7 +26,9 @@ the znode's name). Digests: CRC32C <-> crc32c, HMAC <-> mac, DUMMY <-> none; CRC
 walkit equivalent and is refused. BookKeeper keeps the **clear password** (field 8) where
 walkit keeps a salted verifier, so the password is an explicit value on both sides:
 ``to_walkit`` returns it beside the metadata (whose verifier it computes) and
-``from_walkit`` takes it and checks it against the verifier. ctime is optional in
+``from_walkit`` takes it and checks it against the verifier. A record without a
+password (format 1, pre-4.2 clients) keeps no digest type either - BookKeeper takes both
+from the reader - so ``to_walkit`` then needs them as arguments. ctime is optional in
 BookKeeper (4.18 stores none unless ``storeSystemtimeAsLedgerCreationTime``); a missing
 one maps to the caller's ``ctime`` (BookKeeper uses the znode's creation time).
 
@@ -118,15 +120,14 @@ class BkLedgerMetadata:
 
     # -- walkit -------------------------------------------------------------------------
 
-    def to_walkit(self, ledger_id: int, *, ctime: int = 0, salt: bytes | None = None
-                  ) -> tuple[LedgerMetadata, bytes]:
-        """walkit's metadata for this ledger and the ledger's password (b"" if none is
-        kept). ``ctime``: used when the record has none; ``salt``: the verifier's salt
-        (random if None)."""
-        digest = _DIGEST_TO_WALKIT.get(self.digest or "CRC32C")
-        if digest is None:
-            raise FormatError("BookKeeper digest type walkit cannot verify", ledger=ledger_id, digest=self.digest)
-        password = self.password or b""
+    def to_walkit(self, ledger_id: int, *, ctime: int = 0, salt: bytes | None = None, digest: str | None = None,
+                  password: bytes = b"") -> tuple[LedgerMetadata, bytes]:
+        """walkit's metadata for this ledger and the ledger's password. ``ctime``: used
+        when the record has none; ``salt``: the verifier's salt (random if None);
+        ``digest`` (walkit's name) and ``password``: only for a record that keeps no
+        password (format 1, or a 4.0/4.1 client's), as BookKeeper then takes both from the
+        reader; such a record without ``digest`` is refused."""
+        digest, password = self._digest_and_password(ledger_id, digest, password)
         salt = os.urandom(SALT_SIZE) if salt is None else salt
         try:
             meta = LedgerMetadata(
@@ -143,6 +144,18 @@ class BkLedgerMetadata:
             raise FormatError("BookKeeper ledger metadata walkit cannot hold", ledger=ledger_id,
                               reason=str(exc)[:300]) from exc
         return meta, password
+
+    def _digest_and_password(self, ledger_id: int, digest: str | None, password: bytes) -> tuple[str, bytes]:
+        if self.password is None:  # BookKeeper then ignores digestType too
+            if digest is None:
+                raise FormatError("BookKeeper ledger metadata keeps no password or digest type: the reader must "
+                                  "name them", ledger=ledger_id, version=self.format_version)
+            return digest, password
+        walkit = _DIGEST_TO_WALKIT.get(self.digest or "CRC32")  # an absent digestType reads as its default
+        if walkit is None:
+            raise FormatError("BookKeeper digest type walkit cannot verify", ledger=ledger_id,
+                              digest=self.digest or "CRC32 (absent)")
+        return walkit, self.password
 
 
 def from_walkit(meta: LedgerMetadata, password: bytes, *, store_ctime: bool = True, ctoken: int | None = 0,
