@@ -10,7 +10,10 @@
   registration (``_registration``), under-replication markers and the auditor's seat
   (``_underreplication``), and :func:`connect` (``_connect``), which checks a
   cluster before anything uses it; :func:`retry_cas` (``_retry``), the one policy
-  for retrying a change that lost its compare-and-set.
+  for retrying a change that lost its compare-and-set;
+- Apache BookKeeper 4.18's own records, pure bytes and paths (no I/O): ledger metadata
+  (``_bk_ledger``), LAYOUT, INSTANCEID, cookies, registrations, under-replication and
+  auditor records (``_bk_records``) and znode paths (``_bk_paths``).
 """
 
 from walkit.metadata._cluster import ClusterInfo, cluster_path, init_cluster, read_cluster

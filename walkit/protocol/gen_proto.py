@@ -1,11 +1,13 @@
-"""Regenerate ``_bk_v3_pb2.py`` from ``bookkeeper.proto`` with grpcio-tools' protoc
+"""Regenerate walkit's protobuf modules from their .proto files with grpcio-tools' protoc
 (a test extra, not a runtime dependency; the runtime needs only ``protobuf``)::
 
-    python -m walkit.protocol.gen_proto          # rewrite _bk_v3_pb2.py
-    python -m walkit.protocol.gen_proto --check  # exit 1 if the checked-in file differs
+    python -m walkit.protocol.gen_proto          # rewrite every generated module
+    python -m walkit.protocol.gen_proto --check  # exit 1 if a checked-in module differs
 
-The generated module is named ``_bk_v3_pb2`` (the .proto is compiled under that name in
-a temporary directory) so it stays private to the package.
+The targets (:data:`TARGETS`): ``walkit/protocol/bookkeeper.proto`` -> ``_bk_v3_pb2.py``
+(the bookie wire protocol) and ``walkit/metadata/bookkeeper.proto`` -> ``_bk_meta_pb2.py``
+(the ZooKeeper metadata records). Each .proto is compiled under its module's name in a
+temporary directory, so the generated modules stay private to their packages.
 """
 
 from __future__ import annotations
@@ -18,27 +20,35 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PROTO = HERE / "bookkeeper.proto"
 OUTPUT = HERE / "_bk_v3_pb2.py"
+META_PROTO = HERE.parent / "metadata" / "bookkeeper.proto"
+META_OUTPUT = HERE.parent / "metadata" / "_bk_meta_pb2.py"
+#: (source .proto, generated module) pairs.
+TARGETS: tuple[tuple[Path, Path], ...] = ((PROTO, OUTPUT), (META_PROTO, META_OUTPUT))
 
 
-def generate() -> str:
-    """The text protoc generates for bookkeeper.proto today."""
+def generate(proto: Path = PROTO, output: Path = OUTPUT) -> str:
+    """The text protoc generates today for ``proto`` compiled as ``output``'s module."""
     from grpc_tools import protoc
 
+    name = output.name.removesuffix("_pb2.py")
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "_bk_v3.proto"
-        shutil.copyfile(PROTO, src)
+        src = Path(tmp) / f"{name}.proto"
+        shutil.copyfile(proto, src)
         rc = protoc.main(["protoc", f"-I{tmp}", f"--python_out={tmp}", str(src)])
         if rc != 0:
             raise RuntimeError(f"protoc failed with exit code {rc}")
-        return (Path(tmp) / "_bk_v3_pb2.py").read_text(encoding="utf-8")
+        return (Path(tmp) / output.name).read_text(encoding="utf-8")
 
 
 def main(argv: list[str]) -> int:
-    text = generate()
-    if "--check" in argv:
-        return 0 if OUTPUT.read_text(encoding="utf-8") == text else 1
-    OUTPUT.write_text(text, encoding="utf-8")
-    return 0
+    stale = 0
+    for proto, output in TARGETS:
+        text = generate(proto, output)
+        if "--check" in argv:
+            stale += output.read_text(encoding="utf-8") != text
+        else:
+            output.write_text(text, encoding="utf-8")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":
