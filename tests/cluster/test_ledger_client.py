@@ -607,15 +607,15 @@ def test_a_follower_gets_the_entry_with_the_poll(tmp_path: Path, driver: Driver,
             return real(self, entry_id, **kw)
 
         monkeypatch.setattr(LedgerReader, "read_entry", spy)
-        reads, runs = reader_bk._core.stats.reads, reader_bk._core.stats.range_reads
+        reads, runs = reader_bk.client._core.stats.reads, reader_bk.client._core.stats.range_reads
         for i in range(1, 6):
             waiting = threading.Timer(0.2, lh.add_entry, (b"%d" % i,))
             waiting.start()
             assert next(follower).data == b"%d" % i
             waiting.join()
         assert own_reads == [], f"entries read on their own after the poll: {own_reads}"
-        assert reader_bk._core.stats.range_reads == runs, "entries read in runs after the poll"
-        assert reader_bk._core.stats.reads - reads == 5  # each counted as a read
+        assert reader_bk.client._core.stats.range_reads == runs, "entries read in runs after the poll"
+        assert reader_bk.client._core.stats.reads - reads == 5  # each counted as a read
         monkeypatch.undo()
         lh.add_entry(b"6")  # a burst: the poll brings the first entry, a read the rest
         lh.add_entry(b"7")
