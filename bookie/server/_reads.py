@@ -3,8 +3,9 @@ through the loop.
 
 Theory of operation
 -------------------
-READ_ENTRY, READ_RANGE, READ_LAC, GET_BOOKIE_INFO and ADMIN (:mod:`bookie._admin`) may
-block on the disk, so the loop never runs them: :meth:`ReadPool.in_pool` submits the
+READ_ENTRY, READ_RANGE, READ_LAC, GET_BOOKIE_INFO, ADMIN (:mod:`bookie._admin`) and
+BookKeeper's GET_LIST_OF_ENTRIES_OF_LEDGER may block on the disk, so the loop never
+runs them: :meth:`ReadPool.in_pool` submits the
 work to the server's small thread pool (``numReadWorkerThreads``) and the answer - or
 the error any failure becomes - is handed back with ``call_soon_threadsafe`` to the
 connection, which is only ever touched on the loop. A pool already shut down (the
@@ -41,8 +42,11 @@ from bookie.server._hooks import ServerHooks
 from walkit.protocol import (
     AdminRequest,
     AdminResponse,
+    BkRequest,
     BookieInfoResponse,
     GetBookieInfo,
+    GetListOfEntries,
+    ListOfEntriesResponse,
     Op,
     ReadEntry,
     ReadEntryResponse,
@@ -52,6 +56,7 @@ from walkit.protocol import (
     ReadRangeResponse,
     Request,
     Response,
+    encode_availability,
     parse_entry_header,
     range_response_size,
 )
@@ -75,7 +80,7 @@ class ReadPool:
     def __init__(self, host: ReadHost) -> None:
         self._host = host
 
-    def in_pool(self, conn: Peer, req: Request, fn: Callable[[Any], Response], arg: Any) -> None:
+    def in_pool(self, conn: Peer, req: Request | BkRequest, fn: Callable[[Any], Any], arg: Any) -> None:
         """Run ``fn(arg)`` on the read pool; its response (or error) goes to ``conn``."""
         loop = self._host.loop
 
@@ -135,6 +140,15 @@ class ReadPool:
             free += usage.free
             total += usage.total
         return BookieInfoResponse(free, total, self._host.readonly, req.request_id)
+
+    def entries_of(self, req: GetListOfEntries) -> ListOfEntriesResponse:
+        """BookKeeper's GET_LIST_OF_ENTRIES_OF_LEDGER: the entries stored here, from the
+        index alone (:meth:`bookie.Bookie.stored_entries`), as AvailabilityOfEntriesOfLedger
+        bytes; ENOLEDGER for a ledger this bookie does not hold, as BookKeeper's."""
+        bookie = self._host.bookie
+        assert bookie is not None
+        return ListOfEntriesResponse(req.ledger_id, encode_availability(bookie.stored_entries(req.ledger_id)),
+                                     req.request_id)
 
     def admin(self, req: AdminRequest) -> Response:
         """An operator command (:mod:`bookie._admin`)."""
