@@ -37,8 +37,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from bookie._admin import AdminTarget, run_command
+from bookie._bookie import LAST_ENTRY
 from bookie.server._answers import Peer, error_response, failed, op_of
 from bookie.server._hooks import ServerHooks
+from walkit.errors import InvalidArgumentError, NoSuchEntryError
 from walkit.protocol import (
     AdminRequest,
     AdminResponse,
@@ -126,7 +128,14 @@ class ReadPool:
     def read_lac(self, req: ReadLac) -> Response:
         bookie = self._host.bookie
         assert bookie is not None
-        return ReadLacResponse(req.ledger_id, bookie.read_lac(req.ledger_id), req.request_id)
+        lac = bookie.read_lac(req.ledger_id)
+        if not req.with_last_entry:
+            return ReadLacResponse(req.ledger_id, lac, req.request_id)
+        try:  # BookKeeper's READ_LAC: the last entry too (its reader checks the digest)
+            last = bookie.read_entry(req.ledger_id, LAST_ENTRY)
+        except (NoSuchEntryError, InvalidArgumentError):  # no entry stored yet
+            last = b""
+        return ReadLacResponse(req.ledger_id, lac, req.request_id, last)
 
     def bookie_info(self, req: GetBookieInfo) -> Response:
         free = total = 0

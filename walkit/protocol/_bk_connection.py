@@ -32,6 +32,10 @@ codec. What BookKeeper's bookie does with bad input, and so this does:
   the request's header with EBADREQ, and the connection stays; so does a Request that
   parsed but whose fields walkit cannot take (a sub-message missing, an id out of
   range) - the status BookKeeper would give there is a guess (EBADREQ);
+* a v2 READ of entry -1 (BookieProtocol.LAST_ADD_CONFIRMED: the last entry, as recovery
+  and v2 readers of the LAC ask) is answered with entry id -1 and the last entry, as
+  BookKeeper's bookie echoes the request's ids - the v2 client matches answers by
+  (ledger, entry); such reads get request ids of this connection's own to find them;
 * a wrong master key, a fenced ledger, a missing entry: answered by the bookie with its
   status (EUA, EFENCED, ENOENTRY, ...) in the request's own answer; the connection stays.
 
@@ -42,18 +46,27 @@ server counts and queues it as any other) that carries the request or the frame.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from walkit.errors import FrameTooLargeError, InvalidArgumentError, ProtocolError
-from walkit.protocol import _bk_v3, _bk_v3_pb2
+from walkit.protocol import _bk_v2, _bk_v3, _bk_v3_pb2
 from walkit.protocol._codes import DEFAULT_MAX_FRAME_SIZE, PROTOCOL_VERSION, Op, Status
 from walkit.protocol._connection import ServerConnection
 from walkit.protocol._dialect import Dialect, codec_for, detect_dialect
 from walkit.protocol._frames import Buffer
-from walkit.protocol._messages import _RESPONSE_OP, AddEntry, AddEntryResponse, BkResponse, ErrorResponse
+from walkit.protocol._messages import (
+    _RESPONSE_OP,
+    AddEntry,
+    AddEntryResponse,
+    BkResponse,
+    ErrorResponse,
+    ReadEntry,
+    ReadEntryResponse,
+)
 
 pb: Any = _bk_v3_pb2  # generated code: unknown to mypy
 
@@ -107,6 +120,8 @@ class BkServerConnection:
         self._closing = False
         #: why the connection closes (a ProtocolError), for the owner's log
         self.error: ProtocolError | None = None
+        self._last_reads = 0  # v2 READs of entry -1 numbered (v2 has no request ids)
+        self._asked_last: set[int] = set()
 
     @property
     def closing(self) -> bool:
@@ -146,17 +161,26 @@ class BkServerConnection:
 
     def _event(self, frame: bytes) -> Any:
         try:
-            return self._codec.decode_request(frame)
+            req = self._codec.decode_request(frame)
         except ProtocolError as exc:
             refusal = _v3_refusal(frame, exc) if self.dialect is Dialect.BK_V3 else None
             if refusal is None:
                 self._fail(exc)
             return refusal
+        if type(req) is ReadEntry and req.entry_id < 0 and self.dialect is Dialect.BK_V2:
+            self._last_reads += 1  # answered under entry -1: a v2 client matches (ledger, entry)
+            req = dataclasses.replace(req, request_id=self._last_reads)
+            self._asked_last.add(self._last_reads)
+        return req
 
     def send(self, resp: BkResponse) -> bytes:
         """The frame answering with ``resp`` in this connection's dialect. An answer past
         the maximum frame size (an entry too big to return) becomes EIO, as walkit's."""
         codec = self._codec
+        if self._asked_last and resp.request_id in self._asked_last:
+            self._asked_last.discard(resp.request_id)
+            if isinstance(resp, ReadEntryResponse):  # v2's READ of entry -1 (LAST_ADD_CONFIRMED)
+                return _bk_v2.last_entry_answer(resp, self._max)
         try:
             if isinstance(resp, BkErrorResponse):
                 if resp.frame:

@@ -27,8 +27,11 @@ What a message carries and a v3 frame does not (and back): entries travel as the
 ids and LAC from it the same way and never computes a digest. A read's answer carries
 the bookie's LAC as ``maxLAC`` (a missing one is read back from the entry's header). A
 LAC write's ``body`` (ledger, LAC, the writer's digest) is not kept: :class:`WriteLac`
-has no room for it, so a READ_LAC answer carries a digest-less ``lacBody`` (16 bytes,
-what a DUMMY-digest reader accepts). ``priority``, ``writeFlags`` (DEFERRED_SYNC; walkit
+has no room for it. So a READ_LAC (decoded with ``with_last_entry``) is answered with
+the ledger's last stored entry as ``lastEntryBody`` - the writer's digest, which any
+reader checks, and the LAC it carries - and no ``lacBody``; only a ledger without
+entries gets a digest-less ``lacBody`` (16 bytes, what a DUMMY-digest reader accepts).
+An explicit LAC above the last entry's reaches a v3 reader only through long polls. ``priority``, ``writeFlags`` (DEFERRED_SYNC; walkit
 always syncs, which is stronger), ``ENTRY_PIGGYBACK`` and ``requestContext`` are dropped
 on decode. Statuses map one to one (:data:`STATUS_TO_BK`), but for EUNKNOWNLEDGERSTATE,
 which a walkit client reads as EIO.
@@ -188,7 +191,7 @@ def _dec_add(r: Any, txn: int) -> AddEntry:
 _REQUEST_FIELDS: dict[int, tuple[str, Callable[[Any, int], BkRequest]]] = {
     pb.READ_ENTRY: ("readRequest", _dec_read),
     pb.ADD_ENTRY: ("addRequest", _dec_add),
-    pb.READ_LAC: ("readLacRequest", lambda r, t: ReadLac(r.ledgerId, t)),
+    pb.READ_LAC: ("readLacRequest", lambda r, t: ReadLac(r.ledgerId, t, with_last_entry=True)),
     pb.WRITE_LAC: ("writeLacRequest", lambda r, t: WriteLac(r.ledgerId, r.lac, bytes(r.masterKey), t)),
     pb.GET_BOOKIE_INFO: ("getBookieInfoRequest", lambda r, t: GetBookieInfo(t)),
     pb.FORCE_LEDGER: ("forceLedgerRequest", lambda r, t: ForceLedger(r.ledgerId, t)),
@@ -227,7 +230,10 @@ def _fill_response(out: Any, resp: BkResponse) -> None:
     elif isinstance(resp, ReadLacResponse):
         sub = out.readLacResponse
         sub.status, sub.ledgerId = pb.EOK, resp.ledger_id
-        sub.lacBody = _LAC_BODY.pack(resp.ledger_id, resp.lac)
+        if resp.last_entry:  # the writer's digest: any reader checks it
+            sub.lastEntryBody = resp.last_entry
+        else:  # no entry: a digest-less lacBody, which only DUMMY readers accept
+            sub.lacBody = _LAC_BODY.pack(resp.ledger_id, resp.lac)
     elif isinstance(resp, WriteLacResponse):
         out.writeLacResponse.status, out.writeLacResponse.ledgerId = pb.EOK, resp.ledger_id
     elif isinstance(resp, BookieInfoResponse):
