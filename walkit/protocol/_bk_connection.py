@@ -36,6 +36,12 @@ codec. What BookKeeper's bookie does with bad input, and so this does:
   and v2 readers of the LAC ask) is answered with entry id -1 and the last entry, as
   BookKeeper's bookie echoes the request's ids - the v2 client matches answers by
   (ledger, entry); such reads get request ids of this connection's own to find them;
+* a v3 long poll (readLastAddConfirmedAndEntry: previousLAC, entry -1) reads entry
+  previousLAC + 1 once the LAC passes previousLAC, as BookKeeper's bookie does; one
+  with no entry to piggy-back - its time
+  ran out, or the LAC moved but the entry asked for is not on this bookie - is answered
+  EOK with ``maxLAC`` and no body (LongPollReadEntryProcessorV3), not ENOENTRY nor
+  another entry as walkit's dialect answers;
 * a wrong master key, a fenced ledger, a missing entry: answered by the bookie with its
   status (EUA, EFENCED, ENOENTRY, ...) in the request's own answer; the connection stays.
 
@@ -122,6 +128,7 @@ class BkServerConnection:
         self.error: ProtocolError | None = None
         self._last_reads = 0  # v2 READs of entry -1 numbered (v2 has no request ids)
         self._asked_last: set[int] = set()
+        self._polls: dict[int, tuple[int, int]] = {}  # v3 long polls: txnId -> (entry, previous LAC)
 
     @property
     def closing(self) -> bool:
@@ -167,7 +174,12 @@ class BkServerConnection:
             if refusal is None:
                 self._fail(exc)
             return refusal
-        if type(req) is ReadEntry and req.entry_id < 0 and self.dialect is Dialect.BK_V2:
+        previous = req.previous_lac if type(req) is ReadEntry else None
+        if previous is not None:  # a long poll (v3 only): its answer may be LAC-only
+            if req.entry_id < 0:  # the Java client asks -1; BookKeeper's bookie reads previousLAC + 1
+                req = dataclasses.replace(req, entry_id=min(previous + 1, 2**63 - 1))
+            self._polls[req.request_id] = (req.entry_id, previous)
+        elif type(req) is ReadEntry and req.entry_id < 0 and self.dialect is Dialect.BK_V2:
             self._last_reads += 1  # answered under entry -1: a v2 client matches (ledger, entry)
             req = dataclasses.replace(req, request_id=self._last_reads)
             self._asked_last.add(self._last_reads)
@@ -177,6 +189,10 @@ class BkServerConnection:
         """The frame answering with ``resp`` in this connection's dialect. An answer past
         the maximum frame size (an entry too big to return) becomes EIO, as walkit's."""
         codec = self._codec
+        if self._polls and resp.request_id in self._polls:
+            frame = self._poll_answer(resp, *self._polls.pop(resp.request_id))
+            if frame is not None:
+                return frame
         if self._asked_last and resp.request_id in self._asked_last:
             self._asked_last.discard(resp.request_id)
             if isinstance(resp, ReadEntryResponse):  # v2's READ of entry -1 (LAST_ADD_CONFIRMED)
@@ -192,6 +208,21 @@ class BkServerConnection:
             error = ErrorResponse(op, Status.EIO, getattr(resp, "ledger_id", 0),
                                   getattr(resp, "entry_id", -1), str(exc)[:1024], resp.request_id)
             return bytes(codec.encode_response(error, max_frame_size=self._max))
+
+    def _poll_answer(self, resp: BkResponse, entry_id: int, previous_lac: int) -> bytes | None:
+        """A v3 long poll's answer as BookKeeper's LongPollReadEntryProcessorV3 gives it
+        when there is no entry to piggy-back: EOK, ``maxLAC`` and no body - on time-out
+        (walkit's machinery says ENOENTRY; the LAC did not pass the previous one, which is
+        what ``maxLAC`` then tells) and when the LAC moved but the entry asked for is not
+        on this bookie (walkit's answer then carries the last entry instead). None: the
+        answer as it is."""
+        if isinstance(resp, ErrorResponse) and resp.op is Op.READ_ENTRY and resp.status is Status.ENOENTRY:
+            lac = previous_lac
+        elif isinstance(resp, ReadEntryResponse) and resp.entry_id != entry_id:
+            lac = resp.lac
+        else:
+            return None
+        return bytes(_bk_v3.lac_only_answer(resp.ledger_id, entry_id, lac, resp.request_id, self._max))
 
     def send_added(self, req: AddEntry) -> bytes:
         """The frame answering the durable add ``req``."""

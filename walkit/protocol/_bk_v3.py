@@ -80,7 +80,7 @@ from walkit.protocol._messages import (
 
 pb: Any = _bk_v3_pb2  # generated code: its classes and enum values are made at import, unknown to mypy
 
-__all__ = ["STATUS_TO_BK", "BK_TO_STATUS", "decode_request", "encode_response", "encode_error",
+__all__ = ["STATUS_TO_BK", "BK_TO_STATUS", "decode_request", "encode_response", "lac_only_answer", "encode_error",
            "encode_request", "decode_response", "operation_of"]
 
 _U32 = 2**32 - 1
@@ -288,6 +288,18 @@ def encode_response(resp: BkResponse, *, max_frame_size: int = DEFAULT_MAX_FRAME
         out.status = pb.EOK
         _fill_response(out, resp)
     return _frame(out, max_frame_size, type(resp).__name__)
+
+
+def lac_only_answer(ledger_id: int, entry_id: int, lac: int, request_id: int,
+                    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
+    """A long poll's EOK answer without an entry: ``maxLAC`` only (BookKeeper's
+    LongPollReadEntryProcessorV3 on time-out, or when the entry is not on the bookie)."""
+    out = pb.Response()
+    _header(out.header, pb.READ_ENTRY, request_id)
+    out.status = pb.EOK
+    sub = out.readResponse
+    sub.status, sub.ledgerId, sub.entryId, sub.maxLAC = pb.EOK, ledger_id, entry_id, lac
+    return _frame(out, max_frame_size, "ReadEntryResponse")
 
 
 def encode_error(req: BkRequest, status: Status, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
