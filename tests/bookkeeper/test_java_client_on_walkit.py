@@ -6,7 +6,9 @@ registration: BookKeeper reads an empty node as a legacy host:port bookie id).""
 from __future__ import annotations
 
 import asyncio
+import base64
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,7 +71,8 @@ def peer(request: pytest.FixtureRequest, walkit_cluster: JavaCluster) -> Iterato
         p.close()
 
 
-def test_java_client_adds_reads_tails_and_recovers_on_walkit_bookies(peer: JavaPeer) -> None:
+def test_java_client_adds_reads_tails_and_recovers_on_walkit_bookies(peer: JavaPeer,
+                                                                      walkit_cluster: JavaCluster) -> None:
     ledger = peer.create(ensemble=3, write_quorum=3, ack_quorum=2, password="pw")
     assert peer.add(ledger, count=200, seed=3) == list(range(200))  # pipelined: each carries LAC -1
     single = [f"one {i}".encode() for i in range(5)]
@@ -79,7 +82,18 @@ def test_java_client_adds_reads_tails_and_recovers_on_walkit_bookies(peer: JavaP
     assert peer.read_lac(ledger) == 203  # READ_LAC: the last entry's piggy-backed LAC
     lac, entry = peer.tail(ledger, 204, timeout_ms=300)  # long poll (the writer's handle knows LAC 204)
     assert lac >= 203 and entry in (None, single[4])
+    reader = walkit_cluster.peer()  # v3: v2 has no long polls
+    try:  # a reader's long poll (v3; v2 has none: the client polls by reading)
+        assert reader.open(ledger, password="pw")["lac"] == 203
+        assert reader.tail(ledger, 204, timeout_ms=300) == (203, None)  # timed out on every bookie
+        reader.send("tail", ledger=ledger, entry=204, timeout_ms=10_000)
+        time.sleep(0.5)
+        assert peer.add(ledger, [b"woken"], pipelined=False) == [205]  # carries LAC 204
+        answer = reader.result(40)
+        assert answer["lac"] == 204 and base64.b64decode(answer["payload"]) == single[4]
+    finally:
+        reader.close()
     info = peer.open(ledger, recovery=True, password="pw")  # fencing reads, recovery adds, close
-    assert info["closed"] and info["lac"] == 204
+    assert info["closed"] and info["lac"] == 205
     with pytest.raises(PeerError):  # the writer is fenced out
         peer.add(ledger, count=1)

@@ -228,8 +228,8 @@ def test_fencing_read_recovery_add_and_wrong_key(tmp_path: Path, dialect: Dialec
 
 def test_v3_long_poll_lac_and_entry(tmp_path: Path) -> None:
     """readLastAddConfirmedAndEntry: a READ with previousLAC and a timeout waits until an
-    add moves the LAC past it, then brings the entry asked for; one whose time runs out
-    is answered ENOENTRY (walkit's long-poll machinery, _long_poll.py)."""
+    add moves the LAC past it, then brings the entry asked for (walkit's long-poll
+    machinery, _long_poll.py); with no entry to bring, BookKeeper's LAC-only answer."""
     async def body() -> None:
         async with in_process(config(tmp_path)) as server:
             writer = await BkPeer.open(server.port, Dialect.BK_V3)
@@ -241,8 +241,21 @@ def test_v3_long_poll_lac_and_entry(tmp_path: Path) -> None:
             woken = await poller.recv()
             assert isinstance(woken, ReadEntryResponse) and woken.request_id == poller.txn
             assert (woken.entry_id, woken.data, woken.lac) == (0, bk_entry(9, 0), 0)
-            expired = await poller.ask(ReadEntry(9, 2, previous_lac=0, timeout_ms=200))
-            assert isinstance(expired, ErrorResponse) and expired.status is Status.ENOENTRY
+            # time out: EOK, maxLAC (the previous LAC, not passed), no entry - as
+            # BookKeeper's LongPollReadEntryProcessorV3 (walkit's own dialect says ENOENTRY)
+            expired = await poller.ask(ReadEntry(9, 1, previous_lac=0, timeout_ms=200))
+            assert expired == ReadEntryResponse(9, 1, 0, b"", poller.txn)
+            # the LAC moves but the entry asked for is not here: EOK, the new LAC, no entry
+            await poller.send(ReadEntry(9, 5, previous_lac=0, timeout_ms=10_000))
+            await asyncio.sleep(0.3)
+            await writer.ask(AddEntry(9, 2, BK_KEY, bk_entry(9, 2)))  # carries LAC 1
+            assert await poller.recv() == ReadEntryResponse(9, 5, 1, b"", poller.txn)
+            # the Java client's form: entry -1; the bookie reads previousLAC + 1, as BookKeeper's
+            await poller.send(ReadEntry(9, -1, previous_lac=1, timeout_ms=10_000))
+            await asyncio.sleep(0.3)
+            await writer.ask(AddEntry(9, 3, BK_KEY, bk_entry(9, 3)))  # carries LAC 2
+            piggy = await poller.recv()
+            assert (piggy.entry_id, piggy.lac, piggy.data) == (2, 2, bk_entry(9, 2))
             await writer.close()
             await poller.close()
 
