@@ -81,6 +81,9 @@ class ReadPool:
 
     def __init__(self, host: ReadHost) -> None:
         self._host = host
+        #: ledger -> the body of its last BookKeeper WRITE_LAC (in memory, as BookKeeper's
+        #: bookie keeps its explicit LAC; written by the loop, read by READ_LAC on the pool)
+        self.lac_bodies: dict[int, bytes] = {}
 
     def in_pool(self, conn: Peer, req: Request | BkRequest, fn: Callable[[Any], Any], arg: Any) -> None:
         """Run ``fn(arg)`` on the read pool; its response (or error) goes to ``conn``."""
@@ -135,7 +138,7 @@ class ReadPool:
             last = bookie.read_entry(req.ledger_id, LAST_ENTRY)
         except (NoSuchEntryError, InvalidArgumentError):  # no entry stored yet
             last = b""
-        return ReadLacResponse(req.ledger_id, lac, req.request_id, last)
+        return ReadLacResponse(req.ledger_id, lac, req.request_id, last, self.lac_bodies.get(req.ledger_id, b""))
 
     def bookie_info(self, req: GetBookieInfo) -> Response:
         free = total = 0

@@ -48,6 +48,7 @@ from walkit.protocol import (
     encode_availability,
 )
 from walkit.protocol import _bk_v3_pb2
+from walkit.protocol._bk_digest import bk_decode_lac, bk_encode_lac
 
 pb: Any = _bk_v3_pb2
 PASSWORD = b"secret"
@@ -144,11 +145,14 @@ def test_v3_every_operation(tmp_path: Path) -> None:
             last = await peer.ask(ReadEntry(7, -1))
             assert (last.entry_id, last.data) == (4, bk_entry(7, 4))
             assert await peer.ask(ReadLac(7)) == ReadLacResponse(7, 3, peer.txn)
-            assert await peer.ask(WriteLac(7, 4, BK_KEY)) == WriteLacResponse(7, peer.txn)
-            # the explicit LAC is kept (walkit's READ_LAC sees it), but a v3 READ_LAC answer
-            # carries the last entry (the writer's digest) and not the LAC write's body, which
-            # walkit does not keep: the v3 reader sees the last entry's LAC
-            assert await peer.ask(ReadLac(7)) == ReadLacResponse(7, 3, peer.txn)
+            body = bk_encode_lac(7, 4, digest=BkDigestType.CRC32C)
+            assert await peer.ask(WriteLac(7, 4, BK_KEY, body=body)) == WriteLacResponse(7, peer.txn)
+            assert await peer.ask(ReadLac(7)) == ReadLacResponse(7, 4, peer.txn)
+            await peer.send(ReadLac(7))  # as BookKeeper's: the LAC write's body and the last entry, as stored
+            raw = pb.Response()
+            raw.ParseFromString(await peer.recv_frame())
+            assert (raw.readLacResponse.lacBody, raw.readLacResponse.lastEntryBody) == (body, bk_entry(7, 4))
+            assert bk_decode_lac(raw.readLacResponse.lacBody, digest=BkDigestType.CRC32C) == 4
             walkit_client = await client_of(server)
             assert await walkit_client.read_lac(7) == 4
             await walkit_client.close()

@@ -26,12 +26,13 @@ What a message carries and a v3 frame does not (and back): entries travel as the
 :mod:`walkit.protocol._bk_digest`), which is walkit's entry layout, so the bookie reads
 ids and LAC from it the same way and never computes a digest. A read's answer carries
 the bookie's LAC as ``maxLAC`` (a missing one is read back from the entry's header). A
-LAC write's ``body`` (ledger, LAC, the writer's digest) is not kept: :class:`WriteLac`
-has no room for it. So a READ_LAC (decoded with ``with_last_entry``) is answered with
-the ledger's last stored entry as ``lastEntryBody`` - the writer's digest, which any
-reader checks, and the LAC it carries - and no ``lacBody``; only a ledger without
-entries gets a digest-less ``lacBody`` (16 bytes, what a DUMMY-digest reader accepts).
-An explicit LAC above the last entry's reaches a v3 reader only through long polls. ``priority``, ``writeFlags`` (DEFERRED_SYNC; walkit
+LAC write's ``body`` (ledger, LAC, the writer's digest) rides on :class:`WriteLac`
+(``body``, outside equality) and the bookie keeps the last one per ledger in memory, as
+BookKeeper's bookie keeps its explicit LAC; a READ_LAC (decoded with
+``with_last_entry``) is answered as BookKeeper's: that body as ``lacBody`` and the
+ledger's last stored entry as ``lastEntryBody`` - both with the writer's digest, which
+any reader checks. Only when the bookie has neither does it send a digest-less
+``lacBody`` (16 bytes, what a DUMMY-digest reader accepts). ``priority``, ``writeFlags`` (DEFERRED_SYNC; walkit
 always syncs, which is stronger), ``ENTRY_PIGGYBACK`` and ``requestContext`` are dropped
 on decode. Statuses map one to one (:data:`STATUS_TO_BK`), but for EUNKNOWNLEDGERSTATE,
 which a walkit client reads as EIO.
@@ -192,7 +193,7 @@ _REQUEST_FIELDS: dict[int, tuple[str, Callable[[Any, int], BkRequest]]] = {
     pb.READ_ENTRY: ("readRequest", _dec_read),
     pb.ADD_ENTRY: ("addRequest", _dec_add),
     pb.READ_LAC: ("readLacRequest", lambda r, t: ReadLac(r.ledgerId, t, with_last_entry=True)),
-    pb.WRITE_LAC: ("writeLacRequest", lambda r, t: WriteLac(r.ledgerId, r.lac, bytes(r.masterKey), t)),
+    pb.WRITE_LAC: ("writeLacRequest", lambda r, t: WriteLac(r.ledgerId, r.lac, bytes(r.masterKey), t, bytes(r.body))),
     pb.GET_BOOKIE_INFO: ("getBookieInfoRequest", lambda r, t: GetBookieInfo(t)),
     pb.FORCE_LEDGER: ("forceLedgerRequest", lambda r, t: ForceLedger(r.ledgerId, t)),
     pb.GET_LIST_OF_ENTRIES_OF_LEDGER: (
@@ -230,9 +231,11 @@ def _fill_response(out: Any, resp: BkResponse) -> None:
     elif isinstance(resp, ReadLacResponse):
         sub = out.readLacResponse
         sub.status, sub.ledgerId = pb.EOK, resp.ledger_id
+        if resp.lac_body:  # the last WRITE_LAC's body, the writer's digest in it
+            sub.lacBody = resp.lac_body
         if resp.last_entry:  # the writer's digest: any reader checks it
             sub.lastEntryBody = resp.last_entry
-        else:  # no entry: a digest-less lacBody, which only DUMMY readers accept
+        if not resp.lac_body and not resp.last_entry:  # a digest-less lacBody: DUMMY readers only
             sub.lacBody = _LAC_BODY.pack(resp.ledger_id, resp.lac)
     elif isinstance(resp, WriteLacResponse):
         out.writeLacResponse.status, out.writeLacResponse.ledgerId = pb.EOK, resp.ledger_id
@@ -343,8 +346,8 @@ def encode_request(req: BkRequest, *, max_frame_size: int = DEFAULT_MAX_FRAME_SI
         out.readLacRequest.ledgerId = req.ledger_id
     elif isinstance(req, WriteLac):
         w = out.writeLacRequest
-        w.ledgerId, w.lac, w.masterKey, w.body = req.ledger_id, req.lac, req.master_key, _LAC_BODY.pack(
-            req.ledger_id, req.lac)
+        w.ledgerId, w.lac, w.masterKey = req.ledger_id, req.lac, req.master_key
+        w.body = req.body or _LAC_BODY.pack(req.ledger_id, req.lac)  # none given: digest-less
     elif isinstance(req, GetBookieInfo):
         out.getBookieInfoRequest.requested = (
             pb.GetBookieInfoRequest.TOTAL_DISK_CAPACITY | pb.GetBookieInfoRequest.FREE_DISK_SPACE)

@@ -202,6 +202,9 @@ class WriteLac:
     lac: int
     master_key: bytes
     request_id: int = 0
+    #: BookKeeper's v3 WRITE_LAC body (ledger, LAC, the writer's digest), kept in memory
+    #: to answer READ_LAC with; never on walkit's wire
+    body: bytes = field(default=b"", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _int("ledger_id", self.ledger_id, 0, _I63)
@@ -283,6 +286,8 @@ class ReadLacResponse:
     request_id: int = 0
     #: the last stored entry, when the request asked for it (ReadLac.with_last_entry)
     last_entry: bytes = field(default=b"", compare=False, repr=False)
+    #: the body of the ledger's last BookKeeper WRITE_LAC, when one came (same request)
+    lac_body: bytes = field(default=b"", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _int("ledger_id", self.ledger_id, 0, _I63)
