@@ -61,6 +61,7 @@ from walkit.protocol import (
     AddEntryResponse,
     AdminRequest,
     AuthMessage,
+    BkErrorResponse,
     BkRequest,
     BkResponse,
     DialectSniffer,
@@ -187,6 +188,9 @@ class Connection(asyncio.BufferedProtocol):
         self.server.stats.bytes_in += len(data)
         for item in self.wire.receive(data):
             if isinstance(item, ErrorResponse):
+                if type(item) is BkErrorResponse:  # a v3 op not served: BookKeeper answers, never closes
+                    self._queue(item)
+                    continue
                 self.bad_frames += 1
                 if self.bad_frames == 1:
                     log.info("bad request from %s: %s", self.peer, item.message)

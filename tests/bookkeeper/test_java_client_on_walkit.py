@@ -97,3 +97,6 @@ def test_java_client_adds_reads_tails_and_recovers_on_walkit_bookies(peer: JavaP
     assert info["closed"] and info["lac"] == 205
     with pytest.raises(PeerError):  # the writer is fenced out
         peer.add(ledger, count=1)
+    empty = peer.create(ensemble=3, write_quorum=3, ack_quorum=2, password="pw")
+    recovered = peer.open(empty, recovery=True, password="pw")  # fencing reads answered ENOENTRY
+    assert recovered["closed"] and recovered["lac"] == -1

@@ -29,7 +29,8 @@ codec. What BookKeeper's bookie does with bad input, and so this does:
   throws, the channel closes - no answer;
 * a v3 Request of an operation the bookie does not serve (RANGE_READ_ENTRY,
   RANGE_ADD_ENTRY, BATCH_READ_ENTRY): BookieRequestProcessor's default branch answers
-  the request's header with EBADREQ, and the connection stays; so does a Request that
+  the request's header with EBADREQ, and the connection stays (the server does not count
+  these among the bad frames that close a walkit connection); so does a Request that
   parsed but whose fields walkit cannot take (a sub-message missing, an id out of
   range) - the status BookKeeper would give there is a guess (EBADREQ);
 * a v2 READ of entry -1 (BookieProtocol.LAST_ADD_CONFIRMED: the last entry, as recovery
