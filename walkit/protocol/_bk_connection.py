@@ -202,7 +202,11 @@ class BkServerConnection:
             if isinstance(resp, BkErrorResponse):
                 if resp.frame:
                     return resp.frame
-                return bytes(codec.encode_error(resp.request, resp.status, max_frame_size=self._max))
+                try:
+                    return bytes(codec.encode_error(resp.request, resp.status, max_frame_size=self._max))
+                except InvalidArgumentError:  # no error answer in the dialect (v2 AUTH): BookKeeper
+                    self._fail(ProtocolError("no error answer in this dialect", reason=resp.message[:200]))
+                    return b""  # closes the channel; so does the owner once it sees closing
             return bytes(codec.encode_response(resp, max_frame_size=self._max))
         except FrameTooLargeError as exc:
             op = _RESPONSE_OP.get(type(resp), Op.READ_ENTRY)
