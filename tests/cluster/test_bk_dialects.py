@@ -340,6 +340,24 @@ def test_v2_unknown_opcode_closes_the_connection(tmp_path: Path, opcode: int) ->
     run(body)
 
 
+def test_v2_other_protocol_versions(tmp_path: Path) -> None:
+    """A later v2 frame of protocol version 1 is served, of version 3 answered EBADVERSION
+    (103) with the request's ids; the connection stays (BookKeeper's isVersionCompatible)."""
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            peer = await BkPeer.open(server.port, Dialect.BK_V2)
+            await peer.ask(AddEntry(6, 0, BK_KEY, bk_entry(6, 0)))
+            read = peer.frame(ReadEntry(6, 0))
+            await peer.send_raw(read[:4] + b"\x01" + read[5:])
+            assert (await peer.recv()).data == bk_entry(6, 0)
+            await peer.send_raw(read[:4] + b"\x03" + read[5:])
+            assert struct.unpack(">Iiqq", await peer.recv_frame()) == (2 << 24 | 2 << 16, 103, 6, 0)
+            assert isinstance(await peer.ask(ReadEntry(6, 0)), ReadEntryResponse)
+            await peer.close()
+
+    run(body)
+
+
 def test_walkit_and_both_bookkeeper_dialects_on_one_port(tmp_path: Path) -> None:
     """One bookie, three connections in three dialects at once, one ledger each way: a
     walkit client's adds and reads work beside them, and an entry written in one

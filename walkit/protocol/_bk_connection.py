@@ -43,6 +43,8 @@ codec. What BookKeeper's bookie does with bad input, and so this does:
   ran out, or the LAC moved but the entry asked for is not on this bookie - is answered
   EOK with ``maxLAC`` and no body (LongPollReadEntryProcessorV3), not ENOENTRY nor
   another entry as walkit's dialect answers;
+* a v2 frame of another protocol version: served if older (0, 1), answered EBADVERSION
+  if newer, the connection kept (PacketProcessorBase.isVersionCompatible);
 * a wrong master key, a fenced ledger, a missing entry: answered by the bookie with its
   status (EUA, EFENCED, ENOENTRY, ...) in the request's own answer; the connection stays.
 
@@ -59,7 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from walkit.errors import FrameTooLargeError, InvalidArgumentError, ProtocolError
+from walkit.errors import FrameTooLargeError, InvalidArgumentError, ProtocolError, ProtocolVersionError
 from walkit.protocol import _bk_v2, _bk_v3, _bk_v3_pb2
 from walkit.protocol._codes import DEFAULT_MAX_FRAME_SIZE, PROTOCOL_VERSION, Op, Status
 from walkit.protocol._connection import ServerConnection
@@ -171,7 +173,12 @@ class BkServerConnection:
         try:
             req = self._codec.decode_request(frame)
         except ProtocolError as exc:
-            refusal = _v3_refusal(frame, exc) if self.dialect is Dialect.BK_V3 else None
+            if self.dialect is Dialect.BK_V3:
+                refusal = _v3_refusal(frame, exc)
+            elif isinstance(exc, ProtocolVersionError):
+                return self._v2_other_version(frame, exc)
+            else:
+                refusal = None
             if refusal is None:
                 self._fail(exc)
             return refusal
@@ -185,6 +192,26 @@ class BkServerConnection:
             req = dataclasses.replace(req, request_id=self._last_reads)
             self._asked_last.add(self._last_reads)
         return req
+
+    def _v2_other_version(self, frame: bytes, exc: ProtocolError) -> Any:
+        """A v2 frame of another protocol version, as BookKeeper's bookie takes it: decoded
+        all the same (a frame that does not decode ends the stream); versions 0 and 1
+        served (LOWEST_COMPAT_PROTOCOL_VERSION 0), a later one answered EBADVERSION with
+        the request's ids (PacketProcessorBase.isVersionCompatible), the stream kept."""
+        version = frame[0]
+        try:
+            req = self._codec.decode_request(bytes([_V2_VERSION]) + frame[1:])
+        except ProtocolError as again:
+            self._fail(again)
+            return None
+        if version < _V2_VERSION:
+            return req
+        try:
+            refusal = bytes(self._codec.encode_error(req, Status.EBADVERSION, max_frame_size=self._max))
+        except InvalidArgumentError:  # no error answer (AUTH): BookKeeper closes
+            self._fail(exc)
+            return None
+        return BkErrorResponse(Op.INVALID, Status.EBADVERSION, message=str(exc)[:1024], frame=refusal)
 
     def send(self, resp: BkResponse) -> bytes:
         """The frame answering with ``resp`` in this connection's dialect. An answer past
