@@ -221,8 +221,8 @@ class BkServerConnection:
             frame = self._poll_answer(resp, *self._polls.pop(resp.request_id))
             if frame is not None:
                 return frame
-        if self._asked_last and resp.request_id in self._asked_last:
-            self._asked_last.discard(resp.request_id)
+        if self._asked_last and _answers_read(resp) and resp.request_id in self._asked_last:
+            self._asked_last.discard(resp.request_id)  # (a BATCH_READ's own id may be the same number)
             if isinstance(resp, ReadEntryResponse):  # v2's READ of entry -1 (LAST_ADD_CONFIRMED)
                 return _bk_v2.last_entry_answer(resp, self._max)
         try:
@@ -263,6 +263,11 @@ class BkServerConnection:
     def send_added_many(self, reqs: list[AddEntry]) -> bytes:
         """The frames answering each of ``reqs``, back to back."""
         return b"".join([self.send_added(req) for req in reqs])
+
+
+def _answers_read(resp: BkResponse) -> bool:
+    """Whether ``resp`` answers a READ_ENTRY (an entry, or an error of that op)."""
+    return isinstance(resp, ReadEntryResponse) or (isinstance(resp, ErrorResponse) and resp.op is Op.READ_ENTRY)
 
 
 def _v3_refusal(frame: bytes, exc: ProtocolError) -> BkErrorResponse | None:
