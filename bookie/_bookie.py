@@ -428,6 +428,10 @@ class Bookie:
         """The stored entries ``first``, ``first + 1``, ... (:meth:`bookie._reads.Reads.read_entries`)."""
         return self._reads.read_entries(ledger_id, first, count, max_bytes)
 
+    def stored_entries(self, ledger_id: int) -> list[int]:
+        """The ids of the ledger's stored entries, sorted (:meth:`bookie._reads.Reads.stored_entries`)."""
+        return self._reads.stored_entries(ledger_id)
+
     def read_lac(self, ledger_id: int) -> int:
         """max(explicit LAC, the LAC carried by the last stored entry); -1 when none."""
         return self._reads.read_lac(ledger_id)

@@ -22,7 +22,7 @@ from prometheus_client.registry import CollectorRegistry
 from bookie._bookie import Bookie, BookieFailure
 from bookie._config import BookieConfig
 from walkit.metrics import COUNT_BUCKETS, Histogram, registry_of
-from walkit.protocol import AddEntryResponse, ErrorResponse, Op, ReadRangeResponse, Response, Status
+from walkit.protocol import AddEntryResponse, BkResponse, ErrorResponse, Op, ReadRangeResponse, Response, Status
 
 __all__ = ["ServerStats", "MetricsSource", "BookieCollector", "bookie_registry"]
 
@@ -43,7 +43,7 @@ class ServerStats:
         #: entries, its sum the entries they carried (entries per request = sum / count)
         self.range_entries = Histogram(COUNT_BUCKETS)
 
-    def answered(self, response: Response) -> None:
+    def answered(self, response: Response | BkResponse) -> None:
         self.responses[_labels(response)] += 1
         if type(response) is ReadRangeResponse:
             self.range_entries.observe(len(response.entries))
@@ -52,7 +52,7 @@ class ServerStats:
 _LABELS: dict[tuple[type, int, int], tuple[str, str]] = {}
 
 
-def _labels(response: Response) -> tuple[str, str]:
+def _labels(response: Response | BkResponse) -> tuple[str, str]:
     """(op, status) of an answer, as label values (cached: a handful of combinations)."""
     key: tuple[type, int, int]
     if isinstance(response, ErrorResponse):
@@ -71,7 +71,8 @@ def _labels(response: Response) -> tuple[str, str]:
 
 _SUCCESS_OPS = {"AddEntryResponse": "add_entry", "ReadEntryResponse": "read_entry", "ReadLacResponse": "read_lac",
                 "WriteLacResponse": "write_lac", "BookieInfoResponse": "get_bookie_info", "AdminResponse": "admin",
-                "ReadRangeResponse": "read_range"}
+                "ReadRangeResponse": "read_range", "ForceLedgerResponse": "force_ledger",
+                "ListOfEntriesResponse": "get_list_of_entries", "AuthMessage": "auth"}
 assert AddEntryResponse.__name__ in _SUCCESS_OPS
 
 

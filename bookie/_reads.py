@@ -79,6 +79,13 @@ class Reads:
         :meth:`bookie.storage.LedgerStorage.get_entries`)."""
         return self._holding(ledger_id).get_entries(ledger_id, first, count, max_bytes)
 
+    def stored_entries(self, ledger_id: int) -> list[int]:
+        """The ids of the entries of ``ledger_id`` stored here, sorted, from the index
+        slots alone (no entry is read): BookKeeper's GET_LIST_OF_ENTRIES_OF_LEDGER."""
+        s = self._holding(ledger_id)
+        last = s.last_entry_id(ledger_id)
+        return [] if last < 0 else s.stored_entries(ledger_id, 0, last)
+
     def read_lac(self, ledger_id: int) -> int:
         """max(explicit LAC, the LAC carried by the last stored entry); -1 when none. The
         last entry's LAC is remembered per ledger while that entry stays the last (an

@@ -1,12 +1,14 @@
-"""The bookie's network server: walkit's wire protocol over asyncio, on top of
+"""The bookie's network server: walkit's wire protocol - and BookKeeper's v3 and v2 on
+the same port, through the same request path (issue 37) - over asyncio, on top of
 :class:`~bookie.Bookie`.
 
 The package's modules, one job each (each starts with its own theory of operation):
 
 * :mod:`bookie.server._server`      :class:`BookieServer`: lifecycle (start, stop,
   registration) and the read-only transitions; owns what the parts share.
-* :mod:`bookie.server._connection`  one client connection: bytes in, requests
-  dispatched under flow control (back-pressure, pipelining), answers coalesced out.
+* :mod:`bookie.server._connection`  one client connection: its dialect picked by its
+  first frame, bytes in, requests dispatched under flow control (back-pressure,
+  pipelining), answers coalesced out.
 * :mod:`bookie.server._admission`   whether an add is taken on or refused at once, and
   why (a pure decision: stopping, read-only, too many adds in flight).
 * :mod:`bookie.server._writes`      the journal hand-off: adds and WRITE_LACs to the

@@ -21,7 +21,13 @@ from typing import Any, Protocol
 from walkit.protocol import (
     AddEntry,
     AdminRequest,
+    AuthMessage,
+    BkErrorResponse,
+    BkRequest,
+    BkResponse,
     ErrorResponse,
+    ForceLedger,
+    ForceLedgerResponse,
     GetBookieInfo,
     Op,
     ReadEntry,
@@ -29,11 +35,17 @@ from walkit.protocol import (
     ReadRange,
     Request,
     Response,
+    StartTls,
+    Status,
     WriteLac,
     status_for,
 )
 
-__all__ = ["Peer", "error_response", "failed", "op_of"]
+__all__ = ["AUTH_DISABLED_PLUGIN", "Peer", "answer_at_once", "error_response", "failed", "op_of"]
+
+#: AuthProviderFactoryFactory.AUTHENTICATION_DISABLED_PLUGIN_NAME: what a BookKeeper bookie
+#: without an auth provider answers every AUTH with (payload AuthToken.NULL, empty)
+AUTH_DISABLED_PLUGIN = "AuthDisabledPlugin"
 
 
 class Peer(Protocol):
@@ -49,7 +61,7 @@ class Peer(Protocol):
         """The long polls parked for this connection (:mod:`bookie.server._long_poll`)."""
         ...
 
-    def respond(self, response: Response) -> None:
+    def respond(self, response: Response | BkResponse) -> None:
         """Answer one dispatched request."""
 
     def respond_added(self, reqs: list[AddEntry]) -> None:
@@ -59,16 +71,45 @@ class Peer(Protocol):
         """Write the answers queued (once per loop iteration)."""
 
 
-def op_of(req: Request) -> Op:
-    return {AddEntry: Op.ADD_ENTRY, ReadEntry: Op.READ_ENTRY, ReadLac: Op.READ_LAC, WriteLac: Op.WRITE_LAC,
-            GetBookieInfo: Op.GET_BOOKIE_INFO, AdminRequest: Op.ADMIN, ReadRange: Op.READ_RANGE}[type(req)]
+_OPS: dict[type, Op] = {AddEntry: Op.ADD_ENTRY, ReadEntry: Op.READ_ENTRY, ReadLac: Op.READ_LAC,
+                        WriteLac: Op.WRITE_LAC, GetBookieInfo: Op.GET_BOOKIE_INFO, AdminRequest: Op.ADMIN,
+                        ReadRange: Op.READ_RANGE}
+
+
+def op_of(req: Request | BkRequest) -> Op:
+    """The walkit op of ``req`` (INVALID for a BookKeeper-only request)."""
+    return _OPS.get(type(req), Op.INVALID)
+
+
+def answer_at_once(req: ForceLedger | AuthMessage | StartTls) -> BkResponse:
+    """The answer to a BookKeeper-only request that needs neither disk nor pool:
+
+    * FORCE_LEDGER: EOK at once. BookKeeper's client asks it to make durable the adds
+      it has been answered (deferred-sync writes); a walkit bookie answers an add only
+      after the fdatasync covering it returned, so every add answered is durable
+      already, and adds still in flight are not the force's to cover.
+    * AUTH: what BookKeeper's bookie without an auth provider answers
+      (BookieRequestProcessor): the plug-in name "AuthDisabledPlugin" and an empty
+      payload, whatever the client sent; its client then counts itself authenticated.
+    * START_TLS: EBADREQ, as BookKeeper's bookie without TLS configured answers it
+      (a walkit bookie's TLS starts with the connection, not mid-stream)."""
+    if isinstance(req, ForceLedger):
+        return ForceLedgerResponse(req.ledger_id, req.request_id)
+    if isinstance(req, AuthMessage):
+        return AuthMessage(AUTH_DISABLED_PLUGIN, b"", req.request_id)
+    return BkErrorResponse(Op.INVALID, Status.EBADREQ, message="START_TLS: TLS is not started mid-stream",
+                           request_id=req.request_id, request=req)
 
 
 def error_response(op: Op, ledger_id: int, entry_id: int, request_id: int, exc: BaseException) -> ErrorResponse:
     return ErrorResponse(op, status_for(exc), ledger_id, entry_id, str(exc)[:1024], request_id)
 
 
-def failed(req: Request, exc: BaseException) -> ErrorResponse:
-    """The error answer to ``req`` (its ledger and entry when it names them)."""
+def failed(req: Request | BkRequest, exc: BaseException) -> ErrorResponse:
+    """The error answer to ``req`` (its ledger and entry when it names them); to a
+    BookKeeper-only request a :class:`BkErrorResponse` its codec encodes."""
+    if type(req) not in _OPS:
+        return BkErrorResponse(Op.INVALID, status_for(exc), getattr(req, "ledger_id", 0), -1, str(exc)[:1024],
+                               req.request_id, request=req)
     return error_response(op_of(req), getattr(req, "ledger_id", 0), getattr(req, "entry_id", -1),
                           req.request_id, exc)

@@ -3,9 +3,16 @@
 Theory of operation
 -------------------
 One event loop thread owns every connection. A connection (:class:`Connection`, an
-``asyncio.BufferedProtocol``) feeds the bytes it receives to its sans-IO
-:class:`~walkit.protocol.ServerConnection`, which yields requests (or ready-made error
-responses for frames it could not accept) and dispatches each:
+``asyncio.BufferedProtocol``) feeds the bytes it receives to its sans-IO side, which
+yields requests (or ready-made error responses for frames it could not accept) and
+dispatches each. The sans-IO side starts as a :class:`~walkit.protocol.DialectSniffer`:
+the first frame picks the dialect and puts the right object in ``wire``, once -
+walkit's :class:`~walkit.protocol.ServerConnection`, or a
+:class:`~walkit.protocol.BkServerConnection` for BookKeeper's v3 and v2 (issue 37) -
+so every later chunk goes straight to it. Whatever the dialect, the requests are the
+same messages and take the same path below; BookKeeper's own ops are answered at once
+(FORCE_LEDGER, AUTH, START_TLS: :func:`~bookie.server._answers.answer_at_once`) or read
+on the pool (GET_LIST_OF_ENTRIES_OF_LEDGER). The dispatch:
 
 * ADD_ENTRY goes straight to the core: the consecutive adds that one pass of
   :meth:`Connection._pump` admits (:func:`~bookie.server._admission.refusal`, per add)
@@ -43,7 +50,7 @@ from typing import Any, Protocol
 from bookie._config import BookieConfig
 from bookie._metrics import ServerStats
 from bookie.server._admission import refusal, refusal_error
-from bookie.server._answers import error_response, failed
+from bookie.server._answers import answer_at_once, error_response, failed
 from bookie.server._long_poll import LongPoll, LongPolls
 from bookie.server._reads import ReadPool
 from bookie.server._writes import Writes
@@ -53,15 +60,23 @@ from walkit.protocol import (
     AddEntry,
     AddEntryResponse,
     AdminRequest,
+    AuthMessage,
+    BkErrorResponse,
+    BkRequest,
+    BkResponse,
+    DialectSniffer,
     ErrorResponse,
+    ForceLedger,
     GetBookieInfo,
+    GetListOfEntries,
     Op,
     ReadEntry,
     ReadLac,
     ReadRange,
     Request,
     Response,
-    ServerConnection,
+    ServerWire,
+    StartTls,
     WriteLac,
     WriteLacResponse,
 )
@@ -120,9 +135,10 @@ class Connection(asyncio.BufferedProtocol):
         self.server = host
         self._open = open_connections
         self._read_buffer = read_buffer
-        self.wire = ServerConnection(host.config.netty_max_frame_size_bytes)
+        #: the sans-IO side: a DialectSniffer until the first frame puts its dialect's here
+        self.wire: ServerWire = DialectSniffer(self._chosen, host.config.netty_max_frame_size_bytes)
         self.transport: asyncio.Transport | None = None
-        self.backlog: collections.deque[Request] = collections.deque()
+        self.backlog: collections.deque[Request | BkRequest] = collections.deque()
         self.in_flight = 0
         self.reads_in_flight = 0
         self.bad_frames = 0
@@ -137,6 +153,10 @@ class Connection(asyncio.BufferedProtocol):
         self.waiters: set[LongPoll] = set()
         #: The core's callback for this connection's adds (``cb(err, adds)``).
         self.on_added = host.writes.callback_for(self)
+
+    def _chosen(self, wire: ServerWire) -> None:
+        """The first frame chose the dialect: ``wire`` serves the connection from now on."""
+        self.wire = wire
 
     # -- asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -168,6 +188,9 @@ class Connection(asyncio.BufferedProtocol):
         self.server.stats.bytes_in += len(data)
         for item in self.wire.receive(data):
             if isinstance(item, ErrorResponse):
+                if type(item) is BkErrorResponse:  # a v3 op not served: BookKeeper answers, never closes
+                    self._queue(item)
+                    continue
                 self.bad_frames += 1
                 if self.bad_frames == 1:
                     log.info("bad request from %s: %s", self.peer, item.message)
@@ -175,6 +198,9 @@ class Connection(asyncio.BufferedProtocol):
             else:
                 self.backlog.append(item)
         if self.wire.closing or self.bad_frames > _BAD_FRAMES:
+            error = getattr(self.wire, "error", None)
+            if error is not None:  # a BookKeeper dialect closes on a bad frame, unanswered
+                log.info("bad frame from %s, closing: %s", self.peer, error)
             self.close_after_flush()
             return
         self._pump()
@@ -269,7 +295,8 @@ class Connection(asyncio.BufferedProtocol):
             else:
                 self.transport.resume_reading()
 
-    def _dispatch(self, req: ReadEntry | ReadRange | ReadLac | WriteLac | GetBookieInfo | AdminRequest) -> None:
+    def _dispatch(self, req: ReadEntry | ReadRange | ReadLac | WriteLac | GetBookieInfo | AdminRequest
+                  | BkRequest) -> None:
         """Every request but ADD_ENTRY (adds are admitted by :meth:`_pump` and go through
         :meth:`~bookie.server._writes.Writes.submit_adds`, a chunk at a time)."""
         server = self.server
@@ -299,8 +326,14 @@ class Connection(asyncio.BufferedProtocol):
                 published = server.writes.write_lac(self, req)
             elif isinstance(req, AdminRequest):
                 reads.in_pool(self, req, reads.admin, req)
-            else:
+            elif isinstance(req, GetBookieInfo):
                 reads.in_pool(self, req, reads.bookie_info, req)
+            elif isinstance(req, GetListOfEntries):
+                reads.in_pool(self, req, reads.entries_of, req)
+            elif isinstance(req, (ForceLedger, AuthMessage, StartTls)):
+                self.respond(answer_at_once(req))
+            else:
+                raise AssertionError(f"no dispatch for {type(req).__name__}")
         except Exception as exc:  # answered, never lost: the connection keeps its count
             self.respond(failed(req, exc))
             return
@@ -314,7 +347,7 @@ class Connection(asyncio.BufferedProtocol):
         self._pump()
 
     # -- responses ---------------------------------------------------------------------
-    def respond(self, response: Response) -> None:
+    def respond(self, response: Response | BkResponse) -> None:
         """Answer one dispatched request (dropped if the connection is gone)."""
         self.in_flight -= 1
         if not _answers_write(response):
@@ -349,7 +382,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.close()
 
-    def _queue(self, response: Response) -> None:
+    def _queue(self, response: Response | BkResponse) -> None:
         self._queue_frame(self.wire.send(response))
 
     def _queue_frame(self, frame: bytes) -> None:
@@ -378,7 +411,7 @@ class Connection(asyncio.BufferedProtocol):
 _WRITE_OPS = frozenset({Op.ADD_ENTRY, Op.WRITE_LAC})
 
 
-def _answers_write(response: Response) -> bool:
+def _answers_write(response: Response | BkResponse) -> bool:
     if isinstance(response, ErrorResponse):
         return response.op in _WRITE_OPS
     return isinstance(response, (AddEntryResponse, WriteLacResponse))

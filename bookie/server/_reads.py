@@ -3,8 +3,9 @@ through the loop.
 
 Theory of operation
 -------------------
-READ_ENTRY, READ_RANGE, READ_LAC, GET_BOOKIE_INFO and ADMIN (:mod:`bookie._admin`) may
-block on the disk, so the loop never runs them: :meth:`ReadPool.in_pool` submits the
+READ_ENTRY, READ_RANGE, READ_LAC, GET_BOOKIE_INFO, ADMIN (:mod:`bookie._admin`) and
+BookKeeper's GET_LIST_OF_ENTRIES_OF_LEDGER may block on the disk, so the loop never
+runs them: :meth:`ReadPool.in_pool` submits the
 work to the server's small thread pool (``numReadWorkerThreads``) and the answer - or
 the error any failure becomes - is handed back with ``call_soon_threadsafe`` to the
 connection, which is only ever touched on the loop. A pool already shut down (the
@@ -36,13 +37,18 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from bookie._admin import AdminTarget, run_command
+from bookie._bookie import LAST_ENTRY
 from bookie.server._answers import Peer, error_response, failed, op_of
 from bookie.server._hooks import ServerHooks
+from walkit.errors import InvalidArgumentError, NoSuchEntryError
 from walkit.protocol import (
     AdminRequest,
     AdminResponse,
+    BkRequest,
     BookieInfoResponse,
     GetBookieInfo,
+    GetListOfEntries,
+    ListOfEntriesResponse,
     Op,
     ReadEntry,
     ReadEntryResponse,
@@ -52,6 +58,7 @@ from walkit.protocol import (
     ReadRangeResponse,
     Request,
     Response,
+    encode_availability,
     parse_entry_header,
     range_response_size,
 )
@@ -74,8 +81,11 @@ class ReadPool:
 
     def __init__(self, host: ReadHost) -> None:
         self._host = host
+        #: ledger -> the body of its last BookKeeper WRITE_LAC (in memory, as BookKeeper's
+        #: bookie keeps its explicit LAC; written by the loop, read by READ_LAC on the pool)
+        self.lac_bodies: dict[int, bytes] = {}
 
-    def in_pool(self, conn: Peer, req: Request, fn: Callable[[Any], Response], arg: Any) -> None:
+    def in_pool(self, conn: Peer, req: Request | BkRequest, fn: Callable[[Any], Any], arg: Any) -> None:
         """Run ``fn(arg)`` on the read pool; its response (or error) goes to ``conn``."""
         loop = self._host.loop
 
@@ -121,7 +131,14 @@ class ReadPool:
     def read_lac(self, req: ReadLac) -> Response:
         bookie = self._host.bookie
         assert bookie is not None
-        return ReadLacResponse(req.ledger_id, bookie.read_lac(req.ledger_id), req.request_id)
+        lac = bookie.read_lac(req.ledger_id)
+        if not req.with_last_entry:
+            return ReadLacResponse(req.ledger_id, lac, req.request_id)
+        try:  # BookKeeper's READ_LAC: the last entry too (its reader checks the digest)
+            last = bookie.read_entry(req.ledger_id, LAST_ENTRY)
+        except (NoSuchEntryError, InvalidArgumentError):  # no entry stored yet
+            last = b""
+        return ReadLacResponse(req.ledger_id, lac, req.request_id, last, self.lac_bodies.get(req.ledger_id, b""))
 
     def bookie_info(self, req: GetBookieInfo) -> Response:
         free = total = 0
@@ -135,6 +152,15 @@ class ReadPool:
             free += usage.free
             total += usage.total
         return BookieInfoResponse(free, total, self._host.readonly, req.request_id)
+
+    def entries_of(self, req: GetListOfEntries) -> ListOfEntriesResponse:
+        """BookKeeper's GET_LIST_OF_ENTRIES_OF_LEDGER: the entries stored here, from the
+        index alone (:meth:`bookie.Bookie.stored_entries`), as AvailabilityOfEntriesOfLedger
+        bytes; ENOLEDGER for a ledger this bookie does not hold, as BookKeeper's."""
+        bookie = self._host.bookie
+        assert bookie is not None
+        return ListOfEntriesResponse(req.ledger_id, encode_availability(bookie.stored_entries(req.ledger_id)),
+                                     req.request_id)
 
     def admin(self, req: AdminRequest) -> Response:
         """An operator command (:mod:`bookie._admin`)."""

@@ -114,7 +114,7 @@ class BookieServer:
         self.read_executor = ThreadPoolExecutor(config.num_read_worker_threads, thread_name_prefix="bookie-read")
         self.reads = ReadPool(self)
         self.polls = LongPolls(self, self.reads)
-        self.writes = Writes(self, self.polls)
+        self.writes = Writes(self, self.polls, self.reads.lac_bodies)
         self._disks = DiskWatch(self)
         self._server: asyncio.Server | None = None
         self._monitor: asyncio.Task[None] | None = None

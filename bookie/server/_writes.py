@@ -20,6 +20,10 @@ sees the flag set does not even take the drain lock: the drain clears the flag *
 it empties the queue, so a completion queued after the flag was read set is still found),
 so a group commit of a thousand entries costs a few queue items and one wake-up.
 
+A BookKeeper WRITE_LAC's body (ledger, LAC, the writer's digest) is kept in memory per
+ledger once the write succeeded, for READ_LAC to answer with (:class:`ReadPool`'s
+``lac_bodies``), as BookKeeper's bookie keeps its explicit LAC.
+
 A WRITE_LAC for a ledger whose key is durable here is published at once (storage, long
 polls, the answer) and its record rides on the next flush: an explicit LAC needs no
 fsync (:meth:`bookie.Bookie.publish_lac`). For a ledger new to this bookie it is
@@ -54,6 +58,7 @@ log = logging.getLogger("bookie.server")
 
 _ADD_DONE = 0
 _LAC_WRITTEN = 1
+_LAC_BODIES = 4096  # ledgers whose last BookKeeper WRITE_LAC body is kept
 
 
 class WriteHost(Protocol):
@@ -76,9 +81,11 @@ class Writes:
     """Adds and WRITE_LACs between the connections and the journal (see the module
     docstring). Everything but the journal callbacks runs on the loop."""
 
-    def __init__(self, host: WriteHost, polls: LongPolls) -> None:
+    def __init__(self, host: WriteHost, polls: LongPolls, lac_bodies: dict[int, bytes] | None = None) -> None:
         self._host = host
         self._polls = polls
+        #: ledger -> its last BookKeeper WRITE_LAC body, kept once the write succeeded (ReadPool's)
+        self._lac_bodies: dict[int, bytes] = {} if lac_bodies is None else lac_bodies
         self.in_flight = AddsInFlight()
         #: Completions (kind, connection, adds or request, error), from the sync thread.
         self._done: collections.deque[tuple[int, Peer, Any, BaseException | None]] = collections.deque()
@@ -201,6 +208,10 @@ class Writes:
 
     def _lac_written(self, conn: Peer, req: WriteLac, err: BaseException | None) -> None:
         if err is None:
+            if req.body:  # BookKeeper's: answered to READ_LAC as it came (bounded: forgotten all at once)
+                if len(self._lac_bodies) >= _LAC_BODIES:
+                    self._lac_bodies.clear()
+                self._lac_bodies[req.ledger_id] = req.body
             conn.respond(WriteLacResponse(req.ledger_id, req.request_id))
             if self._polls.waiting_on(req.ledger_id):
                 try:

@@ -3,7 +3,9 @@ format (``_entry.py``) and the bookie wire protocol: ``_codes.py`` its numbers, 
 its requests and responses, ``_codec.py`` the walkit dialect (messages <-> frames),
 ``_frames.py`` the incremental frame cutter, ``_connection.py`` one connection's state;
 BookKeeper's dialects: ``_bk_v3.py`` (protobuf), ``_bk_v2.py`` (binary), ``_bk_digest.py``
-(its digests and master key), ``_dialect.py`` (which one a connection speaks)."""
+(its digests and master key), ``_dialect.py`` (which one a connection speaks),
+``_bk_connection.py`` (a bookie's side of a connection in them, and the first frame's
+choice of dialect)."""
 
 from walkit.protocol._entry import (
     ENTRY_HEADER,
@@ -64,6 +66,14 @@ from walkit.protocol._messages import (
 )
 from walkit.protocol._bk_digest import BK_MASTER_KEY_SIZE, BkDigestType, bk_decode_entry, bk_encode_entry, bk_master_key
 from walkit.protocol._dialect import Dialect, codec_for, detect_dialect
+from walkit.protocol._bk_connection import (
+    BkErrorResponse,
+    BkServerConnection,
+    DialectSniffer,
+    ServerWire,
+    decode_availability,
+    encode_availability,
+)
 
 __all__ = [
     "ENTRY_HEADER",
@@ -115,7 +125,7 @@ __all__ = [
     "encode_response",
     "error_for",
     "status_for",
-    # BookKeeper's wire dialects (_bk_v3, _bk_v2, _bk_digest, _dialect; issue 37)
+    # BookKeeper's wire dialects (_bk_v3, _bk_v2, _bk_digest, _dialect, _bk_connection; issue 37)
     "AuthMessage",
     "BkRequest",
     "BkResponse",
@@ -133,4 +143,10 @@ __all__ = [
     "Dialect",
     "codec_for",
     "detect_dialect",
+    "BkErrorResponse",
+    "BkServerConnection",
+    "DialectSniffer",
+    "ServerWire",
+    "decode_availability",
+    "encode_availability",
 ]

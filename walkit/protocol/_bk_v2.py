@@ -64,7 +64,7 @@ from walkit.protocol._range import MAX_RANGE_ENTRIES, ReadRange, ReadRangeRespon
 pb: Any = _bk_v3_pb2  # generated code: its classes and enum values are made at import, unknown to mypy
 
 __all__ = ["V2_VERSION", "V2Op", "V2Flag", "STATUS_TO_V2", "V2_TO_STATUS", "decode_request", "encode_response",
-           "encode_error", "encode_request", "decode_response"]
+           "last_entry_answer", "encode_error", "encode_request", "decode_response"]
 
 V2_VERSION = 2  # BookieProtocol.CURRENT_PROTOCOL_VERSION
 MASTER_KEY_SIZE = 20
@@ -242,6 +242,12 @@ def encode_response(resp: BkResponse, *, max_frame_size: int = DEFAULT_MAX_FRAME
     return _frame(body, max_frame_size, type(resp).__name__)
 
 
+def last_entry_answer(resp: ReadEntryResponse, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
+    """The frame answering a READ of entry -1 (LAST_ADD_CONFIRMED) with the last entry
+    ``resp`` read: under entry id -1, the request's, as BookKeeper's bookie answers it."""
+    return _frame(_answer(V2Op.READENTRY, 0, resp.ledger_id, -1, 0, resp.data), max_frame_size, "ReadEntryResponse")
+
+
 def encode_error(req: BkRequest, status: Status, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
     """The v2 frame answering the decoded request ``req`` with an error ``status``
     (AUTH has no error answer in v2: BookKeeper's bookie closes the connection)."""
@@ -321,6 +327,8 @@ def _dec_response(data: bytes, op: int) -> BkResponse:
         return AddEntryResponse(ledger, entry)
     if op == V2Op.READENTRY:
         payload = data[at:]
+        if entry < 0 and len(payload) >= _IDS.size:  # an answer to a READ of entry -1: the entry's own id
+            entry = _IDS.unpack_from(payload)[1]
         return ReadEntryResponse(ledger, entry, _entry_lac(payload), payload)
     entries: list[bytes] = []
     while at < len(data):

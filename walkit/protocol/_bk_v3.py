@@ -26,9 +26,13 @@ What a message carries and a v3 frame does not (and back): entries travel as the
 :mod:`walkit.protocol._bk_digest`), which is walkit's entry layout, so the bookie reads
 ids and LAC from it the same way and never computes a digest. A read's answer carries
 the bookie's LAC as ``maxLAC`` (a missing one is read back from the entry's header). A
-LAC write's ``body`` (ledger, LAC, the writer's digest) is not kept: :class:`WriteLac`
-has no room for it, so a READ_LAC answer carries a digest-less ``lacBody`` (16 bytes,
-what a DUMMY-digest reader accepts). ``priority``, ``writeFlags`` (DEFERRED_SYNC; walkit
+LAC write's ``body`` (ledger, LAC, the writer's digest) rides on :class:`WriteLac`
+(``body``, outside equality) and the bookie keeps the last one per ledger in memory, as
+BookKeeper's bookie keeps its explicit LAC; a READ_LAC (decoded with
+``with_last_entry``) is answered as BookKeeper's: that body as ``lacBody`` and the
+ledger's last stored entry as ``lastEntryBody`` - both with the writer's digest, which
+any reader checks. Only when the bookie has neither does it send a digest-less
+``lacBody`` (16 bytes, what a DUMMY-digest reader accepts). ``priority``, ``writeFlags`` (DEFERRED_SYNC; walkit
 always syncs, which is stronger), ``ENTRY_PIGGYBACK`` and ``requestContext`` are dropped
 on decode. Statuses map one to one (:data:`STATUS_TO_BK`), but for EUNKNOWNLEDGERSTATE,
 which a walkit client reads as EIO.
@@ -77,7 +81,7 @@ from walkit.protocol._messages import (
 
 pb: Any = _bk_v3_pb2  # generated code: its classes and enum values are made at import, unknown to mypy
 
-__all__ = ["STATUS_TO_BK", "BK_TO_STATUS", "decode_request", "encode_response", "encode_error",
+__all__ = ["STATUS_TO_BK", "BK_TO_STATUS", "decode_request", "encode_response", "lac_only_answer", "encode_error",
            "encode_request", "decode_response", "operation_of"]
 
 _U32 = 2**32 - 1
@@ -188,8 +192,8 @@ def _dec_add(r: Any, txn: int) -> AddEntry:
 _REQUEST_FIELDS: dict[int, tuple[str, Callable[[Any, int], BkRequest]]] = {
     pb.READ_ENTRY: ("readRequest", _dec_read),
     pb.ADD_ENTRY: ("addRequest", _dec_add),
-    pb.READ_LAC: ("readLacRequest", lambda r, t: ReadLac(r.ledgerId, t)),
-    pb.WRITE_LAC: ("writeLacRequest", lambda r, t: WriteLac(r.ledgerId, r.lac, bytes(r.masterKey), t)),
+    pb.READ_LAC: ("readLacRequest", lambda r, t: ReadLac(r.ledgerId, t, with_last_entry=True)),
+    pb.WRITE_LAC: ("writeLacRequest", lambda r, t: WriteLac(r.ledgerId, r.lac, bytes(r.masterKey), t, bytes(r.body))),
     pb.GET_BOOKIE_INFO: ("getBookieInfoRequest", lambda r, t: GetBookieInfo(t)),
     pb.FORCE_LEDGER: ("forceLedgerRequest", lambda r, t: ForceLedger(r.ledgerId, t)),
     pb.GET_LIST_OF_ENTRIES_OF_LEDGER: (
@@ -227,7 +231,12 @@ def _fill_response(out: Any, resp: BkResponse) -> None:
     elif isinstance(resp, ReadLacResponse):
         sub = out.readLacResponse
         sub.status, sub.ledgerId = pb.EOK, resp.ledger_id
-        sub.lacBody = _LAC_BODY.pack(resp.ledger_id, resp.lac)
+        if resp.lac_body:  # the last WRITE_LAC's body, the writer's digest in it
+            sub.lacBody = resp.lac_body
+        if resp.last_entry:  # the writer's digest: any reader checks it
+            sub.lastEntryBody = resp.last_entry
+        if not resp.lac_body and not resp.last_entry:  # a digest-less lacBody: DUMMY readers only
+            sub.lacBody = _LAC_BODY.pack(resp.ledger_id, resp.lac)
     elif isinstance(resp, WriteLacResponse):
         out.writeLacResponse.status, out.writeLacResponse.ledgerId = pb.EOK, resp.ledger_id
     elif isinstance(resp, BookieInfoResponse):
@@ -284,6 +293,18 @@ def encode_response(resp: BkResponse, *, max_frame_size: int = DEFAULT_MAX_FRAME
     return _frame(out, max_frame_size, type(resp).__name__)
 
 
+def lac_only_answer(ledger_id: int, entry_id: int, lac: int, request_id: int,
+                    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
+    """A long poll's EOK answer without an entry: ``maxLAC`` only (BookKeeper's
+    LongPollReadEntryProcessorV3 on time-out, or when the entry is not on the bookie)."""
+    out = pb.Response()
+    _header(out.header, pb.READ_ENTRY, request_id)
+    out.status = pb.EOK
+    sub = out.readResponse
+    sub.status, sub.ledgerId, sub.entryId, sub.maxLAC = pb.EOK, ledger_id, entry_id, lac
+    return _frame(out, max_frame_size, "ReadEntryResponse")
+
+
 def encode_error(req: BkRequest, status: Status, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
     """The v3 frame answering the decoded request ``req`` with an error ``status``
     (also for BookKeeper-only ops, which :class:`ErrorResponse` cannot name)."""
@@ -325,8 +346,8 @@ def encode_request(req: BkRequest, *, max_frame_size: int = DEFAULT_MAX_FRAME_SI
         out.readLacRequest.ledgerId = req.ledger_id
     elif isinstance(req, WriteLac):
         w = out.writeLacRequest
-        w.ledgerId, w.lac, w.masterKey, w.body = req.ledger_id, req.lac, req.master_key, _LAC_BODY.pack(
-            req.ledger_id, req.lac)
+        w.ledgerId, w.lac, w.masterKey = req.ledger_id, req.lac, req.master_key
+        w.body = req.body or _LAC_BODY.pack(req.ledger_id, req.lac)  # none given: digest-less
     elif isinstance(req, GetBookieInfo):
         out.getBookieInfoRequest.requested = (
             pb.GetBookieInfoRequest.TOTAL_DISK_CAPACITY | pb.GetBookieInfoRequest.FREE_DISK_SPACE)

@@ -21,7 +21,7 @@ Used by the package's siblings: the field checks (``_int``), the ranges (``_I63`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from walkit.errors import InvalidArgumentError
@@ -186,10 +186,14 @@ class ReadEntry:
 class ReadLac:
     ledger_id: int
     request_id: int = 0
+    #: BookKeeper's v3 READ_LAC: answer with the last stored entry too (its reader takes
+    #: the LAC from that entry's header, digest-checked); never on walkit's wire
+    with_last_entry: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         _int("ledger_id", self.ledger_id, 0, _I63)
         _int("request_id", self.request_id, 0, _U64)
+        _bool("with_last_entry", self.with_last_entry)
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,9 @@ class WriteLac:
     lac: int
     master_key: bytes
     request_id: int = 0
+    #: BookKeeper's v3 WRITE_LAC body (ledger, LAC, the writer's digest), kept in memory
+    #: to answer READ_LAC with; never on walkit's wire
+    body: bytes = field(default=b"", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _int("ledger_id", self.ledger_id, 0, _I63)
@@ -277,6 +284,10 @@ class ReadLacResponse:
     ledger_id: int
     lac: int
     request_id: int = 0
+    #: the last stored entry, when the request asked for it (ReadLac.with_last_entry)
+    last_entry: bytes = field(default=b"", compare=False, repr=False)
+    #: the body of the ledger's last BookKeeper WRITE_LAC, when one came (same request)
+    lac_body: bytes = field(default=b"", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _int("ledger_id", self.ledger_id, 0, _I63)
