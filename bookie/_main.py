@@ -1,4 +1,5 @@
-"""``python -m bookie --conf bookie.toml`` (also ``walkit bookie start --conf ...``).
+"""``python -m bookie --conf bookie.toml`` or ``--conf bk_server.conf`` (also ``walkit bookie
+start --conf ...``; the format by name or content: :func:`bookie._bk_conf.load`).
 
 Runs one :class:`~bookie.server.BookieServer` until SIGTERM or SIGINT (also one that
 arrives during the start), then stops it gracefully (in-flight adds answered,
@@ -20,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from bookie._bk_conf import load as load_conf
 from bookie._config import BookieConfig, reference
 from walkit.errors import WalkitError
 from walkit.logs import configure
@@ -27,7 +29,11 @@ from walkit.logs import configure
 if TYPE_CHECKING:
     from bookie.server import BookieServer
 
-__all__ = ["main", "serve"]
+__all__ = ["CONF_HELP", "main", "serve"]
+
+CONF_HELP = ("bookie configuration, BookKeeper key names: *.toml is TOML; *.conf and *.properties are "
+             "BookKeeper's bk_server.conf (Java properties; keys walkit does not implement are listed in "
+             "one warning); another name is TOML if it parses as TOML, else properties")
 
 log = logging.getLogger("bookie")
 
@@ -60,7 +66,7 @@ async def _stop_when(asked: asyncio.Event, server: BookieServer) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--conf", help="bookie configuration (TOML, BookKeeper key names)")
+    what.add_argument("--conf", help=CONF_HELP)
     what.add_argument("--config-reference", action="store_true",
                       help="print every configuration key, its default and meaning (Markdown) and exit")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -76,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     configure(_log_level(args), getattr(args, "log_format", "text"), force=True, default=logging.INFO)
     try:
-        config = BookieConfig.from_toml(args.conf)
+        config = load_conf(args.conf)
         return asyncio.run(serve(config))
     except WalkitError as exc:
         log.error("bookie failed: %s: %s", type(exc).__name__, exc)

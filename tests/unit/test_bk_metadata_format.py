@@ -24,7 +24,8 @@ FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCh
 GOLDEN = Path(__file__).parent / "golden" / "bookkeeper"
 MANIFEST: dict[str, Any] = json.loads((GOLDEN / "manifest.json").read_text())
 GOLDEN_FILES = {"INSTANCEID", "LAYOUT", "cookie", "ledger-closed", "ledger-hmac", "ledger-open", "manifest.json",
-                "registration", "underreplication-LAYOUT", "README.md", "auditor"}
+                "registration", "underreplication-LAYOUT", "README.md", "auditor",
+                "bk_server.conf"}  # BookKeeper's default configuration: tests/unit/test_bk_conf.py
 AUDITOR: dict[str, Any] = json.loads((GOLDEN / "auditor" / "manifest.json").read_text())
 B1, B2, B3 = MANIFEST["bookies"]
 

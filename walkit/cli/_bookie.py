@@ -39,7 +39,10 @@ def register(subparsers: Subcommands) -> None:
     """``walkit bookie`` and its sub-commands."""
     bookie = subparsers.subcommands(subparsers.add_parser("bookie", help="run and inspect bookies"), dest="what")
     bs = bookie.add_parser("start", help="run a bookie until SIGTERM (as python -m bookie)")
-    bs.add_argument("--conf", required=True, help="bookie configuration (TOML, BookKeeper key names)")
+    bs.add_argument("--conf", required=True, help="bookie configuration, BookKeeper key names: *.toml is TOML; "
+                    "*.conf and *.properties are BookKeeper's bk_server.conf (Java properties; keys walkit does "
+                    "not implement are listed in one warning); another name is TOML if it parses as TOML, else "
+                    "properties")
     bs.set_defaults(func=_start, log_default="INFO")  # python -m bookie's: a server says what it does
     bl = bookie.add_parser("list", help="the available and read-only bookies")
     add_metadata_option(bl)
