@@ -29,7 +29,7 @@ from bookie._config import BookieConfig, os_reason
 from bookie._properties import decode, load_configuration
 from walkit.errors import ConfigError
 
-__all__ = ["MAPPED", "REFUSED", "load", "load_config", "read_properties", "warn_ignored"]
+__all__ = ["MAPPED", "REFUSED", "from_properties", "load", "load_config", "read_properties", "warn_ignored"]
 
 log = logging.getLogger("bookie")
 
@@ -168,7 +168,15 @@ def load(path: str) -> BookieConfig:
                                   "properties naming a bookie key", path=path) from exc
         else:
             return BookieConfig.from_toml(path)
-    return BookieConfig.from_properties(path)
+    return from_properties(path)
+
+
+def from_properties(path: str) -> BookieConfig:
+    """The configuration in BookKeeper's Java properties ``bk_server.conf`` at ``path``;
+    the keys walkit ignores are logged in one warning."""
+    config, ignored = read_properties(path)
+    warn_ignored(path, ignored)
+    return config
 
 
 def warn_ignored(path: str, ignored: list[str]) -> None:

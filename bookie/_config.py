@@ -1,5 +1,5 @@
-"""Bookie configuration: BookKeeper's key names and defaults, loadable from TOML or
-BookKeeper's own ``bk_server.conf`` (Java properties: :mod:`bookie._bk_conf`).
+"""Bookie configuration: BookKeeper's key names and defaults, loadable from TOML (and from
+BookKeeper's own ``bk_server.conf``, Java properties: :mod:`bookie._bk_conf`).
 
 Attributes are snake_case; the TOML keys are BookKeeper's (``journalMaxGroupWaitMSec``,
 ``ledgerDirectories``, ...). Keys that walkit adds are marked "walkit" below.
@@ -256,16 +256,6 @@ class BookieConfig:
         except tomllib.TOMLDecodeError as exc:
             raise _toml_error(exc, path) from exc
         return cls.from_dict(values)
-
-    @classmethod
-    def from_properties(cls, path: str) -> BookieConfig:
-        """The configuration in BookKeeper's Java properties ``bk_server.conf`` at ``path``
-        (bookie/_bk_conf.py: keys walkit ignores are logged in one warning)."""
-        from bookie._bk_conf import read_properties, warn_ignored
-
-        config, ignored = read_properties(path)
-        warn_ignored(path, ignored)
-        return config
 
     def to_dict(self) -> dict[str, Any]:
         return {f.metadata["key"]: getattr(self, f.name) for f in dataclasses.fields(self)}

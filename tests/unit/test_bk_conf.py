@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bookie import BookieConfig
-from bookie._bk_conf import MAPPED, REFUSED, load, load_config
+from bookie._bk_conf import MAPPED, REFUSED, from_properties, load, load_config
 from bookie._main import main as bookie_main
 from bookie._properties import load_configuration, load_properties, split_list
 from walkit.errors import ConfigError, WalkitError
@@ -237,7 +237,7 @@ def test_no_warning_when_every_key_is_known(tmp_path: Path, caplog: pytest.LogCa
     path = tmp_path / "bk.properties"
     path.write_text("bookiePort=3181\njournalDirectories=/j\n")
     with caplog.at_level(logging.WARNING, logger="bookie"):
-        assert BookieConfig.from_properties(str(path)).journal_directory == "/j"
+        assert from_properties(str(path)).journal_directory == "/j"
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
