@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import socket
 import ssl
 import struct
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -360,3 +362,49 @@ def test_tls_bookie_process(tmp_path: Path, processes: list[BookieProcess]) -> N
 
     run(body)
     assert bookie.terminate() == 0
+
+
+def test_bookie_process_from_bookkeepers_bk_server_conf(tmp_path: Path, cluster_uri: str) -> None:
+    """BookKeeper 4.18's default bk_server.conf, its directories, ports and metadata
+    service changed, started by ``walkit bookie start --conf``: it serves, registers, answers
+    /heartbeat, and says in one warning which keys it ignores."""
+    golden = Path(__file__).parents[1] / "unit" / "golden" / "bookkeeper" / "bk_server.conf"
+    port, http_port = free_port(), free_port()
+    changes = {"bookiePort": str(port), "journalDirectories": str(tmp_path / "journal"),
+               "ledgerDirectories": str(tmp_path / "ledgers"), "metadataServiceUri": cluster_uri,
+               "httpServerEnabled": "true", "httpServerPort": str(http_port), "httpServerHost": "127.0.0.1"}
+    text = golden.read_text(encoding="iso-8859-1")
+    for key, value in changes.items():
+        text, count = re.subn(rf"^{key}=.*$", f"{key}={value}", text, flags=re.M)
+        assert count == 1, key
+    conf = tmp_path / "bk_server.conf"
+    conf.write_text(text, encoding="iso-8859-1")
+    log_path = tmp_path / "bookie.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "walkit.cli", "bookie", "start", "--conf", str(conf)],
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "serving on" not in log_path.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text(errors="replace")
+            time.sleep(0.05)
+
+        async def body() -> None:
+            client = await BookieClient.connect("127.0.0.1", port)
+            await client.add_entry(1, 0, KEY, entry(1, 0))
+            assert (await client.read_entry(1, 0)).data == entry(1, 0)
+            await client.close()
+
+        run(body)
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/heartbeat", timeout=30) as answer:
+            assert answer.status == 200
+        listed = _cli("bookie", "list", "--metadata", cluster_uri)
+        assert listed.stdout == f"127.0.0.1:{port}\tavailable\n", listed
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    warnings = [line for line in log_path.read_text().splitlines() if "not implemented by walkit" in line]
+    assert len(warnings) == 1 and "statsProviderClass" in warnings[0] and "storageserver.grpc.port" in warnings[0]
+    assert "bookiePort" not in warnings[0] and "journalDirectories" not in warnings[0]
