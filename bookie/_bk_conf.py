@@ -35,7 +35,7 @@ log = logging.getLogger("bookie")
 
 #: BookKeeper keys walkit reads under another name, and what it does with them.
 MAPPED = {
-    "journalDirectories": "journalDirectory (one directory; walkit writes one journal)",
+    "journalDirectories": "journalDirectory, which it overrides (one directory; walkit writes one journal)",
     "httpServerHost": "httpServerAddress",
     "zkServers": "metadataServiceUri zk://<zkServers><zkLedgersRootPath>, when metadataServiceUri is not given",
     "zkLedgersRootPath": "the path of the zk:// metadataServiceUri built from zkServers (default /ledgers)",
@@ -127,8 +127,8 @@ def load_config(conf: dict[str, list[str]]) -> tuple[BookieConfig, list[str]]:
     if uri is not None:
         values["metadataServiceUri"] = uri
     journal = _journal_directory(conf)
-    if journal is not None:
-        values.setdefault("journalDirectory", journal)
+    if journal is not None:  # BookKeeper: "If journalDirectories is set, bookies will skip journalDirectory"
+        values["journalDirectory"] = journal
     host = _convert("httpServerHost", "str", conf["httpServerHost"]) if "httpServerHost" in conf else None
     if host is not None:
         values.setdefault("httpServerAddress", host)

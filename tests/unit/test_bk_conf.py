@@ -220,6 +220,13 @@ def test_metadata_service_uri_from_zk_servers_and_semicolons() -> None:
     assert config.metadata_service_uri == "zk://z1:2181,z2:2181/ledgers"
 
 
+def test_journal_directories_wins_over_journal_directory_as_in_bookkeeper() -> None:
+    config, _ = load_config(load_configuration("journalDirectory=/old\njournalDirectories=/new\n"))
+    assert config.journal_directory == "/new"
+    config, _ = load_config(load_configuration("journalDirectory=/old\njournalDirectories=\n"))
+    assert config.journal_directory == "/old"
+
+
 def test_ignored_keys_are_logged_once_naming_every_one(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "bk_server.conf"
     path.write_text("bookiePort=3181\nnumAddWorkerThreads=8\nbyteBufAllocatorSizeMax=1\nstatsProviderClass=x\n")
