@@ -1,8 +1,8 @@
 """Java properties files as BookKeeper reads its ``bk_server.conf``.
 
-Theory of operation. BookKeeper loads its configuration with Apache Commons Configuration's
-``PropertiesConfiguration``, whose grammar is ``java.util.Properties.load``'s plus list
-values. This module is our own reading of those documented rules, in three steps:
+Theory of operation. BookKeeper (4.18) loads its configuration with Apache Commons
+Configuration 2's ``PropertiesConfiguration`` and a ``DefaultListDelimiterHandler(',')``:
+the grammar is ``java.util.Properties.load``'s plus comma-separated list values. This module is our own reading of those documented rules, in three steps:
 
 1. Natural lines end at ``\\n``, ``\\r`` or ``\\r\\n``. Leading whitespace (space, tab, form
    feed) is skipped; a blank line is nothing; a line whose first character is ``#`` or
