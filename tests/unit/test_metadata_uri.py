@@ -17,6 +17,9 @@ from walkit.metadata import LocalMetadataStore, MetadataURI, connect, open_metad
         ("zk://127.0.0.1:2181/ledgers", MetadataURI("zk", "127.0.0.1:2181", "/ledgers", None)),
         ("zk+flat://h1:2181,h2:2182/bk/ledgers", MetadataURI("zk", "h1:2181,h2:2182", "/bk/ledgers", "flat")),
         ("zk+hierarchical://h:1/", MetadataURI("zk", "h:1", "/ledgers", "hierarchical")),
+        ("zk+hierarchical://h1:2181;h2:2181;h3/ledgers", MetadataURI("zk", "h1:2181,h2:2181,h3", "/ledgers",
+                                                                      "hierarchical")),  # BookKeeper's ';'
+        ("zk://user:pw@h1:1,[::1]:2/l", MetadataURI("zk", "user:pw@h1:1,[::1]:2", "/l", None)),
         ("local:///var/lib/walkit/md", MetadataURI("local", "/var/lib/walkit/md", "/ledgers", None)),
         ("local+flat:///d", MetadataURI("local", "/d", "/ledgers", "flat")),
     ],
@@ -26,7 +29,8 @@ def test_parse(uri: str, want: MetadataURI) -> None:
 
 
 @pytest.mark.parametrize(
-    "uri", ["etcd://h:2379/x", "zk+tree://h:1/l", "zk:///ledgers", "local://host/dir", "local://", "nonsense", "zk://h:1/a//b"]
+    "uri", ["etcd://h:2379/x", "zk+tree://h:1/l", "zk:///ledgers", "local://host/dir", "local://", "nonsense", "zk://h:1/a//b",
+            "zk://h:2181;;h2:2181/l", "zk://h:port/l", "zk://h:0/l", "zk://h:70000/l", "zk://:2181/l"]
 )
 def test_bad_uris_are_clear_errors(uri: str) -> None:
     with pytest.raises(InvalidArgumentError):

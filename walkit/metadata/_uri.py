@@ -2,7 +2,9 @@
 
 - ``zk://h1:2181,h2:2181/ledgers`` - Apache ZooKeeper through kazoo; the path is the
   cluster root (BookKeeper's ``zkLedgersRootPath``). ``zk+hierarchical://`` and
-  ``zk+flat://`` choose how ledger paths are laid out.
+  ``zk+flat://`` choose how ledger paths are laid out. Hosts are separated by ``,`` or,
+  as in BookKeeper's ``metadataServiceUri``, by ``;``; each is ``host[:port]`` with a port
+  of 1-65535, checked here (kazoo would raise a bare ValueError later).
 - ``local:///path/to/dir`` - the embedded SQLite store in that directory; the cluster
   root inside it is ``/ledgers``. ``local+flat://`` chooses the flat layout.
 
@@ -67,10 +69,24 @@ def parse_metadata_uri(uri: str) -> MetadataURI:
         if not parts.netloc:
             raise InvalidArgumentError("zk:// URI needs host:port[,host:port...]", uri=redact(uri))
         root = parts.path.rstrip("/") or "/ledgers"
-        return MetadataURI("zk", parts.netloc, check_path(root), layout)  # type: ignore[arg-type]
+        return MetadataURI("zk", _zk_hosts(parts.netloc, uri), check_path(root), layout)  # type: ignore[arg-type]
     if parts.netloc or not parts.path:
         raise InvalidArgumentError("local:// URI is local:///absolute/directory", uri=redact(uri))
     return MetadataURI("local", parts.path, _LOCAL_ROOT, layout)  # type: ignore[arg-type]
+
+
+def _zk_hosts(netloc: str, uri: str) -> str:
+    """``netloc``'s hosts joined by ``,`` (BookKeeper's ``;`` accepted), each checked."""
+    auth, at, hosts = netloc.rpartition("@")
+    checked = []
+    for host in hosts.replace(";", ",").split(","):
+        name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+        name = name if colon else host
+        if not name or (colon and not (port.isdigit() and 0 < int(port) < 65536)):
+            raise InvalidArgumentError("zk:// URI hosts are host[:port], separated by ',' or ';'", uri=redact(uri),
+                                       host=host)
+        checked.append(host)
+    return auth + at + ",".join(checked)
 
 
 def open_metadata_store(uri: str | MetadataURI, *, session_timeout: float = 10.0,
