@@ -11,14 +11,21 @@ from hypothesis import strategies as st
 
 from walkit.protocol import (
     AddEntry,
+    AddEntryResponse,
     AuthMessage,
+    ErrorResponse,
     ForceLedger,
     GetBookieInfo,
     GetListOfEntries,
+    Op,
     ReadEntry,
+    ReadEntryResponse,
     ReadLac,
+    ReadLacResponse,
     ReadRange,
+    ReadRangeResponse,
     StartTls,
+    Status,
     WriteLac,
 )
 from walkit.protocol import _bk_v2, _bk_v3, _bk_v3_pb2
@@ -137,10 +144,27 @@ def _v2_headers(draw: st.DrawFn) -> bytes:
     return head + tail
 
 
+_statuses = st.sampled_from([Status.ENOENTRY, Status.ENOLEDGER, Status.EFENCED, Status.EUA, Status.EIO])
+_entry = st.builds(lambda l, e, b: struct.pack(">qqq", l, e, e - 1) + b, _ids, _ids, _body)
+_responses: st.SearchStrategy[Any] = st.one_of(  # what both dialects can say
+    st.builds(AddEntryResponse, _ids, _ids),
+    st.builds(lambda l, e, d: ReadEntryResponse(l, e, e - 1, d), _ids, st.integers(0, 2**62), _entry),
+    st.builds(lambda op, s, l, e: ErrorResponse(op, s, l, e, s.name), st.sampled_from([Op.ADD_ENTRY, Op.READ_ENTRY]),
+              _statuses, _ids, _ids),
+    st.builds(lambda name, p: AuthMessage(name, p), st.text(max_size=10), _body),
+)
+_v3_responses = st.one_of(_responses, st.builds(ReadLacResponse, _ids, st.integers(-1, 2**62)))
+_v2_responses = st.one_of(_responses, st.builds(lambda l, e, d, rid: ReadRangeResponse(l, e, e + len(d) - 2,
+                                                                                       tuple(d), rid),
+                                                _ids, st.integers(0, 2**62), st.lists(_entry, min_size=1, max_size=3),
+                                                st.integers(0, 2**63 - 1)))
+_v3_answers = _v3_responses.map(lambda r: bytes(_bk_v3.encode_response(r))[4:])
+_v2_answers = _v2_responses.map(lambda r: bytes(_bk_v2.encode_response(r))[4:])
+
 any_v3 = st.one_of(st.binary(max_size=200), mutated(_v3_bodies), _protobuf(pb.Request), _protobuf(pb.Response),
-                    mutated(_protobuf(pb.Request)))
+                   mutated(_protobuf(pb.Request)), mutated(_v3_answers))
 any_v2 = st.one_of(st.binary(max_size=200), mutated(_v2_bodies), _v2_headers(),
-                    _v2_headers().map(lambda b: b[:4]))
+                   _v2_headers().map(lambda b: b[:4]), mutated(_v2_answers))
 
 
 def framed(body: bytes) -> bytes:
