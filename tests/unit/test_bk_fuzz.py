@@ -142,3 +142,20 @@ def test_sniffer_never_raises_and_chooses_once(data: bytes, cut: int) -> None:
         assert sniffer.dialect is (Dialect.WALKIT if data[4] == 1 else Dialect.BK_V2)
     sniffer.receive(b"\x00" * 8)
     assert len(chosen) <= 1
+
+
+@FUZZ
+@given(body=st.one_of(any_v3, any_v2), limit=st.integers(5, 128))
+def test_frames_past_the_maximum_close_unanswered(body: bytes, limit: int) -> None:
+    """A frame longer than the maximum frame size closes the connection without an answer
+    (Netty's TooLongFrameException), in both dialects and through the sniffer, once its
+    length is in - the body need not come."""
+    data = framed(body)
+    for dialect in (Dialect.BK_V3, Dialect.BK_V2):
+        conn = BkServerConnection(dialect, max_frame_size=limit)
+        events = conn.receive(data[:4] if len(data) > limit else data)
+        if len(data) > limit:
+            assert events == [] and conn.closing
+    if body[:1] == b"\x0a" and len(data) > limit:
+        sniffer = DialectSniffer(lambda wire: None, max_frame_size=limit)
+        assert sniffer.receive(data[:5]) == [] and sniffer.dialect is Dialect.BK_V3 and sniffer.closing
