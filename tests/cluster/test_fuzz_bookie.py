@@ -270,9 +270,13 @@ def test_memory_stays_bounded_and_the_bookie_still_serves(live_bookie: LiveBooki
     grew by less than 16 MiB, and a fresh client is served."""
     for _ in range(200):  # and a burst of the largest lie: a maximal length, then nothing
         _send_raw(live_bookie.server.port, struct.pack(">I", DEFAULT_MAX_FRAME_SIZE) + b"\x01\x01\x00\x00")
+    for head in (b"\x0a\x06", b"\x02\x01\x00\x00"):  # in v3 and v2 too (issue 37)
+        for _ in range(100):
+            _send_raw(live_bookie.server.port, struct.pack(">I", DEFAULT_MAX_FRAME_SIZE - 4) + head)
     grown = _bookie_memory() - memory_before
     assert grown < 16 << 20, f"the bookie's allocations grew by {grown} bytes"
     assert not live_bookie.errors and live_bookie.served_since(live_bookie.progress[0])
+    assert all(live_bookie.served_since(c[0], counter=c) for c in live_bookie.bk_progress.values())
 
     async def fresh() -> bytes:
         client = await BookieClient.connect("127.0.0.1", live_bookie.server.port)
