@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from support.bk_fuzz import any_v2, any_v3, framed
 from walkit.errors import ProtocolError
-from walkit.protocol import AuthMessage, _bk_v2, _bk_v3, _bk_v3_pb2
+from walkit.protocol import AuthMessage, ReadEntry, ReadEntryResponse, _bk_v2, _bk_v3, _bk_v3_pb2
 from walkit.protocol._bk_connection import BkErrorResponse, BkServerConnection, DialectSniffer
 from walkit.protocol._dialect import Dialect
 
@@ -159,3 +159,18 @@ def test_frames_past_the_maximum_close_unanswered(body: bytes, limit: int) -> No
     if body[:1] == b"\x0a" and len(data) > limit:
         sniffer = DialectSniffer(lambda wire: None, max_frame_size=limit)
         assert sniffer.receive(data[:5]) == [] and sniffer.dialect is Dialect.BK_V3 and sniffer.closing
+
+
+def test_v2_older_version_read_of_the_last_entry_is_answered_under_entry_minus_one() -> None:
+    """Regression: a version 1 READ of entry -1 (LAST_ADD_CONFIRMED) skipped the numbering
+    v2's READ of entry -1 gets, so its answer named the entry read, not -1, and the v2
+    client, matching (ledger, entry), never found it. Now served as version 2's."""
+    conn = BkServerConnection(Dialect.BK_V2)
+    [req] = conn.receive(framed(struct.pack(">BBHqq", 1, _bk_v2.V2Op.READENTRY, 0, 7, -1)))
+    assert isinstance(req, ReadEntry) and req.entry_id == -1 and req.request_id == 1
+    entry = struct.pack(">qqq", 7, 5, 4) + b"data"
+    frame = conn.send(ReadEntryResponse(7, 5, 4, entry, req.request_id))
+    assert struct.unpack_from(">qq", frame, 12) == (7, -1)  # the request's own ids, as BookKeeper echoes
+    answer = _bk_v2.decode_response(frame[4:])
+    assert isinstance(answer, ReadEntryResponse) and answer.data == entry
+    assert struct.unpack_from(">qq", conn.send(ReadEntryResponse(7, 5, 4, entry, 99)), 12) == (7, 5)
