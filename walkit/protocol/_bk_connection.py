@@ -173,15 +173,15 @@ class BkServerConnection:
         try:
             req = self._codec.decode_request(frame)
         except ProtocolError as exc:
-            if self.dialect is Dialect.BK_V3:
-                refusal = _v3_refusal(frame, exc)
-            elif isinstance(exc, ProtocolVersionError):
-                return self._v2_other_version(frame, exc)
+            if self.dialect is Dialect.BK_V2 and isinstance(exc, ProtocolVersionError):
+                req = self._v2_other_version(frame, exc)  # an older version's request is served as v2's
+                if req is None or isinstance(req, BkErrorResponse):
+                    return req
             else:
-                refusal = None
-            if refusal is None:
-                self._fail(exc)
-            return refusal
+                refusal = _v3_refusal(frame, exc) if self.dialect is Dialect.BK_V3 else None
+                if refusal is None:
+                    self._fail(exc)
+                return refusal
         previous = req.previous_lac if type(req) is ReadEntry else None
         if previous is not None:  # a long poll (v3 only): its answer may be LAC-only
             if req.entry_id < 0:  # the Java client asks -1; BookKeeper's bookie reads previousLAC + 1
