@@ -18,15 +18,19 @@ from __future__ import annotations
 import contextlib
 import uuid
 from dataclasses import dataclass
+from typing import Literal
 
 from walkit.errors import ClusterLayoutError, NodeExistsError, NoNodeError
 from walkit.metadata._paths import LAYOUTS, Layout
 from walkit.metadata._store import Create, MetadataStore, check_path
 
-__all__ = ["ClusterInfo", "init_cluster", "read_cluster", "cluster_path", "CLUSTER_DIRS"]
+__all__ = ["ClusterInfo", "ClusterFormat", "init_cluster", "read_cluster", "cluster_path", "CLUSTER_DIRS"]
 
 _LAYOUT_HEADER = "walkit-layout 1"
 CLUSTER_DIRS = ("available", "available/readonly", "cookies", "idgen")
+# Which records a cluster writes: walkit's own (docs/format.md), or Apache BookKeeper's
+# (its LAYOUT, ledger metadata, registrations and cookies: docs/bookkeeper.md).
+ClusterFormat = Literal["walkit", "bookkeeper"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class ClusterInfo:
     root: str
     instance_id: str
     layout: Layout
+    format: ClusterFormat = "walkit"
 
 
 def cluster_path(root: str, name: str) -> str:

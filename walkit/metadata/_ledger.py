@@ -81,7 +81,9 @@ _PBKDF2_CACHE = 4096  # version-1 verifiers remembered per process
 _VERIFIER_CONTEXT = b"walkit ledger password\x00"  # version 2's: HMAC(password, context + salt)
 _HEADER = struct.Struct("<8sHI")
 _CRC = struct.Struct("<I")
-_DIGESTS = ("crc32c", "mac", "none")
+# walkit's own digests, then BookKeeper's (the ledgers of a BookKeeper-format cluster:
+# BookKeeper's entry digest and its SHA-1 master key, walkit.protocol._bk_digest).
+_DIGESTS = ("crc32c", "mac", "none", "bk-crc32", "bk-crc32c", "bk-hmac", "bk-dummy")
 _FIELDS = frozenset(
     {
         "ledger_id", "ensemble_size", "write_quorum", "ack_quorum", "digest",
