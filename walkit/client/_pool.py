@@ -19,14 +19,14 @@ import json
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from walkit.client._bookie_client import BookieClient, ResponseCallback, client_ssl_context
 from walkit.client._config import ClientConfig
 from walkit.errors import BookieUnavailableError, WalkitError
 from walkit.protocol import Request, Response
 
-__all__ = ["Answered", "BookiePool", "Endpoint", "parse_endpoint"]
+__all__ = ["Answered", "BookiePool", "BookieKind", "BOOKIE_KINDS", "Endpoint", "parse_endpoint"]
 
 
 class Answered(Protocol):
@@ -39,11 +39,19 @@ def _relay(bookie: str, response: Response | None, error: WalkitError | None, ta
     target.answered(bookie, response, error)
 
 
+# What a bookie speaks: walkit's own protocol (a walkit bookie, which also serves
+# BookKeeper's dialects), or only BookKeeper's (an Apache BookKeeper bookie: the client
+# speaks the BookKeeper dialect its configuration names, v3 by default).
+BookieKind = Literal["walkit", "bookkeeper"]
+BOOKIE_KINDS: tuple[BookieKind, ...] = ("walkit", "bookkeeper")
+
+
 @dataclass(frozen=True)
 class Endpoint:
     host: str
     port: int
     tls: bool = False
+    kind: BookieKind = "walkit"
 
 
 def parse_endpoint(bookie_id: str, registration: bytes | None) -> Endpoint:
