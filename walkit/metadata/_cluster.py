@@ -45,7 +45,7 @@ from walkit.metadata._paths import LAYOUTS
 from walkit.metadata._store import Create, MetadataStore, check_path
 
 __all__ = ["ClusterInfo", "ClusterFormat", "ClusterLayout", "CLUSTER_LAYOUTS", "init_cluster", "read_cluster",
-           "cluster_path", "walkit_path", "CLUSTER_DIRS", "BK_CLUSTER_DIRS", "BK_WALKIT_NODE"]
+           "cluster_path", "walkit_path", "ledger_digest", "CLUSTER_DIRS", "BK_CLUSTER_DIRS", "BK_WALKIT_NODE"]
 
 _LAYOUT_HEADER = "walkit-layout 1"
 CLUSTER_DIRS = ("available", "available/readonly", "cookies", "idgen")
@@ -80,6 +80,13 @@ def walkit_path(info: ClusterInfo, name: str) -> str:
     if info.format == "bookkeeper":
         return cluster_path(info.root, f"{BK_WALKIT_NODE}/{name}")
     return cluster_path(info.root, name)
+
+
+def ledger_digest(info: ClusterInfo) -> str:
+    """The digest walkit's own writers (the WAL's segments and snapshots) give their
+    ledgers in this cluster: ``crc32c``, or ``bk-crc32c`` in a BookKeeper-format cluster
+    (which keeps BookKeeper ledgers only)."""
+    return "bk-crc32c" if info.format == "bookkeeper" else "crc32c"
 
 
 def _encode_layout(layout: ClusterLayout) -> bytes:
