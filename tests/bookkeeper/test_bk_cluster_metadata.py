@@ -255,3 +255,30 @@ def _shell(classpath: str, conf: Path, *args: str) -> str:
                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     return run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("manager", ["flat", "longhierarchical"])
+def test_bookie_shell_lists_walkits_ledgers_under_the_other_managers(bk_classpath: str, zk_server: ZooKeeperServer,
+                                                                     tmp_path: Path, manager: str) -> None:
+    """The flat and long-hierarchical trees walkit keeps are BookKeeper's: BookieShell lists
+    the ledgers walkit created (a long id too) and nothing of walkit's own nodes."""
+    root = f"/wk-{uuid.uuid4().hex[:12]}/ledgers"
+    uri = f"zk+{manager}://{zk_server.hosts}{root}"
+    store = open_metadata_store(uri)
+    try:
+        init_cluster(store, root, manager, format="bookkeeper")  # type: ignore[arg-type]
+        with connect(uri) as cluster:
+            made = [cluster.ledgers.new_ledger_id(), cluster.ledgers.new_ledger_id(), 2**40 + 3]
+            for lid in made:
+                cluster.ledgers.create(LedgerMetadata.create(lid, ("127.0.0.1:3181",), write_quorum=1, ack_quorum=1,
+                                                             password=b"pw", ctime=1, digest="bk-crc32c"))
+            cluster.store.create(walkit_path(cluster.info, "logs/ns/orders"), b"{}", make_parents=True)
+        conf = tmp_path / "client.conf"
+        conf.write_text(f"metadataServiceUri={uri}\n")
+        out = _shell(bk_classpath, conf, "listledgers")
+        assert {int(x) for x in re.findall(r"ledgerId=(\d+)", out)} == set(made), out[-2000:]
+        out = _shell(bk_classpath, conf, "ledgermetadata", "-ledgerid", str(2**40 + 3))
+        assert re.search(r"digestType=CRC32C", out) and re.search(r"state=OPEN", out), out[-2000:]
+    finally:
+        store.delete(root.rsplit("/", 1)[0], recursive=True)
+        store.close()

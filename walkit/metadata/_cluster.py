@@ -109,7 +109,8 @@ def _decode_bk_layout(raw: bytes, root: str) -> ClusterLayout:
     try:
         layout = _bk_records.Layout.decode(raw)
     except FormatError as exc:
-        raise ClusterLayoutError("unknown cluster LAYOUT: neither walkit's nor BookKeeper's", root=root,
+        raise ClusterLayoutError("unknown cluster LAYOUT: this walkit cannot use the cluster (neither walkit's nor "
+                                 "BookKeeper's)", root=root,
                                  layout=repr(raw[:80]), reason=str(exc)[:200]) from exc
     manager = layout.manager
     if manager not in CLUSTER_LAYOUTS:
