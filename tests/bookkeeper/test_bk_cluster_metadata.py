@@ -282,3 +282,30 @@ def test_bookie_shell_lists_walkits_ledgers_under_the_other_managers(bk_classpat
     finally:
         store.delete(root.rsplit("/", 1)[0], recursive=True)
         store.close()
+
+
+def test_past_31_bits_walkit_and_java_draw_from_the_same_hob(java_cluster: JavaCluster) -> None:
+    """Once ``idgen-long`` exists (a client ran out of 31-bit ids; made here by hand, as
+    ZooKeeper's counter cannot be set) Java's LongZkLedgerIdGenerator and walkit both draw
+    ``HOB-0000000001``'s counter: long ids, interleaved, never the same. Runs last in the
+    module: the cluster's ids are long from here on."""
+    java_cluster.zk.create(f"{java_cluster.root}/idgen-long")
+    peer = java_cluster.peer()
+    try:
+        with connect(java_cluster.metadata_uri) as cluster:
+            m = LedgerManager(cluster.store, cluster.info, id_range=3)
+            ids = []
+            for _ in range(4):
+                ids.append(("java", peer.create(ensemble=1, write_quorum=1, ack_quorum=1)))
+                ids.append(("walkit", m.new_ledger_id()))
+            mine = ids[1][1]
+            m.create(LedgerMetadata.create(mine, (java_cluster.bookies[0].bookie_id,), write_quorum=1, ack_quorum=1,
+                                           password=b"", ctime=1, digest="bk-crc32c"))
+            listed = set(cluster.ledgers.ledger_ids())
+        assert {lid for who, lid in ids if who == "java"} | {mine} <= set(peer.list_ledgers())
+    finally:
+        peer.close()
+    values = [lid for _, lid in ids]
+    assert len(set(values)) == len(values) and all(lid >> 32 == 1 for lid in values), ids
+    assert {lid for who, lid in ids if who == "java"} | {mine} <= listed
+    assert java_cluster.zk.get_children(f"{java_cluster.root}/idgen-long") == ["HOB-0000000001"]

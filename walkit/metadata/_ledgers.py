@@ -93,7 +93,8 @@ class LedgerManager:
     def __init__(self, store: MetadataStore, cluster: ClusterInfo, *, low_limit: int = LOW_LIMIT,
                  id_range: int = ID_RANGE) -> None:
         """``low_limit`` (sequence numbers per bucket) exists for tests that cross
-        buckets quickly; every manager of one cluster must use the same value.
+        buckets quickly; every manager of one cluster must use the same value (a
+        BookKeeper-format cluster ignores it: its ids follow BookKeeper's generators).
         ``id_range``: ids taken from the store at a time (1: one store call per id)."""
         if not 1 <= low_limit <= LOW_LIMIT:
             raise InvalidArgumentError("low_limit out of range", low_limit=low_limit, max=LOW_LIMIT)
