@@ -276,9 +276,11 @@ def test_bookie_shell_lists_walkits_ledgers_under_the_other_managers(bk_classpat
                 cluster.ledgers.create(LedgerMetadata.create(lid, ("127.0.0.1:3181",), write_quorum=1, ack_quorum=1,
                                                              password=b"pw", ctime=1, digest="bk-crc32c"))
             cluster.store.create(walkit_path(cluster.info, "logs/ns/orders"), b"{}", make_parents=True)
-        conf = tmp_path / "client.conf"
-        conf.write_text(f"metadataServiceUri={uri}\n")
-        out = _shell(bk_classpath, conf, "listledgers")
+            idgen = root if manager == "flat" else f"{root}/idgen"
+            assert any(n.startswith("ID-0") for n in cluster.store.children(idgen))  # the drawn range's, still there
+            conf = tmp_path / "client.conf"
+            conf.write_text(f"metadataServiceUri={uri}\n")
+            out = _shell(bk_classpath, conf, "listledgers")
         assert {int(x) for x in re.findall(r"ledgerId=(\d+)", out)} == set(made), out[-2000:]
         out = _shell(bk_classpath, conf, "ledgermetadata", "-ledgerid", str(2**40 + 3))
         assert re.search(r"digestType=CRC32C", out) and re.search(r"state=OPEN", out), out[-2000:]
