@@ -3,9 +3,12 @@ writes BookKeeper's entries and master key, and reads, recovery and LAC reads ch
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
+
+import walkit
 
 from support.client import client, local_cluster
 from support.metadata import Driver, driver  # noqa: F401  (fixture)
@@ -52,3 +55,44 @@ def test_unknown_digest_is_refused_at_create(tmp_path: Path, driver: Driver) -> 
         stored = bytes(server.bookie.read_entry(lh.ledger_id, 0))
         assert decode_entry(stored, digest="mac", key=master_key(b"pw"))[1] == b"x"
         assert server.bookie.storage.master_key(lh.ledger_id) == master_key(b"pw")
+
+
+@pytest.mark.parametrize("dialect", ["v3", "v2"])
+def test_the_client_speaks_bookkeepers_dialects_to_bookies_of_kind_bookkeeper(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dialect: str) -> None:
+    """Walkit bookies also serve BookKeeper's v3 and v2: with every bookie's registration
+    read as kind "bookkeeper", the whole client (pipelined adds, reads, LAC reads, tails,
+    recovery) runs over BkBookieClient in the dialect the configuration names."""
+    from walkit.client import _core
+    from walkit.client._bk_bookie_client import BkBookieClient
+    from walkit.protocol._dialect import Dialect
+
+    read = _core.ClientCore._registration_of
+    monkeypatch.setattr(_core.ClientCore, "_registration_of",
+                        lambda self, bookie: dataclasses.replace(read(self, bookie), kind="bookkeeper"))
+    with walkit.LocalCluster(tmp_path / "cluster", bookies=3) as cluster, \
+            client(cluster, use_v2_wire_protocol=dialect == "v2") as bk:
+        lh = bk.create_ledger(3, 3, 2, digest="bk-hmac", password=b"pw")
+        futures = [lh.add_entry_async(b"e%d" % i) for i in range(990)]
+        assert [f.result(60) for f in futures] == list(range(990))
+        assert [lh.add_entry(b"e%d" % i) for i in range(990, 1000)] == list(range(990, 1000))  # LACs piggybacked
+        tail = bk.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
+        assert tail.read_last_add_confirmed() >= 998
+        assert tail.wait_for_lac(998, 2.0) >= 998
+        rh = bk.open_ledger(lh.ledger_id, password=b"pw")
+        assert rh.is_closed and rh.last_add_confirmed == 999
+        assert [e.data for e in rh.read(0, 999)] == [b"e%d" % i for i in range(1000)]
+        clients = list(bk.client._core.pool._clients.values())
+        assert clients and all(isinstance(c, BkBookieClient) for c in clients)
+        assert {c.dialect for c in clients} == {Dialect.BK_V2 if dialect == "v2" else Dialect.BK_V3}
+
+
+def test_registrations_name_their_kind() -> None:
+    from walkit.client._pool import Endpoint, parse_endpoint
+    from walkit.errors import BookieUnavailableError
+
+    assert parse_endpoint("b1", b'{"endpoint": "127.0.0.1:5000"}') == Endpoint("127.0.0.1", 5000)
+    assert parse_endpoint("b1", b'{"endpoint": "127.0.0.1:5000", "kind": "bookkeeper"}') == \
+        Endpoint("127.0.0.1", 5000, False, "bookkeeper")
+    with pytest.raises(BookieUnavailableError):
+        parse_endpoint("b1", b'{"endpoint": "127.0.0.1:5000", "kind": "cassandra"}')
