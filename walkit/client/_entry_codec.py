@@ -12,8 +12,11 @@ fences and LAC writes, the body of a WRITE_LAC and the check of a READ_LAC's ans
 so there is one piece of code per piece of logic whatever the digest.
 
 The choice costs nothing per entry: :attr:`EntryCodec.encode` and
-:attr:`EntryCodec.decode` are the encoder and decoder themselves with the digest and
-key bound (``functools.partial``, a C call), not a method that dispatches. Both
+:attr:`EntryCodec.decode` of a CRC32C ledger (walkit's default, and ``bk-crc32c``) are
+:func:`walkit.protocol._entry.encode_crc32c_entry` / ``decode_crc32c_entry`` themselves
+(no digest to choose per entry: less work than the keyword call the writer made before);
+other digests get small closures binding digest and key (a ``functools.partial`` with
+keywords would build a dict per call). Both
 layouts share walkit's 32-byte entry header, and BookKeeper's CRC32C digest is
 walkit's ``crc32c`` byte for byte (CRC32C of header and payload, a big-endian u32), so
 a ``bk-crc32c`` ledger's entries are encoded and checked by walkit's fast CRC32C path
@@ -26,7 +29,6 @@ last entry) counts only the ones whose digest checks.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 
 from walkit.errors import DigestMismatchError, InvalidArgumentError
@@ -40,6 +42,7 @@ from walkit.protocol import (
     encode_entry,
     master_key,
 )
+from walkit.protocol._entry import decode_crc32c_entry, encode_crc32c_entry
 from walkit.protocol._bk_digest import (
     BkDigestType,
     bk_decode_entry,
@@ -86,11 +89,34 @@ def entry_digest_size(digest: str) -> int:
     return digest_size(digest)
 
 
-def _bk_decoder(kind: BkDigestType, password: bytes) -> Callable[[bytes], tuple[EntryHeader, bytes]]:
+Encoder = Callable[[int, int, int, int, bytes], bytes]
+Decoder = Callable[[bytes], tuple[EntryHeader, bytes]]
+
+
+def _walkit_coders(digest: str, key: bytes) -> tuple[Encoder, Decoder]:
+    """walkit's encoder and decoder with ``digest`` and ``key`` bound: CRC32C's own
+    functions (nothing to bind), else closures (no dict made per call as a
+    ``functools.partial`` with keywords makes)."""
+    if digest == "crc32c":
+        return encode_crc32c_entry, decode_crc32c_entry
+
+    def encode(ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
+        return encode_entry(ledger_id, entry_id, lac, length, payload, digest=digest, key=key)
+
+    def decode(data: bytes) -> tuple[EntryHeader, bytes]:
+        return decode_entry(data, digest=digest, key=key)
+    return encode, decode
+
+
+def _bk_coders(kind: BkDigestType, password: bytes) -> tuple[Encoder, Decoder]:
+    """BookKeeper's encoder and decoder of digest ``kind`` for ``password``."""
+    def encode(ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
+        return bk_encode_entry(ledger_id, entry_id, lac, length, payload, digest=kind, password=password)
+
     def decode(data: bytes) -> tuple[EntryHeader, bytes]:
         fields, payload = bk_decode_entry(bytes(data), digest=kind, password=password)
         return EntryHeader._make(fields), payload
-    return decode
+    return encode, decode
 
 
 class EntryCodec:
@@ -106,26 +132,23 @@ class EntryCodec:
         self._password = password
         self._bk: BkDigestType | None = None
         #: ``encode(ledger_id, entry_id, lac, length, payload) -> bytes``: an entry as sent
-        self.encode: Callable[..., bytes]
+        self.encode: Encoder
         #: ``decode(data) -> (header, payload)``: an entry's digest checked (DigestMismatchError)
-        self.decode: Callable[[bytes], tuple[EntryHeader, bytes]]
+        self.decode: Decoder
         if self.bookkeeper:
             kind = self._bk = _bk_type(digest)
             self.master_key = bk_master_key(password)
             same = _SAME_BYTES.get(kind)
             if same is not None:  # walkit's digest makes the same bytes: its (faster) code
                 self._run_digest, self._run_key = same, b""
-                self.encode = functools.partial(encode_entry, digest=same)
-                self.decode = functools.partial(decode_entry, digest=same)
+                self.encode, self.decode = _walkit_coders(same, b"")
             else:
                 self._run_digest, self._run_key = "", b""
-                self.encode = functools.partial(bk_encode_entry, digest=kind, password=password)
-                self.decode = _bk_decoder(kind, password)
+                self.encode, self.decode = _bk_coders(kind, password)
         else:
             self.master_key = master_key(password)
             self._run_digest, self._run_key = digest, self.master_key
-            self.encode = functools.partial(encode_entry, digest=digest, key=self.master_key)
-            self.decode = functools.partial(decode_entry, digest=digest, key=self.master_key)
+            self.encode, self.decode = _walkit_coders(digest, self.master_key)
 
     @classmethod
     def of(cls, digest: str, password: bytes) -> EntryCodec:
