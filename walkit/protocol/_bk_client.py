@@ -168,10 +168,10 @@ class BkClientConnection:
 
     def _answer_v2(self, frame: bytes) -> tuple[int, Response] | None:
         resp = _bk_v2.decode_response(frame)
-        if len(frame) < _V2_IDS.size:
-            return None  # an AUTH answer: nothing waits for one
-        word, _, ledger, entry = _V2_IDS.unpack_from(frame)
-        op = (word >> 16) & 0xFF
+        op = frame[1]  # the header's opcode byte (version, op, flags)
+        if op not in (_READ, _ADD):
+            return None  # an AUTH answer (or a batch read's): nothing of ours waits for one
+        _, _, ledger, entry = _V2_IDS.unpack_from(frame)
         waiting = self._v2_waiting.get((op, ledger, entry))
         if not waiting:
             return None
