@@ -82,6 +82,8 @@ def test_the_client_speaks_bookkeepers_dialects_to_bookies_of_kind_bookkeeper(
         rh = bk.open_ledger(lh.ledger_id, password=b"pw")
         assert rh.is_closed and rh.last_add_confirmed == 999
         assert [e.data for e in rh.read(0, 999)] == [b"e%d" % i for i in range(1000)]
+        ranges = bk.client._core.stats.range_reads
+        assert ranges > 0 if dialect == "v2" else ranges == 0  # v2: BATCH_READ_ENTRY; v3 has no batch read
         clients = list(bk.client._core.pool._clients.values())
         assert clients and all(isinstance(c, BkBookieClient) for c in clients)
         assert {c.dialect for c in clients} == {Dialect.BK_V2 if dialect == "v2" else Dialect.BK_V3}

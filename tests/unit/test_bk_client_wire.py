@@ -132,8 +132,7 @@ def test_what_a_dialect_cannot_carry_is_refused_before_the_wire() -> None:
     with pytest.raises(ProtocolError) as refused:
         v3.send(ReadRange(5, 0, 10, 1 << 20))
     assert is_older_bookie(refused.value)  # the reads then go entry by entry
-    for request in (WriteLac(5, 1, KEY), GetBookieInfo(), ReadEntry(5, 2, previous_lac=1, timeout_ms=10),
-                    ReadRange(5, 0, 10, 1 << 20)):
+    for request in (WriteLac(5, 1, KEY), GetBookieInfo(), ReadEntry(5, 2, previous_lac=1, timeout_ms=10)):
         with pytest.raises(ProtocolError):
             v2.send(request)
     with pytest.raises(InvalidArgumentError):  # v2 keys are BookKeeper's 20 bytes
@@ -173,6 +172,24 @@ def test_v2_answers_match_by_op_ledger_and_entry_oldest_first() -> None:
     lac2, _ = wire.send(ReadLac(6))
     [(rid, err)] = wire.receive(_bk_v2.encode_error(ReadEntry(6, -1), Status.ENOLEDGER))
     assert rid == lac2 and isinstance(err, ErrorResponse) and isinstance(error_for(err), NoSuchLedgerError)
+
+
+def test_v2_range_reads_are_batch_reads_matched_by_their_request_id() -> None:
+    from walkit.protocol import ReadRangeResponse
+
+    wire = BkClientConnection(Dialect.BK_V2)
+    first, frame = wire.send(ReadRange(5, 0, 3, 1 << 20))
+    second, frame2 = wire.send(ReadRange(5, 0, 3, 1 << 20))
+    request = _bk_v2.decode_request(frames(frame)[0])
+    assert isinstance(request, ReadRange) and request.request_id == first and (request.first_entry, request.count) == (0, 3)
+    answers = (_bk_v2.encode_error(ReadRange(5, 0, 3, 1 << 20, second), Status.ENOENTRY)
+               + _bk_v2.encode_response(ReadRangeResponse(5, 0, 1, (entry(5, 0), entry(5, 1)), first)))
+    got = wire.receive(answers)
+    assert [rid for rid, _ in got] == [second, first]
+    assert isinstance(got[0][1], ErrorResponse) and isinstance(error_for(got[0][1]), NoSuchEntryError)
+    run = got[1][1]
+    assert isinstance(run, ReadRangeResponse) and CODEC.decode_run(run.entries, 5, 0) == [b"payload-0", b"payload-1"]
+    assert wire.receive(_bk_v2.encode_response(ReadRangeResponse(5, 0, 1, (entry(5, 0),), first))) == []
 
 
 def test_garbage_is_a_protocol_error() -> None:

@@ -117,3 +117,15 @@ def test_bk_crc32c_is_walkits_crc32c_but_for_the_key() -> None:
     assert ours.encode(3, 1, 0, 9, b"abc") == theirs.encode(3, 1, 0, 9, b"abc")
     assert decode_entry(theirs.encode(3, 1, 0, 9, b"abc"))[1] == b"abc"
     assert len(theirs.master_key) == 20 and len(ours.master_key) == 32
+
+
+def test_crc32c_ledgers_call_the_crc32c_coders_themselves() -> None:
+    """No per-entry cost for the codec choice on the hot path: a CRC32C ledger's (walkit's
+    default, and bk-crc32c) encode and decode are the CRC32C functions, not wrappers."""
+    from walkit.protocol._entry import decode_crc32c_entry, encode_crc32c_entry
+
+    for digest in ("crc32c", "bk-crc32c"):
+        codec = EntryCodec.of(digest, PW)
+        assert codec.encode is encode_crc32c_entry and codec.decode is decode_crc32c_entry
+    with pytest.raises(DigestMismatchError):
+        decode_crc32c_entry(b"\0" * 35)

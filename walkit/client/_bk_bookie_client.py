@@ -23,11 +23,12 @@ What v2 lacks. v2 has no long poll: a long-poll read is served here by polling -
 of the bookie's last entry (entry -1) every :data:`V2_POLL_INTERVAL` seconds until its
 LAC passes the poll's ``previous_lac`` or the poll's time is up - and answered as a long
 poll is (the LAC, and the entry when it is the one asked for). WRITE_LAC, READ_LAC,
-GET_BOOKIE_INFO (v3-only in BookKeeper) and walkit's READ_RANGE and admin commands are
-refused without being sent, each with a ProtocolError that names the dialect; a READ_LAC
-is read as BookKeeper's v2 clients read the LAC (the last entry's header, its digest
-checked by the reader's entry codec), a refused WRITE_LAC only means the LAC rides on the
-next entry, and a refused READ_RANGE makes the reader read entry by entry.
+GET_BOOKIE_INFO (v3-only in BookKeeper) are refused without being sent, each with a
+ProtocolError that names the dialect; a READ_LAC is read as BookKeeper's v2 clients read
+the LAC (the last entry's header, its digest checked by the reader's entry codec), and a
+refused WRITE_LAC only means the LAC rides on the next entry. A READ_RANGE is v2's
+BATCH_READ_ENTRY; in v3, which has no batch read, it is refused, and so are walkit's admin
+commands in both (a refused READ_RANGE makes the reader read entry by entry).
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ the caller turns into walkit's error with :func:`walkit.protocol.error_for`: EFE
 LedgerFencedError, ENOENTRY / ENOLEDGER -> NoSuchEntryError / NoSuchLedgerError, EUA
 -> UnauthorizedError, ...).
 
-Matching. v3 carries the request id as the txnId. v2 has none: an answer names its op,
-ledger and entry, and answers to requests of the same (op, ledger, entry) come back in
-order, so each such key keeps the ids of its requests in flight, oldest first.
+Matching. v3 carries the request id as the txnId. v2 has none but for BATCH_READ_ENTRY:
+an answer names its op, ledger and entry, and answers to requests of the same (op,
+ledger, entry) come back in order, so each such key keeps the ids of its requests in
+flight, oldest first.
 
 What each request becomes, and what does not travel:
 
@@ -30,8 +31,9 @@ ReadLac            READ_LAC: the last LAC body and the last    READENTRY of entr
 WriteLac           WRITE_LAC with its body                     refused (BookKeeper sends it in
                                                                v3 only)
 GetBookieInfo      GET_BOOKIE_INFO                             refused
-ReadRange, admin   refused: op INVALID (the reads then go      the same
-                   entry by entry, as from an older bookie)
+ReadRange          refused: op INVALID (the reads then go      BATCH_READ_ENTRY (BookKeeper
+                   entry by entry, as from an older bookie)    4.17+), matched by its request id
+admin commands     refused                                     refused
 =================  ==========================================  ================================
 
 Whatever the dialect, a READ_LAC answer keeps its bodies (``last_entry``,
@@ -62,6 +64,8 @@ from walkit.protocol._messages import (
     ReadEntryResponse,
     ReadLac,
     ReadLacResponse,
+    ReadRange,
+    ReadRangeResponse,
     Request,
     Response,
     WriteLac,
@@ -74,7 +78,8 @@ _LEN = struct.Struct(">I")
 _V2_IDS = struct.Struct(">Iiqq")  # header, rc, ledger, entry of a v2 answer
 # what a v3 answer to one of walkit's requests can be
 _ANSWERS = (AddEntryResponse, ReadEntryResponse, ReadLacResponse, WriteLacResponse, BookieInfoResponse, ErrorResponse)
-_READ, _ADD = int(_bk_v2.V2Op.READENTRY), int(_bk_v2.V2Op.ADDENTRY)
+_READ, _ADD, _BATCH = (int(_bk_v2.V2Op.READENTRY), int(_bk_v2.V2Op.ADDENTRY),
+                       int(_bk_v2.V2Op.BATCH_READ_ENTRY))
 
 
 def refusal(request: object, dialect: Dialect, why: str) -> ProtocolError:
@@ -100,6 +105,7 @@ class BkClientConnection:
         # ids asked for a ReadLac (a read of -1 answered as READ_LAC)
         self._v2_waiting: dict[tuple[int, int, int], collections.deque[int]] = {}
         self._v2_lac: set[int] = set()
+        self._v2_batches: set[int] = set()  # ids of batch reads in flight (their answers name them)
 
     @property
     def v2(self) -> bool:
@@ -128,6 +134,11 @@ class BkClientConnection:
             if request.previous_lac is not None:
                 raise refusal(request, self.dialect, "has no long polls")
             wire = request
+        elif isinstance(request, ReadRange):  # BATCH_READ_ENTRY (BookKeeper 4.17 and later): its request id travels
+            frame = _bk_v2.encode_request(ReadRange(request.ledger_id, request.first_entry, request.count,
+                                                    request.max_bytes, rid), max_frame_size=self.max_frame_size)
+            self._v2_batches.add(rid)
+            return frame
         else:
             raise refusal(request, self.dialect, "has no such request (BookKeeper sends it in v3 only)")
         frame = _bk_v2.encode_request(wire, max_frame_size=self.max_frame_size)
@@ -169,8 +180,13 @@ class BkClientConnection:
     def _answer_v2(self, frame: bytes) -> tuple[int, Response] | None:
         resp = _bk_v2.decode_response(frame)
         op = frame[1]  # the header's opcode byte (version, op, flags)
+        if op == _BATCH:
+            if resp.request_id not in self._v2_batches or not isinstance(resp, (ReadRangeResponse, ErrorResponse)):
+                return None
+            self._v2_batches.discard(resp.request_id)
+            return resp.request_id, resp
         if op not in (_READ, _ADD):
-            return None  # an AUTH answer (or a batch read's): nothing of ours waits for one
+            return None  # an AUTH answer: nothing waits for one
         _, _, ledger, entry = _V2_IDS.unpack_from(frame)
         waiting = self._v2_waiting.get((op, ledger, entry))
         if not waiting:
