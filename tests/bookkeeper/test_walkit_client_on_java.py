@@ -236,3 +236,76 @@ def test_v2_refuses_what_it_cannot_carry(registry: WalkitRegistry, java: JavaClu
         finally:
             await conn.close()
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("digest", list(KINDS))
+def test_the_java_client_recovers_and_reads_a_ledger_the_walkit_client_wrote(
+        java: JavaCluster, registry: WalkitRegistry, dialect: str, digest: str) -> None:
+    """The proof that the walkit client's entries and keys are BookKeeper's: a walkit
+    writer abandons a bk-* ledger on the Java bookies; its metadata is copied into the
+    BookKeeper cluster's own tree (the codec of _bk_ledger: until the metadata driver
+    does it); BookKeeper's Java client then opens it with recovery - fencing with its
+    SHA-1 master key, checking every entry's digest with its own code - and reads every
+    entry the walkit writer had acknowledged."""
+    import dataclasses
+
+    from walkit.metadata._bk_ledger import from_walkit
+    from walkit.metadata._bk_paths import ledger_path
+
+    writer_bk = client(registry, dialect)
+    lh = writer_bk.create_ledger(3, 3, 2, digest=digest, password=b"pw")
+    futures = [lh.add_entry_async(b"w%d" % i) for i in range(400)]
+    assert [f.result(60) for f in futures] == list(range(400))
+    assert [lh.add_entry(b"w%d" % i) for i in range(400, 450)] == list(range(400, 450))
+    meta = writer_bk.ledger_metadata(lh.ledger_id)
+    writer_bk.close()  # abandoned: never closed
+    same_bytes = {"bk-crc32c": "crc32c", "bk-hmac": "mac"}[digest]  # the metadata codec's names for the digest type
+    record = from_walkit(dataclasses.replace(meta, digest=same_bytes), b"pw").encode()
+    path = ledger_path(java.root, lh.ledger_id)
+    java.zk.ensure_path(path.rsplit("/", 1)[0])
+    java.zk.create(path, record)
+    peer = java.peer(v2=dialect == "v2")
+    try:
+        java_digest = {"bk-crc32c": "CRC32C", "bk-hmac": "MAC"}[digest]  # BookKeeper's client.api.DigestType
+        info = peer.open(lh.ledger_id, recovery=True, digest=java_digest, password="pw")
+        assert info["closed"] and info["lac"] == 449
+        assert peer.read(lh.ledger_id, 0, 449) == [b"w%d" % i for i in range(450)]
+    finally:
+        peer.close()
+        java.zk.delete(path)
+
+
+@pytest.mark.parametrize("digest", list(KINDS))
+def test_the_walkit_client_recovers_and_reads_a_ledger_the_java_client_wrote(
+        java: JavaCluster, dialect: str, digest: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The reverse: BookKeeper's Java client writes a ledger and is killed with it open;
+    its metadata is copied from BookKeeper's tree into a walkit store (the codec of
+    _bk_ledger, digest named bk-*); the walkit client recovers it - fencing the Java
+    bookies with BookKeeper's key, checking BookKeeper's digests with its entry codec -
+    and reads every entry the Java writer had acknowledged."""
+    import dataclasses
+
+    from support.bookkeeper import payload
+    from walkit.metadata._bk_ledger import decode_ledger_metadata
+    from walkit.metadata._bk_paths import ledger_path
+
+    peer = java.peer(v2=dialect == "v2")
+    try:
+        java_digest = {"bk-crc32c": "CRC32C", "bk-hmac": "MAC"}[digest]
+        ledger = peer.create(3, 3, 2, digest=java_digest, password="pw")
+        assert peer.add(ledger, count=300, seed=11) == list(range(300))
+        assert peer.add(ledger, [b"last one"], pipelined=False) == [300]
+    finally:
+        peer.kill()
+    record, _ = java.zk.get(ledger_path(java.root, ledger))
+    meta, password = decode_ledger_metadata(record).to_walkit(ledger)
+    assert password == b"pw"
+    registry = WalkitRegistry(tmp_path_factory.mktemp("walkit-md-java"), java.bookies)  # ids of its own: none taken
+    try:
+        registry.cluster.ledgers.create(dataclasses.replace(meta, digest=digest))
+        with client(registry, dialect) as bk:
+            rh = bk.open_ledger(ledger, password=b"pw")
+            assert rh.is_closed and rh.last_add_confirmed == 300
+            assert [e.data for e in rh.read(0, 300)] == [payload(11, i) for i in range(300)] + [b"last one"]
+    finally:
+        registry.close()
