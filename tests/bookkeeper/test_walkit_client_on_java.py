@@ -35,6 +35,9 @@ KINDS = {"bk-crc32c": BkDigestType.CRC32C, "bk-hmac": BkDigestType.HMAC}
 def java(bk_classpath: str, zk_server: ZooKeeperServer) -> Iterator[JavaCluster]:
     cluster = JavaCluster(bk_classpath, zk_server.hosts, bookies=3, conf=NO_GC)
     try:
+        # the Java client's ledgers here take ids from 20,000 on, the walkit stores' from 0:
+        # one ledger id is one ledger on the Java bookies, whichever store named it
+        cluster.skip_ledger_ids(20_000)
         yield cluster
     finally:
         cluster.stop()
@@ -309,3 +312,72 @@ def test_the_walkit_client_recovers_and_reads_a_ledger_the_java_client_wrote(
             assert [e.data for e in rh.read(0, 300)] == [payload(11, i) for i in range(300)] + [b"last one"]
     finally:
         registry.close()
+
+
+def _copy_to_bookkeeper(java: JavaCluster, bk: walkit.BookKeeper, ledger: int, digest: str) -> str:
+    """The walkit ledger's metadata into the BookKeeper cluster's own tree (the
+    _bk_ledger codec; until the metadata driver does it); the znode's path."""
+    import dataclasses
+
+    from walkit.metadata._bk_ledger import from_walkit
+    from walkit.metadata._bk_paths import ledger_path
+
+    meta = bk.ledger_metadata(ledger)
+    same_bytes = {"bk-crc32c": "crc32c", "bk-hmac": "mac"}[digest]
+    path = ledger_path(java.root, ledger)
+    java.zk.ensure_path(path.rsplit("/", 1)[0])
+    java.zk.create(path, from_walkit(dataclasses.replace(meta, digest=same_bytes), b"pw").encode())
+    return path
+
+
+def test_a_walkit_writer_is_fenced_by_a_java_recovery_open(java: JavaCluster, registry: WalkitRegistry,
+                                                            dialect: str) -> None:
+    with client(registry, dialect) as bk:
+        lh = bk.create_ledger(3, 3, 2, digest="bk-crc32c", password=b"pw")
+        assert [lh.add_entry(b"j%d" % i) for i in range(30)] == list(range(30))
+        path = _copy_to_bookkeeper(java, bk, lh.ledger_id, "bk-crc32c")
+        peer = java.peer(v2=dialect == "v2")
+        try:
+            info = peer.open(lh.ledger_id, recovery=True, digest="CRC32C", password="pw")
+            assert info["closed"] and info["lac"] == 29
+            with pytest.raises(LedgerFencedError):
+                lh.add_entry(b"after the fence")
+            assert peer.read(lh.ledger_id, 0, 29) == [b"j%d" % i for i in range(30)]
+        finally:
+            peer.close()
+            java.zk.delete(path)
+
+
+def test_a_java_writer_is_fenced_by_a_walkit_recovery_open(java: JavaCluster, dialect: str,
+                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+    import dataclasses
+
+    from support.bookkeeper import PeerError
+    from walkit.metadata._bk_ledger import decode_ledger_metadata
+    from walkit.metadata._bk_paths import ledger_path
+
+    peer = java.peer(v2=dialect == "v2")
+    registry = WalkitRegistry(tmp_path_factory.mktemp("walkit-md-fence"), java.bookies)
+    try:
+        ledger = peer.create(3, 3, 2, digest="CRC32C", password="pw")
+        assert peer.add(ledger, [b"a%d" % i for i in range(20)], pipelined=False) == list(range(20))
+        record, _ = java.zk.get(ledger_path(java.root, ledger))
+        meta, _ = decode_ledger_metadata(record).to_walkit(ledger)
+        registry.cluster.ledgers.create(dataclasses.replace(meta, digest="bk-crc32c"))
+        with client(registry, dialect) as bk:
+            rh = bk.open_ledger(ledger, password=b"pw")  # fences the Java bookies with BookKeeper's key
+            assert rh.is_closed and rh.last_add_confirmed == 19
+            with pytest.raises(PeerError) as fenced:
+                peer.add(ledger, [b"after the fence"], pipelined=False)
+            assert "Fenced" in fenced.value.code or "fenced" in str(fenced.value).lower()
+    finally:
+        peer.close()
+        registry.close()
+
+
+def test_java_ledger_ids_are_apart_from_walkit_ones(java: JavaCluster) -> None:
+    peer = java.peer()
+    try:
+        assert peer.create() >= 20_000
+    finally:
+        peer.close()

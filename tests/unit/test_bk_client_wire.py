@@ -320,3 +320,39 @@ def test_v2_long_poll_is_served_by_polling_the_last_entry() -> None:
         _, error = await asyncio.wait_for(waiting, 2)
         assert isinstance(error, BookieUnavailableError)
     asyncio.run(go())
+
+
+def test_the_pool_picks_the_connection_by_kind_and_refuses_bookkeeper_tls() -> None:
+    """A bookie of kind "bookkeeper" gets a BkBookieClient in the configured dialect;
+    one registered with TLS is refused clearly (BookKeeper's TLS is an in-band START_TLS)."""
+    from walkit.client._config import ClientConfig
+    from walkit.client._pool import BookiePool, Endpoint
+
+    async def go() -> None:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        endpoints = {"plain": Endpoint("127.0.0.1", port, False, "bookkeeper"),
+                     "tls": Endpoint("127.0.0.1", port, True, "bookkeeper")}
+
+        async def resolve(bookie: str) -> Endpoint:
+            return endpoints[bookie]
+        try:
+            for v2 in (False, True):
+                pool = BookiePool(ClientConfig(use_v2_wire_protocol=v2, connect_timeout=2.0), resolve)
+                heard: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                pool.request_cb("tls", ReadEntry(1, 0), lambda r, e, c: heard.set_result(e), None)
+                error = await asyncio.wait_for(heard, 5)
+                assert isinstance(error, BookieUnavailableError) and "START_TLS" in str(error)
+                pool.request_cb("plain", ReadEntry(1, 0), lambda r, e, c: None, None)
+                for _ in range(100):
+                    if "plain" in pool._clients:
+                        break
+                    await asyncio.sleep(0.01)
+                conn = pool._clients["plain"]
+                assert isinstance(conn, BkBookieClient)
+                assert conn.dialect is (Dialect.BK_V2 if v2 else Dialect.BK_V3)
+                await pool.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+    asyncio.run(go())

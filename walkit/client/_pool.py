@@ -144,6 +144,9 @@ class BookiePool:
         c = self._config
         hostname = endpoint.host if ctx else None
         if endpoint.kind == "bookkeeper":
+            if endpoint.tls:  # BookKeeper upgrades a plain connection in-band (START_TLS): not spoken here
+                raise BookieUnavailableError("TLS to an Apache BookKeeper bookie (START_TLS) is not supported",
+                                             bookie=f"{endpoint.host}:{endpoint.port}")
             return await BkBookieClient.connect(endpoint.host, endpoint.port, ssl_context=ctx, server_hostname=hostname,
                                                 max_frame_size=c.max_frame_size, timeout=c.connect_timeout,
                                                 dialect=Dialect.BK_V2 if c.use_v2_wire_protocol else Dialect.BK_V3)
@@ -155,7 +158,7 @@ class BookiePool:
         client: BookieClient | None = None
         try:
             endpoint = await self._resolve(bookie)
-            ctx = self._ssl_context() if endpoint.tls else None
+            ctx = self._ssl_context() if endpoint.tls and endpoint.kind == "walkit" else None
             client = await self._open(endpoint, ctx)
         except WalkitError as exc:
             error = exc

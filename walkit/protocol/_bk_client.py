@@ -99,8 +99,7 @@ class BkClientConnection:
         self.max_frame_size = max_frame_size
         self._ids = itertools.count(1)
         self._buffer = bytearray()
-        # v3: request id -> what to make of its answer (READ_LAC as v2's read of -1, ...)
-        self._v3_kinds: dict[int, type] = {}
+        self._v3_in_flight: set[int] = set()  # v3: ids of the requests in flight
         # v2: (op, ledger, entry) -> ids of its requests in flight, oldest first; and which
         # ids asked for a ReadLac (a read of -1 answered as READ_LAC)
         self._v2_waiting: dict[tuple[int, int, int], collections.deque[int]] = {}
@@ -121,7 +120,7 @@ class BkClientConnection:
         if not isinstance(request, (AddEntry, ReadEntry, ReadLac, WriteLac, GetBookieInfo)):
             raise refusal(request, self.dialect, "has no such request")
         frame = _bk_v3.encode_request(_with_id(request, rid), max_frame_size=self.max_frame_size)
-        self._v3_kinds[rid] = type(request)
+        self._v3_in_flight.add(rid)
         return rid, frame
 
     def _send_v2(self, request: Request, rid: int) -> bytes:
@@ -172,9 +171,9 @@ class BkClientConnection:
     def _answer_v3(self, frame: bytes) -> tuple[int, Response] | None:
         resp = _bk_v3.decode_response(frame)
         rid = resp.request_id
-        kind = self._v3_kinds.pop(rid, None)
-        if kind is None or not isinstance(resp, _ANSWERS):  # an answer to nothing in flight (or AUTH's)
+        if rid not in self._v3_in_flight or not isinstance(resp, _ANSWERS):  # an answer to nothing in flight
             return None
+        self._v3_in_flight.discard(rid)
         return rid, resp
 
     def _answer_v2(self, frame: bytes) -> tuple[int, Response] | None:
