@@ -9,6 +9,7 @@ out of the test's reach (``NO_GC``)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import struct
 import threading
 import time
@@ -20,7 +21,8 @@ import walkit
 from support.bookkeeper import NO_GC, JavaCluster, WalkitRegistry
 from support.zk import ZooKeeperServer
 from walkit.client._bk_bookie_client import BkBookieClient
-from walkit.errors import LedgerFencedError, WalkitError
+from walkit.errors import InvalidArgumentError, LedgerFencedError, WalkitError
+from walkit.metadata import LedgerMetadata
 from walkit.protocol._bk_digest import BkDigestType, bk_decode_entry
 from walkit.protocol._dialect import Dialect
 
@@ -72,6 +74,40 @@ def raw_entry(bookie_id: str, ledger: int, entry: int, dialect: str) -> bytes:
         finally:
             await conn.close()
     return asyncio.run(go())
+
+
+def bookkeeper_record(meta: LedgerMetadata, password: bytes) -> bytes:
+    """The BookKeeper ledger record (znode bytes) of a walkit ``bk-*`` ledger's metadata.
+    Whichever way the metadata codec names BookKeeper's digest types - by walkit's
+    same-bytes names (crc32c, mac) or by the bk-* names (once the BookKeeper-format
+    driver names them so) - the bytes are the same."""
+    from walkit.metadata._bk_ledger import from_walkit
+
+    try:
+        return from_walkit(meta, password).encode()
+    except (KeyError, InvalidArgumentError):  # this codec knows BookKeeper's digests by walkit's names
+        same = {"bk-crc32c": "crc32c", "bk-hmac": "mac", "bk-dummy": "none"}[meta.digest]
+        return from_walkit(dataclasses.replace(meta, digest=same), password).encode()
+
+
+def walkit_metadata(record: bytes, ledger: int, digest: str) -> LedgerMetadata:
+    """walkit's metadata of a BookKeeper ledger record, its digest named ``digest`` (bk-*)."""
+    from walkit.metadata._bk_ledger import decode_ledger_metadata
+
+    meta, password = decode_ledger_metadata(record).to_walkit(ledger)
+    assert password == b"pw"
+    return meta if meta.digest == digest else dataclasses.replace(meta, digest=digest)
+
+
+def copy_to_bookkeeper(java: JavaCluster, meta: LedgerMetadata) -> str:
+    """A walkit ledger's metadata into the BookKeeper cluster's own tree (the _bk_ledger
+    codec; until the metadata driver does it); the znode's path."""
+    from walkit.metadata._bk_paths import ledger_path
+
+    path = ledger_path(java.root, meta.ledger_id)
+    java.zk.ensure_path(path.rsplit("/", 1)[0])
+    java.zk.create(path, bookkeeper_record(meta, b"pw"))
+    return path
 
 
 @pytest.mark.parametrize("digest", list(KINDS))
@@ -220,7 +256,7 @@ def test_write_ahead_log_on_java_bookies(registry: WalkitRegistry) -> None:
 def test_v2_refuses_what_it_cannot_carry(registry: WalkitRegistry, java: JavaCluster) -> None:
     """v2 has no WRITE_LAC, no bookie info and 20-byte keys only: each is refused clearly,
     nothing sent, and the connection goes on."""
-    from walkit.errors import InvalidArgumentError, ProtocolError
+    from walkit.errors import ProtocolError
 
     host, port = java.bookies[0].bookie_id.rsplit(":", 1)
 
@@ -250,11 +286,6 @@ def test_the_java_client_recovers_and_reads_a_ledger_the_walkit_client_wrote(
     does it); BookKeeper's Java client then opens it with recovery - fencing with its
     SHA-1 master key, checking every entry's digest with its own code - and reads every
     entry the walkit writer had acknowledged."""
-    import dataclasses
-
-    from walkit.metadata._bk_ledger import from_walkit
-    from walkit.metadata._bk_paths import ledger_path
-
     writer_bk = client(registry, dialect)
     lh = writer_bk.create_ledger(3, 3, 2, digest=digest, password=b"pw")
     futures = [lh.add_entry_async(b"w%d" % i) for i in range(400)]
@@ -262,11 +293,7 @@ def test_the_java_client_recovers_and_reads_a_ledger_the_walkit_client_wrote(
     assert [lh.add_entry(b"w%d" % i) for i in range(400, 450)] == list(range(400, 450))
     meta = writer_bk.ledger_metadata(lh.ledger_id)
     writer_bk.close()  # abandoned: never closed
-    same_bytes = {"bk-crc32c": "crc32c", "bk-hmac": "mac"}[digest]  # the metadata codec's names for the digest type
-    record = from_walkit(dataclasses.replace(meta, digest=same_bytes), b"pw").encode()
-    path = ledger_path(java.root, lh.ledger_id)
-    java.zk.ensure_path(path.rsplit("/", 1)[0])
-    java.zk.create(path, record)
+    path = copy_to_bookkeeper(java, meta)
     peer = java.peer(v2=dialect == "v2")
     try:
         java_digest = {"bk-crc32c": "CRC32C", "bk-hmac": "MAC"}[digest]  # BookKeeper's client.api.DigestType
@@ -286,10 +313,7 @@ def test_the_walkit_client_recovers_and_reads_a_ledger_the_java_client_wrote(
     _bk_ledger, digest named bk-*); the walkit client recovers it - fencing the Java
     bookies with BookKeeper's key, checking BookKeeper's digests with its entry codec -
     and reads every entry the Java writer had acknowledged."""
-    import dataclasses
-
     from support.bookkeeper import payload
-    from walkit.metadata._bk_ledger import decode_ledger_metadata
     from walkit.metadata._bk_paths import ledger_path
 
     peer = java.peer(v2=dialect == "v2")
@@ -301,11 +325,10 @@ def test_the_walkit_client_recovers_and_reads_a_ledger_the_java_client_wrote(
     finally:
         peer.kill()
     record, _ = java.zk.get(ledger_path(java.root, ledger))
-    meta, password = decode_ledger_metadata(record).to_walkit(ledger)
-    assert password == b"pw"
+    meta = walkit_metadata(record, ledger, digest)
     registry = WalkitRegistry(tmp_path_factory.mktemp("walkit-md-java"), java.bookies)  # ids of its own: none taken
     try:
-        registry.cluster.ledgers.create(dataclasses.replace(meta, digest=digest))
+        registry.cluster.ledgers.create(meta)
         with client(registry, dialect) as bk:
             rh = bk.open_ledger(ledger, password=b"pw")
             assert rh.is_closed and rh.last_add_confirmed == 300
@@ -314,28 +337,12 @@ def test_the_walkit_client_recovers_and_reads_a_ledger_the_java_client_wrote(
         registry.close()
 
 
-def _copy_to_bookkeeper(java: JavaCluster, bk: walkit.BookKeeper, ledger: int, digest: str) -> str:
-    """The walkit ledger's metadata into the BookKeeper cluster's own tree (the
-    _bk_ledger codec; until the metadata driver does it); the znode's path."""
-    import dataclasses
-
-    from walkit.metadata._bk_ledger import from_walkit
-    from walkit.metadata._bk_paths import ledger_path
-
-    meta = bk.ledger_metadata(ledger)
-    same_bytes = {"bk-crc32c": "crc32c", "bk-hmac": "mac"}[digest]
-    path = ledger_path(java.root, ledger)
-    java.zk.ensure_path(path.rsplit("/", 1)[0])
-    java.zk.create(path, from_walkit(dataclasses.replace(meta, digest=same_bytes), b"pw").encode())
-    return path
-
-
 def test_a_walkit_writer_is_fenced_by_a_java_recovery_open(java: JavaCluster, registry: WalkitRegistry,
                                                             dialect: str) -> None:
     with client(registry, dialect) as bk:
         lh = bk.create_ledger(3, 3, 2, digest="bk-crc32c", password=b"pw")
         assert [lh.add_entry(b"j%d" % i) for i in range(30)] == list(range(30))
-        path = _copy_to_bookkeeper(java, bk, lh.ledger_id, "bk-crc32c")
+        path = copy_to_bookkeeper(java, bk.ledger_metadata(lh.ledger_id))
         peer = java.peer(v2=dialect == "v2")
         try:
             info = peer.open(lh.ledger_id, recovery=True, digest="CRC32C", password="pw")
@@ -350,10 +357,7 @@ def test_a_walkit_writer_is_fenced_by_a_java_recovery_open(java: JavaCluster, re
 
 def test_a_java_writer_is_fenced_by_a_walkit_recovery_open(java: JavaCluster, dialect: str,
                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
-    import dataclasses
-
     from support.bookkeeper import PeerError
-    from walkit.metadata._bk_ledger import decode_ledger_metadata
     from walkit.metadata._bk_paths import ledger_path
 
     peer = java.peer(v2=dialect == "v2")
@@ -362,8 +366,7 @@ def test_a_java_writer_is_fenced_by_a_walkit_recovery_open(java: JavaCluster, di
         ledger = peer.create(3, 3, 2, digest="CRC32C", password="pw")
         assert peer.add(ledger, [b"a%d" % i for i in range(20)], pipelined=False) == list(range(20))
         record, _ = java.zk.get(ledger_path(java.root, ledger))
-        meta, _ = decode_ledger_metadata(record).to_walkit(ledger)
-        registry.cluster.ledgers.create(dataclasses.replace(meta, digest="bk-crc32c"))
+        registry.cluster.ledgers.create(walkit_metadata(record, ledger, "bk-crc32c"))
         with client(registry, dialect) as bk:
             rh = bk.open_ledger(ledger, password=b"pw")  # fences the Java bookies with BookKeeper's key
             assert rh.is_closed and rh.last_add_confirmed == 19
