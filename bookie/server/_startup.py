@@ -19,7 +19,11 @@ anything that could hurt data happens:
   this id means the bookie's data was wiped - an empty bookie answering "no such entry"
   for what it acknowledged could let a recovery lose data.
 * :func:`check_cookie`: the disks' cookie must be the one in metadata (a new bookie
-  stores its own).
+  stores its own); in a BookKeeper-format cluster the one in metadata is BookKeeper's
+  text cookie (:func:`check_bookkeeper_cookie`), while the disks keep walkit's.
+
+What the bookie then registers is :func:`service_info`: walkit's JSON, or BookKeeper's
+service info in a BookKeeper-format cluster.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import fcntl
 import logging
 import os
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 from bookie._config import BookieConfig, os_reason
@@ -37,8 +42,8 @@ from bookie.fs import FileSystem
 from walkit.errors import BookieError, ConfigError, CookieError, WalkitError
 from walkit.logs import context
 
-__all__ = ["autorecovery_for", "check_cookie", "check_picked_port", "lock_directories", "refuse_known_id",
-           "server_ssl_context"]
+__all__ = ["autorecovery_for", "check_bookkeeper_cookie", "check_cookie", "check_picked_port", "lock_directories",
+           "marked_under_replicated", "refuse_known_id", "server_ssl_context", "service_info"]
 
 log = logging.getLogger("bookie.server")
 
@@ -124,9 +129,14 @@ def refuse_known_id(cluster: Any, bookie_id: str) -> None:
 
 
 def check_cookie(cluster: Any, mine: Cookie, bookie_id: str) -> None:
-    """The disks' cookie must be the one in metadata; a new bookie stores its own."""
+    """The disks' cookie must be the one in metadata; a new bookie stores its own. In a
+    BookKeeper-format cluster the one in metadata is BookKeeper's text cookie
+    (:func:`check_bookkeeper_cookie`)."""
     from walkit.metadata import read_cookie, write_cookie
 
+    if cluster.info.format == "bookkeeper":
+        check_bookkeeper_cookie(cluster, mine, bookie_id)
+        return
     stored = read_cookie(cluster.store, cluster.info, bookie_id)
     if stored is None:
         write_cookie(cluster.store, cluster.info, bookie_id, mine.encode(), None)
@@ -136,6 +146,62 @@ def check_cookie(cluster: Any, mine: Cookie, bookie_id: str) -> None:
     except WalkitError as exc:
         raise CookieError("unreadable cookie in metadata", bookie=bookie_id) from exc
     mine.verify_matches(theirs, where="metadata")
+
+
+def check_bookkeeper_cookie(cluster: Any, mine: Cookie, bookie_id: str) -> None:
+    """In a BookKeeper-format cluster, ``cookies/<id>`` holds BookKeeper's cookie (version
+    5, text: bookie id, journal dir, ledger dirs, instance id; no index dirs: walkit has
+    none), so BookKeeper's tools (``cookie_get``, ``listbookies``...) see a walkit bookie
+    as one of theirs. Created by the first start (a create: a racing start loses with
+    NodeExistsError); later starts compare it field by field with the disks' own cookie
+    (walkit's, which stays on the disks) and refuse to start on a difference, as
+    BookKeeper's bookie does."""
+    from walkit.metadata import read_cookie, write_cookie
+    from walkit.metadata._bk_records import BkCookie
+
+    stored = read_cookie(cluster.store, cluster.info, bookie_id)
+    if stored is None:
+        ours = BkCookie(mine.bookie_id, mine.journal_dir, mine.ledger_dirs, mine.instance_id)
+        write_cookie(cluster.store, cluster.info, bookie_id, ours.encode(), None)
+        return
+    try:
+        theirs = BkCookie.decode(stored[0])
+    except WalkitError as exc:
+        raise CookieError("unreadable BookKeeper cookie in metadata", bookie=bookie_id) from exc
+    if theirs.index_dirs is not None and theirs.index_dirs != theirs.ledger_dirs:
+        raise CookieError("the cluster's cookie for this bookie id names index dirs apart from its ledger dirs: it "
+                          "is a Java bookie's (walkit has no index dirs); give this bookie its own bookieId",
+                          bookie=bookie_id, found=",".join(theirs.index_dirs))
+    as_walkit = Cookie(theirs.bookie_id, theirs.journal_dirs, tuple(d.rstrip("/") or "/" for d in theirs.ledger_dirs),
+                       theirs.instance_id)
+    mine.verify_matches(as_walkit, where="metadata")
+
+
+def service_info(cluster: Any, config: BookieConfig, endpoint: str, tls: bool, http_port: int) -> bytes:
+    """What the bookie registers (:mod:`walkit.metadata._service_info`): walkit's JSON,
+    or in a BookKeeper-format cluster BookKeeper's service info with the data port as its
+    ``bookie-rpc`` endpoint, the admin endpoint (``http_port`` 0: off) and the walkit
+    marker."""
+    from walkit.metadata._service_info import encode_service_info
+    from walkit.protocol import PROTOCOL_VERSION
+
+    http = (config.http_server_address, http_port) if http_port else None
+    return encode_service_info(cluster.info.format, endpoint, tls=tls, protocol=PROTOCOL_VERSION, http=http)
+
+
+def marked_under_replicated(cluster: Any) -> Callable[[int], bool]:
+    """Whether a ledger is marked under-replicated (GC never takes it as over-replicated
+    meanwhile): walkit's marks, or in a BookKeeper-format cluster BookKeeper's
+    (``underreplication/ledgers/.../urL<id>``, set by its auditor)."""
+    if cluster.info.format == "bookkeeper":
+        from walkit.metadata._bk_paths import ur_path
+
+        store, root = cluster.store, cluster.info.root
+        return lambda ledger_id: store.exists(ur_path(root, ledger_id)) is not None
+    from walkit.metadata import UnderReplication
+
+    marked: Callable[[int], bool] = UnderReplication(cluster.store, cluster.info).is_marked
+    return marked
 
 
 def autorecovery_for(config: BookieConfig, bookie_id: str) -> Any:

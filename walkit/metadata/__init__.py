@@ -16,7 +16,7 @@
   auditor records (``_bk_records``) and znode paths (``_bk_paths``).
 """
 
-from walkit.metadata._cluster import ClusterInfo, cluster_path, init_cluster, read_cluster
+from walkit.metadata._cluster import ClusterFormat, ClusterInfo, cluster_path, init_cluster, read_cluster
 from walkit.metadata._connect import Cluster, connect
 from walkit.metadata._ledger import Fragment, LedgerMetadata, LedgerState
 from walkit.metadata._ledgers import LedgerManager
@@ -67,6 +67,7 @@ __all__ = [
     "BookieSet",
     "Check",
     "Cluster",
+    "ClusterFormat",
     "ClusterInfo",
     "Create",
     "Delete",
