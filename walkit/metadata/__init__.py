@@ -16,7 +16,15 @@
   auditor records (``_bk_records``) and znode paths (``_bk_paths``).
 """
 
-from walkit.metadata._cluster import ClusterFormat, ClusterInfo, cluster_path, init_cluster, read_cluster
+from walkit.metadata._cluster import (
+    ClusterFormat,
+    ClusterInfo,
+    ClusterLayout,
+    cluster_path,
+    init_cluster,
+    read_cluster,
+    walkit_path,
+)
 from walkit.metadata._connect import Cluster, connect
 from walkit.metadata._ledger import Fragment, LedgerMetadata, LedgerState
 from walkit.metadata._ledgers import LedgerManager
@@ -69,6 +77,7 @@ __all__ = [
     "Cluster",
     "ClusterFormat",
     "ClusterInfo",
+    "ClusterLayout",
     "Create",
     "Delete",
     "Fragment",
@@ -104,6 +113,7 @@ __all__ = [
     "delete_cookie",
     "read_cookie",
     "read_registration",
+    "walkit_path",
     "watch_bookies",
     "write_cookie",
 ]

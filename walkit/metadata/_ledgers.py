@@ -58,7 +58,8 @@ from walkit.errors import (
 from walkit.metadata._creates import CreateJoiner
 from walkit.metadata._cluster import ClusterInfo, cluster_path
 from walkit.metadata._ledger import LedgerMetadata
-from walkit.metadata._paths import MAX_LEDGER_ID, iter_ledger_ids, iter_ledger_ranges, ledger_path
+from walkit.metadata import _bk_paths
+from walkit.metadata._paths import MAX_LEDGER_ID
 from walkit.metadata._retry import ATTEMPTS, retry_cas
 from walkit.metadata._store import ANY_VERSION, Create, Delete, MetadataStore, Stat, Watch
 
@@ -109,7 +110,7 @@ class LedgerManager:
         return self._cluster
 
     def path(self, ledger_id: int) -> str:
-        return ledger_path(self._root, ledger_id, self._cluster.layout)
+        return _bk_paths.ledger_path(self._root, ledger_id, self._cluster.layout)
 
     # -- ids ----------------------------------------------------------------------
 
@@ -271,7 +272,7 @@ class LedgerManager:
     def ledger_ids(self) -> Iterator[int]:
         """Every ledger id, ascending, listed lazily one directory at a time. Ledgers
         created or deleted during the walk may or may not be seen."""
-        return iter_ledger_ids(self._root, self._children, self._cluster.layout)
+        return _bk_paths.iter_ledger_ids(self._root, self._children, self._cluster.layout)
 
     def sync(self) -> None:
         """Make the next reads see every ledger created or deleted before this call."""
@@ -288,7 +289,7 @@ class LedgerManager:
                 before_call()
             return self._children(path)
 
-        return iter_ledger_ranges(self._root, children, self._cluster.layout)
+        return _bk_paths.iter_ledger_ranges(self._root, children, self._cluster.layout)
 
     def _children(self, path: str) -> list[str]:
         try:
