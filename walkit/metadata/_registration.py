@@ -30,9 +30,15 @@ loses its session disappears from both lists by itself; clients list and watch t
   ``retry_deadline``). If it cannot, ``on_lost`` is called with the error so that the
   bookie can stop rather than serve while invisible.
 
+What a registration node holds is the bookie's service info, opaque here: walkit's JSON
+or, in a BookKeeper-format cluster, BookKeeper's ``BookieServiceInfo``
+(:mod:`walkit.metadata._service_info`). The paths are the same in both formats: they are
+BookKeeper's.
+
 Cookies (``<root>/cookies/<id>``) are persistent and versioned; :func:`read_cookie` and
 :func:`write_cookie` give the bookie the compare-and-set it needs to check and claim
-its disks (the bytes are :class:`bookie.cookie.Cookie`'s encoding).
+its disks (the bytes are :class:`bookie.cookie.Cookie`'s encoding, or BookKeeper's text
+cookie in a BookKeeper-format cluster: ``bookie.server._startup``).
 """
 
 from __future__ import annotations
@@ -161,10 +167,11 @@ def read_cookie(store: MetadataStore, cluster: ClusterInfo, bookie_id: str) -> t
 def write_cookie(store: MetadataStore, cluster: ClusterInfo, bookie_id: str, data: bytes,
                  version: int | None) -> int:
     """Create the cookie (``version`` None: NodeExistsError if there is one) or replace
-    it at ``version`` (MetadataVersionError on a conflict); returns the new version."""
+    it at ``version`` (MetadataVersionError on a conflict); returns the new version.
+    ``cookies/`` is made if missing (BookKeeper's ``init`` does not make it)."""
     path = cluster_path(cluster.root, f"cookies/{check_bookie_id(bookie_id)}")
     if version is None:
-        store.create(path, data)
+        store.create(path, data, make_parents=True)
         return 0
     return store.set(path, data, version).version
 

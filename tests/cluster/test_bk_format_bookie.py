@@ -1,0 +1,101 @@
+"""A walkit bookie in a BookKeeper-format cluster (issue 37): it registers as a
+BookKeeper 4.18 bookie does (BookieServiceInfo under ``available/``, ``available/readonly/``
+when read-only), writes BookKeeper's cookie in ``cookies/<id>`` and refuses to start
+when it differs; clients read its registration back. The cluster is made by
+``init_cluster(format="bookkeeper")`` on the embedded store (no Java needed here;
+tests/bookkeeper/test_java_client_on_walkit.py has BookKeeper's own tools look at it)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from bookie.cookie import read_cookie as read_disk_cookie
+from bookie.fs.real import RealFS
+from support.bookie import config, in_process, run
+from walkit.client import Endpoint, parse_endpoint
+from walkit.errors import CookieError
+from walkit.metadata import LocalMetadataStore, connect, init_cluster, read_cookie, read_registration, write_cookie
+from walkit.metadata._bk_records import BkCookie, BookieServiceInfo
+from walkit.metadata._bk_records import Endpoint as BkEndpoint
+
+ROOT = "/ledgers"
+
+
+@pytest.fixture
+def uri(tmp_path: Path) -> str:
+    store = LocalMetadataStore(str(tmp_path / "md"), create=True)
+    try:
+        info = init_cluster(store, ROOT, format="bookkeeper")
+        assert info.format == "bookkeeper"
+        assert store.exists(f"{ROOT}/cookies") is None  # BookKeeper's init does not make it
+    finally:
+        store.close()
+    return f"local://{tmp_path / 'md'}"
+
+
+def test_registration_cookie_and_readonly_as_bookkeeper_has_them(uri: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path / "b", bookie_id="", metadata_service_uri=uri, http_server_enabled=True,
+                 http_server_port=0)
+
+    async def go() -> None:
+        async with in_process(cfg) as server:
+            bookie_id = server.bookie_id
+            assert bookie_id == f"127.0.0.1:{server.port}"  # BookKeeper's default id: the address
+            with connect(uri) as cluster:
+                assert cluster.info.format == "bookkeeper"
+                data = read_registration(cluster.store, cluster.info, bookie_id)
+                assert data is not None and cluster.store.exists(f"{ROOT}/available/{bookie_id}") is not None
+                info = BookieServiceInfo.decode(data)
+                assert info.endpoints == (BkEndpoint("bookie", server.port, "127.0.0.1", "bookie-rpc"),
+                                          BkEndpoint("httpserver", server.http_port, "127.0.0.1", "http"))
+                assert dict(info.properties) == {"walkit.protocol": "1", "walkit.tls": "false"}
+                assert parse_endpoint(bookie_id, data, cluster.info.format) == Endpoint("127.0.0.1", server.port)
+                assert cluster.bookies().writable == {bookie_id}
+                cookie, _ = read_cookie(cluster.store, cluster.info, bookie_id) or (b"", 0)
+                assert BkCookie.decode(cookie) == BkCookie(
+                    bookie_id, str(tmp_path / "b" / "journal"), (str(tmp_path / "b" / "ledgers"),),
+                    cluster.info.instance_id)
+                disks = read_disk_cookie(RealFS(), str(tmp_path / "b" / "journal"))  # walkit's own stays
+                assert disks is not None and disks.instance_id == cluster.info.instance_id
+
+                server.forced_readonly = True
+                await server.check_disks()
+                assert cluster.bookies().readonly == {bookie_id} and not cluster.bookies().writable
+                assert cluster.store.get(f"{ROOT}/available/readonly/{bookie_id}")[0] == data
+            server.forced_readonly = False
+            await server.check_disks()
+            cfg_again = dataclasses.replace(cfg, bookie_id=bookie_id, bookie_port=server.port)
+        with connect(uri) as cluster:
+            assert not cluster.bookies().writable and not cluster.bookies().readonly  # deregistered
+        async with in_process(cfg_again) as server:  # a restart: the cookie in metadata matches
+            assert server.registered and server.bookie_id == bookie_id
+
+    run(go)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"instance_id": "another-cluster"}, "instance_id"),
+    ({"journal_dirs": "/elsewhere/journal"}, "journal_dir"),
+    ({"ledger_dirs": ("/elsewhere/ledgers",)}, "ledger_dirs"),
+])
+def test_a_bookkeeper_cookie_that_differs_refuses_the_start(uri: str, tmp_path: Path, change: dict[str, object],
+                                                          field: str) -> None:
+    cfg = config(tmp_path / "b", bookie_id="bk-bookie", metadata_service_uri=uri)
+
+    async def go() -> None:
+        async with in_process(cfg) as server:
+            assert server.registered
+        with connect(uri) as cluster:
+            data, version = read_cookie(cluster.store, cluster.info, "bk-bookie") or (b"", 0)
+            other = dataclasses.replace(BkCookie.decode(data), **change)  # type: ignore[arg-type]
+            write_cookie(cluster.store, cluster.info, "bk-bookie", other.encode(), version)
+        with pytest.raises(CookieError, match=f"cookie {field} differs: the cluster holds another cookie"):
+            async with in_process(cfg):
+                pass
+        with connect(uri) as cluster:
+            assert not cluster.bookies().writable  # refused before it registered
+
+    run(go)
