@@ -1,15 +1,22 @@
-"""Apache BookKeeper 4.18.2's own Java client writing to and reading from walkit bookies
-(issue 37): three walkit bookies in this process, announced to the Java client by a bare
-``<root>/available/127.0.0.1:<port>`` node each (a test fixture, not walkit's
-registration: BookKeeper reads an empty node as a legacy host:port bookie id)."""
+"""Apache BookKeeper 4.18.2's own Java client and tools on walkit bookies (issue 37).
+
+Three walkit bookies in this process run with the Java cluster's own metadata
+(``metadataServiceUri`` = the ``zk+hierarchical://`` URI of a tree BookKeeper's
+``initnewcluster`` made): they register as a BookKeeper bookie does (BookieServiceInfo
+under ``available/``, BookKeeper's cookie under ``cookies/``), so the Java client and
+BookieShell find them by that registration alone. Their garbage collector lists the
+ledgers of BookKeeper's tree (every ``GC_MS``): it keeps what the Java client wrote and
+collects what it deleted."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
+import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,56 +26,177 @@ from bookie.server import BookieServer
 from support.bookie import config
 from support.bookkeeper import JavaCluster, JavaPeer, PeerError, payload
 from support.zk import ZooKeeperServer
+from walkit.cli import main as walkit_main
+from walkit.client import Endpoint, parse_endpoint
+from walkit.metadata import connect, read_registration
+from walkit.metadata._bk_records import BkCookie, BookieServiceInfo
 
 pytestmark = pytest.mark.bookkeeper
 
+GC_MS = 300  # the walkit bookies' gcWaitTime: a pass every 0.3 s
+
 
 class WalkitBookies:
-    """Walkit bookies on an event loop of their own (the Java peer blocks this thread)."""
+    """Walkit bookies on an event loop of their own (the Java peer blocks this thread),
+    with ``uri`` as their metadata and their default ids (``127.0.0.1:<port>``)."""
 
-    def __init__(self, base: Path, count: int) -> None:
+    def __init__(self, base: Path, count: int, uri: str) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.servers: list[BookieServer] = []
-        for i in range(count):
-            server = BookieServer(config(base / f"walkit{i}", bookie_id=f"walkit-{i}"))
-            self._run(server.start())
-            self.servers.append(server)
+        try:
+            for i in range(count):
+                server = BookieServer(config(base / f"walkit{i}", bookie_id="", metadata_service_uri=uri,
+                                             gc_wait_time=GC_MS, zk_timeout=10000))
+                self.run(server.start())
+                self.servers.append(server)
+        except BaseException:
+            self.stop()
+            raise
 
-    def _run(self, coro: Any) -> Any:
+    def run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+
+    @property
+    def ids(self) -> set[str]:
+        return {s.bookie_id for s in self.servers}
+
+    def set_readonly(self, server: BookieServer, readonly: bool) -> None:
+        server.forced_readonly = readonly
+        self.run(server.check_disks())
 
     def stop(self) -> None:
         for server in self.servers:
-            self._run(server.stop())
+            self.run(server.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
 
 
 @pytest.fixture(scope="module")
-def walkit_cluster(bk_classpath: str, zk_server: ZooKeeperServer,
-                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[JavaCluster]:
+def walkit_cluster(bk_classpath: str, zk_server: ZooKeeperServer) -> Iterator[JavaCluster]:
+    """BookKeeper's ``initnewcluster`` tree, no Java bookie."""
     cluster = JavaCluster(bk_classpath, zk_server.hosts, bookies=0)
-    bookies = WalkitBookies(tmp_path_factory.mktemp("walkit-bookies"), 3)
     try:
-        for server in bookies.servers:
-            cluster.zk.create(f"{cluster.root}/available/127.0.0.1:{server.port}", b"", ephemeral=True,
-                              makepath=True)
         yield cluster
     finally:
-        bookies.stop()
         cluster.stop()
 
 
+@pytest.fixture(scope="module")
+def walkit_bookies(walkit_cluster: JavaCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WalkitBookies]:
+    bookies = WalkitBookies(tmp_path_factory.mktemp("walkit-bookies"), 3, walkit_cluster.metadata_uri)
+    try:
+        yield bookies
+    finally:
+        bookies.stop()
+
+
 @pytest.fixture(params=["v3", "v2"])
-def peer(request: pytest.FixtureRequest, walkit_cluster: JavaCluster) -> Iterator[JavaPeer]:
+def peer(request: pytest.FixtureRequest, walkit_cluster: JavaCluster,
+         walkit_bookies: WalkitBookies) -> Iterator[JavaPeer]:
     p = walkit_cluster.peer(v2=request.param == "v2")
     try:
         yield p
     finally:
         p.close()
+
+
+def _listed(out: str) -> set[str]:
+    return set(re.findall(r"bookieAddr=BookieID:(127\.0\.0\.1:\d+)", out))
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.1)
+
+
+def test_walkit_bookies_register_where_bookkeeper_looks(walkit_cluster: JavaCluster,
+                                                        walkit_bookies: WalkitBookies,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    zk, root = walkit_cluster.zk, walkit_cluster.root
+    for server in walkit_bookies.servers:
+        assert server.bookie_id == f"127.0.0.1:{server.port}"
+        data, _ = zk.get(f"{root}/available/{server.bookie_id}")
+        info = BookieServiceInfo.decode(data)
+        assert [(e.protocol, e.host, e.port) for e in info.endpoints] == [("bookie-rpc", "127.0.0.1", server.port)]
+        assert dict(info.properties)["walkit.protocol"] == "1"
+        cookie = BkCookie.decode(zk.get(f"{root}/cookies/{server.bookie_id}")[0])
+        assert cookie.bookie_id == server.bookie_id and cookie.instance_id == zk.get(f"{root}/INSTANCEID")[0].decode()
+    assert _listed(walkit_cluster.shell("listbookies", "-rw")) == walkit_bookies.ids
+    with connect(walkit_cluster.metadata_uri, read_only=True) as cluster:  # walkit's own view of it
+        assert cluster.info.format == "bookkeeper" and cluster.bookies().writable == walkit_bookies.ids
+        some = walkit_bookies.servers[0]
+        assert parse_endpoint(some.bookie_id, read_registration(cluster.store, cluster.info, some.bookie_id),
+                              cluster.info.format) == Endpoint("127.0.0.1", some.port, False, "walkit")
+    victim = walkit_bookies.servers[1]
+    walkit_bookies.set_readonly(victim, True)
+    try:
+        assert _listed(walkit_cluster.shell("listbookies", "-ro")) == {victim.bookie_id}
+        assert _listed(walkit_cluster.shell("listbookies", "-rw")) == walkit_bookies.ids - {victim.bookie_id}
+        capsys.readouterr()
+        assert walkit_main(["bookie", "list", "--metadata", walkit_cluster.metadata_uri, "--json"]) == 0
+        listed = json.loads(capsys.readouterr().out)
+        assert listed["readonly"] == [victim.bookie_id]
+        assert set(listed["writable"]) == walkit_bookies.ids - {victim.bookie_id}
+        assert listed["kinds"] == {b: "walkit" for b in walkit_bookies.ids}
+    finally:
+        walkit_bookies.set_readonly(victim, False)
+    assert _listed(walkit_cluster.shell("listbookies", "-rw")) == walkit_bookies.ids
+
+
+def test_bookie_shell_simpletest_and_readledger_on_walkit_bookies(walkit_cluster: JavaCluster,
+                                                                  walkit_bookies: WalkitBookies) -> None:
+    out = walkit_cluster.shell("simpletest", "-ensemble", "3", "-writeQuorum", "3", "-ackQuorum", "2",
+                               "-numEntries", "50")
+    assert re.search(r"50 entries written to ledger \d+", out), out[-3000:]
+    peer = walkit_cluster.peer()
+    try:
+        ledger = peer.create(ensemble=3, write_quorum=2, ack_quorum=2)
+        peer.add(ledger, [b"alpha", b"beta", b"gamma"], pipelined=False)
+        peer.close_ledger(ledger)
+    finally:
+        peer.close()
+    out = walkit_cluster.shell("readledger", "-msg", "-ledgerid", str(ledger), "-firstentryid", "0",
+                               "-lastentryid", "2")
+    for word in ("alpha", "beta", "gamma"):
+        assert word in out, out[-3000:]
+    stored = [s.bookie is not None and ledger in s.bookie.ledgers() for s in walkit_bookies.servers]
+    assert sum(stored) == 3  # ensemble 3: every walkit bookie has its share
+
+
+def test_gc_keeps_java_ledgers_and_collects_the_ones_java_deleted(walkit_cluster: JavaCluster,
+                                                                  walkit_bookies: WalkitBookies) -> None:
+    peer = walkit_cluster.peer()
+    try:
+        kept, doomed = (peer.create(ensemble=3, write_quorum=3, ack_quorum=2) for _ in range(2))
+        for ledger in (kept, doomed):
+            peer.add(ledger, count=20, seed=ledger)
+            peer.close_ledger(ledger)
+        servers = walkit_bookies.servers
+        assert all(s.bookie is not None for s in servers)
+        passes = {s.bookie_id: s.bookie.gc.status()["passes"] for s in servers}  # type: ignore[union-attr]
+        _wait(lambda: all(s.bookie.gc.status()["passes"] >= passes[s.bookie_id] + 3  # type: ignore[union-attr]
+                          for s in servers), 30, "three GC passes on every walkit bookie")
+        for s in servers:  # Java's ledgers are in BookKeeper's tree: kept
+            assert s.bookie is not None and {kept, doomed} <= set(s.bookie.ledgers())
+            last = s.bookie.gc.status()["last_pass"]
+            assert last["metadata_unavailable"] is False and not any("deleted ledgers" in c for c in last["cut_short"])
+        peer.delete(doomed)
+        assert doomed not in peer.list_ledgers()
+        _wait(lambda: all(doomed not in s.bookie.ledgers() for s in servers), 30,  # type: ignore[union-attr]
+              "every walkit bookie collected the ledger Java deleted")
+        for s in servers:
+            assert s.bookie is not None and kept in s.bookie.ledgers()
+            assert s.bookie.gc.status()["totals"]["ledgers_removed"] >= 1
+        assert peer.open(kept)["lac"] == 19
+        assert peer.read(kept, 0, 19) == [payload(kept, i) for i in range(20)]
+    finally:
+        peer.close()
 
 
 def test_java_client_adds_reads_tails_and_recovers_on_walkit_bookies(peer: JavaPeer,
