@@ -158,3 +158,24 @@ def test_connect_checks_the_schemes_manager_against_the_cluster(tmp_path: Path) 
         connect(f"local+hierarchical://{tmp_path / 'm'}")
     with connect(f"local+flat://{tmp_path / 'm'}") as cluster:
         assert cluster.info.layout == "flat"
+
+
+def test_walkit_init_format_bookkeeper_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from walkit.cli import main
+
+    uri = f"local+flat://{tmp_path}/md"
+    assert main(["init", "--metadata", uri, "--format", "bookkeeper"]) == 0
+    first = capsys.readouterr().out
+    assert "format: bookkeeper, ledger layout: flat" in first
+    assert main(["init", "--metadata", uri, "--format", "bookkeeper"]) == 0
+    assert capsys.readouterr().out == first, "init is idempotent: same cluster, same instance id"
+    assert main(["init", "--metadata", uri]) == 2  # a walkit cluster asked of a BookKeeper one: clear error
+    assert "another format" in capsys.readouterr().err
+    s = LocalMetadataStore(f"{tmp_path}/md")
+    try:
+        assert s.get(f"{ROOT}/LAYOUT")[0] == Layout.for_manager("flat").encode()
+        assert sorted(s.children(ROOT)) == ["INSTANCEID", "LAYOUT", "available"]
+    finally:
+        s.close()
+    assert main(["init", "--metadata", f"local+longhierarchical://{tmp_path}/other"]) == 2
+    assert "unknown ledger layout" in capsys.readouterr().err
