@@ -6,7 +6,7 @@ Three walkit bookies in this process run with the Java cluster's own metadata
 under ``available/``, BookKeeper's cookie under ``cookies/``), so the Java client and
 BookieShell find them by that registration alone. Their garbage collector lists the
 ledgers of BookKeeper's tree (every ``GC_MS``): it keeps what the Java client wrote and
-collects what it deleted."""
+collects what it, or walkit's own client, deleted."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from support.bookkeeper import JavaCluster, JavaPeer, PeerError, payload
 from support.zk import ZooKeeperServer
 from walkit.cli import main as walkit_main
 from walkit.client import Endpoint, parse_endpoint
+from walkit.client import connect as walkit_connect
 from walkit.metadata import connect, read_registration
 from walkit.metadata._bk_records import BkCookie, BookieServiceInfo
 
@@ -169,12 +170,12 @@ def test_bookie_shell_simpletest_and_readledger_on_walkit_bookies(walkit_cluster
     assert sum(stored) == 3  # ensemble 3: every walkit bookie has its share
 
 
-def test_gc_keeps_java_ledgers_and_collects_the_ones_java_deleted(walkit_cluster: JavaCluster,
-                                                                  walkit_bookies: WalkitBookies) -> None:
+def test_gc_keeps_java_ledgers_and_collects_the_ones_either_client_deleted(walkit_cluster: JavaCluster,
+                                                                           walkit_bookies: WalkitBookies) -> None:
     peer = walkit_cluster.peer()
     try:
-        kept, doomed = (peer.create(ensemble=3, write_quorum=3, ack_quorum=2) for _ in range(2))
-        for ledger in (kept, doomed):
+        kept, by_java, by_walkit = (peer.create(ensemble=3, write_quorum=3, ack_quorum=2) for _ in range(3))
+        for ledger in (kept, by_java, by_walkit):
             peer.add(ledger, count=20, seed=ledger)
             peer.close_ledger(ledger)
         servers = walkit_bookies.servers
@@ -183,16 +184,19 @@ def test_gc_keeps_java_ledgers_and_collects_the_ones_java_deleted(walkit_cluster
         _wait(lambda: all(s.bookie.gc.status()["passes"] >= passes[s.bookie_id] + 3  # type: ignore[union-attr]
                           for s in servers), 30, "three GC passes on every walkit bookie")
         for s in servers:  # Java's ledgers are in BookKeeper's tree: kept
-            assert s.bookie is not None and {kept, doomed} <= set(s.bookie.ledgers())
+            assert s.bookie is not None and {kept, by_java, by_walkit} <= set(s.bookie.ledgers())
             last = s.bookie.gc.status()["last_pass"]
-            assert last["metadata_unavailable"] is False and not any("deleted ledgers" in c for c in last["cut_short"])
-        peer.delete(doomed)
-        assert doomed not in peer.list_ledgers()
-        _wait(lambda: all(doomed not in s.bookie.ledgers() for s in servers), 30,  # type: ignore[union-attr]
-              "every walkit bookie collected the ledger Java deleted")
+            assert last["metadata_unavailable"] is False and not last["cut_short"], last
+        peer.delete(by_java)
+        with walkit_connect(walkit_cluster.metadata_uri) as walkit_client:  # walkit's client, BookKeeper's tree
+            assert walkit_client.ledger_metadata(by_walkit).digest == "bk-crc32c"
+            walkit_client.delete_ledger(by_walkit)
+        assert {by_java, by_walkit}.isdisjoint(peer.list_ledgers()) and kept in peer.list_ledgers()
+        _wait(lambda: all({by_java, by_walkit}.isdisjoint(s.bookie.ledgers())  # type: ignore[union-attr]
+                          for s in servers), 30, "every walkit bookie collected the deleted ledgers")
         for s in servers:
             assert s.bookie is not None and kept in s.bookie.ledgers()
-            assert s.bookie.gc.status()["totals"]["ledgers_removed"] >= 1
+            assert s.bookie.gc.status()["totals"]["ledgers_removed"] >= 2
         assert peer.open(kept)["lac"] == 19
         assert peer.read(kept, 0, 19) == [payload(kept, i) for i in range(20)]
     finally:
