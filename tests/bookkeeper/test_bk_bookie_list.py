@@ -4,6 +4,7 @@ walkit bookie side by side, each with the kind its registration says."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,13 +56,23 @@ def test_walkit_lists_java_bookies_writable_and_readonly_with_their_kinds(
 
     async def with_a_walkit_bookie() -> str:
         async with in_process(walkit_cfg) as server:
+            loop = asyncio.get_running_loop()
+
+            def cli(*args: str) -> int:  # off the loop: the bookie answers on it, and the CLI runs its own
+                return int(walkit_main([*args, "--metadata", cluster.metadata_uri]))
+
             capsys.readouterr()
-            assert walkit_main(["bookie", "list", "--metadata", cluster.metadata_uri, "--json"]) == 0
+            assert await loop.run_in_executor(None, cli, "bookie", "list", "--json") == 0
             listed = json.loads(capsys.readouterr().out)
             assert listed == {"writable": sorted(java | {LEGACY, server.bookie_id}), "readonly": [readonly.bookie_id],
                               "kinds": {**{b: "bookkeeper" for b in java | {LEGACY, readonly.bookie_id}},
                                         server.bookie_id: "walkit"}}
-            assert walkit_main(["bookie", "list", "--metadata", cluster.metadata_uri]) == 0
+            assert await loop.run_in_executor(None, cli, "bookie", "gc", "--json", "--bookie", server.bookie_id) == 0
+            assert json.loads(capsys.readouterr().out)[server.bookie_id]["bookie"] == server.bookie_id
+            some_java = min(java)
+            assert await loop.run_in_executor(None, cli, "bookie", "gc", "--json", "--bookie", some_java) == 1
+            assert "no walkit GC commands" in json.loads(capsys.readouterr().out)[some_java]["error"]
+            assert await loop.run_in_executor(None, cli, "bookie", "list") == 0
             return str(server.bookie_id)
 
     walkit_id = run(with_a_walkit_bookie)

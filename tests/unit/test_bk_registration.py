@@ -52,6 +52,13 @@ def test_bookkeeper_format_is_bookie_service_info_with_the_walkit_marker() -> No
         encode_service_info("bookkeeper", "no-port", tls=False, protocol=1)
 
 
+def test_the_documented_bytes() -> None:  # docs/format.md, "What a walkit bookie writes ..."
+    expected = (b"\x32\x22" b"\x0a\x06bookie" b"\x10\xed\x18" b"\x1a\x09127.0.0.1" b"\x22\x0abookie-rpc"
+                b"\x3a\x14" b"\x0a\x0fwalkit.protocol" b"\x12\x011"
+                b"\x3a\x13" b"\x0a\x0awalkit.tls" b"\x12\x05false")
+    assert encode_service_info("bookkeeper", "127.0.0.1:3181", tls=False, protocol=1) == expected
+
+
 def test_a_java_bookies_registration_is_kind_bookkeeper() -> None:
     java = (GOLDEN / "registration").read_bytes()  # what BookKeeper 4.18.2's bookie wrote
     host, port = JAVA_BOOKIE.rsplit(":", 1)
