@@ -36,6 +36,10 @@ def test_walkit_format_is_the_json_it_always_was() -> None:
     assert parse_endpoint("b1", data, "walkit") == parse_endpoint("b1", data)
     assert parse_endpoint("10.0.0.1:3181", None) == Endpoint("10.0.0.1", 3181, False, "walkit")
     assert parse_endpoint("[::1]:3181", b"") == Endpoint("::1", 3181, False, "walkit")
+    java = b'{"endpoint": "10.0.0.2:3181", "kind": "bookkeeper"}'  # a Java bookie named in a walkit cluster
+    assert parse_endpoint("j", java) == Endpoint("10.0.0.2", 3181, False, "bookkeeper")
+    with pytest.raises(BookieUnavailableError, match="unreadable"):
+        parse_endpoint("j", b'{"endpoint": "10.0.0.2:3181", "kind": "java"}')
 
 
 def test_bookkeeper_format_is_bookie_service_info_with_the_walkit_marker() -> None:
@@ -88,7 +92,7 @@ def test_unusable_ids_and_walkit_registrations_are_refused() -> None:
     for bookie_id, fmt in (("walkit-0", "walkit"), ("walkit-0", "bookkeeper"), ("h:0", "bookkeeper")):
         with pytest.raises(BookieUnavailableError, match="not host:port"):
             parse_endpoint(bookie_id, None, fmt)  # type: ignore[arg-type]
-    for data in (b"{", b'{"tls": true}', b'{"endpoint": "nohost"}', b"[1]"):
+    for data in (b"{", b'{"tls": true}', b'{"endpoint": "nohost"}', b"[1]", b'"h:1"', b"3"):
         with pytest.raises(BookieUnavailableError, match="unreadable"):
             parse_endpoint("b", data, "walkit")
     with pytest.raises(BookieUnavailableError):  # BookKeeper bytes in a walkit cluster: not JSON

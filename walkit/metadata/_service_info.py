@@ -7,7 +7,8 @@ carries the bookie's service info, which the metadata layer stores without readi
 Its bytes depend on the cluster's format (:attr:`ClusterInfo.format`):
 
 * ``walkit``: UTF-8 JSON ``{"endpoint": "<host>:<port>", "tls": <bool>, "protocol":
-  <wire version>}`` (docs/format.md, "The metadata tree");
+  <wire version>}`` (docs/format.md, "The metadata tree"); an optional ``"kind":
+  "bookkeeper"`` names an Apache BookKeeper bookie (walkit bookies never write it);
 * ``bookkeeper``: BookKeeper 4.18's binary ``BookieServiceInfoFormat``
   (:class:`~walkit.metadata._bk_records.BookieServiceInfo`), as a Java bookie writes it:
   endpoint ``bookie`` (protocol ``bookie-rpc``: the data port, which BookKeeper's client
@@ -93,9 +94,12 @@ def decode_service_info(cluster_format: ClusterFormat, bookie_id: str, data: byt
     try:
         info = json.loads(data)
         address, tls = str(info["endpoint"]), bool(info.get("tls", False))
-    except (ValueError, KeyError, TypeError) as exc:
+        kind = info.get("kind", "walkit")  # "bookkeeper": an Apache BookKeeper bookie listed by hand
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise FormatError("unreadable walkit bookie registration", bookie=bookie_id) from exc
-    return ServiceInfo(*split_address(address, bookie=bookie_id), tls=tls)
+    if kind not in ("walkit", "bookkeeper"):
+        raise FormatError("bookie registration names an unknown kind", bookie=bookie_id, kind=str(kind)[:40])
+    return ServiceInfo(*split_address(address, bookie=bookie_id), tls=tls, walkit=kind == "walkit")
 
 
 def _decode_bookkeeper(bookie_id: str, data: bytes) -> ServiceInfo:
