@@ -8,14 +8,29 @@ equal to what ``initnewcluster`` makes, and BookieShell reads ledgers walkit cre
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support.bookkeeper import JavaCluster
+from support.bookkeeper import JavaBookie, JavaCluster, JavaPeer
 from support.zk import ZooKeeperServer
-from walkit.metadata import connect, init_cluster, open_metadata_store
+from walkit.metadata import (
+    LedgerManager,
+    LedgerMetadata,
+    LedgerState,
+    UnderReplication,
+    connect,
+    init_cluster,
+    open_metadata_store,
+    walkit_path,
+)
+from walkit.metadata._bk_paths import INT_MAX
 from walkit.metadata._bk_records import InstanceId, Layout
 
 pytestmark = pytest.mark.bookkeeper
@@ -62,3 +77,208 @@ def test_walkit_init_makes_what_bookkeepers_init_makes(bk_classpath: str, zk_ser
     assert mine["/INSTANCEID"].decode() == info.instance_id
     assert {k: v for k, v in mine.items() if k != "/INSTANCEID"} == {k: v for k, v in relative.items()
                                                                       if k != "/INSTANCEID"}
+
+
+# --- (a) what the Java client wrote, read by walkit --------------------------------------------
+
+
+def test_walkit_reads_the_ledgers_the_java_client_made(java_cluster: JavaCluster) -> None:
+    peer = java_cluster.peer()
+    try:
+        closed = peer.create()
+        peer.add(closed, [b"alpha", b"beta", b"gamma"], pipelined=False)
+        peer.close_ledger(closed)
+        hmac = peer.create(ensemble=2, write_quorum=2, ack_quorum=1, digest="MAC", password="s3cret")
+        peer.add(hmac, [b"one"], pipelined=False)
+        peer.close_ledger(hmac)
+        crc32 = peer.create(ensemble=3, write_quorum=2, ack_quorum=2, digest="CRC32", password="pw")
+        peer.add(crc32, [b"x", b"y"], pipelined=False)  # left open
+        dummy = peer.create(ensemble=1, write_quorum=1, ack_quorum=1, digest="DUMMY")
+        java_ids = {closed, hmac, crc32, dummy}
+        assert java_ids <= set(peer.list_ledgers())
+    finally:
+        peer.close()
+    bookies = {b.bookie_id for b in java_cluster.bookies}
+    with connect(java_cluster.metadata_uri, read_only=True) as cluster:
+        assert java_ids <= set(cluster.ledgers.ledger_ids())
+        m, _ = cluster.ledgers.read(closed)
+        assert (m.ensemble_size, m.write_quorum, m.ack_quorum, m.digest) == (3, 3, 2, "bk-crc32c")
+        assert (m.state, m.last_entry_id, m.length) == (LedgerState.CLOSED, 2, len(b"alphabetagamma"))
+        assert m.bk_password == b"" and m.check_password(b"") and set(m.ensembles[0][1]) == bookies
+        m, _ = cluster.ledgers.read(hmac)
+        assert (m.ensemble_size, m.write_quorum, m.ack_quorum, m.digest) == (2, 2, 1, "bk-hmac")
+        assert m.bk_password == b"s3cret" and m.check_password(b"s3cret") and not m.check_password(b"")
+        assert (m.state, m.last_entry_id, m.length) == (LedgerState.CLOSED, 0, 3)
+        assert len(m.ensembles) == 1 and set(m.ensembles[0][1]) <= bookies and m.ensembles[0][0] == 0
+        m, _ = cluster.ledgers.read(crc32)
+        assert (m.digest, m.bk_password, m.state, m.last_entry_id) == ("bk-crc32", b"pw", LedgerState.OPEN, -1)
+        assert (m.ensemble_size, m.write_quorum, m.ack_quorum) == (3, 2, 2)
+        m, _ = cluster.ledgers.read(dummy)
+        assert (m.digest, m.ensemble_size, m.state) == ("bk-dummy", 1, LedgerState.OPEN)
+        assert m.ctime > 0  # BookKeeper stores none by default: the znode's creation time
+
+
+def test_walkit_ledger_cli_on_a_java_clusters_uri(java_cluster: JavaCluster, capsys: pytest.CaptureFixture[str]
+                                                  ) -> None:
+    from walkit.cli import main
+
+    peer = java_cluster.peer()
+    try:
+        ledger = peer.create(ensemble=2, write_quorum=2, ack_quorum=2, digest="MAC", password="pw")
+        peer.add(ledger, [b"abc", b"de"], pipelined=False)
+        peer.close_ledger(ledger)
+    finally:
+        peer.close()
+    capsys.readouterr()
+    assert main(["ledger", "list", "--metadata", java_cluster.metadata_uri, "--json"]) == 0
+    listed = {row["ledger"]: row for row in json.loads(capsys.readouterr().out)}
+    assert listed[ledger]["state"] == "CLOSED" and listed[ledger]["last_entry_id"] == 1
+    assert (listed[ledger]["ensemble_size"], listed[ledger]["write_quorum"]) == (2, 2)
+    assert main(["ledger", "show", str(ledger), "--metadata", java_cluster.metadata_uri, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["digest"] == "bk-hmac" and shown["password"] == "set" and shown["length"] == 5
+    assert set(shown["fragments"][0]["bookies"]) <= {b.bookie_id for b in java_cluster.bookies}
+    assert main(["cluster", "info", "--metadata", java_cluster.metadata_uri, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["format"] == "bookkeeper" and info["layout"] == "hierarchical" and info["ledgers"] >= 1
+    assert set(info["bookies"]["writable"]) == {b.bookie_id for b in java_cluster.bookies}
+
+
+# --- (b) ids: walkit and the Java client in one cluster -----------------------------------------
+
+
+def test_walkit_and_java_clients_never_share_a_ledger_id(java_cluster: JavaCluster) -> None:
+    peer = java_cluster.peer()
+    clusters = [connect(java_cluster.metadata_uri) for _ in range(2)]
+    managers = [LedgerManager(clusters[0].store, clusters[0].info, id_range=64),
+                LedgerManager(clusters[1].store, clusters[1].info, id_range=1)]
+    walkit_ids: list[int] = []
+    lock = threading.Lock()
+
+    def draw(m: LedgerManager) -> None:
+        for _ in range(150):
+            lid = m.new_ledger_id()
+            with lock:
+                walkit_ids.append(lid)
+
+    try:
+        sent = [peer.send("create", ensemble=1, write_quorum=1, ack_quorum=1, digest="CRC32C", password="")
+                for _ in range(40)]
+        threads = [threading.Thread(target=draw, args=(m,)) for m in managers]
+        for t in threads:
+            t.start()
+        java_ids = [int(peer.result()["ledger"]) for _ in sent]
+        for t in threads:
+            t.join()
+        mine = managers[1].new_ledger_id()
+        managers[1].create(LedgerMetadata.create(mine, ("127.0.0.1:1",), write_quorum=1, ack_quorum=1,
+                                                 password=b"pw", ctime=1, digest="bk-crc32c"))
+        after = peer.create(ensemble=1, write_quorum=1, ack_quorum=1)
+    finally:
+        peer.close()
+        for c in clusters:
+            c.close()
+    assert len(set(walkit_ids)) == len(walkit_ids) == 300
+    assert len(set(java_ids)) == 40 and not set(java_ids) & set(walkit_ids)
+    assert after not in walkit_ids and after != mine and after > max(java_ids)
+    assert max(walkit_ids + java_ids + [after]) < INT_MAX  # all from BookKeeper's 31-bit generator
+
+
+# --- (c) BookKeeper on a cluster walkit made ----------------------------------------------------
+
+
+def test_bookkeeper_uses_a_cluster_walkit_made(bk_classpath: str, zk_server: ZooKeeperServer,
+                                               tmp_path: Path) -> None:
+    """``walkit init --format bookkeeper``; walkit's LedgerManager creates ledgers and walkit's
+    own nodes (WAL namespace, under-replication markers) below ID-walkit; BookieShell lists and
+    shows exactly the ledgers; a Java bookie registers and a Java client writes a ledger there,
+    which walkit reads."""
+    from walkit.cli import main
+
+    root = f"/wk-{uuid.uuid4().hex[:12]}/ledgers"
+    uri = f"zk+hierarchical://{zk_server.hosts}{root}"
+    assert main(["init", "--metadata", uri, "--format", "bookkeeper"]) == 0
+    conf = tmp_path / "client.conf"
+    conf.write_text(f"metadataServiceUri={uri}\n")
+    from kazoo.client import KazooClient
+
+    zk = KazooClient(zk_server.hosts)
+    zk.start(timeout=15)
+    bookie = JavaBookie(bk_classpath, uri, zk, root, tmp_path / "bookie")
+    try:
+        with connect(uri) as cluster:
+            m = cluster.ledgers
+            made = []
+            for digest, password in (("bk-crc32c", b""), ("bk-hmac", b"s3cret"), ("bk-crc32", b"pw")):
+                lid = m.new_ledger_id()
+                m.create(LedgerMetadata.create(lid, ("127.0.0.1:3181", "127.0.0.1:3182"), write_quorum=2,
+                                               ack_quorum=1, password=password, ctime=1_700_000_000_000,
+                                               digest=digest, custom={"app": b"walkit"}))
+                made.append(lid)
+            m.update(made[0], lambda md: md.closed(41, 4200))
+            UnderReplication(cluster.store, cluster.info).mark(made[1], ["127.0.0.1:3182"])
+            cluster.store.create(walkit_path(cluster.info, "logs/ns/orders"), b"{}", make_parents=True)
+            cluster.store.create(walkit_path(cluster.info, "logholds/ns/orders"), make_parents=True)
+        assert sorted(zk.get_children(root)) == ["00", "ID-walkit", "INSTANCEID", "LAYOUT", "available", "idgen"]
+        listed = {int(x) for x in re.findall(r"ledgerId=(\d+)", _shell(bk_classpath, conf, "listledgers"))}
+        assert listed == set(made)
+        out = _shell(bk_classpath, conf, "ledgermetadata", "-ledgerid", str(made[0]))
+        for field in (r"state=CLOSED", r"lastEntryId=41\b", r"length=4200\b", r"digestType=CRC32C",
+                      r"ensembleSize=2\b", r"writeQuorumSize=2\b", r"ackQuorumSize=1\b", "127.0.0.1:3181"):
+            assert re.search(field, out), (field, out[-2000:])
+        out = _shell(bk_classpath, conf, "ledgermetadata", "-ledgerid", str(made[1]))
+        assert re.search(r"state=OPEN", out) and re.search(r"digestType=MAC", out), out[-2000:]
+        bookie.start()
+        peer = JavaPeer(bk_classpath, uri, tmp_path)
+        try:
+            java = peer.create(ensemble=1, write_quorum=1, ack_quorum=1, digest="CRC32C", password="j")
+            peer.add(java, [b"from", b"java"], pipelined=False)
+            peer.close_ledger(java)
+        finally:
+            peer.close()
+        assert java not in made
+        with connect(uri, read_only=True) as cluster:
+            assert set(cluster.ledgers.ledger_ids()) == {*made, java}
+            m2, _ = cluster.ledgers.read(java)
+            assert (m2.digest, m2.bk_password, m2.last_entry_id, m2.length) == ("bk-crc32c", b"j", 1, 8)
+            assert m2.ensembles[0][1] == (bookie.bookie_id,)
+    finally:
+        bookie.stop()
+        zk.delete(root.rsplit("/", 1)[0], recursive=True)
+        zk.stop()
+        zk.close()
+
+
+def _shell(classpath: str, conf: Path, *args: str) -> str:
+    run = subprocess.run(["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", classpath,
+                          "org.apache.bookkeeper.bookie.BookieShell", "-conf", str(conf), *args],
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    return run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("manager", ["flat", "longhierarchical"])
+def test_bookie_shell_lists_walkits_ledgers_under_the_other_managers(bk_classpath: str, zk_server: ZooKeeperServer,
+                                                                     tmp_path: Path, manager: str) -> None:
+    """The flat and long-hierarchical trees walkit keeps are BookKeeper's: BookieShell lists
+    the ledgers walkit created (a long id too) and nothing of walkit's own nodes."""
+    root = f"/wk-{uuid.uuid4().hex[:12]}/ledgers"
+    uri = f"zk+{manager}://{zk_server.hosts}{root}"
+    store = open_metadata_store(uri)
+    try:
+        init_cluster(store, root, manager, format="bookkeeper")  # type: ignore[arg-type]
+        with connect(uri) as cluster:
+            made = [cluster.ledgers.new_ledger_id(), cluster.ledgers.new_ledger_id(), 2**40 + 3]
+            for lid in made:
+                cluster.ledgers.create(LedgerMetadata.create(lid, ("127.0.0.1:3181",), write_quorum=1, ack_quorum=1,
+                                                             password=b"pw", ctime=1, digest="bk-crc32c"))
+            cluster.store.create(walkit_path(cluster.info, "logs/ns/orders"), b"{}", make_parents=True)
+        conf = tmp_path / "client.conf"
+        conf.write_text(f"metadataServiceUri={uri}\n")
+        out = _shell(bk_classpath, conf, "listledgers")
+        assert {int(x) for x in re.findall(r"ledgerId=(\d+)", out)} == set(made), out[-2000:]
+        out = _shell(bk_classpath, conf, "ledgermetadata", "-ledgerid", str(2**40 + 3))
+        assert re.search(r"digestType=CRC32C", out) and re.search(r"state=OPEN", out), out[-2000:]
+    finally:
+        store.delete(root.rsplit("/", 1)[0], recursive=True)
+        store.close()

@@ -22,6 +22,7 @@ from walkit.metadata._cluster import (
     ClusterLayout,
     cluster_path,
     init_cluster,
+    ledger_digest,
     read_cluster,
     walkit_path,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "connect",
     "init_cluster",
     "iter_ledger_ids",
+    "ledger_digest",
     "iter_ledger_ranges",
     "ledger_path",
     "retry_cas",

@@ -45,7 +45,7 @@ from walkit.metadata._paths import LAYOUTS
 from walkit.metadata._store import Create, MetadataStore, check_path
 
 __all__ = ["ClusterInfo", "ClusterFormat", "ClusterLayout", "CLUSTER_LAYOUTS", "init_cluster", "read_cluster",
-           "cluster_path", "walkit_path", "CLUSTER_DIRS", "BK_CLUSTER_DIRS", "BK_WALKIT_NODE"]
+           "cluster_path", "walkit_path", "ledger_digest", "CLUSTER_DIRS", "BK_CLUSTER_DIRS", "BK_WALKIT_NODE"]
 
 _LAYOUT_HEADER = "walkit-layout 1"
 CLUSTER_DIRS = ("available", "available/readonly", "cookies", "idgen")
@@ -82,6 +82,13 @@ def walkit_path(info: ClusterInfo, name: str) -> str:
     return cluster_path(info.root, name)
 
 
+def ledger_digest(info: ClusterInfo) -> str:
+    """The digest walkit's own writers (the WAL's segments and snapshots) give their
+    ledgers in this cluster: ``crc32c``, or ``bk-crc32c`` in a BookKeeper-format cluster
+    (which keeps BookKeeper ledgers only)."""
+    return "bk-crc32c" if info.format == "bookkeeper" else "crc32c"
+
+
 def _encode_layout(layout: ClusterLayout) -> bytes:
     return f"{_LAYOUT_HEADER}\nledgers {layout}\n".encode()
 
@@ -102,7 +109,8 @@ def _decode_bk_layout(raw: bytes, root: str) -> ClusterLayout:
     try:
         layout = _bk_records.Layout.decode(raw)
     except FormatError as exc:
-        raise ClusterLayoutError("unknown cluster LAYOUT: neither walkit's nor BookKeeper's", root=root,
+        raise ClusterLayoutError("unknown cluster LAYOUT: this walkit cannot use the cluster (neither walkit's nor "
+                                 "BookKeeper's)", root=root,
                                  layout=repr(raw[:80]), reason=str(exc)[:200]) from exc
     manager = layout.manager
     if manager not in CLUSTER_LAYOUTS:
