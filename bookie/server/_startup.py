@@ -191,17 +191,18 @@ def service_info(cluster: Any, config: BookieConfig, endpoint: str, tls: bool, h
 
 def marked_under_replicated(cluster: Any) -> Callable[[int], bool]:
     """Whether a ledger is marked under-replicated (GC never takes it as over-replicated
-    meanwhile): walkit's marks, or in a BookKeeper-format cluster BookKeeper's
-    (``underreplication/ledgers/.../urL<id>``, set by its auditor)."""
-    if cluster.info.format == "bookkeeper":
-        from walkit.metadata._bk_paths import ur_path
-
-        store, root = cluster.store, cluster.info.root
-        return lambda ledger_id: store.exists(ur_path(root, ledger_id)) is not None
+    meanwhile): walkit's markers, and in a BookKeeper-format cluster BookKeeper's too
+    (``underreplication/ledgers/.../urL<id>``, set by a Java auditor; walkit's own live
+    below ``ID-walkit`` there)."""
     from walkit.metadata import UnderReplication
 
-    marked: Callable[[int], bool] = UnderReplication(cluster.store, cluster.info).is_marked
-    return marked
+    walkit_marked: Callable[[int], bool] = UnderReplication(cluster.store, cluster.info).is_marked
+    if cluster.info.format != "bookkeeper":
+        return walkit_marked
+    from walkit.metadata._bk_paths import ur_path
+
+    store, root = cluster.store, cluster.info.root
+    return lambda ledger_id: store.exists(ur_path(root, ledger_id)) is not None or walkit_marked(ledger_id)
 
 
 def autorecovery_for(config: BookieConfig, bookie_id: str) -> Any:

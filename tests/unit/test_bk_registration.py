@@ -19,7 +19,7 @@ from bookie.server._startup import check_cookie, marked_under_replicated, refuse
 from support.bookie import config
 from walkit.client import Endpoint, parse_endpoint
 from walkit.errors import BookieUnavailableError, CookieError, FormatError, InvalidArgumentError
-from walkit.metadata import ClusterInfo, LocalMetadataStore, read_cookie, write_cookie
+from walkit.metadata import ClusterInfo, LocalMetadataStore, UnderReplication, read_cookie, write_cookie
 from walkit.metadata._bk_paths import ur_path
 from walkit.metadata._bk_records import BkCookie, BookieServiceInfo
 from walkit.metadata._bk_records import Endpoint as BkEndpoint
@@ -166,8 +166,11 @@ def test_a_cookie_with_trailing_slashes_matches_and_an_unreadable_one_refuses(bk
         check_cookie(bk_cluster, _cookie(instance), java.bookie_id)
 
 
-def test_gc_sees_bookkeepers_under_replication_marks(bk_cluster: Any) -> None:
+def test_gc_sees_bookkeepers_under_replication_marks_and_walkits(bk_cluster: Any) -> None:
     marked = marked_under_replicated(bk_cluster)
     assert not marked(12345)
-    bk_cluster.store.create(ur_path("/ledgers", 12345), b"", make_parents=True)
+    bk_cluster.store.create(ur_path("/ledgers", 12345), b"", make_parents=True)  # a Java auditor's mark
     assert marked(12345) and not marked(12346)
+    UnderReplication(bk_cluster.store, bk_cluster.info).mark(12346, ["127.0.0.1:1"])  # walkit's, below ID-walkit
+    assert marked(12346) and not marked(12347)
+    assert bk_cluster.store.exists(ur_path("/ledgers", 12346)) is None
