@@ -129,6 +129,10 @@ def test_walkit_bookies_register_where_bookkeeper_looks(walkit_cluster: JavaClus
         cookie = BkCookie.decode(zk.get(f"{root}/cookies/{server.bookie_id}")[0])
         assert cookie.bookie_id == server.bookie_id and cookie.instance_id == zk.get(f"{root}/INSTANCEID")[0].decode()
     assert _listed(walkit_cluster.shell("listbookies", "-rw")) == walkit_bookies.ids
+    first = walkit_bookies.servers[0]
+    out = walkit_cluster.shell("cookie_get", first.bookie_id)  # BookKeeper's tools read the cookie as theirs
+    assert f"Cookie for bookie '{first.bookie_id}' is:" in out, out[-3000:]
+    assert f'journalDir: "{first.config.journal_directory}"' in out, out[-3000:]
     with connect(walkit_cluster.metadata_uri, read_only=True) as cluster:  # walkit's own view of it
         assert cluster.info.format == "bookkeeper" and cluster.bookies().writable == walkit_bookies.ids
         some = walkit_bookies.servers[0]
