@@ -7,6 +7,7 @@ tests/bookkeeper/test_java_client_on_walkit.py has BookKeeper's own tools look a
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
 
@@ -97,5 +98,31 @@ def test_a_bookkeeper_cookie_that_differs_refuses_the_start(uri: str, tmp_path: 
                 pass
         with connect(uri) as cluster:
             assert not cluster.bookies().writable  # refused before it registered
+
+    run(go)
+
+
+def test_after_a_session_expiry_the_same_registration_comes_back(uri: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path / "b", bookie_id="", metadata_service_uri=uri)
+
+    async def go() -> None:
+        async with in_process(cfg) as server:
+            server.forced_readonly = True
+            await server.check_disks()  # the mode wanted last is the one restored
+            path = f"{ROOT}/available/readonly/{server.bookie_id}"
+            with connect(uri) as cluster:
+                data, _ = cluster.store.get(path)
+                assert dict(BookieServiceInfo.decode(data).properties)["walkit.protocol"] == "1"
+                store = server._cluster.store  # the bookie's own session
+                old = store.session_id
+                store.expire_session()
+                deadline = asyncio.get_running_loop().time() + 15
+                while (stat := cluster.store.exists(path)) is None or stat.ephemeral_owner == old:
+                    assert asyncio.get_running_loop().time() < deadline, "not re-registered"
+                    await asyncio.sleep(0.05)
+                assert stat.ephemeral_owner == store.session_id != old
+                assert cluster.store.get(path)[0] == data  # BookieServiceInfo, walkit marker included
+                assert cluster.store.exists(f"{ROOT}/available/{server.bookie_id}") is None
+                assert not server.lost_registration
 
     run(go)
