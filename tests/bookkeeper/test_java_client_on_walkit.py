@@ -14,8 +14,10 @@ import asyncio
 import base64
 import json
 import re
+import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -236,3 +238,48 @@ def test_java_client_adds_reads_tails_and_recovers_on_walkit_bookies(peer: JavaP
     empty = peer.create(ensemble=3, write_quorum=3, ack_quorum=2, password="pw")
     recovered = peer.open(empty, recovery=True, password="pw")  # fencing reads answered ENOENTRY
     assert recovered["closed"] and recovered["lac"] == -1
+
+
+@pytest.mark.parametrize("manager", ["flat", "longhierarchical"])
+def test_on_a_cluster_walkit_init_made_java_finds_walkit_bookies_and_their_gc_follows(
+        manager: str, bk_classpath: str, zk_server: ZooKeeperServer, tmp_path: Path) -> None:
+    """``walkit init --format bookkeeper`` under BookKeeper's other two managers; only walkit
+    bookies: BookieShell lists them, the Java client writes and reads through them, and
+    their GC collects the ledger it deleted at that manager's paths."""
+    from kazoo.client import KazooClient
+
+    chroot = f"/wk-{uuid.uuid4().hex[:12]}"
+    uri = f"zk+{manager}://{zk_server.hosts}{chroot}/ledgers"
+    assert walkit_main(["init", "--metadata", uri, "--format", "bookkeeper"]) == 0
+    conf = tmp_path / "client.conf"
+    conf.write_text(f"metadataServiceUri={uri}\n")
+    bookies = WalkitBookies(tmp_path / "bookies", 3, uri)
+    try:
+        out = subprocess.run(["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", bk_classpath,
+                              "org.apache.bookkeeper.bookie.BookieShell", "-conf", str(conf), "listbookies", "-rw"],
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and _listed(out.stdout + out.stderr) == bookies.ids, out.stderr[-3000:]
+        peer = JavaPeer(bk_classpath, uri, tmp_path)
+        try:
+            kept, doomed = (peer.create(ensemble=3, write_quorum=2, ack_quorum=2) for _ in range(2))
+            for ledger in (kept, doomed):
+                assert peer.add(ledger, count=10, seed=7) == list(range(10))
+                assert peer.read(ledger, 0, 9) == [payload(7, i) for i in range(10)]
+                peer.close_ledger(ledger)
+            peer.delete(doomed)
+        finally:
+            peer.close()
+        servers = [s for s in bookies.servers if s.bookie is not None]
+        _wait(lambda: all(doomed not in s.bookie.ledgers() for s in servers), 30,  # type: ignore[union-attr]
+              "the deleted ledger collected")
+        assert sum(kept in s.bookie.ledgers() for s in servers) == 3  # type: ignore[union-attr]  # striped: all hold some
+    finally:
+        bookies.stop()
+        zk = KazooClient(zk_server.hosts)
+        zk.start(timeout=15)
+        try:
+            zk.delete(chroot, recursive=True)
+        finally:
+            zk.stop()
+            zk.close()
+
