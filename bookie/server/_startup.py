@@ -20,7 +20,7 @@ anything that could hurt data happens:
   for what it acknowledged could let a recovery lose data.
 * :func:`check_cookie`: the disks' cookie must be the one in metadata (a new bookie
   stores its own); in a BookKeeper-format cluster the one in metadata is BookKeeper's
-  text cookie (:func:`check_bookkeeper_cookie`), while the disks keep walkit's.
+  text cookie (:mod:`bookie.cookie`), while the disks keep walkit's.
 
 What the bookie then registers is :func:`service_info`: walkit's JSON, or BookKeeper's
 service info in a BookKeeper-format cluster.
@@ -36,13 +36,13 @@ from collections.abc import Callable
 from typing import Any
 
 from bookie._config import BookieConfig, os_reason
-from bookie.cookie import Cookie
+from bookie.cookie import Cookie, decode_from_metadata, encode_for_metadata
 from bookie.cookie import read_cookie as read_disk_cookie
 from bookie.fs import FileSystem
 from walkit.errors import BookieError, ConfigError, CookieError, WalkitError
 from walkit.logs import context
 
-__all__ = ["autorecovery_for", "check_bookkeeper_cookie", "check_cookie", "check_picked_port", "lock_directories",
+__all__ = ["autorecovery_for", "check_cookie", "check_picked_port", "lock_directories",
            "marked_under_replicated", "refuse_known_id", "server_ssl_context", "service_info"]
 
 log = logging.getLogger("bookie.server")
@@ -129,52 +129,20 @@ def refuse_known_id(cluster: Any, bookie_id: str) -> None:
 
 
 def check_cookie(cluster: Any, mine: Cookie, bookie_id: str) -> None:
-    """The disks' cookie must be the one in metadata; a new bookie stores its own. In a
-    BookKeeper-format cluster the one in metadata is BookKeeper's text cookie
-    (:func:`check_bookkeeper_cookie`)."""
+    """The disks' cookie must be the one in metadata; a new bookie stores its own (a
+    create: a racing start loses with NodeExistsError). In a BookKeeper-format cluster
+    the one in metadata is BookKeeper's text cookie (:func:`bookie.cookie.encode_for_metadata`),
+    so BookKeeper's tools (``cookie_get``...) see a walkit bookie as one of theirs; it is
+    compared field by field with the disks' own (walkit's, which stays on the disks) and
+    any difference refuses the start, as BookKeeper's bookie does."""
     from walkit.metadata import read_cookie, write_cookie
 
-    if cluster.info.format == "bookkeeper":
-        check_bookkeeper_cookie(cluster, mine, bookie_id)
-        return
+    fmt = cluster.info.format
     stored = read_cookie(cluster.store, cluster.info, bookie_id)
     if stored is None:
-        write_cookie(cluster.store, cluster.info, bookie_id, mine.encode(), None)
+        write_cookie(cluster.store, cluster.info, bookie_id, encode_for_metadata(mine, fmt), None)
         return
-    try:
-        theirs = Cookie.decode(stored[0], path=f"metadata cookies/{bookie_id}")
-    except WalkitError as exc:
-        raise CookieError("unreadable cookie in metadata", bookie=bookie_id) from exc
-    mine.verify_matches(theirs, where="metadata")
-
-
-def check_bookkeeper_cookie(cluster: Any, mine: Cookie, bookie_id: str) -> None:
-    """In a BookKeeper-format cluster, ``cookies/<id>`` holds BookKeeper's cookie (version
-    5, text: bookie id, journal dir, ledger dirs, instance id; no index dirs: walkit has
-    none), so BookKeeper's tools (``cookie_get``, ``listbookies``...) see a walkit bookie
-    as one of theirs. Created by the first start (a create: a racing start loses with
-    NodeExistsError); later starts compare it field by field with the disks' own cookie
-    (walkit's, which stays on the disks) and refuse to start on a difference, as
-    BookKeeper's bookie does."""
-    from walkit.metadata import read_cookie, write_cookie
-    from walkit.metadata._bk_records import BkCookie
-
-    stored = read_cookie(cluster.store, cluster.info, bookie_id)
-    if stored is None:
-        ours = BkCookie(mine.bookie_id, mine.journal_dir, mine.ledger_dirs, mine.instance_id)
-        write_cookie(cluster.store, cluster.info, bookie_id, ours.encode(), None)
-        return
-    try:
-        theirs = BkCookie.decode(stored[0])
-    except WalkitError as exc:
-        raise CookieError("unreadable BookKeeper cookie in metadata", bookie=bookie_id) from exc
-    if theirs.index_dirs is not None and theirs.index_dirs != theirs.ledger_dirs:
-        raise CookieError("the cluster's cookie for this bookie id names index dirs apart from its ledger dirs: it "
-                          "is a Java bookie's (walkit has no index dirs); give this bookie its own bookieId",
-                          bookie=bookie_id, found=",".join(theirs.index_dirs))
-    as_walkit = Cookie(theirs.bookie_id, theirs.journal_dirs, tuple(d.rstrip("/") or "/" for d in theirs.ledger_dirs),
-                       theirs.instance_id)
-    mine.verify_matches(as_walkit, where="metadata")
+    mine.verify_matches(decode_from_metadata(stored[0], fmt, bookie_id=bookie_id), where="metadata")
 
 
 def service_info(cluster: Any, config: BookieConfig, endpoint: str, tls: bool, http_port: int) -> bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from bookie.cookie import read_cookie as read_disk_cookie
 from bookie.fs.real import RealFS
 from support.bookie import config, in_process, run
+from walkit.cli import main as walkit_main
 from walkit.client import Endpoint, parse_endpoint
 from walkit.errors import CookieError
 from walkit.metadata import LocalMetadataStore, connect, init_cluster, read_cookie, read_registration, write_cookie
@@ -83,7 +85,7 @@ def test_registration_cookie_and_readonly_as_bookkeeper_has_them(uri: str, tmp_p
     ({"ledger_dirs": ("/elsewhere/ledgers",)}, "ledger_dirs"),
 ])
 def test_a_bookkeeper_cookie_that_differs_refuses_the_start(uri: str, tmp_path: Path, change: dict[str, object],
-                                                          field: str) -> None:
+                                                          field: str, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = config(tmp_path / "b", bookie_id="bk-bookie", metadata_service_uri=uri)
 
     async def go() -> None:
@@ -100,6 +102,28 @@ def test_a_bookkeeper_cookie_that_differs_refuses_the_start(uri: str, tmp_path: 
             assert not cluster.bookies().writable  # refused before it registered
 
     run(go)
+    capsys.readouterr()
+    assert walkit_main(["bookie", "cookie", "get", "--journal-dir", cfg.journal_directory, "--ledger-dir",
+                        *cfg.ledger_directories, "--metadata", uri, "--json"]) == 1
+    shown = json.loads(capsys.readouterr().out)["metadata"]  # BookKeeper's cookie, read as walkit's fields
+    assert shown["cookie"]["bookie_id"] == "bk-bookie" and field in shown["error"] and shown["compared"] is None
+
+
+def test_walkit_bookie_cookie_get_reads_the_bookkeeper_cookie(uri: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = config(tmp_path / "b", bookie_id="bk-bookie", metadata_service_uri=uri)
+
+    async def go() -> None:
+        async with in_process(cfg):
+            pass
+
+    run(go)
+    capsys.readouterr()
+    assert walkit_main(["bookie", "cookie", "get", "--journal-dir", cfg.journal_directory, "--ledger-dir",
+                        *cfg.ledger_directories, "--metadata", uri, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["metadata"]
+    assert shown["compared"] == "the same as the disks'" and shown["error"] is None
+    assert shown["cookie"]["ledger_dirs"] == list(cfg.ledger_directories)
 
 
 def test_after_a_session_expiry_the_same_registration_comes_back(uri: str, tmp_path: Path) -> None:
