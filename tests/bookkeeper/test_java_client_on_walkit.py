@@ -14,7 +14,9 @@ import asyncio
 import base64
 import json
 import re
+import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -27,7 +29,7 @@ import pytest
 from bookie.server import BookieServer
 from support.bookie import config
 from support.bookkeeper import JavaCluster, JavaPeer, PeerError, payload
-from support.zk import ZooKeeperServer
+from support.zk import ZooKeeperServer, free_port
 from walkit.cli import main as walkit_main
 from walkit.client import Endpoint, parse_endpoint
 from walkit.client import connect as walkit_connect
@@ -282,4 +284,48 @@ def test_on_a_cluster_walkit_init_made_java_finds_walkit_bookies_and_their_gc_fo
         finally:
             zk.stop()
             zk.close()
+
+
+def test_a_walkit_bookie_process_from_bookkeepers_own_bk_server_conf_joins_the_java_cluster(
+        bk_classpath: str, zk_server: ZooKeeperServer, tmp_path: Path) -> None:
+    """BookKeeper 4.18's default bk_server.conf with the Java cluster's metadataServiceUri,
+    started by ``walkit bookie start``: it registers with its admin endpoint, the Java
+    client writes and reads through it, and SIGTERM deregisters it."""
+    golden = Path(__file__).parents[1] / "unit" / "golden" / "bookkeeper" / "bk_server.conf"
+    cluster = JavaCluster(bk_classpath, zk_server.hosts, bookies=0)
+    port, http_port = free_port(), free_port()
+    changes = {"bookiePort": str(port), "journalDirectories": str(tmp_path / "journal"),
+               "ledgerDirectories": str(tmp_path / "ledgers"), "metadataServiceUri": cluster.metadata_uri,
+               "httpServerEnabled": "true", "httpServerPort": str(http_port), "httpServerHost": "127.0.0.1"}
+    text = golden.read_text(encoding="iso-8859-1")
+    for key, value in changes.items():
+        text, count = re.subn(rf"^{key}=.*$", f"{key}={value}", text, flags=re.M)
+        assert count == 1, key
+    conf = tmp_path / "bk_server.conf"
+    conf.write_text(text, encoding="iso-8859-1")
+    log_path = tmp_path / "bookie.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "walkit.cli", "bookie", "start", "--conf", str(conf)],
+                                stdout=log, stderr=subprocess.STDOUT)
+    node = f"{cluster.root}/available/127.0.0.1:{port}"
+    try:
+        _wait(lambda: proc.poll() is not None or cluster.zk.exists(node) is not None, 60, "registered")
+        assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
+        info = BookieServiceInfo.decode(cluster.zk.get(node)[0])
+        assert [(e.id, e.protocol, e.port) for e in info.endpoints] == [
+            ("bookie", "bookie-rpc", port), ("httpserver", "http", http_port)]
+        peer = cluster.peer()
+        try:
+            ledger = peer.create(ensemble=1, write_quorum=1, ack_quorum=1)
+            assert peer.add(ledger, count=5, seed=9) == list(range(5))
+            assert peer.read(ledger, 0, 4) == [payload(9, i) for i in range(5)]
+        finally:
+            peer.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert cluster.zk.exists(node) is None
+    finally:
+        proc.kill()
+        proc.wait()
+        cluster.stop()
 
