@@ -61,6 +61,7 @@ from bookie.server._long_poll import LongPolls
 from bookie.server._reads import ReadPool
 from bookie.server._startup import (
     autorecovery_for,
+    check_bookkeeper_id,
     check_cookie,
     check_picked_port,
     lock_directories,
@@ -232,6 +233,7 @@ class BookieServer:
             self._cluster = connect(c.metadata_service_uri, session_timeout=c.zk_timeout / 1000.0,
                                     retry_deadline=c.metadata_retry_deadline_ms / 1000.0)
             instance_id = self._cluster.info.instance_id
+            check_bookkeeper_id(self._cluster, self.bookie_id)  # before the disks are stamped with it
         else:
             log.warning("bookie %s runs without metadata (metadataServiceUri unset): not registered", self.bookie_id,
                         extra=context(bookie=self.bookie_id))

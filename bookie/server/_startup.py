@@ -22,7 +22,8 @@ anything that could hurt data happens:
   stores its own); in a BookKeeper-format cluster the one in metadata is BookKeeper's
   text cookie (:mod:`bookie.cookie`), while the disks keep walkit's.
 
-What the bookie then registers is :func:`service_info`: walkit's JSON, or BookKeeper's
+In a BookKeeper-format cluster :func:`check_bookkeeper_id` first refuses an id
+BookKeeper's own code would not parse. What the bookie then registers is :func:`service_info`: walkit's JSON, or BookKeeper's
 service info in a BookKeeper-format cluster.
 """
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import re
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +44,7 @@ from bookie.fs import FileSystem
 from walkit.errors import BookieError, ConfigError, CookieError, WalkitError
 from walkit.logs import context
 
-__all__ = ["autorecovery_for", "check_cookie", "check_picked_port", "lock_directories",
+__all__ = ["autorecovery_for", "check_bookkeeper_id", "check_cookie", "check_picked_port", "lock_directories",
            "marked_under_replicated", "refuse_known_id", "server_ssl_context", "service_info"]
 
 log = logging.getLogger("bookie.server")
@@ -143,6 +145,20 @@ def check_cookie(cluster: Any, mine: Cookie, bookie_id: str) -> None:
         write_cookie(cluster.store, cluster.info, bookie_id, encode_for_metadata(mine, fmt), None)
         return
     mine.verify_matches(decode_from_metadata(stored[0], fmt, bookie_id=bookie_id), where="metadata")
+
+
+#: What BookKeeper's ``BookieId`` accepts (its check, read as Java reads the class: ``:-_``
+#: is the range ':' to '_'), "readonly" in any case excepted.
+_BK_ID = re.compile(r"[a-zA-Z0-9:-_.\-]+")
+
+
+def check_bookkeeper_id(cluster: Any, bookie_id: str) -> None:
+    """In a BookKeeper-format cluster the id must be one BookKeeper's ``BookieId`` accepts:
+    its client, bookies and tools parse every registration and ensemble member, and one
+    they refuse would break them, not just this bookie. ConfigError naming the key."""
+    if cluster.info.format == "bookkeeper" and (not _BK_ID.fullmatch(bookie_id) or bookie_id.lower() == "readonly"):
+        raise ConfigError("bookieId is not one BookKeeper accepts in its cluster (letters, digits, '.', '-' and "
+                          "':' to '_' in ASCII; not \"readonly\")", key="bookieId", bookie=bookie_id)
 
 
 def service_info(cluster: Any, config: BookieConfig, endpoint: str, tls: bool, http_port: int) -> bytes:

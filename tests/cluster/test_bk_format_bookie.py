@@ -19,7 +19,7 @@ from bookie.fs.real import RealFS
 from support.bookie import config, in_process, run
 from walkit.cli import main as walkit_main
 from walkit.client import Endpoint, parse_endpoint
-from walkit.errors import CookieError
+from walkit.errors import ConfigError, CookieError
 from walkit.metadata import LocalMetadataStore, connect, init_cluster, read_cookie, read_registration, write_cookie
 from walkit.metadata._bk_records import BkCookie, BookieServiceInfo
 from walkit.metadata._bk_records import Endpoint as BkEndpoint
@@ -150,3 +150,19 @@ def test_after_a_session_expiry_the_same_registration_comes_back(uri: str, tmp_p
                 assert not server.lost_registration
 
     run(go)
+
+
+@pytest.mark.parametrize("bookie_id", ["bad id", "ReadOnly", "bookié"])
+def test_an_id_bookkeeper_cannot_parse_is_refused_before_the_disks_are_stamped(uri: str, tmp_path: Path,
+                                                                              bookie_id: str) -> None:
+    cfg = config(tmp_path / "b", bookie_id=bookie_id, metadata_service_uri=uri)
+
+    async def go() -> None:
+        with pytest.raises(ConfigError, match="bookieId is not one BookKeeper accepts"):
+            async with in_process(cfg):
+                pass
+
+    run(go)
+    assert read_disk_cookie(RealFS(), cfg.journal_directory) is None
+    with connect(uri) as cluster:
+        assert read_cookie(cluster.store, cluster.info, "bad id") is None and not cluster.bookies().writable
