@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import struct
 import subprocess
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -273,12 +276,121 @@ def test_bookie_shell_lists_walkits_ledgers_under_the_other_managers(bk_classpat
                 cluster.ledgers.create(LedgerMetadata.create(lid, ("127.0.0.1:3181",), write_quorum=1, ack_quorum=1,
                                                              password=b"pw", ctime=1, digest="bk-crc32c"))
             cluster.store.create(walkit_path(cluster.info, "logs/ns/orders"), b"{}", make_parents=True)
-        conf = tmp_path / "client.conf"
-        conf.write_text(f"metadataServiceUri={uri}\n")
-        out = _shell(bk_classpath, conf, "listledgers")
+            idgen = root if manager == "flat" else f"{root}/idgen"
+            assert any(n.startswith("ID-0") for n in cluster.store.children(idgen))  # the drawn range's, still there
+            conf = tmp_path / "client.conf"
+            conf.write_text(f"metadataServiceUri={uri}\n")
+            out = _shell(bk_classpath, conf, "listledgers")
         assert {int(x) for x in re.findall(r"ledgerId=(\d+)", out)} == set(made), out[-2000:]
         out = _shell(bk_classpath, conf, "ledgermetadata", "-ledgerid", str(2**40 + 3))
         assert re.search(r"digestType=CRC32C", out) and re.search(r"state=OPEN", out), out[-2000:]
     finally:
         store.delete(root.rsplit("/", 1)[0], recursive=True)
         store.close()
+
+
+def test_past_31_bits_walkit_and_java_draw_from_the_same_hob(java_cluster: JavaCluster) -> None:
+    """Once ``idgen-long`` exists (a client ran out of 31-bit ids; made here by hand, as
+    ZooKeeper's counter cannot be set) Java's LongZkLedgerIdGenerator and walkit both draw
+    ``HOB-0000000001``'s counter: long ids, interleaved, never the same. Runs last in the
+    module: the cluster's ids are long from here on."""
+    java_cluster.zk.create(f"{java_cluster.root}/idgen-long")
+    peer = java_cluster.peer()
+    try:
+        with connect(java_cluster.metadata_uri) as cluster:
+            m = LedgerManager(cluster.store, cluster.info, id_range=3)
+            ids = []
+            for _ in range(4):
+                ids.append(("java", peer.create(ensemble=1, write_quorum=1, ack_quorum=1)))
+                ids.append(("walkit", m.new_ledger_id()))
+            mine = ids[1][1]
+            m.create(LedgerMetadata.create(mine, (java_cluster.bookies[0].bookie_id,), write_quorum=1, ack_quorum=1,
+                                           password=b"", ctime=1, digest="bk-crc32c"))
+            listed = set(cluster.ledgers.ledger_ids())
+        assert {lid for who, lid in ids if who == "java"} | {mine} <= set(peer.list_ledgers())
+    finally:
+        peer.close()
+    values = [lid for _, lid in ids]
+    assert len(set(values)) == len(values) and all(lid >> 32 == 1 for lid in values), ids
+    assert {lid for who, lid in ids if who == "java"} | {mine} <= listed
+    assert java_cluster.zk.get_children(f"{java_cluster.root}/idgen-long") == ["HOB-0000000001"]
+
+
+def _read_from_bookie(port: int, ledger: int, entry: int) -> object:
+    """One v3 READ_ENTRY straight to a Java bookie (walkit's codec, client side): the
+    decoded answer (ReadEntryResponse, or ErrorResponse once the bookie has no such ledger)."""
+    from walkit.protocol._bk_v3 import decode_response, encode_request
+    from walkit.protocol._messages import ReadEntry
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(encode_request(ReadEntry(ledger, entry, request_id=1)))
+        head = _recv_exactly(s, 4)
+        return decode_response(_recv_exactly(s, struct.unpack(">I", head)[0]))
+
+
+def _recv_exactly(s: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = s.recv(size - len(data))
+        assert chunk, "the bookie closed the connection"
+        data += chunk
+    return data
+
+
+def test_java_bookie_gc_keeps_walkits_tree_and_collects_what_walkit_deleted(
+        bk_classpath: str, zk_server: ZooKeeperServer, tmp_path: Path) -> None:
+    """A Java bookie (GC every second) on a cluster walkit made: the Java client writes two
+    ledgers; walkit deletes one's metadata, creates one of its own and keeps walkit's own nodes
+    below ID-walkit. The bookie's GC collects the deleted ledger, keeps the other, and its GC
+    thread keeps running (no exception from walkit's nodes)."""
+    from kazoo.client import KazooClient
+
+    from walkit.protocol._messages import ErrorResponse, ReadEntryResponse
+
+    root = f"/wk-{uuid.uuid4().hex[:12]}/ledgers"
+    uri = f"zk+hierarchical://{zk_server.hosts}{root}"
+    store = open_metadata_store(uri)
+    init_cluster(store, root, format="bookkeeper")
+    store.close()
+    zk = KazooClient(zk_server.hosts)
+    zk.start(timeout=15)
+    bookie = JavaBookie(bk_classpath, uri, zk, root, tmp_path / "bookie")
+    with open(bookie.conf, "a") as conf:
+        conf.write("gcWaitTime=1000\n")
+    try:
+        bookie.start()
+        peer = JavaPeer(bk_classpath, uri, tmp_path)
+        try:
+            doomed = peer.create(ensemble=1, write_quorum=1, ack_quorum=1)
+            kept = peer.create(ensemble=1, write_quorum=1, ack_quorum=1)
+            for lid in (doomed, kept):
+                peer.add(lid, [b"entry zero", b"entry one"], pipelined=False)
+                peer.close_ledger(lid)
+        finally:
+            peer.close()
+        assert isinstance(_read_from_bookie(bookie.port, doomed, 0), ReadEntryResponse)
+        with connect(uri) as cluster:
+            cluster.store.create(walkit_path(cluster.info, "logs/ns/orders"), b"{}", make_parents=True)
+            ours = cluster.ledgers.new_ledger_id()
+            cluster.ledgers.create(LedgerMetadata.create(ours, (bookie.bookie_id,), write_quorum=1, ack_quorum=1,
+                                                         password=b"", ctime=1, digest="bk-crc32c"))
+            cluster.ledgers.delete(doomed)
+        deadline = time.monotonic() + 30
+        while isinstance(_read_from_bookie(bookie.port, doomed, 0), ReadEntryResponse):
+            assert time.monotonic() < deadline, "the Java bookie's GC did not collect the ledger walkit deleted\n" + \
+                bookie.log_tail()
+            time.sleep(0.5)
+        gone = _read_from_bookie(bookie.port, doomed, 0)
+        assert isinstance(gone, ErrorResponse) and gone.status.name in ("ENOLEDGER", "ENOENTRY")
+        time.sleep(2.5)  # two more GC rounds with walkit's nodes and walkit's ledger in the tree
+        answer = _read_from_bookie(bookie.port, kept, 1)
+        assert isinstance(answer, ReadEntryResponse) and answer.data.endswith(b"entry one")
+        assert bookie.running
+        log = bookie.log.read_text(errors="replace")
+        assert not re.search(r"(?i)(garbage|\bgc\b).*(exception|error)|(exception|error).*(garbage|\bgc\b)", log), \
+            bookie.log_tail()
+    finally:
+        bookie.stop()
+        zk.delete(root.rsplit("/", 1)[0], recursive=True)
+        zk.stop()
+        zk.close()

@@ -229,3 +229,21 @@ def test_flat_ids_end_at_31_bits(driver: Driver) -> None:
     assert m.new_ledger_id() == INT_MAX - 1
     with pytest.raises(MetadataError, match="exhausted"):
         m.new_ledger_id()
+
+
+@pytest.mark.parametrize("layout", ["hierarchical", "longhierarchical"])
+def test_delete_removes_the_directories_it_leaves_empty_as_bookkeeper(store: ExpirableStore, layout: str) -> None:
+    m = bk_manager(store, layout)
+    for lid in (7, 8, 2**40 + 3):
+        m.create(meta(lid))
+    before = sorted(store.children(ROOT))
+    m.delete(7)
+    assert store.exists(m.path(8)) is not None  # its directory still holds 8
+    m.delete(2**40 + 3)
+    top = m.path(2**40 + 3).split("/")[2]
+    assert store.exists(f"{ROOT}/{top}") is None or top == m.path(8).split("/")[2]
+    m.delete(8)
+    assert sorted(store.children(ROOT)) == [n for n in before if not n.isdigit()]  # every ledger directory gone
+    assert list(m.ledger_ids()) == []
+    m.create(meta(8))  # and made again by the next create
+    assert list(m.ledger_ids()) == [8]

@@ -14,6 +14,10 @@
 - Apache BookKeeper 4.18's own records, pure bytes and paths (no I/O): ledger metadata
   (``_bk_ledger``), LAYOUT, INSTANCEID, cookies, registrations, under-replication and
   auditor records (``_bk_records``) and znode paths (``_bk_paths``).
+- a cluster is walkit's format or BookKeeper's (``ClusterInfo.format``, read from its
+  LAYOUT): in a BookKeeper-format cluster the ledger manager keeps BookKeeper's records
+  and draws ids from BookKeeper's generators (``_bk_ledgers``), and walkit's own nodes
+  live below ``ID-walkit`` (:func:`walkit_path`).
 """
 
 from walkit.metadata._cluster import (

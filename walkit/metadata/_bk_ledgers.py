@@ -16,6 +16,12 @@ ctime (4.18 stores none by default) reads with the znode's creation time, as Boo
 does, and one without a password (a 4.0/4.1 client's) as ``bk-crc32`` with the empty
 password (BookKeeper takes both from its reader).
 
+Deletes: as BookKeeper's hierarchical and long-hierarchical managers do
+(``ZkUtils.asyncDeleteFullPathOptimistic``), the ledger's directories left empty are
+removed after it, innermost first, up to the first one that still holds something
+(:func:`prune_parents`; flat has none). Racing a create there is safe: a create makes
+its parents again (BookKeeper's ``createFullPathOptimistic``, walkit's ``make_parents``).
+
 Ids (:class:`BkIdGenerator`), exactly as 4.18's generators, so Java clients and walkit
 never hand out one id twice:
 
@@ -43,14 +49,14 @@ from __future__ import annotations
 
 import contextlib
 
-from walkit.errors import InvalidArgumentError, MetadataError, NodeExistsError, NoNodeError
+from walkit.errors import InvalidArgumentError, MetadataError, NodeExistsError, NoNodeError, NotEmptyError
 from walkit.metadata import _bk_paths
 from walkit.metadata._bk_ledger import decode_ledger_metadata, from_walkit
 from walkit.metadata._cluster import ClusterInfo, cluster_path
 from walkit.metadata._ledger import LedgerMetadata
 from walkit.metadata._store import Create, Delete, MetadataStore, Stat
 
-__all__ = ["BkIdGenerator", "encode", "decode", "check_bk_ledger", "NO_PASSWORD_DIGEST"]
+__all__ = ["BkIdGenerator", "encode", "decode", "check_bk_ledger", "prune_parents", "NO_PASSWORD_DIGEST"]
 
 NO_PASSWORD_DIGEST = "bk-crc32"  # a record keeping no password: read as BookKeeper's default digest
 _LONG_NODE = "idgen-long"
@@ -76,6 +82,21 @@ def decode(ledger_id: int, data: bytes, stat: Stat | None) -> LedgerMetadata:
     ctime = 0 if stat is None else int(stat.ctime * 1000)
     meta, _ = record.to_walkit(ledger_id, ctime=ctime, digest=NO_PASSWORD_DIGEST, password=b"")
     return meta
+
+
+def prune_parents(store: MetadataStore, root: str, path: str) -> None:
+    """Delete the directories above the deleted ledger node ``path`` (below ``root``)
+    while they are empty; one that is not, or is gone, ends it."""
+    parent = path.rsplit("/", 1)[0]
+    while parent.startswith(f"{'' if root == '/' else root}/") and parent != root:
+        stat = store.exists(parent)
+        if stat is None or stat.num_children:
+            return
+        try:
+            store.delete(parent)
+        except (NoNodeError, NotEmptyError):
+            return
+        parent = parent.rsplit("/", 1)[0]
 
 
 class BkIdGenerator:

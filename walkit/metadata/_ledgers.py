@@ -93,7 +93,8 @@ class LedgerManager:
     def __init__(self, store: MetadataStore, cluster: ClusterInfo, *, low_limit: int = LOW_LIMIT,
                  id_range: int = ID_RANGE) -> None:
         """``low_limit`` (sequence numbers per bucket) exists for tests that cross
-        buckets quickly; every manager of one cluster must use the same value.
+        buckets quickly; every manager of one cluster must use the same value (a
+        BookKeeper-format cluster ignores it: its ids follow BookKeeper's generators).
         ``id_range``: ids taken from the store at a time (1: one store call per id)."""
         if not 1 <= low_limit <= LOW_LIMIT:
             raise InvalidArgumentError("low_limit out of range", low_limit=low_limit, max=LOW_LIMIT)
@@ -273,12 +274,15 @@ class LedgerManager:
             raise refused.error from None
 
     def delete(self, ledger_id: int, version: int = ANY_VERSION) -> None:
-        """Remove the metadata (only at ``version`` unless ANY_VERSION)."""
+        """Remove the metadata (only at ``version`` unless ANY_VERSION); in a
+        BookKeeper-format cluster, its directories left empty too (as BookKeeper)."""
         path = self.path(ledger_id)
         try:
             self._store.delete(path, version)
         except NoNodeError as exc:
             raise NoSuchLedgerError("no such ledger", ledger=ledger_id, path=path) from exc
+        if self._bk and self._cluster.layout != "flat":  # as BookKeeper: its empty directories go too
+            _bk_ledgers.prune_parents(self._store, self._root, path)
 
     def exists(self, ledger_id: int) -> bool:
         return self._store.exists(self.path(ledger_id)) is not None
