@@ -158,7 +158,7 @@ def test_walkit_bookies_register_where_bookkeeper_looks(walkit_cluster: JavaClus
     assert _listed(walkit_cluster.shell("listbookies", "-rw")) == walkit_bookies.ids
 
 
-def test_bookie_shell_simpletest_and_readledger_on_walkit_bookies(walkit_cluster: JavaCluster,
+def test_bookie_shell_simpletest_bookieinfo_and_readledger_on_walkit_bookies(walkit_cluster: JavaCluster,
                                                                   walkit_bookies: WalkitBookies) -> None:
     out = walkit_cluster.shell("simpletest", "-ensemble", "3", "-writeQuorum", "3", "-ackQuorum", "2",
                                "-numEntries", "50")
@@ -174,6 +174,10 @@ def test_bookie_shell_simpletest_and_readledger_on_walkit_bookies(walkit_cluster
                                "-lastentryid", "2")
     for word in ("alpha", "beta", "gamma"):
         assert word in out, out[-3000:]
+    out = walkit_cluster.shell("bookieinfo")  # GET_BOOKIE_INFO to every registered bookie: disk space
+    for server in walkit_bookies.servers:
+        assert re.search(rf"Port:{server.port}, .*free=[1-9][0-9]*\(.*total=[1-9]", out), out[-3000:]
+    assert "Total disk capacity in the cluster" in out, out[-3000:]
     stored = [s.bookie is not None and ledger in s.bookie.ledgers() for s in walkit_bookies.servers]
     assert sum(stored) == 3  # ensemble 3: every walkit bookie has its share
 
