@@ -19,6 +19,7 @@ from bookie.fs.real import RealFS
 from support.bookie import config, in_process, run
 from walkit.cli import main as walkit_main
 from walkit.client import Endpoint, parse_endpoint
+from walkit.client import connect as walkit_connect
 from walkit.errors import ConfigError, CookieError
 from walkit.metadata import LocalMetadataStore, connect, init_cluster, read_cookie, read_registration, write_cookie
 from walkit.metadata._bk_records import BkCookie, BookieServiceInfo
@@ -56,6 +57,14 @@ def test_registration_cookie_and_readonly_as_bookkeeper_has_them(uri: str, tmp_p
                                           BkEndpoint("httpserver", server.http_port, "127.0.0.1", "http"))
                 assert dict(info.properties) == {"walkit.protocol": "1", "walkit.tls": "false"}
                 assert parse_endpoint(bookie_id, data, cluster.info.format) == Endpoint("127.0.0.1", server.port)
+                loop = asyncio.get_running_loop()
+                with walkit_connect(uri) as client:  # the client's own resolution (ClientCore._registration_of)
+                    core = client.client._core
+                    assert await loop.run_in_executor(None, core._registration_of, bookie_id) == Endpoint(
+                        "127.0.0.1", server.port, False, "walkit")
+                    assert await loop.run_in_executor(None, core._read_ahead, [bookie_id, "gone:1"]) == {
+                        bookie_id: Endpoint("127.0.0.1", server.port, False, "walkit"),
+                        "gone:1": Endpoint("gone", 1, False, "bookkeeper")}  # unregistered: a legacy id
                 assert cluster.bookies().writable == {bookie_id}
                 cookie, _ = read_cookie(cluster.store, cluster.info, bookie_id) or (b"", 0)
                 assert BkCookie.decode(cookie) == BkCookie(
