@@ -151,39 +151,48 @@ def test_walkit_ledger_cli_on_a_java_clusters_uri(java_cluster: JavaCluster, cap
 
 
 def test_walkit_and_java_clients_never_share_a_ledger_id(java_cluster: JavaCluster) -> None:
+    """Two walkit managers (64 ids per draw, and one) create ledgers while the Java client
+    creates its own: no id is taken twice, and every ledger is there with its creator's
+    metadata."""
     peer = java_cluster.peer()
     clusters = [connect(java_cluster.metadata_uri) for _ in range(2)]
     managers = [LedgerManager(clusters[0].store, clusters[0].info, id_range=64),
                 LedgerManager(clusters[1].store, clusters[1].info, id_range=1)]
+    bookie = java_cluster.bookies[0].bookie_id
     walkit_ids: list[int] = []
     lock = threading.Lock()
 
-    def draw(m: LedgerManager) -> None:
-        for _ in range(150):
+    def make(m: LedgerManager) -> None:
+        for _ in range(100):
             lid = m.new_ledger_id()
+            m.create(LedgerMetadata.create(lid, (bookie,), write_quorum=1, ack_quorum=1, password=b"walkit",
+                                           ctime=1, digest="bk-crc32c"))
             with lock:
                 walkit_ids.append(lid)
 
     try:
-        sent = [peer.send("create", ensemble=1, write_quorum=1, ack_quorum=1, digest="CRC32C", password="")
+        sent = [peer.send("create", ensemble=1, write_quorum=1, ack_quorum=1, digest="CRC32C", password="java")
                 for _ in range(40)]
-        threads = [threading.Thread(target=draw, args=(m,)) for m in managers]
+        threads = [threading.Thread(target=make, args=(m,)) for m in managers]
         for t in threads:
             t.start()
         java_ids = [int(peer.result()["ledger"]) for _ in sent]
         for t in threads:
             t.join()
-        mine = managers[1].new_ledger_id()
-        managers[1].create(LedgerMetadata.create(mine, ("127.0.0.1:1",), write_quorum=1, ack_quorum=1,
-                                                 password=b"pw", ctime=1, digest="bk-crc32c"))
         after = peer.create(ensemble=1, write_quorum=1, ack_quorum=1)
+        seen_by_java = set(peer.list_ledgers())
+        listed = set(managers[0].ledger_ids())
+        passwords = {lid: managers[0].read(lid)[0].bk_password for lid in (*walkit_ids, *java_ids)}
     finally:
         peer.close()
         for c in clusters:
             c.close()
-    assert len(set(walkit_ids)) == len(walkit_ids) == 300
+    assert len(set(walkit_ids)) == len(walkit_ids) == 200
     assert len(set(java_ids)) == 40 and not set(java_ids) & set(walkit_ids)
-    assert after not in walkit_ids and after != mine and after > max(java_ids)
+    assert after not in walkit_ids and after > max(java_ids)
+    assert {*walkit_ids, *java_ids, after} <= listed and {*walkit_ids, *java_ids} <= seen_by_java
+    assert all(passwords[lid] == b"walkit" for lid in walkit_ids)
+    assert all(passwords[lid] == b"java" for lid in java_ids)  # nobody overwrote anybody's ledger
     assert max(walkit_ids + java_ids + [after]) < INT_MAX  # all from BookKeeper's 31-bit generator
 
 
