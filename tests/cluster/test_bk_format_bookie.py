@@ -175,3 +175,22 @@ def test_an_id_bookkeeper_cannot_parse_is_refused_before_the_disks_are_stamped(u
     assert read_disk_cookie(RealFS(), cfg.journal_directory) is None
     with connect(uri) as cluster:
         assert read_cookie(cluster.store, cluster.info, "bad id") is None and not cluster.bookies().writable
+
+
+def test_a_cluster_without_available_readonly_gets_it_when_a_bookie_turns_read_only(uri: str, tmp_path: Path) -> None:
+    """BookKeeper's bookies make ``available/readonly`` on demand; older trees may lack it."""
+    with connect(uri) as cluster:
+        cluster.store.delete(f"{ROOT}/available/readonly")
+        assert cluster.bookies().readonly == frozenset()  # listing copes with its absence
+    cfg = config(tmp_path / "b", bookie_id="", metadata_service_uri=uri)
+
+    async def go() -> None:
+        async with in_process(cfg) as server:
+            with connect(uri) as cluster:
+                assert cluster.bookies().writable == {server.bookie_id}
+                server.forced_readonly = True
+                await server.check_disks()
+                assert server.readonly and cluster.bookies().readonly == {server.bookie_id}
+                assert not cluster.bookies().writable
+
+    run(go)

@@ -114,9 +114,15 @@ def read_registration(store: MetadataStore, cluster: ClusterInfo, bookie_id: str
 
 
 def list_bookies(store: MetadataStore, cluster: ClusterInfo) -> BookieSet:
+    """The registered bookies. ``available/readonly`` may be missing (BookKeeper makes it
+    when a first bookie turns read-only): then none is read-only."""
     available = cluster_path(cluster.root, "available")
     writable = frozenset(n for n in store.children(available) if n != READONLY)
-    return BookieSet(writable, frozenset(store.children(f"{available}/{READONLY}")))
+    try:
+        readonly = frozenset(store.children(f"{available}/{READONLY}"))
+    except NoNodeError:
+        readonly = frozenset()
+    return BookieSet(writable, readonly)
 
 
 class _BookieWatch:
@@ -320,6 +326,8 @@ class BookieRegistration:
         :mod:`walkit.metadata._retry`)."""
         target, other = ((self._readonly_path, self._writable_path) if readonly
                          else (self._writable_path, self._readonly_path))
+        if readonly:
+            self._ensure_parent(target)
         deadline = time.monotonic() + wait
         races = [0]  # transactions that lost a race since the last look at a foreign node
 
@@ -356,6 +364,14 @@ class BookieRegistration:
 
         tenacity.Retrying(retry=tenacity.retry_if_exception_type((BookieIdInUseError, NodeExistsError, NoNodeError)),
                           stop=give_up, wait=pause, reraise=True)(attempt)
+
+    def _ensure_parent(self, path: str) -> None:
+        """``available/readonly`` exists (BookKeeper's bookies make it on demand, so a
+        cluster one of its older versions made may lack it)."""
+        parent = path.rpartition("/")[0]
+        if self._store.exists(parent) is None:
+            with contextlib.suppress(NodeExistsError):
+                self._store.create(parent, make_parents=True)
 
     def _owner(self, path: str, session: int) -> tuple[bool, str | None]:
         """(we hold ``path``, ``path`` if another session holds it)."""
