@@ -169,6 +169,10 @@ def service_info(cluster: Any, config: BookieConfig, endpoint: str, tls: bool, h
     from walkit.metadata._service_info import encode_service_info
     from walkit.protocol import PROTOCOL_VERSION
 
+    if tls and cluster.info.format == "bookkeeper":
+        log.warning("bookie %s serves TLS from the first byte: walkit clients reach it, BookKeeper's Java clients "
+                    "(which start TLS inside the connection, START_TLS) cannot", config.bookie_id,
+                    extra=context(bookie=config.bookie_id))
     http = (config.http_server_address, http_port) if http_port else None
     return encode_service_info(cluster.info.format, endpoint, tls=tls, protocol=PROTOCOL_VERSION, http=http)
 

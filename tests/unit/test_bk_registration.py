@@ -119,12 +119,15 @@ def _cookie(instance_id: str, ledger_dirs: tuple[str, ...] = ("/d/l1", "/d/l2"),
     return Cookie(bookie_id, journal, ledger_dirs, instance_id)
 
 
-def test_the_bookie_registers_bookkeepers_service_info(bk_cluster: Any, tmp_path: Path) -> None:
+def test_the_bookie_registers_bookkeepers_service_info(bk_cluster: Any, tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
     cfg = config(tmp_path, http_server_address="127.0.0.2")
     data = service_info(bk_cluster, cfg, "127.0.0.1:3181", False, 8123)
     assert decode_service_info("bookkeeper", "127.0.0.1:3181", data) == ServiceInfo("127.0.0.1", 3181)
     assert BookieServiceInfo.decode(data).endpoints[1] == BkEndpoint("httpserver", 8123, "127.0.0.2", "http")
+    assert not caplog.records
     assert len(BookieServiceInfo.decode(service_info(bk_cluster, cfg, "h:1", True, 0)).endpoints) == 1
+    assert "Java clients" in caplog.text and "START_TLS" in caplog.text  # a TLS bookie: walkit clients only
     walkit = SimpleNamespace(store=bk_cluster.store, info=ClusterInfo("/w", "i", "hierarchical"))
     assert json.loads(service_info(walkit, cfg, "h:1", True, 8123)) == {"endpoint": "h:1", "tls": True, "protocol": 1}
 
