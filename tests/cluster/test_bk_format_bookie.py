@@ -16,13 +16,22 @@ import pytest
 
 from bookie.cookie import read_cookie as read_disk_cookie
 from bookie.fs.real import RealFS
-from support.bookie import config, in_process, run
+from support.bookie import KEY, client_of, config, entry, in_process, run
 from walkit.cli import main as walkit_main
 from walkit.client import Endpoint, parse_endpoint
 from walkit.client import connect as walkit_connect
 from walkit.errors import ConfigError, CookieError
-from walkit.metadata import LocalMetadataStore, connect, init_cluster, read_cookie, read_registration, write_cookie
-from walkit.metadata._bk_records import BkCookie, BookieServiceInfo
+from walkit.metadata import (
+    LedgerMetadata,
+    LocalMetadataStore,
+    connect,
+    init_cluster,
+    read_cookie,
+    read_registration,
+    write_cookie,
+)
+from walkit.metadata._bk_paths import ur_path
+from walkit.metadata._bk_records import BkCookie, BookieServiceInfo, UrMark
 from walkit.metadata._bk_records import Endpoint as BkEndpoint
 
 ROOT = "/ledgers"
@@ -192,5 +201,50 @@ def test_a_cluster_without_available_readonly_gets_it_when_a_bookie_turns_read_o
                 await server.check_disks()
                 assert server.readonly and cluster.bookies().readonly == {server.bookie_id}
                 assert not cluster.bookies().writable
+
+    run(go)
+
+
+def test_gc_drops_over_replicated_bookkeeper_ledgers_unless_bookkeeper_marked_them(uri: str, tmp_path: Path) -> None:
+    """The over-replication step on BookKeeper's records: a closed ledger whose ensemble
+    does not name this bookie goes, one that names it stays, and one a Java auditor marked
+    under-replicated (``urL`` mark) stays while marked."""
+    cfg = config(tmp_path / "b", bookie_id="", metadata_service_uri=uri, gc_wait_time=200,
+                 gc_overreplicated_ledger_wait_time=200)
+
+    async def go() -> None:
+        async with in_process(cfg) as server:
+            assert server.bookie is not None
+            loop = asyncio.get_running_loop()
+            with connect(uri) as cluster:
+                m = cluster.ledgers
+                others, ours = ("127.0.0.1:1", "127.0.0.1:2"), (server.bookie_id, "127.0.0.1:1")
+                ids = {}
+                for name, ensemble in (("elsewhere", others), ("here", ours), ("marked", others)):
+                    lid = await loop.run_in_executor(None, m.new_ledger_id)
+                    meta = LedgerMetadata.create(lid, ensemble, write_quorum=2, ack_quorum=2, password=b"pw",
+                                                 ctime=1_700_000_000_000, digest="bk-crc32c")
+                    await loop.run_in_executor(None, m.create, meta)
+                    await loop.run_in_executor(None, m.update, lid, lambda md: md.closed(1, 20))
+                    ids[name] = lid
+                cluster.store.create(ur_path(ROOT, ids["marked"]), UrMark(("127.0.0.1:2",)).encode(),
+                                     make_parents=True)
+                client = await client_of(server)
+                try:
+                    for lid in ids.values():
+                        for e in range(2):
+                            await client.add_entry(lid, e, KEY, entry(lid, e))
+                finally:
+                    await client.close()
+                deadline = loop.time() + 20
+                while ids["elsewhere"] in server.bookie.ledgers():
+                    assert loop.time() < deadline, server.bookie.gc.status()
+                    await asyncio.sleep(0.05)
+                passes = server.bookie.gc.status()["passes"]
+                while server.bookie.gc.status()["passes"] < passes + 2:
+                    await asyncio.sleep(0.05)
+                assert {ids["here"], ids["marked"]} <= set(server.bookie.ledgers())
+                status = server.bookie.gc.status()
+                assert status["totals"]["overreplicated_removed"] == 1 and not status["last_pass"]["cut_short"]
 
     run(go)
