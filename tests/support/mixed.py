@@ -50,6 +50,7 @@ class MixedCluster:
         self.java = JavaCluster(classpath, zk_hosts, bookies=0)
         self.directory = Path(tempfile.mkdtemp(prefix="walkit-mixed-"))
         self.walkit: list[BookieProcess] = []
+        self._made = 0  # bookies made so far: each gets directories of its own, never reused
         try:
             self.start(walkit=walkit, java=java)
         except BaseException:
@@ -70,11 +71,12 @@ class MixedCluster:
         """Start ``walkit`` walkit bookies and ``java`` Java bookies side by side; return
         them once every one is registered writable."""
         new_java = [JavaBookie(self.java.classpath, self.uri, self.java.zk, self.java.root,
-                               self.java.directory / f"bookie{len(self.java.bookies) + i}", self.java_conf)
-                    for i in range(java)]
+                               self.java.directory / f"bookie{self._made + i}", self.java_conf) for i in range(java)]
+        self._made += java
         self.java.bookies.extend(new_java)
-        new_walkit = [BookieProcess(self.directory / f"walkit{len(self.walkit) + i}", self.uri, zkTimeout=4000)
+        new_walkit = [BookieProcess(self.directory / f"walkit{self._made + i}", self.uri, zkTimeout=4000)
                       for i in range(walkit)]
+        self._made += walkit
         self.walkit.extend(new_walkit)
         for bookie in new_walkit:
             bookie.start(wait=False)
@@ -100,6 +102,25 @@ class MixedCluster:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"bookie {bookie_id} not registered at {node} after {timeout:.0f} s")
             time.sleep(0.05)
+
+    def running(self) -> set[str]:
+        """The ids of the bookies of both kinds this cluster started that are running."""
+        return ({b.bookie_id for b in self.walkit if b.proc is not None and b.proc.poll() is None}
+                | {b.bookie_id for b in self.java.bookies if b.running})
+
+    def registered(self) -> set[str]:
+        """The ids registered writable now (BookKeeper's ``available/``)."""
+        return {c for c in self.java.zk.get_children(f"{self.java.root}/available") if c != "readonly"}
+
+    def wait_only_running(self, timeout: float = 30.0) -> None:
+        """Until the writable registrations are exactly the running bookies: a killed
+        bookie's node lives on until its session expires, and a client creating a ledger
+        meanwhile could place it on the dead bookie."""
+        deadline = time.monotonic() + timeout
+        while self.registered() != self.running():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"registered {sorted(self.registered())}, running {sorted(self.running())}")
+            time.sleep(0.1)
 
     def kind(self, bookie_id: str) -> str:
         """"walkit" or "bookkeeper" (a Java bookie) for a bookie this cluster started."""
