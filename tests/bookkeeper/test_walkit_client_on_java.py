@@ -60,7 +60,11 @@ def dialect(request: pytest.FixtureRequest) -> str:
 
 
 def client(registry: WalkitRegistry, dialect: str, **options: object) -> walkit.BookKeeper:
-    return walkit.BookKeeper(registry.uri, **{**FAST, "use_v2_wire_protocol": dialect == "v2", **options})
+    return client_of(registry.uri, dialect, **options)
+
+
+def client_of(metadata_uri: str, dialect: str, **options: object) -> walkit.BookKeeper:
+    return walkit.BookKeeper(metadata_uri, **{**FAST, "use_v2_wire_protocol": dialect == "v2", **options})
 
 
 def raw_entry(bookie_id: str, ledger: int, entry: int, dialect: str) -> bytes:
@@ -384,3 +388,35 @@ def test_java_ledger_ids_are_apart_from_walkit_ones(java: JavaCluster) -> None:
         assert peer.create() >= 20_000
     finally:
         peer.close()
+
+
+def test_the_walkit_client_on_the_bookkeeper_cluster_itself(java: JavaCluster, dialect: str) -> None:
+    """No copying: the walkit client opens the Java cluster's own metadata
+    (``zk+hierarchical://…``), finds the Java bookies by their BookieServiceInfo
+    registrations (kind "bookkeeper"), writes a bk-crc32c ledger into BookKeeper's tree
+    and onto them in the dialect configured; BookKeeper's Java client recovers and reads
+    it, and the walkit client reads one the Java client wrote. Needs the BookKeeper-format
+    metadata driver and registrations (h/bkmeta, h/bkreg); skipped without them."""
+    pytest.importorskip("walkit.metadata._service_info", reason="needs BookKeeper-format registrations (h/bkreg)")
+    from support.bookkeeper import payload
+
+    with client_of(java.metadata_uri, dialect) as bk:
+        assert bk.client.cluster.info.format == "bookkeeper"
+        lh = bk.create_ledger(3, 3, 2, digest="bk-crc32c", password=b"pw")
+        futures = [lh.add_entry_async(b"d%d" % i) for i in range(500)]
+        assert [f.result(60) for f in futures] == list(range(500))
+        assert all(isinstance(c, BkBookieClient) for c in bk.client._core.pool._clients.values())
+        ledger = lh.ledger_id  # left open: the Java client recovers it
+    peer = java.peer(v2=dialect == "v2")
+    try:
+        info = peer.open(ledger, recovery=True, digest="CRC32C", password="pw")
+        assert info["closed"] and info["lac"] == 499
+        assert peer.read(ledger, 0, 499) == [b"d%d" % i for i in range(500)]
+        theirs = peer.create(3, 3, 2, digest="MAC", password="pw")
+        assert peer.add(theirs, count=200, seed=5) == list(range(200))
+        peer.close_ledger(theirs)
+    finally:
+        peer.close()
+    with client_of(java.metadata_uri, dialect) as bk:
+        rh = bk.open_ledger(theirs, password=b"pw")
+        assert rh.is_closed and [e.data for e in rh.read(0, 199)] == [payload(5, i) for i in range(200)]
