@@ -74,7 +74,7 @@ class MixedCluster:
                                self.java.directory / f"bookie{self._made + i}", self.java_conf) for i in range(java)]
         self._made += java
         self.java.bookies.extend(new_java)
-        new_walkit = [BookieProcess(self.directory / f"walkit{self._made + i}", self.uri, zkTimeout=4000)
+        new_walkit = [BookieProcess(self.directory / f"walkit{self._made + i}", self.uri, zkTimeout=2000)
                       for i in range(walkit)]
         self._made += walkit
         self.walkit.extend(new_walkit)
@@ -148,6 +148,9 @@ class MixedCluster:
         its ledgers by what was running leaves a clean cluster to the next."""
         for walkit_bookie in self.walkit:
             walkit_bookie.close()
+        for java_bookie in self.java.bookies:  # SIGTERM to all first: the JVMs shut down side by side
+            if java_bookie.running:
+                java_bookie._proc.terminate()  # type: ignore[union-attr]
         for java_bookie in self.java.bookies:
             java_bookie.stop()
         self.walkit.clear()
