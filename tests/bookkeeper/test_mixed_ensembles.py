@@ -132,6 +132,55 @@ def test_a_bookie_of_each_kind_dies_mid_write_and_nothing_acknowledged_is_lost(
         mixed.stop_bookies()
 
 
+@pytest.mark.parametrize("dialect,dead", [("v3", "bookkeeper"), ("v2", "walkit")],
+                         ids=["v3-java-bookie-dead", "v2-walkit-bookie-dead"])
+def test_each_client_recovers_the_others_ledger_with_a_bookie_of_the_ensemble_dead(
+        mixed: MixedCluster, dialect: str, dead: str) -> None:
+    """Two walkit bookies and one Java bookie, a spare of each kind. The Java writer is
+    SIGKILLed with adds in flight and the walkit writer abandons its ledger; then one
+    bookie of the ensemble dies (the Java one, or a walkit one). Each client recovers the
+    other's ledger with the two that are left - fencing, reading the tail and writing it
+    back (Qa=2 of them answer) - and reads every acknowledged entry."""
+    peer = bk = None
+    try:
+        first_walkit, first_java = mixed.start(walkit=2, java=1)
+        mixed.wait_only_running()
+        peer = mixed.peer(v2=dialect == "v2")
+        bk = mixed.client(dialect)
+        java_ledger = peer.create(3, 3, 2, digest="CRC32C", password="pw")
+        lh = bk.create_ledger(3, 3, 2, digest="bk-hmac", password=b"pw")
+        mixed.start(walkit=1, java=1)
+        futures = [lh.add_entry_async(payload(7, i, SIZE)) for i in range(PHASE)]
+        peer.send("add", ledger=java_ledger, count=PHASE, size=SIZE, seed=9, report=True)
+        assert [f.result(120) for f in futures] == list(range(PHASE))
+        _wait_acks(peer, PHASE // 3)
+        peer.kill()
+        acked = sorted(peer.acks)
+        assert acked == list(range(len(acked)))
+        bk.close()  # the walkit writer abandons its ledger
+        victim = (first_java[0] if dead == "bookkeeper" else first_walkit[0]).bookie_id
+        mixed.kill(victim)
+        mixed.wait_only_running()
+        with mixed.client(dialect) as recovering:
+            rh = recovering.open_ledger(java_ledger, password=b"pw")
+            assert rh.is_closed and acked[-1] <= rh.last_add_confirmed < PHASE
+            lac = rh.last_add_confirmed
+            assert [e.data for e in rh.read(0, lac)] == [payload(9, i, SIZE) for i in range(lac + 1)]
+        peer = mixed.peer(v2=dialect == "v2")
+        info = peer.open(lh.ledger_id, recovery=True, digest="MAC", password="pw")
+        assert info["closed"] and info["lac"] == PHASE - 1
+        got: list[bytes] = []
+        for first in range(0, PHASE, 500):
+            got += peer.read(lh.ledger_id, first, min(first + 499, PHASE - 1))
+        assert got == [payload(7, i, SIZE) for i in range(PHASE)]
+    finally:
+        if peer is not None:
+            peer.close()
+        if bk is not None:
+            bk.close()
+        mixed.stop_bookies()
+
+
 REPLAY = """
 import hashlib, json, sys
 import walkit
