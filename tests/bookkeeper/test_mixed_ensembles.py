@@ -42,10 +42,17 @@ SIZE = 200
 PHASE = COUNT // 3
 
 
+GC_OFTEN_WALKIT = {"gcWaitTime": 300, "gcOverreplicatedLedgerWaitTime": 300}
+GC_OFTEN_JAVA = {"gcWaitTime": "1000", "gcOverreplicatedLedgerWaitTime": "1000"}
+
+
 @pytest.fixture(scope="module")
 def mixed(bk_classpath: str, zk_server: ZooKeeperServer) -> Iterator[MixedCluster]:
-    """The cluster's tree; each test starts (and stops) the bookies it needs."""
-    cluster = MixedCluster(bk_classpath, zk_server.hosts)
+    """The cluster's tree; each test starts (and stops) the bookies it needs. Every
+    bookie's garbage collector runs all the time (every 300 ms on walkit bookies, every
+    second on Java ones, both with their over-replication step): none may take an entry
+    of a live ledger of either client."""
+    cluster = MixedCluster(bk_classpath, zk_server.hosts, java_conf=GC_OFTEN_JAVA, walkit_conf=GC_OFTEN_WALKIT)
     try:
         yield cluster
     finally:

@@ -45,8 +45,9 @@ class MixedCluster:
     Java bookies, both registered in BookKeeper's format."""
 
     def __init__(self, classpath: str, zk_hosts: str, *, walkit: int = 0, java: int = 0,
-                 java_conf: dict[str, str] | None = None) -> None:
+                 java_conf: dict[str, str] | None = None, walkit_conf: dict[str, Any] | None = None) -> None:
         self.java_conf = java_conf
+        self.walkit_conf = dict(walkit_conf or {})
         self.java = JavaCluster(classpath, zk_hosts, bookies=0)
         self.directory = Path(tempfile.mkdtemp(prefix="walkit-mixed-"))
         self.walkit: list[BookieProcess] = []
@@ -74,7 +75,8 @@ class MixedCluster:
                                self.java.directory / f"bookie{self._made + i}", self.java_conf) for i in range(java)]
         self._made += java
         self.java.bookies.extend(new_java)
-        new_walkit = [BookieProcess(self.directory / f"walkit{self._made + i}", self.uri, zkTimeout=2000)
+        new_walkit = [BookieProcess(self.directory / f"walkit{self._made + i}", self.uri,
+                                    **{"zkTimeout": 2000, **self.walkit_conf})
                       for i in range(walkit)]
         self._made += walkit
         self.walkit.extend(new_walkit)
