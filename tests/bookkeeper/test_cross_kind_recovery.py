@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -251,3 +254,49 @@ def test_each_client_tails_the_others_writer_on_a_mixed_ensemble(on_mixed: Mixed
             lh.close()
     finally:
         reader.close()
+
+
+WALKIT_WRITER = """
+import json, sys
+import walkit
+uri, dialect, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+bk = walkit.BookKeeper(uri, use_v2_wire_protocol=dialect == "v2", add_timeout=5.0, connect_timeout=5.0)
+lh = bk.create_ledger(3, 3, 2, digest="bk-crc32c", password=b"pw")
+print(json.dumps({"ledger": lh.ledger_id}), flush=True)
+for start in range(0, count, 50):
+    futures = [lh.add_entry_async(b"k%d" % i) for i in range(start, min(start + 50, count))]
+    for future in futures:
+        print(future.result(60), flush=True)
+"""
+
+
+def test_a_walkit_writer_process_killed_mid_stream_is_recovered_by_the_java_client(
+        on_mixed: MixedCluster, dialect: str, tmp_path: Path) -> None:
+    """The walkit client, in a process of its own, writes to two walkit bookies and a
+    Java one and is SIGKILLed with adds in flight; BookKeeper's Java client recovers the
+    ledger and reads every entry the walkit writer had acknowledged."""
+    script = tmp_path / "writer.py"
+    script.write_text(WALKIT_WRITER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, str(script), on_mixed.uri, dialect, str(COUNT)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        assert proc.stdout is not None
+        ledger = json.loads(proc.stdout.readline())["ledger"]
+        acked = [int(proc.stdout.readline()) for _ in range(COUNT // 4)]
+    finally:
+        proc.kill()
+        rest, err = proc.communicate(30)
+    acked += [int(line) for line in rest.splitlines() if line.strip().isdigit()]
+    assert acked == list(range(len(acked))), err[-2000:]
+    peer = on_mixed.peer(v2=dialect == "v2")
+    try:
+        info = peer.open(ledger, recovery=True, digest="CRC32C", password="pw")
+        lac = info["lac"]
+        assert info["closed"] and acked[-1] <= lac < COUNT
+        got: list[bytes] = []
+        for first in range(0, lac + 1, 1000):
+            got += peer.read(ledger, first, min(first + 999, lac))
+        assert got == [b"k%d" % i for i in range(lac + 1)]
+    finally:
+        peer.close()
