@@ -300,3 +300,27 @@ def test_a_walkit_writer_process_killed_mid_stream_is_recovered_by_the_java_clie
         assert got == [b"k%d" % i for i in range(lac + 1)]
     finally:
         peer.close()
+
+
+@pytest.mark.parametrize("java_digest,digest", [("CRC32", "bk-crc32"), ("DUMMY", "bk-dummy")])
+def test_the_other_digests_cross_both_ways_on_a_mixed_ensemble(on_mixed: MixedCluster, dialect: str,
+                                                               java_digest: str, digest: str) -> None:
+    """BookKeeper's CRC32 (which walkit has no digest of its own for) and DUMMY: a Java
+    writer's ledger recovered and read by the walkit client, a walkit writer's by the
+    Java client, on two walkit bookies and a Java one."""
+    peer = on_mixed.peer(v2=dialect == "v2")
+    try:
+        java_ledger = peer.create(3, 3, 2, digest=java_digest, password="pw")
+        assert peer.add(java_ledger, count=300, size=64, seed=5) == list(range(300))
+        with on_mixed.client(dialect) as bk:
+            rh = bk.open_ledger(java_ledger, password=b"pw")
+            assert rh.metadata.digest == digest and rh.last_add_confirmed == 299
+            assert [e.data for e in rh.read(0, 299)] == [payload(5, i, 64) for i in range(300)]
+            lh = bk.create_ledger(3, 3, 2, digest=digest, password=b"pw")
+            assert [f.result(60) for f in [lh.add_entry_async(b"d%d" % i) for i in range(300)]] == list(range(300))
+            lh.close()
+        info = peer.open(lh.ledger_id, digest=java_digest, password="pw")
+        assert info["closed"] and info["lac"] == 299
+        assert peer.read(lh.ledger_id, 0, 299) == [b"d%d" % i for i in range(300)]
+    finally:
+        peer.close()
