@@ -188,6 +188,49 @@ def test_each_client_recovers_the_others_ledger_with_a_bookie_of_the_ensemble_de
         mixed.stop_bookies()
 
 
+def test_a_restarted_walkit_bookie_alone_serves_both_clients_ledgers(mixed: MixedCluster, dialect: str) -> None:
+    """Two walkit bookies and a Java one hold a ledger of each client (closed). One walkit
+    bookie is restarted (SIGTERM, same port and disks: it registers again with its
+    BookKeeper cookie); the other two die. Each client then reads both ledgers whole from
+    the restarted walkit bookie alone."""
+    peer = None
+    try:
+        walkits, javas = mixed.start(walkit=2, java=1)
+        mixed.wait_only_running()
+        peer = mixed.peer(v2=dialect == "v2")
+        java_ledger = peer.create(3, 3, 2, digest="CRC32C", password="pw")
+        assert peer.add(java_ledger, count=PHASE, size=SIZE, seed=31) == list(range(PHASE))
+        peer.close_ledger(java_ledger)
+        with mixed.client(dialect) as bk:
+            lh = bk.create_ledger(3, 3, 2, digest="bk-crc32c", password=b"pw")
+            assert [f.result(60) for f in [lh.add_entry_async(payload(32, i, SIZE)) for i in range(PHASE)]] == list(
+                range(PHASE))
+            lh.close()
+        survivor = walkits[0]
+        assert survivor.terminate() == 0
+        survivor.start()
+        mixed.wait_registered(survivor.bookie_id)
+        mixed.kill(walkits[1].bookie_id)
+        mixed.kill(javas[0].bookie_id)
+        mixed.wait_only_running()
+        assert mixed.running() == {survivor.bookie_id}
+        expected = {java_ledger: [payload(31, i, SIZE) for i in range(PHASE)],
+                    lh.ledger_id: [payload(32, i, SIZE) for i in range(PHASE)]}
+        with mixed.client(dialect) as bk:
+            for ledger, want in expected.items():
+                assert [e.data for e in bk.open_ledger(ledger, password=b"pw").read(0, PHASE - 1)] == want
+        for ledger, want in expected.items():
+            assert peer.open(ledger, digest="CRC32C", password="pw")["lac"] == PHASE - 1
+            got: list[bytes] = []
+            for first in range(0, PHASE, 500):
+                got += peer.read(ledger, first, min(first + 499, PHASE - 1))
+            assert got == want
+    finally:
+        if peer is not None:
+            peer.close()
+        mixed.stop_bookies()
+
+
 REPLAY = """
 import hashlib, json, sys
 import walkit
