@@ -1,12 +1,15 @@
 """Recovery and fencing across the two clients, in one BookKeeper-format cluster (issue 37).
 
-Two clusters of ``support.mixed.MixedCluster``, one module each: three walkit bookie
-processes, and three Java bookies (Apache BookKeeper 4.18.2). On each, BookKeeper's Java
-client (``JavaPeer``) and the walkit client use the same metadataServiceUri: a ledger one
-creates is in BookKeeper's own tree, found, fenced and recovered by the other without any
-copying. Every test runs in both of BookKeeper's dialects (the Java peer's
-``useV2WireProtocol``; the walkit client's ``use_v2_wire_protocol``, which matters when it
-speaks to Java bookies).
+Three clusters of ``support.mixed.MixedCluster``, each for the whole module: three
+walkit bookie processes; three Java bookies (Apache BookKeeper 4.18.2); two walkit
+bookies and one Java bookie, so that every E=3 ledger there is a mixed ensemble. On
+each, BookKeeper's Java client (``JavaPeer``) and the walkit client use the same
+metadataServiceUri: a ledger one creates is in BookKeeper's own tree, found, fenced,
+recovered, tailed and read by the other without any copying. Writers are killed
+(SIGKILL, adds in flight: the Java peer, or a walkit writer in a process of its own) or
+abandoned; recovery keeps every acknowledged entry. Every test but the CLI one runs in
+both of BookKeeper's dialects (the Java peer's ``useV2WireProtocol``; the walkit
+client's ``use_v2_wire_protocol``, which matters when it speaks to Java bookies).
 
 ``WALKIT_SLOW=1`` writes 10,000 entries where CI writes 2,000.
 """
