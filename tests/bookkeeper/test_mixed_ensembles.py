@@ -11,8 +11,11 @@ flight, during the third the ensemble's Java bookie. Each writer replaces the de
 the other wrote. Every test runs in both dialects: the Java peer's
 ``useV2WireProtocol`` and what the walkit client speaks to the Java bookies.
 
+Also on mixed ensembles: each client recovers the other's ledger with a bookie of the
+ensemble dead; a restarted walkit bookie, the only one left, serves both clients' ledgers.
 The WriteAheadLog test puts a log on one walkit and two Java bookies: append, snapshot,
-replay from another process, reopen (fencing the first writer).
+replay from another process, reopen (fencing the first writer). Every bookie's garbage
+collector runs all along.
 
 ``WALKIT_SLOW=1`` writes 10,000 entries per ledger where CI writes 2,000.
 """
