@@ -327,3 +327,25 @@ def test_the_other_digests_cross_both_ways_on_a_mixed_ensemble(on_mixed: MixedCl
         assert peer.read(lh.ledger_id, 0, 299) == [b"d%d" % i for i in range(300)]
     finally:
         peer.close()
+
+
+def test_large_entries_cross_both_ways_on_a_mixed_ensemble(on_mixed: MixedCluster, dialect: str) -> None:
+    """Entries of 1 MiB (BookKeeper's frames hold up to 5 MB): the Java client's read by
+    the walkit client and the walkit client's by the Java client."""
+    big = 1 << 20
+    peer = on_mixed.peer(v2=dialect == "v2")
+    try:
+        java_ledger = peer.create(3, 3, 2, digest="CRC32C", password="pw")
+        assert peer.add(java_ledger, count=4, size=big, seed=41) == [0, 1, 2, 3]
+        peer.close_ledger(java_ledger)
+        with on_mixed.client(dialect) as bk:
+            rh = bk.open_ledger(java_ledger, password=b"pw")
+            assert [e.data for e in rh.read(0, 3)] == [payload(41, i, big) for i in range(4)]
+            lh = bk.create_ledger(3, 3, 2, digest="bk-crc32c", password=b"pw")
+            mine = [bytes([i]) * big for i in range(4)]
+            assert [lh.add_entry(data) for data in mine] == [0, 1, 2, 3]
+            lh.close()
+        assert peer.open(lh.ledger_id, digest="CRC32C", password="pw")["lac"] == 3
+        assert peer.read(lh.ledger_id, 0, 3) == mine
+    finally:
+        peer.close()
