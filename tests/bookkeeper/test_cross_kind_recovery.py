@@ -349,3 +349,30 @@ def test_large_entries_cross_both_ways_on_a_mixed_ensemble(on_mixed: MixedCluste
         assert peer.read(lh.ledger_id, 0, 3) == mine
     finally:
         peer.close()
+
+
+def test_empty_ledgers_are_recovered_across_clients(on_mixed: MixedCluster, dialect: str) -> None:
+    """A writer of either client dies before its first add: the other recovers the empty
+    ledger and closes it with no entry (last entry -1, length 0)."""
+    peer = on_mixed.peer(v2=dialect == "v2")
+    try:
+        java_ledger = peer.create(3, 3, 2, digest="CRC32C", password="pw")
+    finally:
+        peer.kill()
+    bk = on_mixed.client(dialect)
+    try:
+        lh = bk.create_ledger(3, 3, 2, digest="bk-hmac", password=b"pw")
+    finally:
+        bk.close()  # abandoned with no entry
+    with on_mixed.client(dialect) as reader:
+        rh = reader.open_ledger(java_ledger, password=b"pw")
+        assert rh.is_closed and rh.last_add_confirmed == -1 and rh.length == 0
+        meta = reader.ledger_metadata(java_ledger)
+        assert meta.state.name == "CLOSED" and meta.last_entry_id == -1
+    peer = on_mixed.peer(v2=dialect == "v2")
+    try:
+        info = peer.open(lh.ledger_id, recovery=True, digest="MAC", password="pw")
+        assert info["closed"] and info["lac"] == -1 and info["length"] == 0
+        assert peer.open(java_ledger, digest="CRC32C", password="pw")["lac"] == -1  # as walkit closed it
+    finally:
+        peer.close()
