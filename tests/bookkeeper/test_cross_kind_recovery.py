@@ -376,3 +376,56 @@ def test_empty_ledgers_are_recovered_across_clients(on_mixed: MixedCluster, dial
         assert peer.open(java_ledger, digest="CRC32C", password="pw")["lac"] == -1  # as walkit closed it
     finally:
         peer.close()
+
+
+def _held(bookie_id: str, ledger: int, entries: int) -> set[int]:
+    """The entries of ``ledger`` a bookie (of either kind) holds, asked in v3 one by one."""
+    import asyncio
+
+    from walkit.client._bk_bookie_client import BkBookieClient
+    from walkit.errors import WalkitError
+
+    host, port = bookie_id.rsplit(":", 1)
+
+    async def go() -> set[int]:
+        conn = await BkBookieClient.connect(host, int(port))
+        held: set[int] = set()
+        try:
+            for entry in range(entries):
+                try:
+                    await conn.read_entry(ledger, entry)
+                except WalkitError:  # ENOENTRY / ENOLEDGER: not here
+                    continue
+                held.add(entry)
+        finally:
+            await conn.close()
+        return held
+    return asyncio.run(go())
+
+
+def test_striped_ledgers_put_each_entry_where_bookkeeper_looks(on_mixed: MixedCluster, dialect: str) -> None:
+    """E=3, Qw=2 on two walkit bookies and a Java one: each entry is on the bookies of
+    BookKeeper's round-robin write set (ensemble[(e + i) % E], i < Qw) - the Java
+    writer's as BookKeeper places them, the walkit writer's the same - so either client
+    reading or recovering looks where the other wrote."""
+    count = 60
+    peer = on_mixed.peer(v2=dialect == "v2")
+    try:
+        java_ledger = peer.create(3, 2, 2, digest="CRC32C", password="pw")
+        assert peer.add(java_ledger, count=count, size=32, seed=51) == list(range(count))
+        with on_mixed.client(dialect) as bk:
+            lh = bk.create_ledger(3, 2, 2, digest="bk-crc32c", password=b"pw")
+            assert [lh.add_entry(b"s%d" % i) for i in range(count)] == list(range(count))
+            for ledger in (java_ledger, lh.ledger_id):
+                ensemble = bk.ledger_metadata(ledger).ensembles[0][1]
+                for k, bookie in enumerate(ensemble):
+                    want = {e for e in range(count) if k in ((e % 3), ((e + 1) % 3))}
+                    assert _held(bookie, ledger, count) == want, (ledger, bookie)
+            lh.close()
+            rh = bk.open_ledger(java_ledger, password=b"pw")  # recovery of the striped Java ledger
+            assert rh.last_add_confirmed == count - 1
+            assert [e.data for e in rh.read(0, count - 1)] == [payload(51, i, 32) for i in range(count)]
+        assert peer.open(lh.ledger_id, digest="CRC32C", password="pw")["lac"] == count - 1
+        assert peer.read(lh.ledger_id, 0, count - 1) == [b"s%d" % i for i in range(count)]
+    finally:
+        peer.close()
