@@ -429,3 +429,40 @@ def test_striped_ledgers_put_each_entry_where_bookkeeper_looks(on_mixed: MixedCl
         assert peer.read(lh.ledger_id, 0, count - 1) == [b"s%d" % i for i in range(count)]
     finally:
         peer.close()
+
+
+EXPLICIT_LAC_BODY = ("a walkit client sends WRITE_LAC to walkit bookies in walkit's own protocol, which does not "
+                     "carry BookKeeper's digest-protected LAC body (WriteLac.body is 'never on walkit's wire'), so a "
+                     "walkit bookie answers BookKeeper's v3 READ_LAC without lacBody and the Java reader sees only the "
+                     "last entry's piggy-backed LAC")
+
+
+@pytest.mark.parametrize("bookies", [
+    "java-bookies",
+    pytest.param("walkit-bookies", marks=pytest.mark.xfail(strict=True, reason=EXPLICIT_LAC_BODY)),
+])
+def test_an_idle_walkit_writers_explicit_lac_reaches_the_java_readers_read_lac(
+        request: pytest.FixtureRequest, bookies: str) -> None:
+    """v3 (v2 has no WRITE_LAC): a walkit writer gone idle sends its LAC on its own
+    (``idle_lac``). BookKeeper's Java reader (no recovery) learns it both ways it can: a
+    long poll, and ``readLastAddConfirmed`` - which in v3 is READ_LAC, answered from the
+    bookies' explicit LAC (the WRITE_LAC body) beside the last entry. Java bookies keep the
+    body; walkit bookies get none from a walkit writer (see EXPLICIT_LAC_BODY)."""
+    cluster: MixedCluster = request.getfixturevalue(CLUSTERS[bookies])
+    peer = cluster.peer()
+    try:
+        with cluster.client("v3", idle_lac=True) as bk:
+            lh = bk.create_ledger(3, 3, 2, digest="bk-hmac", password=b"pw")
+            for i in range(5):
+                lh.add_entry(b"i%d" % i)
+            peer.open(lh.ledger_id, digest="MAC", password="pw")
+            assert peer.tail(lh.ledger_id, 4, timeout_ms=5000) == (4, b"i4")  # the long poll sees it
+            deadline = time.monotonic() + 5
+            lac = peer.read_lac(lh.ledger_id)
+            while lac < 4 and time.monotonic() < deadline:
+                time.sleep(0.1)
+                lac = peer.read_lac(lh.ledger_id)
+            assert lac == 4, "READ_LAC told only the last entry's piggy-backed LAC (3)"
+            lh.close()
+    finally:
+        peer.close()
