@@ -272,7 +272,8 @@ class _Worker:
             return
         try:
             marker = await off(self.markers.read, ledger_id)
-            if marker is None:
+            if marker is None:  # completed meanwhile (a BookKeeper lock outlives its mark: let it go)
+                await off(self.markers.unlock, ledger_id)
                 return
             done = await self._repair(marker)
         except WalkitError as exc:
