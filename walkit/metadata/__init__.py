@@ -16,8 +16,9 @@
   auditor records (``_bk_records``) and znode paths (``_bk_paths``).
 - a cluster is walkit's format or BookKeeper's (``ClusterInfo.format``, read from its
   LAYOUT): in a BookKeeper-format cluster the ledger manager keeps BookKeeper's records
-  and draws ids from BookKeeper's generators (``_bk_ledgers``), and walkit's own nodes
-  live below ``ID-walkit`` (:func:`walkit_path`).
+  and draws ids from BookKeeper's generators (``_bk_ledgers``), under-replication uses
+  BookKeeper's own marks, locks and auditor election (``_bk_underreplication``), and
+  walkit's own nodes live below ``ID-walkit`` (:func:`walkit_path`).
 """
 
 from walkit.metadata._cluster import (
