@@ -1,7 +1,8 @@
 """Under-replication shared with Apache BookKeeper 4.18.2 (walkit/metadata/_bk_underreplication.py):
 BookieShell lists the marks walkit writes (with their missing replicas and walkit's lock
-holder), names walkit's auditor, and flips the ``disable`` switch walkit reads (and walkit's
-flip is what BookieShell reports); a Java auditor (``AutoRecoveryMain``) and walkit's
+holder), names walkit's auditor, flips the ``disable`` switch walkit reads (and walkit's
+flip is what BookieShell reports), and reads and sets the ``lostBookieRecoveryDelay`` walkit's
+auditor made and uses; a Java auditor (``AutoRecoveryMain``) and walkit's
 autorecovery daemon stand in one election and exactly one of them audits - the Java one
 while it lives (walkit's daemon waits in line and audits nothing), then walkit's; the mark
 the Java auditor wrote for a stopped Java bookie is read by walkit's ``UnderReplication``,
@@ -85,6 +86,24 @@ def test_bookieshell_reads_walkits_marks_locks_switch_and_auditor(
     finally:
         ur.leave_seat()
     assert ur.auditor() is None
+
+    cluster, _ = walkit_side
+    delay = f"{java_cluster.root}/underreplication/lostBookieRecoveryDelay"
+    assert ur.lost_bookie_recovery_delay(7.0) == 7.0  # the first auditor's configured value, made the cluster's
+    try:
+        assert _shell_delay(java_cluster) == 7
+        java_cluster.shell("lostbookierecoverydelay", "-set", "9")
+        assert ur.lost_bookie_recovery_delay(7.0) == 9.0, "BookieShell's value reaches walkit's auditor"
+    finally:
+        cluster.store.delete(delay)  # the next test's Java auditor starts from its own configuration
+
+
+def _shell_delay(java_cluster: JavaCluster) -> int:
+    out = java_cluster.shell("lostbookierecoverydelay", "-get")
+    line = next((x for x in out.splitlines() if "LostBookieRecoveryDelay value" in x), "")
+    found = re.search(r"delay\W{0,3}(\d+)", line)
+    assert found, out[-3000:]
+    return int(found.group(1))
 
 
 def _auto_recovery_main(java_cluster: JavaCluster, log: Path) -> subprocess.Popen[bytes]:

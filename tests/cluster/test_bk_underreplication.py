@@ -126,6 +126,18 @@ def test_the_switch_is_bookkeepers_disable_node(driver: Driver) -> None:
     assert ur.disabled()
 
 
+def test_the_auditors_delay_is_the_clusters(driver: Driver) -> None:
+    store, info = _bk(driver)
+    ur = UnderReplication(store, info)
+    assert ur.lost_bookie_recovery_delay(30.5) == 30.0, "made from the first auditor's configuration, whole seconds"
+    assert store.get(f"{BASE}/lostBookieRecoveryDelay")[0] == b"30"
+    assert ur.lost_bookie_recovery_delay(5.0) == 30.0, "then the cluster's"
+    store.set(f"{BASE}/lostBookieRecoveryDelay", b"0")  # as BookieShell lostbookierecoverydelay -set writes it
+    assert ur.lost_bookie_recovery_delay(5.0) == 0.0
+    store.set(f"{BASE}/lostBookieRecoveryDelay", b"soon")
+    assert ur.lost_bookie_recovery_delay(5.0) == 5.0, "unreadable: the configured value"
+
+
 def test_the_election_is_bookkeepers(driver: Driver) -> None:
     store, info = _bk(driver)
     java, later = driver.make_store(), driver.make_store()
@@ -170,3 +182,4 @@ def test_a_walkit_cluster_keeps_its_own_markers(driver: Driver) -> None:
     data = store.get(f"{base}/ledgers/L{3:019d}")[0]
     assert json.loads(data)["bookies"] == [LOST] and store.get(f"{base}/ledgers/L{3:019d}/lock")[0] == b"w1"
     assert store.get(f"{base}/auditor")[0] == b"w1"
+    assert ur.lost_bookie_recovery_delay(2.5) == 2.5 and store.exists(f"{base}/lostBookieRecoveryDelay") is None

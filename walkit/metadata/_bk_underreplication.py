@@ -10,6 +10,7 @@ cluster")::
     auditorelection                          data: the elected auditor (AuditorVoteFormat)
     auditorelection/V_<counter>              ephemeral sequential: a candidate's vote
     disable                                  exists (empty): auditors and workers idle
+    lostBookieRecoveryDelay                  the auditors' delay, whole seconds as decimal text
 
 Theory of operation
 -------------------
@@ -36,6 +37,12 @@ candidate votes in the same directory with the same format, so a walkit auditor 
 Java one never both act; a candidate that dies takes its vote with its session and the
 next in line takes over. A session's votes are found by their ephemeral owner, so any
 instance on the same session can leave the seat.
+
+*Delay.* The auditor's ``lostBookieRecoveryDelay`` is the cluster's, in
+``lostBookieRecoveryDelay``: the first auditor writes its configured value there if the
+node is missing (BookKeeper's ``initializeLostBookieRecoveryDelay``), and every auditor
+then uses the node's value, so BookieShell ``lostbookierecoverydelay -set`` reaches walkit's
+auditor too.
 
 The tree's ``LAYOUT`` and its ``ledgers``/``locks`` directories are made on first write,
 as BookKeeper does; a ``LAYOUT`` of another type or version raises ClusterLayoutError.
@@ -83,6 +90,7 @@ class BkUnderReplication:
         self._locks = f"{self._base}/locks"
         self._layout = f"{self._base}/LAYOUT"
         self._disable = f"{self._base}/disable"
+        self._delay = f"{self._base}/lostBookieRecoveryDelay"
         self._ready = False
 
     def _create(self, path: str, data: bytes = b"", *, make_parents: bool = False) -> None:
@@ -268,6 +276,20 @@ class BkUnderReplication:
                 self._store.delete(self._disable)
         except (NodeExistsError, NoNodeError):
             pass
+
+    # --- the auditor's delay ---------------------------------------------------------------
+    def lost_bookie_recovery_delay(self, configured: float) -> float:
+        """BookKeeper's shared ``lostBookieRecoveryDelay`` (whole seconds, decimal text),
+        made with ``int(configured)`` if absent, as a Java auditor does when it starts;
+        BookieShell ``lostbookierecoverydelay -set`` changes it. Unreadable: ``configured``."""
+        self._ensure()
+        try:
+            data, _ = self._store.get(self._delay)
+        except NoNodeError:
+            self._create(self._delay, str(int(configured)).encode())
+            return float(int(configured))
+        text = bytes(data).decode("ascii", "replace").strip()
+        return float(int(text)) if text.lstrip("-").isdigit() and int(text) >= 0 else configured
 
     # --- auditor election ------------------------------------------------------------------
     def _votes(self) -> list[str]:

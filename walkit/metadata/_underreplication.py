@@ -89,6 +89,12 @@ class UnderReplication:
     def set_disabled(self, disabled: bool) -> None:
         self._impl.set_disabled(disabled)
 
+    def lost_bookie_recovery_delay(self, configured: float) -> float:
+        """The seconds an auditor waits before it audits a lost bookie: ``configured`` in a
+        walkit-format cluster (nothing stored); in a BookKeeper-format cluster BookKeeper's
+        shared ``lostBookieRecoveryDelay`` (whole seconds), made from ``configured`` if absent."""
+        return self._impl.lost_bookie_recovery_delay(configured)
+
     def auditor(self) -> str | None:
         """The auditor's name, None: nobody audits."""
         return self._impl.auditor()
@@ -212,7 +218,10 @@ class _WalkitMarkers:
         except NoNodeError:
             pass
 
-    # --- switch and seat -------------------------------------------------------------------
+    # --- switch, delay and seat ------------------------------------------------------------
+    def lost_bookie_recovery_delay(self, configured: float) -> float:
+        return configured
+
     def disabled(self) -> bool:
         return self._store.exists(self._disable) is not None
 
