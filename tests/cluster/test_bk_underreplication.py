@@ -183,3 +183,27 @@ def test_a_walkit_cluster_keeps_its_own_markers(driver: Driver) -> None:
     assert json.loads(data)["bookies"] == [LOST] and store.get(f"{base}/ledgers/L{3:019d}/lock")[0] == b"w1"
     assert store.get(f"{base}/auditor")[0] == b"w1"
     assert ur.lost_bookie_recovery_delay(2.5) == 2.5 and store.exists(f"{base}/lostBookieRecoveryDelay") is None
+
+
+def test_walkit_autorecovery_cli_on_bookkeepers_tree(driver: Driver, capsys: pytest.CaptureFixture[str]) -> None:
+    """``walkit autorecovery`` inspects and switches a BookKeeper-format cluster's tree: the
+    mark and lock a Java worker wrote, the Java auditor's vote, the disable node."""
+    from support.metadata import cluster_uri
+    from walkit.cli import main
+
+    store, _ = _bk(driver)
+    store.create(ur_path(ROOT, 3), (GOLDEN / "auditor" / "underreplication-mark").read_bytes(), make_parents=True)
+    store.create(ur_lock_path(ROOT, 3), (GOLDEN / "auditor" / "underreplication-lock").read_bytes(), make_parents=True)
+    store.create(election_path(ROOT), (GOLDEN / "auditor" / "auditorelection").read_bytes(), make_parents=True)
+    store.create(f"{election_path(ROOT)}/V_", (GOLDEN / "auditor" / "auditor-vote").read_bytes(), ephemeral=True,
+                 sequential=True)
+    uri = cluster_uri(driver)
+    assert main(["autorecovery", "list-underreplicated", "--metadata", uri, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [
+        {"ledger": 3, "bookies": [LOST], "since": "2026-12-06T02:33:34+00:00", "locked_by": "localhost"}]
+    assert main(["autorecovery", "disable", "--metadata", uri]) == 0
+    assert store.exists(f"{BASE}/disable") is not None
+    capsys.readouterr()
+    assert main(["autorecovery", "status", "--metadata", uri, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"enabled": False, "auditor": "127.0.0.1:59023", "underreplicated": 1,
+                                                   "being_repaired": 1}
