@@ -17,7 +17,8 @@
 - a cluster is walkit's format or BookKeeper's (``ClusterInfo.format``, read from its
   LAYOUT): in a BookKeeper-format cluster the ledger manager keeps BookKeeper's records
   and draws ids from BookKeeper's generators (``_bk_ledgers``), and walkit's own nodes
-  live below ``ID-walkit`` (:func:`walkit_path`).
+  live below ``ID-walkit`` (:func:`walkit_path`); a bookie's registration holds
+  BookKeeper's ``BookieServiceInfo`` there, walkit's JSON otherwise (``_service_info``).
 """
 
 from walkit.metadata._cluster import (
