@@ -1,8 +1,9 @@
 """One pooled, pipelined connection per bookie, with reconnect (client loop only).
 
 A bookie is named by its id; :class:`BookiePool` resolves the id to the endpoint the
-bookie registered (``available/<id>`` or ``available/readonly/<id>``, JSON
-``{"endpoint": "host:port", "tls": bool}``), connects once, and sends every request for
+bookie registered (``available/<id>`` or ``available/readonly/<id>``: JSON
+``{"endpoint": "host:port", "tls": bool}`` in a walkit cluster, BookKeeper's service info
+in a BookKeeper one, :func:`parse_endpoint`), connects once, and sends every request for
 that bookie down the same connection (:meth:`BookiePool.request_each`: to several at
 once, as a writer sends an entry to its write set). Requests made while the connection
 is being opened wait for it; a failed connect fails them with
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -23,7 +23,9 @@ from typing import Any, Literal, Protocol
 
 from walkit.client._bookie_client import BookieClient, ResponseCallback, client_ssl_context
 from walkit.client._config import ClientConfig
-from walkit.errors import BookieUnavailableError, WalkitError
+from walkit.errors import BookieUnavailableError, FormatError, WalkitError
+from walkit.metadata._cluster import ClusterFormat
+from walkit.metadata._service_info import decode_service_info
 from walkit.protocol import Request, Response
 
 __all__ = ["Answered", "BookiePool", "BookieKind", "BOOKIE_KINDS", "Endpoint", "parse_endpoint"]
@@ -54,20 +56,22 @@ class Endpoint:
     kind: BookieKind = "walkit"
 
 
-def parse_endpoint(bookie_id: str, registration: bytes | None) -> Endpoint:
-    """The endpoint a bookie registered, or, without a registration, its id read as
-    ``host:port`` (the default id). BookieUnavailableError when neither works."""
-    address, tls = bookie_id, False
-    if registration:
-        try:
-            info = json.loads(registration)
-            address, tls = str(info["endpoint"]), bool(info.get("tls", False))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise BookieUnavailableError("unreadable bookie registration", bookie=bookie_id) from exc
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise BookieUnavailableError("bookie is not registered and its id is not host:port", bookie=bookie_id)
-    return Endpoint(host.strip("[]"), int(port), tls)
+def parse_endpoint(bookie_id: str, registration: bytes | None, cluster_format: ClusterFormat = "walkit") -> Endpoint:
+    """The endpoint a bookie registered in a cluster of ``cluster_format``
+    (:mod:`walkit.metadata._service_info`): in a walkit cluster, JSON; in a BookKeeper
+    one, BookKeeper's service info, whose ``bookie-rpc`` endpoint is the address and
+    whose ``walkit.protocol`` property makes the bookie a walkit one (kind "walkit"; kind
+    "bookkeeper" without it: a Java bookie). Without a registration, the id read as
+    ``host:port`` (the default id; a BookKeeper legacy bookie). BookieUnavailableError
+    when neither works."""
+    try:
+        info = decode_service_info(cluster_format, bookie_id, registration)
+    except FormatError as exc:
+        if registration:
+            raise BookieUnavailableError("unreadable bookie registration", bookie=bookie_id,
+                                         format=cluster_format) from exc
+        raise BookieUnavailableError("bookie is not registered and its id is not host:port", bookie=bookie_id) from exc
+    return Endpoint(info.host, info.port, info.tls, "walkit" if info.walkit else "bookkeeper")
 
 
 Resolver = Callable[[str], Awaitable[Endpoint]]

@@ -18,7 +18,9 @@
   LAYOUT): in a BookKeeper-format cluster the ledger manager keeps BookKeeper's records
   and draws ids from BookKeeper's generators (``_bk_ledgers``), under-replication uses
   BookKeeper's own marks, locks and auditor election (``_bk_underreplication``), and
-  walkit's own nodes live below ``ID-walkit`` (:func:`walkit_path`).
+  walkit's own nodes live below ``ID-walkit`` (:func:`walkit_path`); a bookie's
+  registration holds BookKeeper's ``BookieServiceInfo`` there, walkit's JSON otherwise
+  (``_service_info``).
 """
 
 from walkit.metadata._cluster import (
