@@ -6,7 +6,8 @@ auditor made and uses; a Java auditor (``AutoRecoveryMain``) and walkit's
 autorecovery daemon stand in one election and exactly one of them audits - the Java one
 while it lives (walkit's daemon waits in line and audits nothing), then walkit's; the mark
 the Java auditor wrote for a stopped Java bookie is read by walkit's ``UnderReplication``,
-and walkit's auditor adds the next lost bookie to it, which BookieShell lists."""
+and walkit's auditor adds the next lost bookie to it, which BookieShell lists; a Java
+replication worker repairs a ledger walkit marked and deletes walkit's mark."""
 
 from __future__ import annotations
 
@@ -168,3 +169,38 @@ def test_one_auditor_between_java_and_walkit(java_cluster: JavaCluster,
         for bookie in (second, last):
             if not bookie.running:
                 bookie.start()
+
+
+def test_a_java_replication_worker_repairs_what_walkit_marked(
+        java_cluster: JavaCluster, walkit_side: tuple[Cluster, UnderReplication]) -> None:
+    """walkit holds the auditor's seat and marks a Java ledger whose bookie stopped; the Java
+    replication worker of ``AutoRecoveryMain`` (not the auditor: walkit's vote is first) takes
+    walkit's mark under BookKeeper's lock, re-replicates and deletes it."""
+    cluster, ur = walkit_side
+    peer = java_cluster.peer()
+    try:
+        ledger = peer.create(ensemble=2, write_quorum=2, ack_quorum=2)
+        peer.add(ledger, [b"one", b"two", b"three"], pipelined=False)
+        peer.close_ledger(ledger)
+    finally:
+        peer.close()
+    ensemble = cluster.ledgers.read(ledger)[0].ensembles[0][1]
+    victim = next(b for b in java_cluster.bookies if b.bookie_id == ensemble[-1])
+    log = java_cluster.directory / "autorecovery-worker.log"
+    assert ur.take_seat(OWNER)
+    java = None
+    try:
+        victim.stop()
+        ur.mark(ledger, [victim.bookie_id])  # what walkit's auditor does for a lost bookie
+        java = _auto_recovery_main(java_cluster, log)
+        _until("the Java worker repaired walkit's mark", lambda: not ur.is_marked(ledger), timeout=90.0, log=log)
+        assert ur.auditor() == OWNER and "I'm starting as Auditor" not in log.read_text()
+        meta = cluster.ledgers.read(ledger)[0]
+        assert victim.bookie_id not in meta.ensembles[-1][1] and ensemble[0] in meta.ensembles[-1][1]
+        assert ledger not in ur.ledgers()
+    finally:
+        if java is not None:
+            _stop(java)
+        ur.leave_seat()
+        if not victim.running:
+            victim.start()
