@@ -20,6 +20,12 @@ so each file is whole or absent. Recovery: none is automatic. A crash in the mid
 the very first start can leave some directories with a cookie and some without; the
 bookie then refuses to start, like for a wiped disk, and an operator who knows the
 bookie never stored anything removes the ``COOKIE`` files.
+
+The cluster keeps a copy in ``cookies/<id>`` (:func:`encode_for_metadata`,
+:func:`decode_from_metadata`): these same bytes in a walkit-format cluster; in a
+BookKeeper-format cluster BookKeeper's text cookie (version 5: bookie id, journal dir,
+ledger dirs, instance id; no index dirs), so BookKeeper's tools read it as a Java
+bookie's. The disks keep this module's format in both cases.
 """
 
 from __future__ import annotations
@@ -32,9 +38,10 @@ from dataclasses import dataclass, fields
 from crc32c import crc32c
 
 from bookie.fs import FileSystem, parent_dir, write_atomic
-from walkit.errors import CookieError, CorruptionError, FormatError, FormatVersionError
+from walkit.errors import CookieError, CorruptionError, FormatError, FormatVersionError, WalkitError
 
-__all__ = ["Cookie", "COOKIE_FILE", "check_or_write_cookies", "read_cookie"]
+__all__ = ["Cookie", "COOKIE_FILE", "check_or_write_cookies", "read_cookie", "encode_for_metadata",
+           "decode_from_metadata"]
 
 COOKIE_FILE = "COOKIE"
 _MAGIC = b"WKCOOKIE"
@@ -227,3 +234,37 @@ def check_or_write_cookies(
         if cookie is not None:
             expected.verify_matches(cookie, dir=d)
     return expected
+
+
+def encode_for_metadata(cookie: Cookie, cluster_format: str) -> bytes:
+    """The bytes the cluster keeps in ``cookies/<id>``: this module's encoding, or
+    BookKeeper's text cookie in a BookKeeper-format cluster."""
+    if cluster_format == "bookkeeper":
+        from walkit.metadata._bk_records import BkCookie
+
+        return BkCookie(cookie.bookie_id, cookie.journal_dir, cookie.ledger_dirs, cookie.instance_id).encode()
+    return cookie.encode()
+
+
+def decode_from_metadata(data: bytes, cluster_format: str, *, bookie_id: str) -> Cookie:
+    """The cookie the cluster keeps for ``bookie_id``, as walkit's fields. CookieError
+    when it cannot be read, or (BookKeeper) names index dirs apart from its ledger dirs:
+    a Java bookie's, which walkit cannot be (it has no index dirs)."""
+    if cluster_format != "bookkeeper":
+        try:
+            return Cookie.decode(data, path=f"metadata cookies/{bookie_id}")
+        except WalkitError as exc:
+            raise CookieError("unreadable cookie in metadata", bookie=bookie_id) from exc
+    from walkit.metadata._bk_records import BkCookie
+
+    try:
+        theirs = BkCookie.decode(data)
+    except WalkitError as exc:
+        raise CookieError("unreadable BookKeeper cookie in metadata", bookie=bookie_id) from exc
+    if theirs.index_dirs is not None and theirs.index_dirs != theirs.ledger_dirs:
+        raise CookieError("the cluster's cookie for this bookie id names index dirs apart from its ledger dirs: it "
+                          "is a Java bookie's (walkit has no index dirs); give this bookie its own bookieId",
+                          bookie=bookie_id, found=",".join(theirs.index_dirs))
+    return Cookie(theirs.bookie_id, theirs.journal_dirs, tuple(_norm(d) for d in theirs.ledger_dirs),
+                  theirs.instance_id)
+

@@ -40,7 +40,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import functools
-import json
 import logging
 import os
 import ssl
@@ -62,11 +61,14 @@ from bookie.server._long_poll import LongPolls
 from bookie.server._reads import ReadPool
 from bookie.server._startup import (
     autorecovery_for,
+    check_bookkeeper_id,
     check_cookie,
     check_picked_port,
     lock_directories,
+    marked_under_replicated,
     refuse_known_id,
     server_ssl_context,
+    service_info,
 )
 from bookie.server._writes import Writes
 from walkit.errors import BookieError, WalkitError
@@ -189,29 +191,37 @@ class BookieServer:
         self.config = dataclasses.replace(c, bookie_id=self.bookie_id, bookie_port=self.port)
         try:
             await self._loop.run_in_executor(None, self._start_core)
+            self._monitor = self._loop.create_task(self._disks.watch())
+            if c.http_server_enabled:
+                await self._start_http()
+            if self._cluster is not None:  # after the admin endpoint: its port is in the registration
+                await self._loop.run_in_executor(None, self._register)
         except BaseException:
             self._server.close()
+            if self._monitor is not None:
+                self._monitor.cancel()
+            if self._http is not None:
+                await self._http.stop()
             await self._loop.run_in_executor(None, self._close_core)
             raise
-        self._monitor = self._loop.create_task(self._disks.watch())
-        if c.http_server_enabled:
-            from bookie._http import AdminEndpoint
-
-            self._http = AdminEndpoint(self, bookie_registry(self), functools.partial(run_command, self))
-            try:
-                await self._http.start()
-            except OSError as exc:
-                self._server.close()
-                self._monitor.cancel()
-                await self._loop.run_in_executor(None, self._close_core)
-                raise BookieError("cannot listen for the admin endpoint", address=c.http_server_address,
-                                  port=c.http_server_port, reason=str(exc)) from exc
         await self._server.start_serving()
         log.info("bookie %s serving on %s:%d (tls: %s, readonly: %s)", self.bookie_id, c.bind_address, self.port,
                  self._ssl is not None, self.readonly, extra=context(bookie=self.bookie_id))
 
+    async def _start_http(self) -> None:
+        from bookie._http import AdminEndpoint
+
+        c = self.config
+        self._http = AdminEndpoint(self, bookie_registry(self), functools.partial(run_command, self))
+        try:
+            await self._http.start()
+        except OSError as exc:
+            self._http = None
+            raise BookieError("cannot listen for the admin endpoint", address=c.http_server_address,
+                              port=c.http_server_port, reason=str(exc)) from exc
+
     def _start_core(self) -> None:
-        """Blocking part of start: metadata, core, cookie, registration."""
+        """Blocking part of start: metadata and core (cookie and registration: :meth:`_register`)."""
         c = self.config
         fs = self.hooks.disk if self.hooks.disk is not None else self._fs
         if self.hooks.disk is not None or self._fs is None or isinstance(self._fs, RealFS):
@@ -223,14 +233,13 @@ class BookieServer:
             self._cluster = connect(c.metadata_service_uri, session_timeout=c.zk_timeout / 1000.0,
                                     retry_deadline=c.metadata_retry_deadline_ms / 1000.0)
             instance_id = self._cluster.info.instance_id
+            check_bookkeeper_id(self._cluster, self.bookie_id)  # before the disks are stamped with it
         else:
             log.warning("bookie %s runs without metadata (metadataServiceUri unset): not registered", self.bookie_id,
                         extra=context(bookie=self.bookie_id))
         marked = None
         if self._cluster is not None:
-            from walkit.metadata import UnderReplication
-
-            marked = UnderReplication(self._cluster.store, self._cluster.info).is_marked
+            marked = marked_under_replicated(self._cluster)
         self.bookie = Bookie(c, fs=fs, instance_id=instance_id, disk_usage=self._disk_usage,
                              metadata=self._cluster.ledgers if self._cluster is not None else None, marked=marked)
         if self._picked_port:
@@ -242,8 +251,6 @@ class BookieServer:
         self.bookie.on_no_space = self._disks.no_space
         self.bookie.start()
         self.readonly = self._disks.disks_full(self.readonly)
-        if self._cluster is not None:
-            self._register()
 
     def _register(self) -> None:
         """Check the cookie against metadata, register, start autorecovery if configured."""
@@ -251,7 +258,7 @@ class BookieServer:
         assert self.bookie is not None and self.bookie.cookie is not None
         check_cookie(self._cluster, self.bookie.cookie, self.bookie_id)
         endpoint = self.hooks.endpoint(self.port) if self.hooks.endpoint else f"{c.advertised_host}:{self.port}"
-        info = json.dumps({"endpoint": endpoint, "tls": self._ssl is not None, "protocol": 1}).encode()
+        info = service_info(self._cluster, c, endpoint, self._ssl is not None, self.http_port)
         # waits out the session of a previous incarnation (kill -9, restart) first
         self._registration = self._cluster.register_bookie(
             self.bookie_id, readonly=self.readonly, data=info, on_lost=self._registration_lost)

@@ -19,7 +19,12 @@ anything that could hurt data happens:
   this id means the bookie's data was wiped - an empty bookie answering "no such entry"
   for what it acknowledged could let a recovery lose data.
 * :func:`check_cookie`: the disks' cookie must be the one in metadata (a new bookie
-  stores its own).
+  stores its own); in a BookKeeper-format cluster the one in metadata is BookKeeper's
+  text cookie (:mod:`bookie.cookie`), while the disks keep walkit's.
+
+In a BookKeeper-format cluster :func:`check_bookkeeper_id` first refuses an id
+BookKeeper's own code would not parse. What the bookie then registers is :func:`service_info`: walkit's JSON, or BookKeeper's
+service info in a BookKeeper-format cluster.
 """
 
 from __future__ import annotations
@@ -27,18 +32,20 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import re
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 from bookie._config import BookieConfig, os_reason
-from bookie.cookie import Cookie
+from bookie.cookie import Cookie, decode_from_metadata, encode_for_metadata
 from bookie.cookie import read_cookie as read_disk_cookie
 from bookie.fs import FileSystem
 from walkit.errors import BookieError, ConfigError, CookieError, WalkitError
 from walkit.logs import context
 
-__all__ = ["autorecovery_for", "check_cookie", "check_picked_port", "lock_directories", "refuse_known_id",
-           "server_ssl_context"]
+__all__ = ["autorecovery_for", "check_bookkeeper_id", "check_cookie", "check_picked_port", "lock_directories",
+           "marked_under_replicated", "refuse_known_id", "server_ssl_context", "service_info"]
 
 log = logging.getLogger("bookie.server")
 
@@ -124,18 +131,66 @@ def refuse_known_id(cluster: Any, bookie_id: str) -> None:
 
 
 def check_cookie(cluster: Any, mine: Cookie, bookie_id: str) -> None:
-    """The disks' cookie must be the one in metadata; a new bookie stores its own."""
+    """The disks' cookie must be the one in metadata; a new bookie stores its own (a
+    create: a racing start loses with NodeExistsError). In a BookKeeper-format cluster
+    the one in metadata is BookKeeper's text cookie (:func:`bookie.cookie.encode_for_metadata`),
+    so BookKeeper's tools (``cookie_get``...) see a walkit bookie as one of theirs; it is
+    compared field by field with the disks' own (walkit's, which stays on the disks) and
+    any difference refuses the start, as BookKeeper's bookie does."""
     from walkit.metadata import read_cookie, write_cookie
 
+    fmt = cluster.info.format
     stored = read_cookie(cluster.store, cluster.info, bookie_id)
     if stored is None:
-        write_cookie(cluster.store, cluster.info, bookie_id, mine.encode(), None)
+        write_cookie(cluster.store, cluster.info, bookie_id, encode_for_metadata(mine, fmt), None)
         return
-    try:
-        theirs = Cookie.decode(stored[0], path=f"metadata cookies/{bookie_id}")
-    except WalkitError as exc:
-        raise CookieError("unreadable cookie in metadata", bookie=bookie_id) from exc
-    mine.verify_matches(theirs, where="metadata")
+    mine.verify_matches(decode_from_metadata(stored[0], fmt, bookie_id=bookie_id), where="metadata")
+
+
+#: What BookKeeper's ``BookieId`` accepts (its check, read as Java reads the class: ``:-_``
+#: is the range ':' to '_'), "readonly" in any case excepted.
+_BK_ID = re.compile(r"[a-zA-Z0-9:-_.\-]+")
+
+
+def check_bookkeeper_id(cluster: Any, bookie_id: str) -> None:
+    """In a BookKeeper-format cluster the id must be one BookKeeper's ``BookieId`` accepts:
+    its client, bookies and tools parse every registration and ensemble member, and one
+    they refuse would break them, not just this bookie. ConfigError naming the key."""
+    if cluster.info.format == "bookkeeper" and (not _BK_ID.fullmatch(bookie_id) or bookie_id.lower() == "readonly"):
+        raise ConfigError("bookieId is not one BookKeeper accepts in its cluster (letters, digits, '.', '-' and "
+                          "':' to '_' in ASCII; not \"readonly\")", key="bookieId", bookie=bookie_id)
+
+
+def service_info(cluster: Any, config: BookieConfig, endpoint: str, tls: bool, http_port: int) -> bytes:
+    """What the bookie registers (:mod:`walkit.metadata._service_info`): walkit's JSON,
+    or in a BookKeeper-format cluster BookKeeper's service info with the data port as its
+    ``bookie-rpc`` endpoint, the admin endpoint (``http_port`` 0: off) and the walkit
+    marker."""
+    from walkit.metadata._service_info import encode_service_info
+    from walkit.protocol import PROTOCOL_VERSION
+
+    if tls and cluster.info.format == "bookkeeper":
+        log.warning("bookie %s serves TLS from the first byte: walkit clients reach it, BookKeeper's Java clients "
+                    "(which start TLS inside the connection, START_TLS) cannot", config.bookie_id,
+                    extra=context(bookie=config.bookie_id))
+    http = (config.http_server_address, http_port) if http_port else None
+    return encode_service_info(cluster.info.format, endpoint, tls=tls, protocol=PROTOCOL_VERSION, http=http)
+
+
+def marked_under_replicated(cluster: Any) -> Callable[[int], bool]:
+    """Whether a ledger is marked under-replicated (GC never takes it as over-replicated
+    meanwhile): walkit's markers, and in a BookKeeper-format cluster BookKeeper's too
+    (``underreplication/ledgers/.../urL<id>``, set by a Java auditor; walkit's own live
+    below ``ID-walkit`` there)."""
+    from walkit.metadata import UnderReplication
+
+    walkit_marked: Callable[[int], bool] = UnderReplication(cluster.store, cluster.info).is_marked
+    if cluster.info.format != "bookkeeper":
+        return walkit_marked
+    from walkit.metadata._bk_paths import ur_path
+
+    store, root = cluster.store, cluster.info.root
+    return lambda ledger_id: store.exists(ur_path(root, ledger_id)) is not None or walkit_marked(ledger_id)
 
 
 def autorecovery_for(config: BookieConfig, bookie_id: str) -> Any:

@@ -63,8 +63,12 @@ def spark() -> Iterator[SparkSession]:
         # may run at interpreter exit, after pytest has closed the streams its handlers
         # write to ("--- Logging error --- ValueError: I/O operation on closed file" after
         # the summary, one run in four). Spark is stopped: nothing py4j says from here on
-        # matters to a test.
-        logging.getLogger("py4j").disabled = True
+        # matters to a test. Its loggers are children of "py4j" ("py4j.clientserver"), and
+        # ``disabled`` does not pass to children: stop their records at "py4j" instead.
+        quiet = logging.getLogger("py4j")
+        quiet.setLevel(logging.CRITICAL)
+        quiet.addHandler(logging.NullHandler())
+        quiet.propagate = False
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ tests/bookkeeper/test_bk_metadata_capture.py), round trips, properties, bad inpu
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from walkit.errors import FormatError, FormatVersionError, InvalidArgumentError, WalkitError
 from walkit.metadata import LedgerMetadata, LedgerState
 from walkit.metadata import _bk_ledger, _bk_paths, _bk_records
-from walkit.metadata._bk_ledger import BkLedgerMetadata, decode_ledger_metadata, from_walkit
+from walkit.metadata._bk_ledger import BkLedgerMetadata, ctoken_of, decode_ledger_metadata, from_walkit, salt_for
 from walkit.metadata._bk_records import (BkCookie, BookieNote, BookieServiceInfo, Endpoint, InstanceId, Layout,
                                          UrLayout, UrMark)
 
@@ -59,7 +60,8 @@ def test_golden_ledger_contents() -> None:
         segments=((0, (B2, B3, B1)),), digest="CRC32C", password=b"", ack_quorum=2, ctoken=0)
     assert len(b"alpha" + b"beta" + b"gamma") == closed.length
     hmac_ledger, password = decode_ledger_metadata(golden("ledger-hmac")).to_walkit(1)
-    assert password == b"s3cret" and hmac_ledger.digest == "mac" and hmac_ledger.check_password(b"s3cret")
+    assert password == b"s3cret" and hmac_ledger.digest == "bk-hmac" and hmac_ledger.check_password(b"s3cret")
+    assert hmac_ledger.bk_password == b"s3cret"
     assert (hmac_ledger.ensemble_size, hmac_ledger.write_quorum, hmac_ledger.ack_quorum) == (2, 2, 1)
     still_open = decode_ledger_metadata(golden("ledger-open"))
     assert still_open.state is LedgerState.OPEN and still_open.last_entry_id == -1 and still_open.length == 0
@@ -117,35 +119,56 @@ def test_golden_tree_paths() -> None:
 
 def _walkit_meta(**kw: Any) -> LedgerMetadata:
     meta = LedgerMetadata.create(7, ("a:1", "b:2", "c:3"), write_quorum=2, ack_quorum=2, password=b"pw",
-                                 ctime=1_700_000_000_000, digest=kw.pop("digest", "crc32c"),
+                                 ctime=1_700_000_000_000, digest=kw.pop("digest", "bk-crc32c"),
                                  custom={"app": b"\x00\xff", "walkit.log": b"orders"})
     return meta
 
 
 def test_walkit_to_bookkeeper_and_back() -> None:
     meta = _walkit_meta().with_ensemble(5, ("a:1", "d:4", "c:3")).closed(9, 1000)
-    bk = from_walkit(meta, b"pw")
-    assert bk.password == b"pw" and bk.digest == "CRC32C" and bk.ctime == meta.ctime and bk.ctoken == 0
+    assert meta.bk_password == b"pw"  # create() keeps a bk-* ledger's password
+    bk = from_walkit(meta)
+    assert bk.password == b"pw" and bk.digest == "CRC32C" and bk.ctime == meta.ctime
+    assert bk.ctoken == ctoken_of(meta.password_salt) and 0 <= bk.ctoken < 2**63  # a fresh salt: a new token
     assert [c[0] for c in bk.custom] == ["app", "walkit.log"]  # customMetadata carries walkit's own
     again, password = decode_ledger_metadata(bk.encode()).to_walkit(7, salt=meta.password_salt)
     assert password == b"pw" and again == meta
+    reread, _ = decode_ledger_metadata(bk.encode()).to_walkit(7)
+    assert reread.password_salt == salt_for(bk.ctoken) and ctoken_of(reread.password_salt) == bk.ctoken
+    assert from_walkit(reread).encode() == bk.encode()  # written back unchanged, cToken included
+    assert decode_ledger_metadata(bk.encode()).to_walkit(7)[0] == reread  # two reads: equal values
 
 
-@pytest.mark.parametrize("digest, bk", [("crc32c", "CRC32C"), ("mac", "HMAC"), ("none", "DUMMY")])
+@pytest.mark.parametrize("digest, bk", [("bk-crc32", "CRC32"), ("bk-crc32c", "CRC32C"), ("bk-hmac", "HMAC"),
+                                        ("bk-dummy", "DUMMY")])
 def test_digest_mapping(digest: str, bk: str) -> None:
     meta = _walkit_meta(digest=digest)
     assert from_walkit(meta, b"pw").digest == bk
     assert decode_ledger_metadata(from_walkit(meta, b"pw").encode()).to_walkit(7)[0].digest == digest
 
 
-def test_wrong_password_and_crc32_are_refused() -> None:
+@pytest.mark.parametrize("digest", ["crc32c", "mac", "none"])
+def test_walkits_own_digests_have_no_bookkeeper_record(digest: str) -> None:
+    meta = _walkit_meta(digest=digest)
+    assert meta.bk_password is None  # a walkit ledger never keeps its password
+    with pytest.raises(InvalidArgumentError, match="bk-") as info:
+        from_walkit(meta, b"pw")
+    assert info.value.context["digest"] == digest
+
+
+def test_wrong_password_is_refused() -> None:
     with pytest.raises(InvalidArgumentError, match="password"):
         from_walkit(_walkit_meta(), b"not it")
-    crc32 = decode_ledger_metadata(golden("ledger-closed"))
-    crc32 = BkLedgerMetadata(**{**crc32.__dict__, "digest": "CRC32"})
-    with pytest.raises(FormatError, match="digest") as info:
-        crc32.to_walkit(3)
-    assert info.value.context["ledger"] == 3
+
+
+def test_the_clear_password_is_checked_and_kept_for_bk_ledgers_only() -> None:
+    meta = _walkit_meta()
+    with pytest.raises(InvalidArgumentError, match="verifier"):
+        dataclasses.replace(meta, bk_password=b"other")
+    with pytest.raises(InvalidArgumentError, match="only a BookKeeper"):
+        dataclasses.replace(_walkit_meta(digest="crc32c"), bk_password=b"pw")
+    assert b"pw" not in meta.encode() and "pw" not in repr(meta)  # never in walkit's bytes, nor in logs
+    assert LedgerMetadata.decode(meta.encode()).bk_password is None
 
 
 def test_version_2_text_round_trip_and_no_ctoken() -> None:
@@ -173,8 +196,13 @@ def test_version_1_text() -> None:
     assert meta.segments == ((0, ("a:1", "b:2", "c:3")), (5, ("a:1", "d:4", "c:3")))
     with pytest.raises(FormatError, match="reader must name them"):
         meta.to_walkit(1)  # no password, no digest type kept: BookKeeper takes both from the reader
-    walkit, password = meta.to_walkit(1, digest="mac", password=b"pw")
-    assert walkit.ack_quorum == 2 and walkit.digest == "mac" and password == b"pw"  # no Qa before 4.3: Qa = Qw
+    walkit, password = meta.to_walkit(1, digest="bk-hmac", password=b"pw")
+    assert walkit.ack_quorum == 2 and walkit.digest == "bk-hmac" and password == b"pw"  # no Qa before 4.3: Qa = Qw
+    assert walkit.bk_password is None and walkit.check_password(b"pw")  # the record keeps none
+    rewritten = from_walkit(walkit)
+    assert rewritten.password is None and rewritten.digest is None  # written back: still neither
+    with pytest.raises(FormatError, match="bk-"):
+        meta.to_walkit(1, digest="mac", password=b"pw")
     recovering = decode_ledger_metadata(b"BookieMetadataFormatVersion\t1\n1\n1\n0\n0\ta:1\n-102\tCLOSED")
     assert recovering.state is LedgerState.IN_RECOVERY
     with pytest.raises(InvalidArgumentError):
@@ -218,8 +246,7 @@ def test_metadata_walkit_cannot_hold_is_a_format_error() -> None:
         decode_ledger_metadata(bad.encode()).to_walkit(4)
     no_digest = BkLedgerMetadata(write_quorum=1, ensemble_size=1, length=0, state=LedgerState.OPEN,
                                  segments=((0, ("a:1",)),), password=b"pw")
-    with pytest.raises(FormatError, match="CRC32"):
-        no_digest.to_walkit(4)  # a password without a digest type: the enum's default, CRC32
+    assert no_digest.to_walkit(4)[0].digest == "bk-crc32"  # a password without a digest type: the enum's default
 
 
 BOOKIE = st.from_regex(r"[a-z0-9.]{1,12}:[0-9]{1,5}", fullmatch=True)

@@ -33,14 +33,14 @@ def _info(args: argparse.Namespace) -> int:
         logs = sum(1 for _ in log_names(cluster))
         result: dict[str, Any] = {
             "metadata": args.metadata, "root": cluster.info.root, "instance_id": cluster.info.instance_id,
-            "layout": cluster.info.layout, "bookies": {"writable": sorted(bookies.writable),
+            "format": cluster.info.format, "layout": cluster.info.layout, "bookies": {"writable": sorted(bookies.writable),
                                                       "readonly": sorted(bookies.readonly)},
             "ledgers": ledgers, "logs": logs}
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
         return 0
     print(f"cluster {result['instance_id']} at {args.metadata}")
-    print(f"  root        {result['root']} (ledger layout: {result['layout']})")
+    print(f"  root        {result['root']} (format: {result['format']}, ledger layout: {result['layout']})")
     for state in ("writable", "readonly"):
         names = result["bookies"][state]
         print(f"  {state:<11} {len(names)} bookies" + (": " + ", ".join(names) if names else ""))

@@ -367,17 +367,18 @@ def _cookie_text(cookie: dict[str, Any] | None, error: str | None) -> str:
 
 def _metadata_cookie(uri: str, disk: Cookie | None) -> dict[str, Any]:
     """The cookie kept in metadata for the disks' bookie, compared with the disks'."""
-    from bookie.cookie import Cookie
+    from bookie.cookie import decode_from_metadata
     from walkit.metadata import connect, read_cookie
 
     if disk is None:
         return {"cookie": None, "error": "no cookie on the disks: which bookie's?", "compared": None}
     with connect(uri, read_only=True) as cluster:
         stored = read_cookie(cluster.store, cluster.info, disk.bookie_id)
+        cluster_format = cluster.info.format
     if stored is None:
         return {"cookie": None, "error": None, "compared": "none stored: the bookie never started with this metadata"}
-    try:
-        theirs = Cookie.decode(stored[0], path=f"metadata cookies/{disk.bookie_id}")
+    try:  # walkit's own bytes, or BookKeeper's text cookie in a BookKeeper-format cluster
+        theirs = decode_from_metadata(stored[0], cluster_format, bookie_id=disk.bookie_id)
     except WalkitError as exc:
         return {"cookie": None, "error": str(exc), "compared": None}
     try:

@@ -14,12 +14,15 @@ import argparse
 import asyncio
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from walkit.cli._commands import Subcommands
 from walkit.cli._metadata import add_metadata_option
 from walkit.cli._output import size
 from walkit.errors import BookieTimeoutError, BookieUnavailableError, InvalidArgumentError, WalkitError
+
+if TYPE_CHECKING:
+    from walkit.metadata import ClusterFormat
 
 __all__ = ["add_parser"]
 
@@ -54,8 +57,11 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any("error" in r and len(r) == 1 for r in results.values()) else 0
 
 
-def _targets(uri: str, only: str | None) -> dict[str, tuple[bytes | None, str]]:
-    """``bookie id -> (registration, "writable" | "readonly")`` of the bookies to ask."""
+_Target = tuple[bytes | None, str, "ClusterFormat"]
+
+
+def _targets(uri: str, only: str | None) -> dict[str, _Target]:
+    """``bookie id -> (registration, "writable" | "readonly", cluster format)`` of the bookies to ask."""
     from walkit.metadata import connect, read_registration
 
     with connect(uri, read_only=True) as cluster:  # a forced pass is asked of the bookies, not metadata
@@ -67,15 +73,16 @@ def _targets(uri: str, only: str | None) -> dict[str, tuple[bytes | None, str]]:
             states = {only: states[only]}
         if not states:
             raise BookieUnavailableError("no bookie is registered", metadata=uri)
-        return {b: (read_registration(cluster.store, cluster.info, b), state) for b, state in sorted(states.items())}
+        return {b: (read_registration(cluster.store, cluster.info, b), state, cluster.info.format)
+                for b, state in sorted(states.items())}
 
 
-async def _ask_all(targets: dict[str, tuple[bytes | None, str]], force: bool, compact: str | None,
+async def _ask_all(targets: dict[str, _Target], force: bool, compact: str | None,
                    timeout: float, tls_ca: str) -> dict[str, dict[str, Any]]:
-    answers = await asyncio.gather(*(_ask(b, reg, force, compact, timeout, tls_ca) for b, (reg, _) in targets.items()),
-                                   return_exceptions=True)
+    answers = await asyncio.gather(*(_ask(b, reg, fmt, force, compact, timeout, tls_ca)
+                                     for b, (reg, _, fmt) in targets.items()), return_exceptions=True)
     results: dict[str, dict[str, Any]] = {}
-    for (bookie_id, (_, state)), answer in zip(targets.items(), answers):
+    for (bookie_id, (_, state, _)), answer in zip(targets.items(), answers):
         if isinstance(answer, WalkitError):
             results[bookie_id] = {"error": str(answer)}
         elif isinstance(answer, BaseException):
@@ -85,11 +92,13 @@ async def _ask_all(targets: dict[str, tuple[bytes | None, str]], force: bool, co
     return results
 
 
-async def _ask(bookie_id: str, registration: bytes | None, force: bool, compact: str | None, timeout: float,
-               tls_ca: str) -> dict[str, Any]:
+async def _ask(bookie_id: str, registration: bytes | None, cluster_format: ClusterFormat, force: bool,
+               compact: str | None, timeout: float, tls_ca: str) -> dict[str, Any]:
     from walkit.client import BookieClient, client_ssl_context, parse_endpoint
 
-    endpoint = parse_endpoint(bookie_id, registration)
+    endpoint = parse_endpoint(bookie_id, registration, cluster_format)
+    if endpoint.kind != "walkit":
+        raise BookieUnavailableError("an Apache BookKeeper bookie: it has no walkit GC commands", bookie=bookie_id)
     if endpoint.tls and not tls_ca:
         raise BookieUnavailableError("bookie serves TLS: give --tls-ca", bookie=bookie_id)
     ssl_context = client_ssl_context(tls_ca) if endpoint.tls else None

@@ -1,4 +1,11 @@
-"""``walkit init``: the cluster layout in the metadata store."""
+"""``walkit init``: the cluster layout in the metadata store.
+
+``--format walkit`` (the default) makes walkit's own records; ``--format bookkeeper``
+makes exactly what Apache BookKeeper 4.18's ``initnewcluster`` makes (its LAYOUT and
+INSTANCEID, ``available/``), so Java bookies and clients use the cluster as their own;
+the URI's scheme names the ledger manager (``zk+flat://``, ``zk+longhierarchical://``;
+hierarchical by default).
+"""
 
 from __future__ import annotations
 
@@ -14,10 +21,10 @@ def _init(args: argparse.Namespace) -> int:
     uri = parse_metadata_uri(args.metadata)
     store = open_metadata_store(uri, create=True)  # the one command that makes a store
     try:
-        info = init_cluster(store, uri.root, uri.layout)
+        info = init_cluster(store, uri.root, uri.layout, format=args.format)
     finally:
         store.close()
-    print(f"cluster {info.instance_id} at {args.metadata} (ledger layout: {info.layout})")
+    print(f"cluster {info.instance_id} at {args.metadata} (format: {info.format}, ledger layout: {info.layout})")
     return 0
 
 
@@ -25,4 +32,7 @@ def register(subparsers: Subcommands) -> None:
     """``walkit init``."""
     init = subparsers.add_parser("init", help="create the cluster layout in the metadata store (idempotent)")
     add_metadata_option(init)
+    init.add_argument("--format", choices=("walkit", "bookkeeper"), default="walkit",
+                      help="whose records the cluster keeps: walkit's own (default) or Apache BookKeeper 4.18's, "
+                           "so Java bookies and clients share it")
     init.set_defaults(func=_init)

@@ -210,7 +210,8 @@ class ClientCore:
         return endpoint
 
     def _registration_of(self, bookie: str) -> Endpoint:
-        return parse_endpoint(bookie, read_registration(self.cluster.store, self.cluster.info, bookie))
+        info = self.cluster.info
+        return parse_endpoint(bookie, read_registration(self.cluster.store, info, bookie), info.format)
 
     def _read_ahead(self, bookies: list[str]) -> dict[str, Endpoint]:
         """(Metadata thread) the endpoints of those of ``bookies`` never read before

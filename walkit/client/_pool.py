@@ -1,9 +1,10 @@
 """One pooled, pipelined connection per bookie, with reconnect (client loop only).
 
 A bookie is named by its id; :class:`BookiePool` resolves the id to the endpoint the
-bookie registered (``available/<id>`` or ``available/readonly/<id>``, JSON
-``{"endpoint": "host:port", "tls": bool, "kind": "walkit" | "bookkeeper"}``), connects
-once - in walkit's protocol, or for an Apache BookKeeper bookie in BookKeeper's dialect
+bookie registered (``available/<id>`` or ``available/readonly/<id>``: JSON
+``{"endpoint": "host:port", "tls": bool}`` in a walkit cluster, BookKeeper's service info
+in a BookKeeper one, :func:`parse_endpoint`), connects once - in walkit's protocol, or to an
+Apache BookKeeper bookie (kind "bookkeeper") in BookKeeper's dialect
 (:class:`~walkit.client._bk_bookie_client.BkBookieClient`) - and sends every request for
 that bookie down the same connection (:meth:`BookiePool.request_each`: to several at
 once, as a writer sends an entry to its write set). Requests made while the connection
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -26,7 +26,9 @@ from typing import Any, Literal, Protocol
 from walkit.client._bk_bookie_client import BkBookieClient
 from walkit.client._bookie_client import BookieClient, ResponseCallback, client_ssl_context
 from walkit.client._config import ClientConfig
-from walkit.errors import BookieUnavailableError, WalkitError
+from walkit.errors import BookieUnavailableError, FormatError, WalkitError
+from walkit.metadata._cluster import ClusterFormat
+from walkit.metadata._service_info import decode_service_info
 from walkit.protocol import Request, Response
 from walkit.protocol._dialect import Dialect
 
@@ -58,23 +60,22 @@ class Endpoint:
     kind: BookieKind = "walkit"
 
 
-def parse_endpoint(bookie_id: str, registration: bytes | None) -> Endpoint:
-    """The endpoint a bookie registered, or, without a registration, its id read as
-    ``host:port`` (the default id). BookieUnavailableError when neither works."""
-    address, tls, kind = bookie_id, False, "walkit"
-    if registration:
-        try:
-            info = json.loads(registration)
-            address, tls = str(info["endpoint"]), bool(info.get("tls", False))
-            kind = info.get("kind", "walkit")  # "bookkeeper": an Apache BookKeeper bookie
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise BookieUnavailableError("unreadable bookie registration", bookie=bookie_id) from exc
-        if kind not in BOOKIE_KINDS:
-            raise BookieUnavailableError("bookie registration names an unknown kind", bookie=bookie_id, kind=kind)
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise BookieUnavailableError("bookie is not registered and its id is not host:port", bookie=bookie_id)
-    return Endpoint(host.strip("[]"), int(port), tls, "bookkeeper" if kind == "bookkeeper" else "walkit")
+def parse_endpoint(bookie_id: str, registration: bytes | None, cluster_format: ClusterFormat = "walkit") -> Endpoint:
+    """The endpoint a bookie registered in a cluster of ``cluster_format``
+    (:mod:`walkit.metadata._service_info`): in a walkit cluster, JSON; in a BookKeeper
+    one, BookKeeper's service info, whose ``bookie-rpc`` endpoint is the address and
+    whose ``walkit.protocol`` property makes the bookie a walkit one (kind "walkit"; kind
+    "bookkeeper" without it: a Java bookie). Without a registration, the id read as
+    ``host:port`` (the default id; a BookKeeper legacy bookie). BookieUnavailableError
+    when neither works."""
+    try:
+        info = decode_service_info(cluster_format, bookie_id, registration)
+    except FormatError as exc:
+        if registration:
+            raise BookieUnavailableError("unreadable bookie registration", bookie=bookie_id,
+                                         format=cluster_format) from exc
+        raise BookieUnavailableError("bookie is not registered and its id is not host:port", bookie=bookie_id) from exc
+    return Endpoint(info.host, info.port, info.tls, "walkit" if info.walkit else "bookkeeper")
 
 
 Resolver = Callable[[str], Awaitable[Endpoint]]

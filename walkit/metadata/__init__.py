@@ -14,9 +14,23 @@
 - Apache BookKeeper 4.18's own records, pure bytes and paths (no I/O): ledger metadata
   (``_bk_ledger``), LAYOUT, INSTANCEID, cookies, registrations, under-replication and
   auditor records (``_bk_records``) and znode paths (``_bk_paths``).
+- a cluster is walkit's format or BookKeeper's (``ClusterInfo.format``, read from its
+  LAYOUT): in a BookKeeper-format cluster the ledger manager keeps BookKeeper's records
+  and draws ids from BookKeeper's generators (``_bk_ledgers``), and walkit's own nodes
+  live below ``ID-walkit`` (:func:`walkit_path`); a bookie's registration holds
+  BookKeeper's ``BookieServiceInfo`` there, walkit's JSON otherwise (``_service_info``).
 """
 
-from walkit.metadata._cluster import ClusterInfo, cluster_path, init_cluster, read_cluster
+from walkit.metadata._cluster import (
+    ClusterFormat,
+    ClusterInfo,
+    ClusterLayout,
+    cluster_path,
+    init_cluster,
+    ledger_digest,
+    read_cluster,
+    walkit_path,
+)
 from walkit.metadata._connect import Cluster, connect
 from walkit.metadata._ledger import Fragment, LedgerMetadata, LedgerState
 from walkit.metadata._ledgers import LedgerManager
@@ -67,7 +81,9 @@ __all__ = [
     "BookieSet",
     "Check",
     "Cluster",
+    "ClusterFormat",
     "ClusterInfo",
+    "ClusterLayout",
     "Create",
     "Delete",
     "Fragment",
@@ -91,6 +107,7 @@ __all__ = [
     "connect",
     "init_cluster",
     "iter_ledger_ids",
+    "ledger_digest",
     "iter_ledger_ranges",
     "ledger_path",
     "retry_cas",
@@ -103,6 +120,7 @@ __all__ = [
     "delete_cookie",
     "read_cookie",
     "read_registration",
+    "walkit_path",
     "watch_bookies",
     "write_cookie",
 ]

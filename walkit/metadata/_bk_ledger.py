@@ -20,24 +20,35 @@ version 2 is also written (text escapes of odd password bytes may differ from Ja
 
 Mapping to walkit's :class:`LedgerMetadata` (:meth:`BkLedgerMetadata.to_walkit`,
 :func:`from_walkit`): quorums, state, last entry, length, fragments and custom metadata
-map one to one (BookKeeper's ``customMetadata`` *is* walkit's; no walkit-only field needs
-a home - the password verifier and walkit's format version are derived, the ledger id is
-the znode's name). Digests: CRC32C <-> crc32c, HMAC <-> mac, DUMMY <-> none; CRC32 has no
-walkit equivalent and is refused. BookKeeper keeps the **clear password** (field 8) where
-walkit keeps a salted verifier, so the password is an explicit value on both sides:
-``to_walkit`` returns it beside the metadata (whose verifier it computes) and
-``from_walkit`` takes it and checks it against the verifier. A record without a
-password (format 1, pre-4.2 clients) keeps no digest type either - BookKeeper takes both
-from the reader - so ``to_walkit`` then needs them as arguments. ctime is optional in
-BookKeeper (4.18 stores none unless ``storeSystemtimeAsLedgerCreationTime``); a missing
-one maps to the caller's ``ctime`` (BookKeeper uses the znode's creation time).
+map one to one (BookKeeper's ``customMetadata`` *is* walkit's). Digests: BookKeeper's
+own, under walkit's ``bk-*`` names (CRC32 <-> bk-crc32, CRC32C <-> bk-crc32c, HMAC <->
+bk-hmac, DUMMY <-> bk-dummy: BookKeeper's entry digests and SHA-1 master key); walkit's
+own digests have no BookKeeper record and are refused. BookKeeper keeps the **clear
+password** (field 8) where walkit keeps a salted verifier: ``to_walkit`` computes the
+verifier and keeps the password in ``LedgerMetadata.bk_password`` (and returns it beside
+the metadata), ``from_walkit`` writes ``bk_password`` (or the password it is given,
+checked against the verifier). A record without a password (format 1, pre-4.2 clients)
+keeps no digest type either - BookKeeper takes both from the reader - so ``to_walkit``
+then needs them as arguments, and its metadata has ``bk_password`` None: written back,
+the record again keeps neither. ctime is optional in BookKeeper (4.18 stores none unless
+``storeSystemtimeAsLedgerCreationTime``); a missing one maps to the caller's ``ctime``
+(BookKeeper uses the znode's creation time).
+
+The creator token (``cToken``, field 12: a random number the creator writes so that a
+create retried after a lost reply recognises its own znode) rides in the verifier's salt
+of the walkit value: ``to_walkit`` makes the salt ``<cToken, 8 bytes big-endian>`` +
+``bkcToken`` (``bkNoTokn`` and zeros: the record has none), so reading a record twice
+gives equal values and ``from_walkit`` writes the token back unchanged;
+:meth:`LedgerMetadata.create` gives a new ``bk-*`` ledger such a salt with a random
+63-bit token. A salt with neither mark (a value made otherwise) gives its first 8 bytes,
+as a non-negative 63-bit number, as the token.
 
 Every malformed value raises :class:`FormatError` with context; nothing here does I/O.
 """
 
 from __future__ import annotations
 
-import os
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,18 +57,47 @@ from google.protobuf import text_format
 
 from walkit.errors import FormatError, FormatVersionError, InvalidArgumentError
 from walkit.metadata import _bk_meta_pb2
-from walkit.metadata._ledger import SALT_SIZE, Fragment, LedgerMetadata, LedgerState
+from walkit.metadata._ledger import (
+    BK_NO_TOKEN_MARK,
+    BK_TOKEN_MARK,
+    Fragment,
+    LedgerMetadata,
+    LedgerState,
+    bk_token_salt,
+    is_bk_digest,
+)
 
-__all__ = ["BkLedgerMetadata", "decode_ledger_metadata", "from_walkit", "HEADER", "VERSIONS"]
+__all__ = ["BkLedgerMetadata", "decode_ledger_metadata", "from_walkit", "salt_for", "ctoken_of", "FROM_SALT",
+           "HEADER", "VERSIONS"]
 
 pb: Any = _bk_meta_pb2  # generated code: its classes are made at import, unknown to mypy
 HEADER = b"BookieMetadataFormatVersion\t"
 VERSIONS = (1, 2, 3)
 MAX_VALUE = 1 << 20  # ZooKeeper's default jute.maxbuffer
 _V1_RECOVERY = -102
-_DIGEST_TO_WALKIT = {"CRC32C": "crc32c", "HMAC": "mac", "DUMMY": "none"}
+_DIGEST_TO_WALKIT = {"CRC32": "bk-crc32", "CRC32C": "bk-crc32c", "HMAC": "bk-hmac", "DUMMY": "bk-dummy"}
 _DIGEST_TO_BK = {v: k for k, v in _DIGEST_TO_WALKIT.items()}
 _BK_DIGESTS = ("CRC32", "HMAC", "CRC32C", "DUMMY")
+_LONG_MASK = (1 << 63) - 1
+
+
+class _FromSalt(enum.Enum):
+    FROM_SALT = "from the salt"
+
+
+FROM_SALT = _FromSalt.FROM_SALT  # from_walkit's default cToken: the one the salt carries
+
+
+salt_for = bk_token_salt  # the verifier salt that carries a record's creator token (see the docstring)
+
+
+def ctoken_of(salt: bytes) -> int | None:
+    """The creator token a walkit value's salt carries (a fresh salt: a new token)."""
+    if salt[8:] == BK_TOKEN_MARK:
+        return int.from_bytes(salt[:8], "big", signed=True)
+    if salt[8:] == BK_NO_TOKEN_MARK:
+        return None
+    return int.from_bytes(salt[:8], "big") & _LONG_MASK
 
 
 @dataclass(frozen=True)
@@ -123,12 +163,13 @@ class BkLedgerMetadata:
     def to_walkit(self, ledger_id: int, *, ctime: int = 0, salt: bytes | None = None, digest: str | None = None,
                   password: bytes = b"") -> tuple[LedgerMetadata, bytes]:
         """walkit's metadata for this ledger and the ledger's password. ``ctime``: used
-        when the record has none; ``salt``: the verifier's salt (random if None);
-        ``digest`` (walkit's name) and ``password``: only for a record that keeps no
-        password (format 1, or a 4.0/4.1 client's), as BookKeeper then takes both from the
-        reader; such a record without ``digest`` is refused."""
+        when the record has none; ``salt``: the verifier's salt (None: the one carrying
+        the record's cToken); ``digest`` (a ``bk-*`` name) and ``password``: only for a
+        record that keeps no password (format 1, or a 4.0/4.1 client's), as BookKeeper
+        then takes both from the reader; such a record without ``digest`` is refused."""
+        kept = self.password
         digest, password = self._digest_and_password(ledger_id, digest, password)
-        salt = os.urandom(SALT_SIZE) if salt is None else salt
+        salt = salt_for(self.ctoken) if salt is None else salt
         try:
             meta = LedgerMetadata(
                 ledger_id=ledger_id, ensemble_size=self.ensemble_size, write_quorum=self.write_quorum,
@@ -139,7 +180,8 @@ class BkLedgerMetadata:
                 else self.last_entry_id,
                 length=0 if self.state is LedgerState.OPEN else self.length, ensembles=self.segments,
                 ctime=ctime if self.ctime is None else self.ctime,
-                custom_metadata=tuple(sorted(dict(self.custom).items())))
+                custom_metadata=tuple(sorted(dict(self.custom).items())),
+                bk_password=None if kept is None else password)
         except InvalidArgumentError as exc:
             raise FormatError("BookKeeper ledger metadata walkit cannot hold", ledger=ledger_id,
                               reason=str(exc)[:300]) from exc
@@ -150,6 +192,9 @@ class BkLedgerMetadata:
             if digest is None:
                 raise FormatError("BookKeeper ledger metadata keeps no password or digest type: the reader must "
                                   "name them", ledger=ledger_id, version=self.format_version)
+            if not is_bk_digest(digest):
+                raise FormatError("a BookKeeper ledger's digest is one of the bk-* names", ledger=ledger_id,
+                                  digest=digest)
             return digest, password
         walkit = _DIGEST_TO_WALKIT.get(self.digest or "CRC32")  # an absent digestType reads as its default
         if walkit is None:
@@ -158,17 +203,26 @@ class BkLedgerMetadata:
         return walkit, self.password
 
 
-def from_walkit(meta: LedgerMetadata, password: bytes, *, store_ctime: bool = True, ctoken: int | None = 0,
-                format_version: int = 3) -> BkLedgerMetadata:
-    """The BookKeeper record of walkit's ``meta``; ``password`` must be the ledger's
-    (checked against its verifier: BookKeeper stores it in the clear)."""
-    if not meta.check_password(password):
+def from_walkit(meta: LedgerMetadata, password: bytes | None = None, *, store_ctime: bool = True,
+                ctoken: int | None | _FromSalt = FROM_SALT, format_version: int = 3) -> BkLedgerMetadata:
+    """The BookKeeper record of walkit's ``meta`` (a ``bk-*`` digest; anything else is an
+    InvalidArgumentError). ``password``: None for ``meta.bk_password`` (None there too:
+    the record keeps no password and no digest type, as a 4.0/4.1 client's); given, it
+    must match the verifier, as BookKeeper stores it in the clear. ``ctoken``: the
+    creator token (default: the one ``meta``'s salt carries)."""
+    if meta.digest not in _DIGEST_TO_BK:
+        raise InvalidArgumentError("only a bk-* digest has a BookKeeper record (walkit's own digests do not)",
+                                   ledger=meta.ledger_id, digest=meta.digest, known=",".join(_DIGEST_TO_BK))
+    password = meta.bk_password if password is None else password
+    if password is not None and not meta.check_password(password):
         raise InvalidArgumentError("password does not match the ledger's verifier", ledger=meta.ledger_id)
+    token = ctoken_of(meta.password_salt) if isinstance(ctoken, _FromSalt) else ctoken
     return BkLedgerMetadata(
         write_quorum=meta.write_quorum, ensemble_size=meta.ensemble_size, length=meta.length, state=meta.state,
-        segments=meta.ensembles, last_entry_id=meta.last_entry_id, digest=_DIGEST_TO_BK[meta.digest],
-        password=password, ack_quorum=meta.ack_quorum, ctime=meta.ctime if store_ctime else None,
-        custom=meta.custom_metadata, ctoken=ctoken if format_version == 3 else None, format_version=format_version)
+        segments=meta.ensembles, last_entry_id=meta.last_entry_id,
+        digest=None if password is None else _DIGEST_TO_BK[meta.digest], password=password,
+        ack_quorum=meta.ack_quorum, ctime=meta.ctime if store_ctime else None, custom=meta.custom_metadata,
+        ctoken=token if format_version == 3 else None, format_version=format_version)
 
 
 # --- decoding --------------------------------------------------------------------------------

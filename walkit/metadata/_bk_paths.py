@@ -13,8 +13,12 @@ BookKeeper's ledger managers name a ledger's metadata znode after its id
   3/4/4/4/L4 split (``<root>/000/0000/0000/0000/L0007``).
 
 The first two are walkit's own layouts (``_paths``), reused here; this module adds the
-long-only one and the parse of all three (exact: a path is a ledger path only if the
-encoder would have produced it).
+long-only one, the parse of all three (exact: a path is a ledger path only if the
+encoder would have produced it) and the ordered listing of all three
+(:func:`iter_ledger_ids`, :func:`iter_ledger_ranges`: the long-only walk lists one
+directory at a time, 3-digit top directories only, as BookKeeper's
+``LongHierarchicalLedgerManager`` does, so any other child of the root - the special
+nodes, walkit's ``ID-walkit`` - is never entered).
 
 Ledger ids come from ZooKeeper sequential nodes. The 31-bit generator (``idgen``, or the
 root itself for ``flat``) creates ``<prefix>ID-`` EPHEMERAL_SEQUENTIAL, takes the id from
@@ -32,6 +36,7 @@ directories of the id + ``urL%010d``; their locks at ``<root>/underreplication/l
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 from walkit.errors import FormatError, InvalidArgumentError
@@ -40,7 +45,7 @@ from walkit.metadata import _paths
 __all__ = [
     "Manager", "MANAGERS", "INT_MAX", "ledger_path", "parse_ledger_path", "idgen_prefix", "id_from_idgen",
     "long_idgen_prefix", "long_id_from_idgen", "split_long_id", "hob_name", "parse_hob", "ur_path",
-    "parse_ur_path", "ur_lock_path", "election_path", "vote_sequence",
+    "parse_ur_path", "ur_lock_path", "election_path", "vote_sequence", "iter_ledger_ids", "iter_ledger_ranges",
 ]
 
 Manager = Literal["flat", "hierarchical", "longhierarchical"]
@@ -96,6 +101,52 @@ def parse_ledger_path(root: str, path: str, manager: Manager = "hierarchical") -
     if ledger_id > MAX_LEDGER_ID or ledger_path(root, ledger_id, manager) != path:
         return None
     return ledger_id
+
+
+Children = Callable[[str], list[str]]
+Range = tuple[int, int, list[int]]
+
+
+def _names(children: Children, path: str, width: int) -> list[str]:
+    return sorted(n for n in children(path) if len(n) == width and n.isascii() and n.isdigit())
+
+
+def _long_ranges(children: Children, path: str, split: tuple[int, ...], digits: str) -> Iterator[Range]:
+    """The long-only tree below ``path`` (whose id digits so far are ``digits``)."""
+    if len(split) > 1:
+        for name in _names(children, path, split[0]):
+            yield from _long_ranges(children, f"{path}/{name}", split[1:], digits + name)
+        return
+    leaves = sorted(n[1:] for n in children(path) if len(n) == split[0] + 1 and n[0] == "L"
+                    and n[1:].isascii() and n[1:].isdigit())
+    span = 10 ** split[0]
+    first = int(digits) * span
+    if first > MAX_LEDGER_ID:
+        return
+    ids = [i for i in (first + int(leaf) for leaf in leaves) if i <= MAX_LEDGER_ID]
+    yield first, min(first + span - 1, MAX_LEDGER_ID), ids
+
+
+def iter_ledger_ranges(root: str, children: Children, manager: Manager = "hierarchical") -> Iterator[Range]:
+    """``(first, last, ids)`` per directory of ledger nodes, ascending and disjoint (see
+    ``_paths.iter_ledger_ranges``), for any of the three managers."""
+    _check_manager(manager)
+    if manager != "longhierarchical":
+        yield from _paths.iter_ledger_ranges(root, children, manager)
+        return
+    _paths.ledger_path(root, 0)  # checks root
+    for name in _names(children, root, _LONG_SPLIT[0]):
+        yield from _long_ranges(children, f"{_base(root)}/{name}", _LONG_SPLIT[1:], name)
+
+
+def iter_ledger_ids(root: str, children: Children, manager: Manager = "hierarchical") -> Iterator[int]:
+    """Every ledger id under ``root`` in ascending order, one directory at a time."""
+    _check_manager(manager)
+    if manager != "longhierarchical":
+        yield from _paths.iter_ledger_ids(root, children, manager)
+        return
+    for _, _, ids in iter_ledger_ranges(root, children, manager):
+        yield from ids
 
 
 def idgen_prefix(root: str, manager: Manager = "hierarchical") -> str:

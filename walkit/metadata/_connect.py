@@ -1,7 +1,8 @@
 """Connecting to a cluster: the one door through which clients and bookies use metadata.
 
 :func:`connect` opens the store named by the URI, reads the cluster's INSTANCEID and
-LAYOUT, and refuses (:class:`~walkit.errors.ClusterLayoutError`) a cluster that is not
+LAYOUT - walkit's own or Apache BookKeeper's (``Cluster.info.format``; a tree BookKeeper's
+own ``init`` made works as it is) - and refuses (:class:`~walkit.errors.ClusterLayoutError`) a cluster that is not
 there, that this walkit cannot read, whose layout differs from the one the URI names,
 or whose instance id differs from the one the caller expects (a bookie passes the
 instance id in its cookie, so its disks never serve another cluster). It never makes a
@@ -25,7 +26,8 @@ __all__ = ["Cluster", "connect"]
 
 
 class Cluster:
-    """A session with one walkit cluster: its store, identity, ledgers and bookies."""
+    """A session with one cluster (walkit's format or BookKeeper's): its store, identity,
+    ledgers and bookies."""
 
     def __init__(self, store: MetadataStore, info: ClusterInfo, uri: MetadataURI, session_timeout: float) -> None:
         self.store = store

@@ -6,6 +6,16 @@ password, unlike BookKeeper's v3 field 8), where its entries are (fragments: the
 ensemble in use from a first entry id on) and, once closed, its last entry id and
 length.
 
+A ledger of a BookKeeper-format cluster (its digest one of the ``bk-*`` names) also
+carries its clear password in ``bk_password``, because BookKeeper's record keeps it
+(``LedgerMetadataFormat`` field 8) and Java clients check their password against it:
+:meth:`LedgerMetadata.create` sets it for a ``bk-*`` digest, the BookKeeper codec
+(``_bk_ledger``) reads and writes it, and every value checks it against the verifier
+(a mismatch, or a password on a walkit-digest ledger, is an InvalidArgumentError). It is
+never part of walkit's own encoding below (a walkit-format store keeps only the
+verifier); None: not known (a ledger read from walkit's bytes, or a BookKeeper record
+of a 4.0/4.1 client, which keeps no password).
+
 The password verifier depends on the format version, and each value keeps its own
 version through updates (a ledger created as version 1 is closed as version 1):
 
@@ -67,6 +77,9 @@ __all__ = [
     "VERSIONS",
     "MAX_BODY",
     "MAX_LEDGER_ID",
+    "BK_DIGESTS",
+    "is_bk_digest",
+    "bk_token_salt",
 ]
 
 MAGIC = b"WKLEDGER"
@@ -83,7 +96,10 @@ _HEADER = struct.Struct("<8sHI")
 _CRC = struct.Struct("<I")
 # walkit's own digests, then BookKeeper's (the ledgers of a BookKeeper-format cluster:
 # BookKeeper's entry digest and its SHA-1 master key, walkit.protocol._bk_digest).
-_DIGESTS = ("crc32c", "mac", "none", "bk-crc32", "bk-crc32c", "bk-hmac", "bk-dummy")
+BK_DIGESTS = ("bk-crc32", "bk-crc32c", "bk-hmac", "bk-dummy")
+_DIGESTS = ("crc32c", "mac", "none", *BK_DIGESTS)
+BK_TOKEN_MARK = b"bkcToken"  # the end of a BookKeeper ledger's salt that carries its cToken
+BK_NO_TOKEN_MARK = b"bkNoTokn"  # ... of one whose record has no cToken
 _FIELDS = frozenset(
     {
         "ledger_id", "ensemble_size", "write_quorum", "ack_quorum", "digest",
@@ -130,11 +146,13 @@ class LedgerMetadata:
     ctime: int
     custom_metadata: tuple[tuple[str, bytes], ...] = ()
     format_version: int = FORMAT_VERSION
+    bk_password: bytes | None = dataclasses.field(default=None, repr=False)  # bk-* ledgers only: see above
 
     def __post_init__(self) -> None:
         self._check_scalars()
         self._check_quorums()
         self._check_password()
+        self._check_bk_password()
         self._check_ensembles()
         self._check_state()
         self._check_custom()
@@ -154,15 +172,23 @@ class LedgerMetadata:
         digest: str = "crc32c",
         custom: Mapping[str, bytes] | None = None,
     ) -> LedgerMetadata:
-        """A new OPEN ledger with one fragment from entry 0 and a fresh random salt."""
-        salt = os.urandom(SALT_SIZE)
+        """A new OPEN ledger with one fragment from entry 0 and a fresh random salt (a
+        ``bk-*`` digest keeps ``password`` in ``bk_password`` too, and its salt carries
+        a random creator token: :func:`bk_token_salt`)."""
+        salt = bk_token_salt(_random_token()) if is_bk_digest(digest) else os.urandom(SALT_SIZE)
         return cls(
             ledger_id=ledger_id, ensemble_size=len(ensemble), write_quorum=write_quorum,
             ack_quorum=ack_quorum, digest=digest, password_salt=salt,
             password_hash=cls.hash_password(password, salt), state=LedgerState.OPEN,
             last_entry_id=-1, length=0, ensembles=((0, tuple(ensemble)),), ctime=ctime,
             custom_metadata=tuple(sorted((custom or {}).items())),
+            bk_password=bytes(password) if is_bk_digest(digest) else None,
         )
+
+    @property
+    def is_bookkeeper(self) -> bool:
+        """A BookKeeper ledger: its digest is one of the ``bk-*`` names."""
+        return is_bk_digest(self.digest)
 
     @staticmethod
     def hash_password(password: bytes, salt: bytes, version: int = FORMAT_VERSION) -> bytes:
@@ -209,6 +235,18 @@ class LedgerMetadata:
             raise _bad("password salt must be bytes", self.ledger_id, expected_size=SALT_SIZE)
         if not isinstance(digest, bytes) or len(digest) != HASH_SIZE:
             raise _bad("password hash must be bytes", self.ledger_id, expected_size=HASH_SIZE)
+
+    def _check_bk_password(self) -> None:
+        password = self.bk_password
+        if password is None:
+            return
+        if not isinstance(password, bytes):
+            raise _bad("bk_password must be bytes", self.ledger_id)
+        if not self.is_bookkeeper:
+            raise _bad("only a BookKeeper (bk-*) ledger keeps its clear password", self.ledger_id,
+                       digest=self.digest)
+        if not self.check_password(password):
+            raise _bad("bk_password does not match the ledger's password verifier", self.ledger_id)
 
     def _check_ensembles(self) -> None:
         if not isinstance(self.ensembles, tuple) or not self.ensembles:
@@ -333,6 +371,25 @@ class LedgerMetadata:
         data = bytes(data)
         version, body = _unframe(data)
         return FormatVersionError.reader(_READERS, version, "ledger metadata")(data, body)
+
+
+def _random_token() -> int:
+    return int.from_bytes(os.urandom(8), "big") & MAX_LEDGER_ID
+
+
+def bk_token_salt(ctoken: int | None) -> bytes:
+    """The salt of a BookKeeper ledger's verifier: it carries the record's creator token
+    (``cToken``) so a value read and written back keeps it (``_bk_ledger``): 8 bytes of
+    the token, big-endian, and ``bkcToken``; zeros and ``bkNoTokn`` for a record without
+    one. A new BookKeeper ledger draws a random 63-bit token, as BookKeeper's creator does."""
+    if ctoken is None:
+        return bytes(8) + BK_NO_TOKEN_MARK
+    return ctoken.to_bytes(8, "big", signed=True) + BK_TOKEN_MARK
+
+
+def is_bk_digest(digest: str) -> bool:
+    """Whether ``digest`` names one of BookKeeper's digests (a BookKeeper ledger)."""
+    return isinstance(digest, str) and digest.startswith("bk-")
 
 
 def _b64(value: bytes) -> str:

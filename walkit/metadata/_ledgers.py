@@ -2,6 +2,12 @@
 
 Theory of operation
 -------------------
+A BookKeeper-format cluster (``ClusterInfo.format``) keeps BookKeeper 4.18's records at
+its manager's paths and draws ids from BookKeeper's own generators
+(:mod:`walkit.metadata._bk_ledgers`: ``bk-*`` digests only, the clear password kept);
+everything below about CAS, lost replies, listing, watches and deletes holds for both
+formats, and the rest of this docstring describes walkit's own ids and bytes.
+
 Ids. An id is the sequence number of an ephemeral sequential node
 ``<root>/idgen/HOB-<hob:010d>/ID-<seq>``: the store makes the number unique under its
 parent, so ``hob * LOW_LIMIT + seq`` is unique across all processes and all clients of
@@ -58,7 +64,8 @@ from walkit.errors import (
 from walkit.metadata._creates import CreateJoiner
 from walkit.metadata._cluster import ClusterInfo, cluster_path
 from walkit.metadata._ledger import LedgerMetadata
-from walkit.metadata._paths import MAX_LEDGER_ID, iter_ledger_ids, iter_ledger_ranges, ledger_path
+from walkit.metadata import _bk_ledgers, _bk_paths
+from walkit.metadata._paths import MAX_LEDGER_ID
 from walkit.metadata._retry import ATTEMPTS, retry_cas
 from walkit.metadata._store import ANY_VERSION, Create, Delete, MetadataStore, Stat, Watch
 
@@ -86,7 +93,8 @@ class LedgerManager:
     def __init__(self, store: MetadataStore, cluster: ClusterInfo, *, low_limit: int = LOW_LIMIT,
                  id_range: int = ID_RANGE) -> None:
         """``low_limit`` (sequence numbers per bucket) exists for tests that cross
-        buckets quickly; every manager of one cluster must use the same value.
+        buckets quickly; every manager of one cluster must use the same value (a
+        BookKeeper-format cluster ignores it: its ids follow BookKeeper's generators).
         ``id_range``: ids taken from the store at a time (1: one store call per id)."""
         if not 1 <= low_limit <= LOW_LIMIT:
             raise InvalidArgumentError("low_limit out of range", low_limit=low_limit, max=LOW_LIMIT)
@@ -103,13 +111,15 @@ class LedgerManager:
         self._creates = CreateJoiner(store)  # concurrent creations: one transaction
         self._ids: collections.deque[int] = collections.deque()  # taken from the store, not handed out
         self._spent: list[str] = []  # the last range's id nodes, deleted with the next range's creation
+        self._bk = cluster.format == "bookkeeper"
+        self._bk_ids = _bk_ledgers.BkIdGenerator(store, cluster, id_range) if self._bk else None
 
     @property
     def cluster(self) -> ClusterInfo:
         return self._cluster
 
     def path(self, ledger_id: int) -> str:
-        return ledger_path(self._root, ledger_id, self._cluster.layout)
+        return _bk_paths.ledger_path(self._root, ledger_id, self._cluster.layout)
 
     # -- ids ----------------------------------------------------------------------
 
@@ -120,7 +130,10 @@ class LedgerManager:
         is dropped are never used by anyone (gaps, as BookKeeper's id ranges leave)."""
         with self._ids_lock:
             while not self._ids:
-                self._take_range()
+                if self._bk_ids is not None:
+                    self._ids.extend(self._bk_ids.take())
+                else:
+                    self._take_range()
             return self._ids.popleft()
 
     def _take_range(self) -> None:
@@ -178,7 +191,7 @@ class LedgerManager:
     def create(self, metadata: LedgerMetadata) -> int:
         """Store a new ledger's metadata; returns its version. LedgerExistsError if the
         id is taken."""
-        path, data = self.path(metadata.ledger_id), metadata.encode()
+        path, data = self.path(metadata.ledger_id), self._encode(metadata)
         try:
             self._creates.create(path, data)
         except NodeExistsError as exc:
@@ -204,11 +217,14 @@ class LedgerManager:
             data, stat = self._store.get(path)
         except NoNodeError as exc:
             raise NoSuchLedgerError("no such ledger", ledger=ledger_id, path=path) from exc
-        return self._decode(ledger_id, path, data), stat.version
+        return self._decode(ledger_id, path, data, stat), stat.version
 
-    def _decode(self, ledger_id: int, path: str, data: bytes) -> LedgerMetadata:
+    def _encode(self, metadata: LedgerMetadata) -> bytes:
+        return _bk_ledgers.encode(metadata, self._root) if self._bk else metadata.encode()
+
+    def _decode(self, ledger_id: int, path: str, data: bytes, stat: Stat | None) -> LedgerMetadata:
         try:
-            meta = LedgerMetadata.decode(data)
+            meta = _bk_ledgers.decode(ledger_id, data, stat) if self._bk else LedgerMetadata.decode(data)
         except FormatVersionError as exc:  # a newer walkit's ledger: neither read nor written here
             raise FormatVersionError.unreadable("ledger metadata", exc.version, exc.known, ledger=ledger_id,
                                                 path=path) from exc
@@ -226,7 +242,7 @@ class LedgerManager:
         if version < 0:
             raise InvalidArgumentError("a ledger metadata write needs the version it read", ledger=metadata.ledger_id,
                                        version=version)
-        data = metadata.encode()
+        data = self._encode(metadata)
         try:
             return self._store.set(path, data, version).version
         except NoNodeError as exc:
@@ -258,12 +274,15 @@ class LedgerManager:
             raise refused.error from None
 
     def delete(self, ledger_id: int, version: int = ANY_VERSION) -> None:
-        """Remove the metadata (only at ``version`` unless ANY_VERSION)."""
+        """Remove the metadata (only at ``version`` unless ANY_VERSION); in a
+        BookKeeper-format cluster, its directories left empty too (as BookKeeper)."""
         path = self.path(ledger_id)
         try:
             self._store.delete(path, version)
         except NoNodeError as exc:
             raise NoSuchLedgerError("no such ledger", ledger=ledger_id, path=path) from exc
+        if self._bk and self._cluster.layout != "flat":  # as BookKeeper: its empty directories go too
+            _bk_ledgers.prune_parents(self._store, self._root, path)
 
     def exists(self, ledger_id: int) -> bool:
         return self._store.exists(self.path(ledger_id)) is not None
@@ -271,7 +290,7 @@ class LedgerManager:
     def ledger_ids(self) -> Iterator[int]:
         """Every ledger id, ascending, listed lazily one directory at a time. Ledgers
         created or deleted during the walk may or may not be seen."""
-        return iter_ledger_ids(self._root, self._children, self._cluster.layout)
+        return _bk_paths.iter_ledger_ids(self._root, self._children, self._cluster.layout)
 
     def sync(self) -> None:
         """Make the next reads see every ledger created or deleted before this call."""
@@ -288,7 +307,7 @@ class LedgerManager:
                 before_call()
             return self._children(path)
 
-        return iter_ledger_ranges(self._root, children, self._cluster.layout)
+        return _bk_paths.iter_ledger_ranges(self._root, children, self._cluster.layout)
 
     def _children(self, path: str) -> list[str]:
         try:
@@ -305,6 +324,6 @@ class LedgerManager:
             if data is None or stat is None:
                 callback(None, -1)
             else:
-                callback(self._decode(ledger_id, path, data), stat.version)
+                callback(self._decode(ledger_id, path, data, stat), stat.version)
 
         return self._store.watch_data(path, on_change)

@@ -30,9 +30,15 @@ loses its session disappears from both lists by itself; clients list and watch t
   ``retry_deadline``). If it cannot, ``on_lost`` is called with the error so that the
   bookie can stop rather than serve while invisible.
 
+What a registration node holds is the bookie's service info, opaque here: walkit's JSON
+or, in a BookKeeper-format cluster, BookKeeper's ``BookieServiceInfo``
+(:mod:`walkit.metadata._service_info`). The paths are the same in both formats: they are
+BookKeeper's.
+
 Cookies (``<root>/cookies/<id>``) are persistent and versioned; :func:`read_cookie` and
 :func:`write_cookie` give the bookie the compare-and-set it needs to check and claim
-its disks (the bytes are :class:`bookie.cookie.Cookie`'s encoding).
+its disks (the bytes are :class:`bookie.cookie.Cookie`'s encoding, or BookKeeper's text
+cookie in a BookKeeper-format cluster: ``bookie.server._startup``).
 """
 
 from __future__ import annotations
@@ -108,9 +114,15 @@ def read_registration(store: MetadataStore, cluster: ClusterInfo, bookie_id: str
 
 
 def list_bookies(store: MetadataStore, cluster: ClusterInfo) -> BookieSet:
+    """The registered bookies. ``available/readonly`` may be missing (BookKeeper makes it
+    when a first bookie turns read-only): then none is read-only."""
     available = cluster_path(cluster.root, "available")
     writable = frozenset(n for n in store.children(available) if n != READONLY)
-    return BookieSet(writable, frozenset(store.children(f"{available}/{READONLY}")))
+    try:
+        readonly = frozenset(store.children(f"{available}/{READONLY}"))
+    except NoNodeError:
+        readonly = frozenset()
+    return BookieSet(writable, readonly)
 
 
 class _BookieWatch:
@@ -161,10 +173,11 @@ def read_cookie(store: MetadataStore, cluster: ClusterInfo, bookie_id: str) -> t
 def write_cookie(store: MetadataStore, cluster: ClusterInfo, bookie_id: str, data: bytes,
                  version: int | None) -> int:
     """Create the cookie (``version`` None: NodeExistsError if there is one) or replace
-    it at ``version`` (MetadataVersionError on a conflict); returns the new version."""
+    it at ``version`` (MetadataVersionError on a conflict); returns the new version.
+    ``cookies/`` is made if missing (BookKeeper's ``init`` does not make it)."""
     path = cluster_path(cluster.root, f"cookies/{check_bookie_id(bookie_id)}")
     if version is None:
-        store.create(path, data)
+        store.create(path, data, make_parents=True)
         return 0
     return store.set(path, data, version).version
 
@@ -313,6 +326,8 @@ class BookieRegistration:
         :mod:`walkit.metadata._retry`)."""
         target, other = ((self._readonly_path, self._writable_path) if readonly
                          else (self._writable_path, self._readonly_path))
+        if readonly:
+            self._ensure_parent(target)
         deadline = time.monotonic() + wait
         races = [0]  # transactions that lost a race since the last look at a foreign node
 
@@ -349,6 +364,14 @@ class BookieRegistration:
 
         tenacity.Retrying(retry=tenacity.retry_if_exception_type((BookieIdInUseError, NodeExistsError, NoNodeError)),
                           stop=give_up, wait=pause, reraise=True)(attempt)
+
+    def _ensure_parent(self, path: str) -> None:
+        """``available/readonly`` exists (BookKeeper's bookies make it on demand, so a
+        cluster one of its older versions made may lack it)."""
+        parent = path.rpartition("/")[0]
+        if self._store.exists(parent) is None:
+            with contextlib.suppress(NodeExistsError):
+                self._store.create(parent, make_parents=True)
 
     def _owner(self, path: str, session: int) -> tuple[bool, str | None]:
         """(we hold ``path``, ``path`` if another session holds it)."""

@@ -1,6 +1,8 @@
 """Under-replication markers, the auditor's seat and the off switch, in the metadata store.
 
-Layout under the cluster root (made on first use)::
+Layout under walkit's own nodes (``walkit_path``: the cluster root, or ``<root>/ID-walkit``
+in a BookKeeper-format cluster, whose ``<root>/underreplication`` is BookKeeper's own
+tree of another format, left to BookKeeper's auditor), made on first use::
 
     underreplication/ledgers/L<ledger id:019d>         a marker: JSON {"bookies": [...], "since": ms}
     underreplication/ledgers/L<ledger id:019d>/lock    ephemeral: the worker re-replicating it
@@ -27,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from walkit.errors import MetadataVersionError, NodeExistsError, NoNodeError
-from walkit.metadata._cluster import ClusterInfo, cluster_path
+from walkit.metadata._cluster import ClusterInfo, walkit_path
 from walkit.metadata._store import Check, Delete, MetadataStore
 
 __all__ = ["Marker", "UnderReplication"]
@@ -49,7 +51,7 @@ class UnderReplication:
 
     def __init__(self, store: MetadataStore, info: ClusterInfo) -> None:
         self._store = store
-        self._base = cluster_path(info.root, "underreplication")
+        self._base = walkit_path(info, "underreplication")
         self._ledgers = f"{self._base}/ledgers"
         self._auditor = f"{self._base}/auditor"
         self._disable = f"{self._base}/disable"

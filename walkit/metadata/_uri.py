@@ -1,8 +1,10 @@
 """Metadata service URIs: which driver, where, and which ledger layout.
 
 - ``zk://h1:2181,h2:2181/ledgers`` - Apache ZooKeeper through kazoo; the path is the
-  cluster root (BookKeeper's ``zkLedgersRootPath``). ``zk+hierarchical://`` and
-  ``zk+flat://`` choose how ledger paths are laid out. Hosts are separated by ``,`` or,
+  cluster root (BookKeeper's ``zkLedgersRootPath``). ``zk+hierarchical://``,
+  ``zk+flat://`` and ``zk+longhierarchical://`` (BookKeeper-format clusters only) name
+  how ledger paths are laid out: BookKeeper's ``metadataServiceUri`` forms, where the
+  scheme names the ledger manager. Hosts are separated by ``,`` or,
   as in BookKeeper's ``metadataServiceUri``, by ``;``; each is ``host[:port]`` with a port
   of 1-65535, checked here (kazoo would raise a bare ValueError later).
 - ``local:///path/to/dir`` - the embedded SQLite store in that directory; the cluster
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from walkit.errors import InvalidArgumentError
-from walkit.metadata._paths import Layout
+from walkit.metadata._cluster import CLUSTER_LAYOUTS, ClusterLayout
 from walkit.metadata._store import RETRY_DEADLINE, MetadataStore, check_path
 
 __all__ = ["MetadataURI", "parse_metadata_uri", "open_metadata_store", "redact"]
@@ -48,7 +50,7 @@ class MetadataURI:
     driver: str  # "zk" or "local"
     location: str  # ZooKeeper hosts, or the local directory
     root: str  # the cluster root path inside the store
-    layout: Layout | None  # None: not named in the URI
+    layout: ClusterLayout | None  # None: not named in the URI
 
 
 def redact(uri: str) -> str:
@@ -63,16 +65,17 @@ def parse_metadata_uri(uri: str) -> MetadataURI:
     parts = urlsplit(uri)
     scheme, _, layout_name = parts.scheme.partition("+")
     layout = layout_name or None
-    if layout not in (None, "hierarchical", "flat") or scheme not in ("zk", "local"):
-        raise InvalidArgumentError("unknown metadata service URI scheme", uri=redact(uri), known="zk, zk+flat, zk+hierarchical, local")
+    if (layout is not None and layout not in CLUSTER_LAYOUTS) or scheme not in ("zk", "local"):
+        raise InvalidArgumentError("unknown metadata service URI scheme", uri=redact(uri),
+                                   known="zk, zk+flat, zk+hierarchical, zk+longhierarchical, local, local+flat")
     if scheme == "zk":
         if not parts.netloc:
             raise InvalidArgumentError("zk:// URI needs host:port[,host:port...]", uri=redact(uri))
         root = parts.path.rstrip("/") or "/ledgers"
-        return MetadataURI("zk", _zk_hosts(parts.netloc, uri), check_path(root), layout)  # type: ignore[arg-type]
+        return MetadataURI("zk", _zk_hosts(parts.netloc, uri), check_path(root), layout)
     if parts.netloc or not parts.path:
         raise InvalidArgumentError("local:// URI is local:///absolute/directory", uri=redact(uri))
-    return MetadataURI("local", parts.path, _LOCAL_ROOT, layout)  # type: ignore[arg-type]
+    return MetadataURI("local", parts.path, _LOCAL_ROOT, layout)
 
 
 def _zk_hosts(netloc: str, uri: str) -> str:

@@ -56,7 +56,8 @@ class Replicator:
 
     async def endpoint(self, bookie: str) -> Endpoint:
         cluster = self.cluster
-        return parse_endpoint(bookie, await off(read_registration, cluster.store, cluster.info, bookie))
+        return parse_endpoint(bookie, await off(read_registration, cluster.store, cluster.info, bookie),
+                              cluster.info.format)
 
     async def client(self, bookie: str) -> BookieClient:
         client = self._clients.get(bookie)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from walkit.client import BookKeeper
 from walkit.errors import NoNodeError, NoSuchLogError
-from walkit.metadata import Cluster, cluster_path
+from walkit.metadata import Cluster, walkit_path
 from walkit.wal._format import LogMetadata
 from walkit.wal._lsn import LSN
 from walkit.wal._node import LogNode, check_name
@@ -30,7 +30,7 @@ __all__ = ["list_namespaces", "log_names", "iter_logs", "read_log_metadata", "re
 
 
 def _logs_root(cluster: Cluster) -> str:
-    return cluster_path(cluster.info.root, "logs")
+    return walkit_path(cluster.info, "logs")
 
 
 def list_namespaces(cluster: Cluster) -> list[str]:
@@ -55,7 +55,7 @@ def read_log_holds(cluster: Cluster, name: str, namespace: str = "default") -> l
     """What keeps a log's segments from retention besides its snapshots: ``("reader",
     position)`` per reader opened with ``hold=True``, ``("cursor <name>", position)`` per
     named cursor (position None: the log's start)."""
-    path = cluster_path(cluster.info.root, f"logholds/{check_name('namespace', namespace)}/{check_name('log', name)}")
+    path = walkit_path(cluster.info, f"logholds/{check_name('namespace', namespace)}/{check_name('log', name)}")
     return [("reader" if node.startswith("h-") else f"cursor {node[2:]}", position)
             for node, position in named_holds(cluster.store, path)]
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from walkit.errors import FormatError, InvalidArgumentError, NodeExistsError, NoNodeError, NoSuchLogError, WalkitError
 from walkit.logs import context
-from walkit.metadata import Cluster, LedgerMetadata, check_bookie_id, cluster_path, retry_cas
+from walkit.metadata import Cluster, LedgerMetadata, check_bookie_id, retry_cas, walkit_path
 from walkit.wal._auth import LogAuth, check_password
 from walkit.wal._format import LogMetadata, LogSettings
 
@@ -65,9 +65,9 @@ class LogNode:
         self.store = cluster.store
         self.namespace = check_name("namespace", namespace)
         self.name = check_name("log", name)
-        self.ns_path = cluster_path(cluster.info.root, f"logs/{namespace}")
+        self.ns_path = walkit_path(cluster.info, f"logs/{namespace}")
         self.path = f"{self.ns_path}/{name}"
-        self.holds_path = cluster_path(cluster.info.root, f"logholds/{namespace}/{name}")
+        self.holds_path = walkit_path(cluster.info, f"logholds/{namespace}/{name}")
 
     def read(self) -> tuple[LogMetadata, int]:
         try:

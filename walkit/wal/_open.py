@@ -32,7 +32,7 @@ from typing import Any
 from walkit.client import BookKeeper, LedgerWriter
 from walkit.errors import InvalidArgumentError, MetadataVersionError, NoSuchLedgerError, WalkitError, WriterFencedError
 from walkit.logs import context
-from walkit.metadata import retry_cas
+from walkit.metadata import ledger_digest, retry_cas
 from walkit.wal._auth import LogAuth
 from walkit.wal._format import LogMetadata, LogSettings, Retention, Segment
 from walkit.wal._node import LogNode, settle
@@ -154,7 +154,7 @@ def _add_first_segment(node: LogNode, meta: LogMetadata, version: int, segment: 
 async def new_segment_ledger(bk: BookKeeper, node: LogNode, settings: LogSettings, password: bytes) -> LedgerWriter:
     """(Client loop) the ledger of a new segment of the log (not named by the node yet)."""
     return await bk.client.create(settings.ensemble_size, settings.write_quorum, settings.ack_quorum,
-                                          "crc32c", password, {"walkit.log": f"{node.namespace}/{node.name}".encode()})
+                                          ledger_digest(bk.client.cluster.info), password, {"walkit.log": f"{node.namespace}/{node.name}".encode()})
 
 
 async def claim(bk: BookKeeper, request: OpenRequest) -> Claimed:

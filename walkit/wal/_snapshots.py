@@ -40,6 +40,7 @@ from typing import IO, Any, Union
 
 from walkit.client import BookKeeper, LedgerWriter, check_payload
 from walkit.errors import InvalidArgumentError, WalkitError
+from walkit.metadata import ledger_digest
 from walkit.logs import context
 from walkit.metadata import retry_cas
 from walkit.wal._format import LogMetadata, PendingSnapshot, SnapshotRef
@@ -207,7 +208,7 @@ class SnapshotJob:
         s = wal.settings
         client = wal.client
         self._writer = writer = await client.create(
-            s.ensemble_size, s.write_quorum, s.ack_quorum, "crc32c", wal.password,
+            s.ensemble_size, s.write_quorum, s.ack_quorum, ledger_digest(client.cluster.info), wal.password,
             {"walkit.snapshot": f"{wal.namespace}/{wal.name}".encode(), "walkit.lsn": str(self.lsn).encode()})
         pending = PendingSnapshot(writer.ledger_id, wal.epoch)
 
