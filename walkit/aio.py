@@ -167,7 +167,7 @@ class AsyncLedgerHandle:
 
     async def read(self, first: int, last: int) -> list[Entry]:
         writer = self._writer
-        state = self._client.read_state(writer.meta, writer.key, writer.version, writer.lac)
+        state = self._client.read_state(writer.meta, writer.codec, writer.version, writer.lac)
         return [entry async for entry in _read_chunks(self._client, state, first, last)]
 
     async def close(self) -> None:

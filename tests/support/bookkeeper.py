@@ -62,7 +62,14 @@ POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
 </project>
 """
 
-__all__ = ["bookkeeper_classpath", "peer_classes", "JavaBookie", "JavaCluster", "JavaPeer", "PeerError"]
+__all__ = ["bookkeeper_classpath", "peer_classes", "JavaBookie", "JavaCluster", "JavaPeer", "PeerError", "NO_GC",
+           "WalkitRegistry"]
+
+# Java bookies garbage-collect the ledgers their own (BookKeeper) metadata does not know:
+# every ledger a walkit client writes with a walkit-format store of its own. GC first runs
+# gcWaitTime (default 15 min) after start; these push it to a day and turn compaction off.
+NO_GC = {"gcWaitTime": "86400000", "minorCompactionInterval": "0", "majorCompactionInterval": "0",
+         "isForceGCAllowWhenNoSpace": "false"}
 
 
 def _require(tool: str) -> None:
@@ -121,7 +128,8 @@ def _tail(path: Path, chars: int = 3000) -> str:
 class JavaBookie:
     """One ``org.apache.bookkeeper.server.Main`` on 127.0.0.1, its disks under ``directory``."""
 
-    def __init__(self, classpath: str, metadata_uri: str, zk: Any, root: str, directory: Path) -> None:
+    def __init__(self, classpath: str, metadata_uri: str, zk: Any, root: str, directory: Path,
+                 conf: dict[str, str] | None = None) -> None:
         self.classpath = classpath
         self.port = free_port()
         self.bookie_id = f"127.0.0.1:{self.port}"
@@ -137,7 +145,8 @@ class JavaBookie:
             "ledgerStorageClass=org.apache.bookkeeper.bookie.storage.ldb.DbLedgerStorage",
             "httpServerEnabled=false", "dbStorage_writeCacheMaxSizeMb=16", "dbStorage_readAheadCacheMaxSizeMb=16",
             "dbStorage_rocksDB_blockCacheSize=16777216", "journalPreAllocSizeMB=4", "zkTimeout=4000",
-            "statsProviderClass=org.apache.bookkeeper.stats.NullStatsProvider", "",
+            "statsProviderClass=org.apache.bookkeeper.stats.NullStatsProvider",
+            *(f"{key}={value}" for key, value in (conf or {}).items()), "",
         ]))
         self.log = directory / "bookie.log"
         self._proc: subprocess.Popen[bytes] | None = None
@@ -206,7 +215,7 @@ class JavaBookie:
 class JavaCluster:
     """``initnewcluster`` under ``/bk-<uuid>/ledgers`` of ZooKeeper ``zk_hosts``, then N bookies."""
 
-    def __init__(self, classpath: str, zk_hosts: str, bookies: int = 3) -> None:
+    def __init__(self, classpath: str, zk_hosts: str, bookies: int = 3, conf: dict[str, str] | None = None) -> None:
         from kazoo.client import KazooClient
 
         self.classpath = classpath
@@ -222,8 +231,8 @@ class JavaCluster:
         try:
             self.zk.ensure_path(self.chroot)  # initnewcluster does not create the root's parent
             self.shell("initnewcluster")
-            self.bookies = [JavaBookie(classpath, self.metadata_uri, self.zk, self.root, self.directory / f"bookie{i}")
-                            for i in range(bookies)]
+            self.bookies = [JavaBookie(classpath, self.metadata_uri, self.zk, self.root, self.directory / f"bookie{i}",
+                                       conf) for i in range(bookies)]
             self._start_all()  # all JVMs boot side by side, then wait for each
         except BaseException:
             self.stop()
@@ -248,6 +257,25 @@ class JavaCluster:
             raise RuntimeError(f"BookieShell {' '.join(args)} exited {run.returncode}:\n"
                                f"{(run.stdout + run.stderr)[-3000:]}")
         return run.stdout + run.stderr
+
+    def skip_ledger_ids(self, count: int) -> None:
+        """Make BookKeeper's ledger id generator skip ``count`` ids (sequential nodes made
+        and deleted under ``idgen/``, ``count`` at a time in transactions), so ledgers the
+        Java client creates do not take ids a walkit-format store of the test's own hands
+        out too: the Java bookies would then hold two ledgers' entries and fences as one."""
+        from walkit.metadata._bk_paths import idgen_prefix
+
+        prefix = idgen_prefix(self.root)
+        self.zk.ensure_path(prefix.rsplit("/", 1)[0])
+        for start in range(0, count, 1000):
+            create = self.zk.transaction()
+            for _ in range(min(1000, count - start)):
+                create.create(prefix, b"", sequence=True)
+            created = create.commit()
+            delete = self.zk.transaction()
+            for path in created:
+                delete.delete(path)
+            delete.commit()
 
     def peer(self, *, v2: bool = False) -> JavaPeer:
         return JavaPeer(self.classpath, self.metadata_uri, self.directory, v2=v2)
@@ -402,3 +430,41 @@ def payload(seed: int, i: int, size: int = 100) -> bytes:
         state = (state * 6364136223846793005 + 1442695040888963407) & mask
         out[k] = state >> 56
     return bytes(out)
+
+
+class WalkitRegistry:
+    """A walkit-format metadata store of its own (``local://`` under ``directory``) in
+    which Java bookies are registered so that a walkit client sees them as kind
+    "bookkeeper" (JSON ``{"endpoint": id, "kind": "bookkeeper"}``): a walkit client
+    then writes its ledgers to Java bookies in BookKeeper's dialect. The registrations
+    last while this object is open (they are the store session's)."""
+
+    def __init__(self, directory: Path, bookies: list[JavaBookie]) -> None:
+        from walkit.metadata import connect, init_cluster, open_metadata_store, parse_metadata_uri
+
+        directory.mkdir(parents=True, exist_ok=True)
+        self.uri = f"local://{directory / 'walkit-metadata'}"
+        parsed = parse_metadata_uri(self.uri)
+        store = open_metadata_store(parsed, create=True)
+        try:
+            init_cluster(store, parsed.root, parsed.layout)
+        finally:
+            store.close()
+        self.cluster = connect(self.uri, session_timeout=5.0)
+        self._registrations: dict[str, Any] = {}
+        for bookie in bookies:
+            self.register(bookie.bookie_id)
+
+    def register(self, bookie_id: str) -> None:
+        data = json.dumps({"endpoint": bookie_id, "kind": "bookkeeper"}).encode()
+        self._registrations[bookie_id] = self.cluster.register_bookie(bookie_id, data=data, wait_existing=0)
+
+    def unregister(self, bookie_id: str) -> None:
+        registration = self._registrations.pop(bookie_id, None)
+        if registration is not None:
+            registration.close()
+
+    def close(self) -> None:
+        for bookie_id in list(self._registrations):
+            self.unregister(bookie_id)
+        self.cluster.close()

@@ -131,16 +131,20 @@ class BookieClient:
                       server_hostname: str | None = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
                       timeout: float = 10.0) -> BookieClient:
         client = cls(f"{host}:{port}", max_frame_size)
-        loop = asyncio.get_running_loop()
+        await client._open(host, port, ssl_context, server_hostname, timeout)
+        return client
+
+    async def _open(self, host: str, port: int, ssl_context: ssl.SSLContext | None, server_hostname: str | None,
+                    timeout: float) -> None:
+        """Open the connection (BookieUnavailableError when it cannot be)."""
         try:
             await asyncio.wait_for(
-                loop.create_connection(lambda: _Protocol(client), host, port, ssl=ssl_context,
-                                       server_hostname=server_hostname if ssl_context else None),
+                self._loop.create_connection(lambda: _Protocol(self), host, port, ssl=ssl_context,
+                                             server_hostname=server_hostname if ssl_context else None),
                 timeout,
             )
         except (OSError, asyncio.TimeoutError) as exc:
-            raise BookieUnavailableError("cannot connect to bookie", bookie=client.address, reason=str(exc)) from exc
-        return client
+            raise BookieUnavailableError("cannot connect to bookie", bookie=self.address, reason=str(exc)) from exc
 
     @property
     def in_flight(self) -> int:

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 
 from walkit.client._config import ClientConfig
 from walkit.client._core import ClientCore
+from walkit.client._entry_codec import EntryCodec, entry_digest_size
 from walkit.client._loop import LoopThread
 from walkit.client._placement import Placement
 from walkit.client._read import LedgerReader
@@ -47,7 +48,6 @@ from walkit.client._writer import LedgerWriter
 from walkit.errors import InvalidArgumentError, UnauthorizedError, UsageError
 from walkit.metadata import Cluster, LedgerManager, LedgerMetadata, LedgerState
 from walkit.metadata import connect as connect_metadata
-from walkit.protocol import digest_size, master_key
 
 __all__ = ["LedgerClient"]
 
@@ -64,7 +64,7 @@ def check_create(ensemble_size: int, write_quorum: int, ack_quorum: int, digest:
     if not ensemble_size >= write_quorum >= ack_quorum >= 1:
         raise InvalidArgumentError("quorums must satisfy ensemble_size >= write_quorum >= ack_quorum >= 1",
                                    E=ensemble_size, Qw=write_quorum, Qa=ack_quorum)
-    digest_size(digest)
+    entry_digest_size(digest)  # walkit's digests and BookKeeper's (bk-*)
     if not isinstance(password, bytes):
         raise InvalidArgumentError("password must be bytes", type=type(password).__name__)
     custom = dict(custom_metadata or {})
@@ -148,7 +148,7 @@ class LedgerClient:
         core = self._core
         ensemble = await core.choose_bookies(Placement.new_ledger(ensemble_size, write_quorum, ack_quorum))
         meta = await core.md(self._store_new, ensemble, write_quorum, ack_quorum, digest, password, custom)
-        return LedgerWriter(core, meta, 0, master_key(password))
+        return LedgerWriter(core, meta, 0, EntryCodec.of(digest, password))
 
     def create_now(self, ensemble_size: int, write_quorum: int, ack_quorum: int, digest: str, password: bytes,
                    custom_metadata: Mapping[str, bytes] | None) -> LedgerWriter:
@@ -161,7 +161,7 @@ class LedgerClient:
         if ensemble is None:  # the bookie list or an endpoint must be read first: on the client's loop
             return self.run(self.create(ensemble_size, write_quorum, ack_quorum, digest, password, custom_metadata))
         meta = self._store_new(ensemble, write_quorum, ack_quorum, digest, password, custom)
-        return LedgerWriter(self._core, meta, 0, master_key(password))
+        return LedgerWriter(self._core, meta, 0, EntryCodec.of(digest, password))
 
     def _store_new(self, ensemble: list[str], write_quorum: int, ack_quorum: int, digest: str, password: bytes,
                    custom: Mapping[str, bytes] | None) -> LedgerMetadata:
@@ -185,19 +185,20 @@ class LedgerClient:
         check = meta.check_password  # version 1's is PBKDF2 (milliseconds): off the loop; later ones a MAC
         if not (check(password) if meta.format_version > 1 else await core.md(check, password)):
             raise UnauthorizedError("wrong password for ledger", ledger=ledger_id)
-        key = master_key(password)
+        codec = EntryCodec.of(meta.digest, password)
         if recovery and meta.state is not LedgerState.CLOSED:
-            meta, version = await recover(core, ledger_id, key)
-        reader = LedgerReader(core, meta, key)
+            meta, version = await recover(core, ledger_id, codec)
+        reader = LedgerReader(core, meta, codec)
         state = ReadState(reader, version, meta.last_entry_id)
         if meta.state is not LedgerState.CLOSED:
             state.lac = await reader.read_lac()
         return state
 
-    def read_state(self, meta: LedgerMetadata, key: bytes, version: int = 0, lac: int | None = None) -> ReadState:
-        """A reader's state over a ledger the caller writes (its writer's ``meta``, ``key``,
-        metadata ``version`` and ``lac``; ``lac`` None: the metadata's last entry)."""
-        return ReadState(LedgerReader(self._core, meta, key), version, meta.last_entry_id if lac is None else lac)
+    def read_state(self, meta: LedgerMetadata, codec: EntryCodec, version: int = 0,
+                   lac: int | None = None) -> ReadState:
+        """A reader's state over a ledger the caller writes (its writer's ``meta``,
+        ``codec``, metadata ``version`` and ``lac``; ``lac`` None: the metadata's last entry)."""
+        return ReadState(LedgerReader(self._core, meta, codec), version, meta.last_entry_id if lac is None else lac)
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:

@@ -67,6 +67,10 @@ class ClientConfig:
     max_pending_adds: int = 10_000
     # TLS to bookies that registered with TLS: the CA that signed their certificates, and
     # the client's own certificate/key when bookies ask for one.
+    # Apache BookKeeper bookies (registered with kind "bookkeeper") are spoken to in
+    # BookKeeper's v3 (protobuf) dialect, or in v2 (binary) when this is on
+    # (BookKeeper's useV2WireProtocol). v2 has no long polls (polled instead) nor LAC writes.
+    use_v2_wire_protocol: bool = False
     tls_ca_file: str = ""
     tls_certificate: str = ""
     tls_key: str = ""
@@ -80,7 +84,7 @@ class ClientConfig:
                                            value=value)
         if not isinstance(self.explicit_lac_interval, (int, float)) or self.explicit_lac_interval < 0:
             raise InvalidArgumentError("explicit_lac_interval must be >= 0 (0: off)", value=self.explicit_lac_interval)
-        for flag in ("range_reads", "metadata_read_only"):
+        for flag in ("range_reads", "metadata_read_only", "use_v2_wire_protocol"):
             if not isinstance(getattr(self, flag), bool):
                 raise InvalidArgumentError("client option is True or False", option=flag, value=getattr(self, flag))
         if self.idle_lac is not None and not isinstance(self.idle_lac, bool):

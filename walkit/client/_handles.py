@@ -11,13 +11,13 @@ from concurrent.futures import Future
 from types import TracebackType
 
 from walkit.client._client import LedgerClient
+from walkit.client._entry_codec import entry_digest_size
 from walkit.client._read import Entry
 from walkit.client._read_state import ReadState, check_range
 from walkit.client._readahead import read_ahead
 from walkit.client._writer import LedgerWriter
 from walkit.errors import EntryTooLargeError, InvalidArgumentError, LedgerClosedError, UsageError, WalkitError
 from walkit.metadata import LedgerMetadata
-from walkit.protocol import digest_size
 
 __all__ = ["LedgerHandle", "ReadHandle", "ReadState", "Entry", "check_payload", "check_range"]
 
@@ -29,7 +29,7 @@ def check_payload(data: object, max_frame_size: int, digest: str) -> bytes:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise InvalidArgumentError("an entry is bytes", type=type(data).__name__)
     payload = bytes(data)
-    limit = max_frame_size - _FRAME_OVERHEAD - _ENTRY_HEADER - digest_size(digest)
+    limit = max_frame_size - _FRAME_OVERHEAD - _ENTRY_HEADER - entry_digest_size(digest)
     if len(payload) > limit:
         raise EntryTooLargeError("entry too large for the frame limit", size=len(payload), limit=limit)
     return payload
@@ -98,7 +98,7 @@ class LedgerHandle(_Handle):
     def read(self, first: int, last: int) -> Iterator[Entry]:
         """Entries ``first``..``last`` (up to the LAC), in order."""
         writer = self._writer
-        state = self._client.read_state(writer.meta, writer.key, writer.version, writer.lac)
+        state = self._client.read_state(writer.meta, writer.codec, writer.version, writer.lac)
         return self._iter_read(state, first, last)
 
     def close(self) -> None:

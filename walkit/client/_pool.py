@@ -3,7 +3,9 @@
 A bookie is named by its id; :class:`BookiePool` resolves the id to the endpoint the
 bookie registered (``available/<id>`` or ``available/readonly/<id>``: JSON
 ``{"endpoint": "host:port", "tls": bool}`` in a walkit cluster, BookKeeper's service info
-in a BookKeeper one, :func:`parse_endpoint`), connects once, and sends every request for
+in a BookKeeper one, :func:`parse_endpoint`), connects once - in walkit's protocol, or to an
+Apache BookKeeper bookie (kind "bookkeeper") in BookKeeper's dialect
+(:class:`~walkit.client._bk_bookie_client.BkBookieClient`) - and sends every request for
 that bookie down the same connection (:meth:`BookiePool.request_each`: to several at
 once, as a writer sends an entry to its write set). Requests made while the connection
 is being opened wait for it; a failed connect fails them with
@@ -21,12 +23,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from walkit.client._bk_bookie_client import BkBookieClient
 from walkit.client._bookie_client import BookieClient, ResponseCallback, client_ssl_context
 from walkit.client._config import ClientConfig
 from walkit.errors import BookieUnavailableError, FormatError, WalkitError
 from walkit.metadata._cluster import ClusterFormat
 from walkit.metadata._service_info import decode_service_info
 from walkit.protocol import Request, Response
+from walkit.protocol._dialect import Dialect
 
 __all__ = ["Answered", "BookiePool", "BookieKind", "BOOKIE_KINDS", "Endpoint", "parse_endpoint"]
 
@@ -135,16 +139,28 @@ class BookiePool:
             if client is not None:
                 client.flush()
 
+    async def _open(self, endpoint: Endpoint, ctx: ssl.SSLContext | None) -> BookieClient:
+        """A connection to ``endpoint`` in what it speaks: walkit's protocol, or
+        BookKeeper's dialect (v3, or v2 with ``use_v2_wire_protocol``) for kind "bookkeeper"."""
+        c = self._config
+        hostname = endpoint.host if ctx else None
+        if endpoint.kind == "bookkeeper":
+            if endpoint.tls:  # BookKeeper upgrades a plain connection in-band (START_TLS): not spoken here
+                raise BookieUnavailableError("TLS to an Apache BookKeeper bookie (START_TLS) is not supported",
+                                             bookie=f"{endpoint.host}:{endpoint.port}")
+            return await BkBookieClient.connect(endpoint.host, endpoint.port, ssl_context=ctx, server_hostname=hostname,
+                                                max_frame_size=c.max_frame_size, timeout=c.connect_timeout,
+                                                dialect=Dialect.BK_V2 if c.use_v2_wire_protocol else Dialect.BK_V3)
+        return await BookieClient.connect(endpoint.host, endpoint.port, ssl_context=ctx, server_hostname=hostname,
+                                          max_frame_size=c.max_frame_size, timeout=c.connect_timeout)
+
     async def _connect(self, bookie: str) -> None:
         error: WalkitError | None = None
         client: BookieClient | None = None
         try:
             endpoint = await self._resolve(bookie)
-            ctx = self._ssl_context() if endpoint.tls else None
-            client = await BookieClient.connect(endpoint.host, endpoint.port, ssl_context=ctx,
-                                                server_hostname=endpoint.host if ctx else None,
-                                                max_frame_size=self._config.max_frame_size,
-                                                timeout=self._config.connect_timeout)
+            ctx = self._ssl_context() if endpoint.tls and endpoint.kind == "walkit" else None
+            client = await self._open(endpoint, ctx)
         except WalkitError as exc:
             error = exc
         except (OSError, ssl.SSLError) as exc:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from walkit.client._core import ClientCore
+from walkit.client._entry_codec import EntryCodec
 from walkit.errors import (
     BookieTimeoutError,
     BookieUnavailableError,
@@ -38,8 +39,6 @@ from walkit.protocol import (
     ReadLacResponse,
     Request,
     Response,
-    decode_entry,
-    decode_run,
 )
 
 __all__ = ["Entry", "LedgerReader", "covers_every_write_set", "is_absent", "pick_error", "request_with_timeout"]
@@ -184,11 +183,14 @@ class _EntryRead:
 class LedgerReader:
     """Reads of one ledger, for the metadata it is given (callers refresh it)."""
 
-    def __init__(self, core: ClientCore, metadata: LedgerMetadata, key: bytes) -> None:
+    def __init__(self, core: ClientCore, metadata: LedgerMetadata, codec: EntryCodec) -> None:
         self.core = core
         self.metadata = metadata
         self.ledger_id = metadata.ledger_id
-        self.key = key
+        #: the ledger's entry codec: its digest's checks, and the master key fences send
+        self.codec = codec
+        self.key = codec.master_key
+        self._decode = codec.decode
         #: bytes of the entries read in runs lately (None: none yet): sizes the next run
         self.entry_size: int | None = None
         #: which replica of a fragment this reader asks first where E = Qw (modulo its size:
@@ -201,7 +203,7 @@ class LedgerReader:
 
     def check(self, entry_id: int, data: bytes) -> tuple[EntryHeader, bytes]:
         """Digest and ids of an entry a bookie returned (DigestMismatchError)."""
-        header, payload = decode_entry(data, digest=self.metadata.digest, key=self.key)
+        header, payload = self._decode(data)
         if header.ledger_id != self.ledger_id or header.entry_id != entry_id:
             raise DigestMismatchError("bookie returned another entry than the one asked for", ledger=self.ledger_id,
                                       entry=entry_id, got_ledger=header.ledger_id, got_entry=header.entry_id)
@@ -211,8 +213,7 @@ class LedgerReader:
         """The payloads of a run of entries from ``first`` a bookie returned, up to the
         first whose digest or ids do not check (:meth:`check` for each, in one loop);
         views of ``entries`` where they are views and :attr:`payload_views` is on."""
-        return decode_run(entries, self.ledger_id, first, digest=self.metadata.digest, key=self.key,
-                          copy=not self.payload_views)
+        return self.codec.decode_run(entries, self.ledger_id, first, copy=not self.payload_views)
 
     def verified(self, response: Response | None, error: WalkitError | None,
                  entry_id: int | None = None) -> tuple[EntryHeader, bytes] | WalkitError:
@@ -283,8 +284,11 @@ class LedgerReader:
             if done.done():
                 return
             if isinstance(response, ReadLacResponse):
-                lacs.append(response.lac)
-                answered.add(index)
+                try:
+                    lacs.append(self.codec.lac_of(response))
+                    answered.add(index)
+                except DigestMismatchError as exc:  # a damaged answer: as a failed bookie's
+                    errors.append(exc)
             elif error is not None and is_absent(error):
                 lacs.append(-1)
                 answered.add(index)

@@ -36,6 +36,7 @@ import contextlib
 from collections.abc import AsyncGenerator
 
 from walkit.client._core import ClientCore
+from walkit.client._entry_codec import EntryCodec
 from walkit.client._ranges import ask_range, is_older_bookie, span_count
 from walkit.client._read import LedgerReader, covers_every_write_set, is_absent, pick_error, request_with_timeout
 from walkit.client._writer import LedgerWriter
@@ -54,7 +55,7 @@ __all__ = ["recover"]
 _Found = tuple[EntryHeader, bytes] | None
 
 
-async def recover(core: ClientCore, ledger_id: int, key: bytes) -> tuple[LedgerMetadata, int]:
+async def recover(core: ClientCore, ledger_id: int, codec: EntryCodec) -> tuple[LedgerMetadata, int]:
     """Recover and close ``ledger_id``; its final metadata and version."""
 
     def mark(current: LedgerMetadata) -> LedgerMetadata | None:
@@ -64,10 +65,10 @@ async def recover(core: ClientCore, ledger_id: int, key: bytes) -> tuple[LedgerM
     if meta.state is LedgerState.CLOSED:
         return meta, version
     _fence_own_writer(core, ledger_id)
-    reader = LedgerReader(core, meta, key)
+    reader = LedgerReader(core, meta, codec)
     lac = await _fence(core, reader)
     start = max(lac, meta.ensembles[-1][0] - 1)
-    writer = LedgerWriter(core, meta, version, key, recovery=True, lac=start)
+    writer = LedgerWriter(core, meta, version, codec, recovery=True, lac=start)
     adds: list[asyncio.Future[int]] = []
     found = _found(core, reader, start + 1)
     try:

@@ -42,6 +42,7 @@ from typing import Any
 
 from walkit.client._add_queue import Add, AddQueue
 from walkit.client._core import ClientCore
+from walkit.client._entry_codec import EntryCodec
 from walkit.client._placement import Placement
 from walkit.client._submit import QuickFuture
 from walkit.client._writer_metadata import write_close, write_ensemble, write_recovered
@@ -54,19 +55,22 @@ from walkit.errors import (
 )
 from walkit.logs import context
 from walkit.metadata import LedgerMetadata, LedgerState
-from walkit.protocol import AddEntry, Response, WriteLac, encode_entry
+from walkit.protocol import AddEntry, Response, WriteLac
 
 __all__ = ["LedgerWriter"]
 
 log = logging.getLogger(__name__)
 
 class LedgerWriter:
-    def __init__(self, core: ClientCore, metadata: LedgerMetadata, version: int, key: bytes, *,
+    def __init__(self, core: ClientCore, metadata: LedgerMetadata, version: int, codec: EntryCodec, *,
                  recovery: bool = False, lac: int = -1, length: int = 0) -> None:
         self.core = core
         self.meta = metadata
         self.version = version
-        self.key = key
+        #: the ledger's entry codec (its digest's entries, master key and LAC bodies)
+        self.codec = codec
+        self.key = codec.master_key
+        self._encode = codec.encode
         self.recovery = recovery
         self.ledger_id = metadata.ledger_id
         self.lac = lac
@@ -173,9 +177,7 @@ class LedgerWriter:
     def _send(self, add: Add) -> None:
         """Send ``add`` to the members of its write set it has not gone to yet."""
         if not add.data:
-            meta = self.meta
-            add.data = encode_entry(self.ledger_id, add.entry_id, self.lac, add.length, add.payload,
-                                    digest=meta.digest, key=self.key)
+            add.data = self._encode(self.ledger_id, add.entry_id, self.lac, add.length, add.payload)
             if self.lac > self._piggybacked:
                 self._piggybacked = self.lac
         write_set = self._write_sets[add.entry_id % len(self._write_sets)]
@@ -414,7 +416,8 @@ class LedgerWriter:
         carries the LAC anyway."""
         if self.lac > self._piggybacked:
             self._piggybacked = self.lac
-            request = WriteLac(self.ledger_id, self.lac, self.key)
+            request = WriteLac(self.ledger_id, self.lac, self.key,
+                               body=self.codec.lac_body(self.ledger_id, self.lac))
             for bookie in self.ensemble if to is None else to:
                 if bookie not in self.failed:
                     self.core.pool.request_cb(bookie, request, _ignore, None)

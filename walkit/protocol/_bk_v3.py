@@ -365,7 +365,8 @@ def encode_request(req: BkRequest, *, max_frame_size: int = DEFAULT_MAX_FRAME_SI
 
 
 def _read_lac(sub: Any) -> int:
-    """The LAC a READ_LAC answer tells: the larger of its lacBody's and its last entry's."""
+    """The LAC a READ_LAC answer tells: the larger of its lacBody's and its last entry's
+    (unchecked: the answer keeps both bodies for a reader that knows the digest to check)."""
     lacs = [-1]
     if sub.HasField("lacBody") and len(sub.lacBody) >= _LAC_BODY.size:
         lacs.append(_LAC_BODY.unpack_from(sub.lacBody)[1])
@@ -376,19 +377,24 @@ def _read_lac(sub: Any) -> int:
 
 def _dec_read_resp(sub: Any, txn: int) -> ReadEntryResponse:
     body = bytes(sub.body)
+    entry_id = sub.entryId
+    if entry_id < 0 and len(body) >= 16:  # an answer to a read of entry -1: the entry's own id
+        entry_id = _ENTRY_LAC.unpack_from(body, 8)[0]
     if sub.HasField("maxLAC"):
         lac = sub.maxLAC
     elif len(body) >= 24:
         lac = _ENTRY_LAC.unpack_from(body, 16)[0]
     else:
         lac = -1
-    return ReadEntryResponse(sub.ledgerId, sub.entryId, lac, body, txn)
+    return ReadEntryResponse(sub.ledgerId, entry_id, lac, body, txn)
 
 
 _RESPONSE_FIELDS: dict[int, tuple[str, Callable[[Any, int], BkResponse]]] = {
     pb.ADD_ENTRY: ("addResponse", lambda s, t: AddEntryResponse(s.ledgerId, s.entryId, t)),
     pb.READ_ENTRY: ("readResponse", _dec_read_resp),
-    pb.READ_LAC: ("readLacResponse", lambda s, t: ReadLacResponse(s.ledgerId, _read_lac(s), t)),
+    pb.READ_LAC: ("readLacResponse", lambda s, t: ReadLacResponse(
+        s.ledgerId, _read_lac(s), t, last_entry=bytes(s.lastEntryBody) if s.HasField("lastEntryBody") else b"",
+        lac_body=bytes(s.lacBody) if s.HasField("lacBody") else b"")),
     pb.WRITE_LAC: ("writeLacResponse", lambda s, t: WriteLacResponse(s.ledgerId, t)),
     pb.GET_BOOKIE_INFO: (
         "getBookieInfoResponse",

@@ -33,7 +33,9 @@ __all__ = [
     "EntryHeader",
     "digest_size",
     "encode_entry",
+    "encode_crc32c_entry",
     "decode_entry",
+    "decode_crc32c_entry",
     "decode_run",
     "parse_entry_header",
     "master_key",
@@ -82,8 +84,16 @@ def _digest(digest: str, key: bytes, header: bytes, payload: bytes | memoryview)
 def encode_entry(
     ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes, *, digest: str = "crc32c", key: bytes = b""
 ) -> bytes:
+    if digest == "crc32c":
+        return encode_crc32c_entry(ledger_id, entry_id, lac, length, payload)
     header = ENTRY_HEADER.pack(ledger_id, entry_id, lac, length)
     return header + _digest(digest, key, header, payload) + payload
+
+
+def encode_crc32c_entry(ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
+    """:func:`encode_entry` of a CRC32C entry, nothing to choose (a writer's per-entry call)."""
+    header = ENTRY_HEADER.pack(ledger_id, entry_id, lac, length)
+    return header + _CRC.pack(crc32c(payload, crc32c(header))) + payload
 
 
 def parse_entry_header(data: bytes | memoryview) -> EntryHeader:
@@ -97,11 +107,7 @@ def decode_entry(data: bytes, *, digest: str = "crc32c", key: bytes = b"") -> tu
     """Check the digest and split an entry into header and payload (DigestMismatchError
     for a wrong digest or an entry too short to hold one)."""
     if digest == "crc32c" and len(data) >= _CRC_ENTRY.size:  # the usual case: one unpack, no copy but the payload
-        ledger_id, entry_id, lac, length, crc = _CRC_ENTRY.unpack_from(data)
-        view = memoryview(data)
-        if crc != crc32c(view[_CRC_ENTRY.size :], crc32c(view[: ENTRY_HEADER.size])):
-            raise DigestMismatchError("entry digest mismatch", ledger=ledger_id, entry=entry_id, digest=digest)
-        return EntryHeader(ledger_id, entry_id, lac, length), data[_CRC_ENTRY.size :]
+        return decode_crc32c_entry(data)
     d = digest_size(digest)
     if len(data) < ENTRY_HEADER.size + d:  # damage, as a bad digest is: a reader tries another replica
         raise DigestMismatchError("entry shorter than header and digest", size=len(data), needed=ENTRY_HEADER.size + d)
@@ -112,6 +118,17 @@ def decode_entry(data: bytes, *, digest: str = "crc32c", key: bytes = b"") -> tu
     if not hmac.compare_digest(expected, data[ENTRY_HEADER.size : ENTRY_HEADER.size + d]):
         raise DigestMismatchError("entry digest mismatch", ledger=header.ledger_id, entry=header.entry_id, digest=digest)
     return header, payload
+
+
+def decode_crc32c_entry(data: bytes) -> tuple[EntryHeader, bytes]:
+    """:func:`decode_entry` of a CRC32C entry, nothing to choose (a reader's per-entry call)."""
+    if len(data) < _CRC_ENTRY.size:
+        raise DigestMismatchError("entry shorter than header and digest", size=len(data), needed=_CRC_ENTRY.size)
+    ledger_id, entry_id, lac, length, crc = _CRC_ENTRY.unpack_from(data)
+    view = memoryview(data)
+    if crc != crc32c(view[_CRC_ENTRY.size :], crc32c(view[: ENTRY_HEADER.size])):
+        raise DigestMismatchError("entry digest mismatch", ledger=ledger_id, entry=entry_id, digest="crc32c")
+    return EntryHeader(ledger_id, entry_id, lac, length), data[_CRC_ENTRY.size :]
 
 
 @overload

@@ -1,0 +1,158 @@
+"""One connection to an Apache BookKeeper bookie, in BookKeeper's v3 or v2 dialect (asyncio).
+
+Theory of operation. :class:`BkBookieClient` is the second implementation of what
+:class:`~walkit.client.BookieClient` offers the pool (``request_cb``,
+``try_request_cb``, ``flush``, ``failed``, ``close`` and the awaitable request
+methods): the pool picks it for a bookie whose registration says ``kind
+"bookkeeper"`` (:class:`~walkit.client._pool.Endpoint`), in the dialect the client's
+``use_v2_wire_protocol`` names (v3 by default, as BookKeeper's
+``useV2WireProtocol``). It keeps the walkit connection's socket handling, pipelining
+and failure rules (a lost connection fails every request in flight with
+BookieUnavailableError; bytes that are not the dialect fail them with the
+ProtocolError and close it) and swaps only the wire: requests are spelled and answers
+matched by the sans-IO :class:`~walkit.protocol._bk_client.BkClientConnection`, and an
+error status becomes the walkit error the walkit connection gives for it
+(:func:`walkit.protocol.error_for`). The layers above cannot tell the two apart.
+
+Opening. BookKeeper's Java client, with authentication off (its default,
+``AuthDisabledPlugin``), counts a connection as authenticated as soon as it is open and
+sends no AUTH request; so does this one (a bookie that wants authentication answers
+EUA: UnauthorizedError).
+
+What v2 lacks. v2 has no long poll: a long-poll read is served here by polling - a read
+of the bookie's last entry (entry -1) every :data:`V2_POLL_INTERVAL` seconds until its
+LAC passes the poll's ``previous_lac`` or the poll's time is up - and answered as a long
+poll is (the LAC, and the entry when it is the one asked for). WRITE_LAC, READ_LAC,
+GET_BOOKIE_INFO (v3-only in BookKeeper) are refused without being sent, each with a
+ProtocolError that names the dialect; a READ_LAC is read as BookKeeper's v2 clients read
+the LAC (the last entry's header, its digest checked by the reader's entry codec), and a
+refused WRITE_LAC only means the LAC rides on the next entry. A READ_RANGE is v2's
+BATCH_READ_ENTRY; in v3, which has no batch read, it is refused, and so are walkit's admin
+commands in both (a refused READ_RANGE makes the reader read entry by entry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from typing import Any
+
+from walkit.client._bookie_client import BookieClient, ResponseCallback
+from walkit.errors import BookieUnavailableError, NoSuchEntryError, NoSuchLedgerError, ProtocolError, WalkitError
+from walkit.protocol import (
+    DEFAULT_MAX_FRAME_SIZE,
+    AddEntryResponse,
+    ErrorResponse,
+    ReadEntry,
+    ReadEntryResponse,
+    Request,
+    Response,
+    error_for,
+)
+from walkit.protocol._bk_client import BkClientConnection
+from walkit.protocol._dialect import Dialect
+
+__all__ = ["BkBookieClient", "V2_POLL_INTERVAL"]
+
+_log = logging.getLogger(__name__)
+
+#: seconds between two reads of a bookie's last entry while a long poll waits in v2
+V2_POLL_INTERVAL = 0.02
+
+
+class BkBookieClient(BookieClient):
+    """Use :meth:`connect` (with the dialect); then as a :class:`BookieClient`."""
+
+    def __init__(self, address: str, max_frame_size: int, dialect: Dialect = Dialect.BK_V3) -> None:
+        super().__init__(address, max_frame_size)
+        self._bk = BkClientConnection(dialect, max_frame_size)
+        self._polls: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    async def connect(cls, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
+                      server_hostname: str | None = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                      timeout: float = 10.0, dialect: Dialect = Dialect.BK_V3) -> BkBookieClient:
+        client = cls(f"{host}:{port}", max_frame_size, dialect)
+        await client._open(host, port, ssl_context, server_hostname, timeout)
+        return client
+
+    @property
+    def dialect(self) -> Dialect:
+        return self._bk.dialect
+
+    # -- requests out ------------------------------------------------------------------
+    def _queue(self, request: Request, cb: ResponseCallback, ctx: Any) -> None:
+        if self._bk.v2 and type(request) is ReadEntry and request.previous_lac is not None:
+            task = self._loop.create_task(self._poll(request, cb, ctx))
+            self._polls.add(task)
+            task.add_done_callback(self._polls.discard)
+            return
+        request_id, frame = self._bk.send(request)  # a refusal raises: that request's answer
+        self._out.append(frame)
+        self._pending[request_id] = cb
+        self._contexts[request_id] = ctx
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    async def _poll(self, poll: ReadEntry, cb: ResponseCallback, ctx: Any) -> None:
+        """A v2 long poll, by polling the bookie's last entry (module docstring);
+        ``cb`` exactly once."""
+        deadline = self._loop.time() + poll.timeout_ms / 1000
+        previous = poll.previous_lac if poll.previous_lac is not None else -1
+        response: Response | None = None
+        error: WalkitError | None = None
+        try:
+            while True:
+                response, error = None, None
+                try:
+                    response = await self._send(ReadEntry(poll.ledger_id, -1))
+                except WalkitError as exc:
+                    error = exc
+                if isinstance(response, ReadEntryResponse) and response.lac > previous:
+                    break
+                absent = isinstance(error, (NoSuchEntryError, NoSuchLedgerError))
+                if (error is not None and not absent) or self._loop.time() >= deadline:
+                    break
+                await asyncio.sleep(min(V2_POLL_INTERVAL, max(0.0, deadline - self._loop.time())))
+        except asyncio.CancelledError:
+            response, error = None, BookieUnavailableError("client closed", bookie=self.address)
+        if isinstance(response, ReadEntryResponse) and response.entry_id != poll.entry_id:
+            response = ReadEntryResponse(response.ledger_id, response.entry_id, response.lac, b"", response.request_id)
+        try:
+            cb(response, error, ctx)
+        except Exception:
+            _log.exception("response callback failed")
+
+    # -- answers in --------------------------------------------------------------------
+    def _received(self, data: bytes) -> None:
+        try:
+            answers = self._bk.receive(data)
+        except ProtocolError as exc:
+            self._lost(exc)
+            if self._transport is not None:
+                self._transport.close()
+            return
+        pending, contexts = self._pending, self._contexts
+        for request_id, response in answers:
+            cb = pending.pop(request_id, None)
+            if cb is None:
+                continue
+            ctx = contexts.pop(request_id)
+            try:
+                if isinstance(response, ErrorResponse):
+                    cb(None, error_for(response), ctx)
+                elif isinstance(response, AddEntryResponse):  # durable is all an add's answer says
+                    cb(None, None, ctx)
+                else:
+                    cb(response, None, ctx)
+            except Exception:  # one failing callback must not strand the other responses
+                _log.exception("response callback failed")
+
+    async def close(self) -> None:
+        polls = list(self._polls)
+        for task in polls:
+            task.cancel()
+        await asyncio.gather(*polls, return_exceptions=True)
+        await super().close()
