@@ -27,8 +27,7 @@ from walkit.client._bk_bookie_client import BkBookieClient
 from walkit.client._bookie_client import BookieClient, ResponseCallback, client_ssl_context
 from walkit.client._config import ClientConfig
 from walkit.errors import BookieUnavailableError, FormatError, WalkitError
-from walkit.metadata._cluster import ClusterFormat
-from walkit.metadata._service_info import decode_service_info
+from walkit.metadata import ClusterFormat, decode_service_info
 from walkit.protocol import Request, Response
 from walkit.protocol._dialect import Dialect
 

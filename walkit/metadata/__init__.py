@@ -73,12 +73,15 @@ from walkit.metadata._store import (
     check_path,
 )
 from walkit.metadata._underreplication import Marker, UnderReplication
+from walkit.metadata._bk_records import BkCookie
+from walkit.metadata._service_info import decode_service_info, encode_service_info
 from walkit.metadata._uri import MetadataURI, open_metadata_store, parse_metadata_uri
 
 __all__ = [
     "ANY_VERSION",
     "READONLY",
     "RETRY_DEADLINE",
+    "BkCookie",
     "BookieRegistration",
     "BookieSet",
     "Check",
@@ -107,6 +110,8 @@ __all__ = [
     "check_path",
     "cluster_path",
     "connect",
+    "decode_service_info",
+    "encode_service_info",
     "init_cluster",
     "iter_ledger_ids",
     "ledger_digest",
