@@ -240,7 +240,7 @@ def encode_for_metadata(cookie: Cookie, cluster_format: str) -> bytes:
     """The bytes the cluster keeps in ``cookies/<id>``: this module's encoding, or
     BookKeeper's text cookie in a BookKeeper-format cluster."""
     if cluster_format == "bookkeeper":
-        from walkit.metadata._bk_records import BkCookie
+        from walkit.metadata import BkCookie
 
         return BkCookie(cookie.bookie_id, cookie.journal_dir, cookie.ledger_dirs, cookie.instance_id).encode()
     return cookie.encode()
@@ -255,7 +255,7 @@ def decode_from_metadata(data: bytes, cluster_format: str, *, bookie_id: str) ->
             return Cookie.decode(data, path=f"metadata cookies/{bookie_id}")
         except WalkitError as exc:
             raise CookieError("unreadable cookie in metadata", bookie=bookie_id) from exc
-    from walkit.metadata._bk_records import BkCookie
+    from walkit.metadata import BkCookie
 
     try:
         theirs = BkCookie.decode(data)

@@ -166,7 +166,7 @@ def service_info(cluster: Any, config: BookieConfig, endpoint: str, tls: bool, h
     or in a BookKeeper-format cluster BookKeeper's service info with the data port as its
     ``bookie-rpc`` endpoint, the admin endpoint (``http_port`` 0: off) and the walkit
     marker."""
-    from walkit.metadata._service_info import encode_service_info
+    from walkit.metadata import encode_service_info
     from walkit.protocol import PROTOCOL_VERSION
 
     if tls and cluster.info.format == "bookkeeper":
@@ -179,18 +179,12 @@ def service_info(cluster: Any, config: BookieConfig, endpoint: str, tls: bool, h
 
 def marked_under_replicated(cluster: Any) -> Callable[[int], bool]:
     """Whether a ledger is marked under-replicated (GC never takes it as over-replicated
-    meanwhile): walkit's markers, and in a BookKeeper-format cluster BookKeeper's too
-    (``underreplication/ledgers/.../urL<id>``, set by a Java auditor; walkit's own live
-    below ``ID-walkit`` there)."""
+    meanwhile): the cluster's markers, walkit's or, in a BookKeeper-format cluster,
+    BookKeeper's own (set by either kind's auditor)."""
     from walkit.metadata import UnderReplication
 
-    walkit_marked: Callable[[int], bool] = UnderReplication(cluster.store, cluster.info).is_marked
-    if cluster.info.format != "bookkeeper":
-        return walkit_marked
-    from walkit.metadata._bk_paths import ur_path
-
-    store, root = cluster.store, cluster.info.root
-    return lambda ledger_id: store.exists(ur_path(root, ledger_id)) is not None or walkit_marked(ledger_id)
+    marked: Callable[[int], bool] = UnderReplication(cluster.store, cluster.info).is_marked
+    return marked
 
 
 def autorecovery_for(config: BookieConfig, bookie_id: str) -> Any:

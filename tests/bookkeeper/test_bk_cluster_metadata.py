@@ -202,7 +202,8 @@ def test_walkit_and_java_clients_never_share_a_ledger_id(java_cluster: JavaClust
 def test_bookkeeper_uses_a_cluster_walkit_made(bk_classpath: str, zk_server: ZooKeeperServer,
                                                tmp_path: Path) -> None:
     """``walkit init --format bookkeeper``; walkit's LedgerManager creates ledgers and walkit's
-    own nodes (WAL namespace, under-replication markers) below ID-walkit; BookieShell lists and
+    own nodes (WAL namespace) below ID-walkit, an under-replication mark in BookKeeper's own
+    tree (tests/bookkeeper/test_bk_underreplication.py); BookieShell lists and
     shows exactly the ledgers; a Java bookie registers and a Java client writes a ledger there,
     which walkit reads."""
     from walkit.cli import main
@@ -231,7 +232,8 @@ def test_bookkeeper_uses_a_cluster_walkit_made(bk_classpath: str, zk_server: Zoo
             UnderReplication(cluster.store, cluster.info).mark(made[1], ["127.0.0.1:3182"])
             cluster.store.create(walkit_path(cluster.info, "logs/ns/orders"), b"{}", make_parents=True)
             cluster.store.create(walkit_path(cluster.info, "logholds/ns/orders"), make_parents=True)
-        assert sorted(zk.get_children(root)) == ["00", "ID-walkit", "INSTANCEID", "LAYOUT", "available", "idgen"]
+        assert sorted(zk.get_children(root)) == ["00", "ID-walkit", "INSTANCEID", "LAYOUT", "available", "idgen",
+                                                 "underreplication"]  # the mark is BookKeeper's record
         listed = {int(x) for x in re.findall(r"ledgerId=(\d+)", _shell(bk_classpath, conf, "listledgers"))}
         assert listed == set(made)
         out = _shell(bk_classpath, conf, "ledgermetadata", "-ledgerid", str(made[0]))

@@ -174,6 +174,6 @@ def test_gc_sees_bookkeepers_under_replication_marks_and_walkits(bk_cluster: Any
     assert not marked(12345)
     bk_cluster.store.create(ur_path("/ledgers", 12345), b"", make_parents=True)  # a Java auditor's mark
     assert marked(12345) and not marked(12346)
-    UnderReplication(bk_cluster.store, bk_cluster.info).mark(12346, ["127.0.0.1:1"])  # walkit's, below ID-walkit
+    UnderReplication(bk_cluster.store, bk_cluster.info).mark(12346, ["127.0.0.1:1"])  # walkit's auditor's
     assert marked(12346) and not marked(12347)
-    assert bk_cluster.store.exists(ur_path("/ledgers", 12346)) is None
+    assert bk_cluster.store.exists(ur_path("/ledgers", 12346)) is not None, "walkit marks in BookKeeper's tree"

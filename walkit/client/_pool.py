@@ -2,9 +2,9 @@
 
 A bookie is named by its id; :class:`BookiePool` resolves the id to the endpoint the
 bookie registered (``available/<id>`` or ``available/readonly/<id>``: JSON
-``{"endpoint": "host:port", "tls": bool, "kind": "walkit" | "bookkeeper"}`` in a walkit
-cluster, BookKeeper's service info in a BookKeeper one, :func:`parse_endpoint`), connects
-once - in walkit's protocol, or for an Apache BookKeeper bookie in BookKeeper's dialect
+``{"endpoint": "host:port", "tls": bool}`` in a walkit cluster, BookKeeper's service info
+in a BookKeeper one, :func:`parse_endpoint`), connects once - in walkit's protocol, or to an
+Apache BookKeeper bookie (kind "bookkeeper") in BookKeeper's dialect
 (:class:`~walkit.client._bk_bookie_client.BkBookieClient`) - and sends every request for
 that bookie down the same connection (:meth:`BookiePool.request_each`: to several at
 once, as a writer sends an entry to its write set). Requests made while the connection
@@ -27,8 +27,7 @@ from walkit.client._bk_bookie_client import BkBookieClient
 from walkit.client._bookie_client import BookieClient, ResponseCallback, client_ssl_context
 from walkit.client._config import ClientConfig
 from walkit.errors import BookieUnavailableError, FormatError, WalkitError
-from walkit.metadata._cluster import ClusterFormat
-from walkit.metadata._service_info import decode_service_info
+from walkit.metadata import ClusterFormat, decode_service_info
 from walkit.protocol import Request, Response
 from walkit.protocol._dialect import Dialect
 

@@ -16,9 +16,11 @@
   auditor records (``_bk_records``) and znode paths (``_bk_paths``).
 - a cluster is walkit's format or BookKeeper's (``ClusterInfo.format``, read from its
   LAYOUT): in a BookKeeper-format cluster the ledger manager keeps BookKeeper's records
-  and draws ids from BookKeeper's generators (``_bk_ledgers``), and walkit's own nodes
-  live below ``ID-walkit`` (:func:`walkit_path`); a bookie's registration holds
-  BookKeeper's ``BookieServiceInfo`` there, walkit's JSON otherwise (``_service_info``).
+  and draws ids from BookKeeper's generators (``_bk_ledgers``), under-replication uses
+  BookKeeper's own marks, locks and auditor election (``_bk_underreplication``), and
+  walkit's own nodes live below ``ID-walkit`` (:func:`walkit_path`); a bookie's
+  registration holds BookKeeper's ``BookieServiceInfo`` there, walkit's JSON otherwise
+  (``_service_info``).
 """
 
 from walkit.metadata._cluster import (
@@ -71,12 +73,15 @@ from walkit.metadata._store import (
     check_path,
 )
 from walkit.metadata._underreplication import Marker, UnderReplication
+from walkit.metadata._bk_records import BkCookie
+from walkit.metadata._service_info import decode_service_info, encode_service_info
 from walkit.metadata._uri import MetadataURI, open_metadata_store, parse_metadata_uri
 
 __all__ = [
     "ANY_VERSION",
     "READONLY",
     "RETRY_DEADLINE",
+    "BkCookie",
     "BookieRegistration",
     "BookieSet",
     "Check",
@@ -105,6 +110,8 @@ __all__ = [
     "check_path",
     "cluster_path",
     "connect",
+    "decode_service_info",
+    "encode_service_info",
     "init_cluster",
     "iter_ledger_ids",
     "ledger_digest",

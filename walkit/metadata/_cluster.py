@@ -20,8 +20,9 @@ the root, ``available/`` and ``available/readonly/`` (cookies, ``idgen``,
 ``underreplication`` appear when used). The managers walkit drives are ``hierarchical``
 (BookKeeper's default), ``flat`` and ``longhierarchical``; another factory class (the
 legacy hierarchical one, MS, a custom class) or a manager version other than 1 is a
-ClusterLayoutError naming it. walkit's own nodes of such a cluster (WAL namespaces, its
-under-replication markers) live below :data:`BK_WALKIT_NODE`, a child of the root whose
+ClusterLayoutError naming it. Its ``underreplication`` tree is BookKeeper's, shared with
+walkit's autorecovery (``_bk_underreplication``); walkit's own nodes of such a cluster
+(WAL namespaces) live below :data:`BK_WALKIT_NODE`, a child of the root whose
 name starts with ``ID-``: BookKeeper's ``AbstractZkLedgerManager.isSpecialZnode`` counts
 every such name as an id-generator node, so its ledger iterators, BookieShell
 ``listledgers`` and the bookies' garbage collector skip it without a word under every

@@ -1,8 +1,13 @@
 """Under-replication markers, the auditor's seat and the off switch, in the metadata store.
 
-Layout under walkit's own nodes (``walkit_path``: the cluster root, or ``<root>/ID-walkit``
-in a BookKeeper-format cluster, whose ``<root>/underreplication`` is BookKeeper's own
-tree of another format, left to BookKeeper's auditor), made on first use::
+:class:`UnderReplication` is the one place the cluster's format picks the records: a
+walkit-format cluster keeps walkit's own (below); a BookKeeper-format cluster keeps
+BookKeeper 4.18's own tree under ``<root>/underreplication``
+(:mod:`walkit.metadata._bk_underreplication`: its marks, locks, auditor election and
+``disable`` switch, shared with Java auditors, workers and BookieShell). Both answer the
+same operations with the same :class:`~walkit.metadata._marker.Marker`.
+
+Layout of a walkit-format cluster, under its root, made on first use::
 
     underreplication/ledgers/L<ledger id:019d>         a marker: JSON {"bookies": [...], "since": ms}
     underreplication/ledgers/L<ledger id:019d>/lock    ephemeral: the worker re-replicating it
@@ -26,10 +31,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from walkit.errors import MetadataVersionError, NodeExistsError, NoNodeError
+from walkit.metadata._bk_underreplication import BkUnderReplication
 from walkit.metadata._cluster import ClusterInfo, walkit_path
+from walkit.metadata._marker import Marker
 from walkit.metadata._store import Check, Delete, MetadataStore
 
 __all__ = ["Marker", "UnderReplication"]
@@ -37,17 +43,72 @@ __all__ = ["Marker", "UnderReplication"]
 _PREFIX = "L"
 
 
-@dataclass(frozen=True)
-class Marker:
-    ledger_id: int
-    bookies: frozenset[str]
-    since: float  # seconds since the epoch when first marked
-    version: int
-    locked_by: str | None
-
-
 class UnderReplication:
-    """The markers of one cluster (thread-safe, as its store)."""
+    """The markers, seat and switch of one cluster, in its format's records (thread-safe,
+    as its store)."""
+
+    def __init__(self, store: MetadataStore, info: ClusterInfo) -> None:
+        self._impl: BkUnderReplication | _WalkitMarkers = (
+            BkUnderReplication(store, info.root) if info.format == "bookkeeper" else _WalkitMarkers(store, info))
+
+    def mark(self, ledger_id: int, bookies: Iterable[str]) -> None:
+        """``ledger_id`` lacks the copies ``bookies`` should hold (merged with a marker there)."""
+        self._impl.mark(ledger_id, bookies)
+
+    def ledgers(self) -> list[int]:
+        """The ledgers marked, ascending."""
+        return self._impl.ledgers()
+
+    def read(self, ledger_id: int) -> Marker | None:
+        return self._impl.read(ledger_id)
+
+    def lock(self, ledger_id: int, owner: str) -> bool:
+        """Take the marker (False: another worker has it, or the marker is gone)."""
+        return self._impl.lock(ledger_id, owner)
+
+    def unlock(self, ledger_id: int) -> None:
+        self._impl.unlock(ledger_id)
+
+    def complete(self, marker: Marker) -> bool:
+        """Delete a repaired marker (and its lock) unless it changed since it was read;
+        False: it changed (kept, unlocked, for another round)."""
+        return self._impl.complete(marker)
+
+    def is_marked(self, ledger_id: int) -> bool:
+        """Whether the ledger waits for (or is under) re-replication: garbage collection
+        never takes a copy of it as over-replicated meanwhile."""
+        return self._impl.is_marked(ledger_id)
+
+    def drop(self, ledger_id: int) -> None:
+        """Delete a marker whatever it says (its ledger is gone)."""
+        self._impl.drop(ledger_id)
+
+    def disabled(self) -> bool:
+        return self._impl.disabled()
+
+    def set_disabled(self, disabled: bool) -> None:
+        self._impl.set_disabled(disabled)
+
+    def lost_bookie_recovery_delay(self, configured: float) -> float:
+        """The seconds an auditor waits before it audits a lost bookie: ``configured`` in a
+        walkit-format cluster (nothing stored); in a BookKeeper-format cluster BookKeeper's
+        shared ``lostBookieRecoveryDelay`` (whole seconds), made from ``configured`` if absent."""
+        return self._impl.lost_bookie_recovery_delay(configured)
+
+    def auditor(self) -> str | None:
+        """The auditor's name, None: nobody audits."""
+        return self._impl.auditor()
+
+    def take_seat(self, owner: str) -> bool:
+        """Whether ``owner`` (this store's session) is the auditor, taking the seat if free."""
+        return self._impl.take_seat(owner)
+
+    def leave_seat(self) -> None:
+        self._impl.leave_seat()
+
+
+class _WalkitMarkers:
+    """walkit's own markers (see the module docstring)."""
 
     def __init__(self, store: MetadataStore, info: ClusterInfo) -> None:
         self._store = store
@@ -157,7 +218,10 @@ class UnderReplication:
         except NoNodeError:
             pass
 
-    # --- switch and seat -------------------------------------------------------------------
+    # --- switch, delay and seat ------------------------------------------------------------
+    def lost_bookie_recovery_delay(self, configured: float) -> float:
+        return configured
+
     def disabled(self) -> bool:
         return self._store.exists(self._disable) is not None
 

@@ -8,7 +8,9 @@ thread with one asyncio loop and one metadata session.
 
 *Auditor* (exactly one per cluster: the seat, :mod:`walkit.metadata._underreplication`). Every
 second it compares the bookies named by ledgers and seen before with the available ones
-(writable or read-only). A bookie gone for ``lostBookieRecoveryDelay`` seconds - it did
+(writable or read-only). A bookie gone for ``lostBookieRecoveryDelay`` seconds (the
+configured value; in a BookKeeper-format cluster the cluster's shared one, which
+BookieShell sets, :meth:`UnderReplication.lost_bookie_recovery_delay`) - it did
 not come back meanwhile, which would have cancelled it - is audited: one streaming pass
 over the ledgers marks each ledger whose ensembles name it as under-replicated with that
 bookie. The same pass runs every ``auditorPeriodicBookieCheckInterval`` (and at the start
@@ -164,11 +166,12 @@ class _Auditor:
             self.seated, self.last_bookie_audit = seated, -1e18  # a new term audits at once
         if not seated or await off(self.markers.disabled):
             return
+        delay = await off(self.markers.lost_bookie_recovery_delay, self.d.config.lost_bookie_recovery_delay)
         now = self.d.now()
         bookies = await self.replicator.bookies()
         available = set(bookies.writable | bookies.readonly)
         self._track(available, now)
-        due = {b for b, t in self.gone_since.items() if now - t >= self.d.config.lost_bookie_recovery_delay}
+        due = {b for b, t in self.gone_since.items() if now - t >= delay}
         periodic = now - self.last_bookie_audit >= self.d.config.auditor_periodic_bookie_check_interval
         if due - self.audited or periodic:
             await self._audit_bookies(available, due, now)
@@ -272,7 +275,8 @@ class _Worker:
             return
         try:
             marker = await off(self.markers.read, ledger_id)
-            if marker is None:
+            if marker is None:  # completed meanwhile (a BookKeeper lock outlives its mark: let it go)
+                await off(self.markers.unlock, ledger_id)
                 return
             done = await self._repair(marker)
         except WalkitError as exc:
