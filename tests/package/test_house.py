@@ -177,3 +177,16 @@ def _private_reads(path: Path) -> Iterator[str]:
 def test_the_upper_layers_read_no_private_names() -> None:
     reads = [read for path in _sources(*UPPER) for read in _private_reads(path)]
     assert not reads, "give these a public name in their own room:\n" + "\n".join(reads)
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """pytest imports each test module by its file name (the folders of tests/ are not
+    packages): two files of one name in two folders stop the whole collection ("import
+    file mismatch"), which only a run of the whole suite shows."""
+    seen: dict[str, Path] = {}
+    twins: list[str] = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            twins.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
+        seen.setdefault(path.name, path)
+    assert not twins, "test modules with one name: " + "; ".join(twins)
