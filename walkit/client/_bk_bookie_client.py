@@ -43,12 +43,10 @@ from walkit.errors import BookieUnavailableError, NoSuchEntryError, NoSuchLedger
 from walkit.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     AddEntryResponse,
-    ErrorResponse,
     ReadEntry,
     ReadEntryResponse,
     Request,
     Response,
-    error_for,
 )
 from walkit.protocol._bk_client import BkClientConnection
 from walkit.protocol._dialect import Dialect
@@ -134,21 +132,8 @@ class BkBookieClient(BookieClient):
             if self._transport is not None:
                 self._transport.close()
             return
-        pending, contexts = self._pending, self._contexts
-        for request_id, response in answers:
-            cb = pending.pop(request_id, None)
-            if cb is None:
-                continue
-            ctx = contexts.pop(request_id)
-            try:
-                if isinstance(response, ErrorResponse):
-                    cb(None, error_for(response), ctx)
-                elif isinstance(response, AddEntryResponse):  # durable is all an add's answer says
-                    cb(None, None, ctx)
-                else:
-                    cb(response, None, ctx)
-            except Exception:  # one failing callback must not strand the other responses
-                _log.exception("response callback failed")
+        for request_id, response in answers:  # durable is all an add's answer says
+            self._deliver(request_id, None if isinstance(response, AddEntryResponse) else response)
 
     async def close(self) -> None:
         polls = list(self._polls)

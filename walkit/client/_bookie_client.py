@@ -273,17 +273,22 @@ class BookieClient:
                     _log.exception("response callback failed")
                 continue
             assert not isinstance(response, int)
-            cb = pending.pop(response.request_id, None)
-            if cb is None:
-                continue
-            ctx = contexts.pop(response.request_id)
-            try:
-                if isinstance(response, ErrorResponse):
-                    cb(None, error_for(response), ctx)
-                else:
-                    cb(response, None, ctx)
-            except Exception:  # one failing callback must not strand the other responses
-                _log.exception("response callback failed")
+            self._deliver(response.request_id, response)
+
+    def _deliver(self, request_id: int, response: Response | None) -> None:
+        """Hand an answer to the callback waiting for ``request_id`` (none waits: dropped):
+        an ErrorResponse as its error, None as "done, nothing to tell" (a durable add)."""
+        cb = self._pending.pop(request_id, None)
+        if cb is None:
+            return
+        ctx = self._contexts.pop(request_id)
+        try:
+            if isinstance(response, ErrorResponse):
+                cb(None, error_for(response), ctx)
+            else:
+                cb(response, None, ctx)
+        except Exception:  # one failing callback must not strand the other responses
+            _log.exception("response callback failed")
 
     def _lost(self, exc: WalkitError) -> None:
         if self._failure is None:

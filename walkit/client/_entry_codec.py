@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from walkit.errors import DigestMismatchError, InvalidArgumentError
+from walkit.metadata import is_bk_digest
 from walkit.protocol import (
     ENTRY_HEADER,
     EntryHeader,
@@ -53,10 +54,10 @@ from walkit.protocol._bk_digest import (
     bk_master_key,
 )
 
-__all__ = ["EntryCodec", "BK_DIGESTS", "entry_digest_size", "is_bookkeeper_digest"]
+__all__ = ["EntryCodec", "entry_digest_size"]
 
-#: BookKeeper's digests by the ledger digest names that pick them
-BK_DIGESTS: dict[str, BkDigestType] = {
+# BookKeeper's digests by the ledger digest names that pick them (the names: walkit.metadata's BK_DIGESTS)
+_BK_TYPES: dict[str, BkDigestType] = {
     "bk-crc32": BkDigestType.CRC32,
     "bk-crc32c": BkDigestType.CRC32C,
     "bk-hmac": BkDigestType.HMAC,
@@ -68,23 +69,18 @@ BK_DIGESTS: dict[str, BkDigestType] = {
 _SAME_BYTES: dict[BkDigestType, str] = {BkDigestType.CRC32C: "crc32c", BkDigestType.DUMMY: "none"}
 
 
-def is_bookkeeper_digest(digest: str) -> bool:
-    """Whether a ledger of this digest is a BookKeeper ledger (its name starts with ``bk-``)."""
-    return digest.startswith("bk-")
-
-
 def _bk_type(digest: str) -> BkDigestType:
     try:
-        return BK_DIGESTS[digest]
+        return _BK_TYPES[digest]
     except KeyError:
         raise InvalidArgumentError("unknown digest type", digest=digest,
-                                   known=",".join(("crc32c", "mac", "none", *BK_DIGESTS))) from None
+                                   known=",".join(("crc32c", "mac", "none", *_BK_TYPES))) from None
 
 
 def entry_digest_size(digest: str) -> int:
     """Bytes the digest of an entry of a ``digest`` ledger takes (InvalidArgumentError
     for a name that is neither walkit's nor BookKeeper's)."""
-    if is_bookkeeper_digest(digest):
+    if is_bk_digest(digest):
         return bk_digest_size(_bk_type(digest))
     return digest_size(digest)
 
@@ -127,7 +123,7 @@ class EntryCodec:
 
     def __init__(self, digest: str, password: bytes) -> None:
         self.digest = digest
-        self.bookkeeper = is_bookkeeper_digest(digest)
+        self.bookkeeper = is_bk_digest(digest)
         self.digest_size = entry_digest_size(digest)
         self._password = password
         self._bk: BkDigestType | None = None

@@ -34,7 +34,7 @@ from walkit.metadata._cluster import (
     walkit_path,
 )
 from walkit.metadata._connect import Cluster, connect
-from walkit.metadata._ledger import Fragment, LedgerMetadata, LedgerState
+from walkit.metadata._ledger import BK_DIGESTS, Fragment, LedgerMetadata, LedgerState, is_bk_digest
 from walkit.metadata._ledgers import LedgerManager
 from walkit.metadata._local import LocalMetadataStore
 from walkit.metadata._retry import retry_cas
@@ -79,6 +79,7 @@ from walkit.metadata._uri import MetadataURI, open_metadata_store, parse_metadat
 
 __all__ = [
     "ANY_VERSION",
+    "BK_DIGESTS",
     "READONLY",
     "RETRY_DEADLINE",
     "BkCookie",
@@ -113,6 +114,7 @@ __all__ = [
     "decode_service_info",
     "encode_service_info",
     "init_cluster",
+    "is_bk_digest",
     "iter_ledger_ids",
     "ledger_digest",
     "iter_ledger_ranges",
