@@ -2,8 +2,8 @@
 client - walkit.wal, walkit.aio, walkit.spark - import from ``walkit.client`` itself,
 never from its private modules, so the client can rearrange its insides without
 breaking them; the same holds of ``walkit.wal`` for the layers above it (aio, spark) and
-of ``walkit.metadata`` for the client's side (client, recovery, wal, aio, spark) and the
-bookie; and nothing below the client imports the layers above it, but for the
+of ``walkit.metadata`` and ``walkit.protocol`` for the client's side (client, recovery,
+wal, aio, spark) and the bookie; and nothing below the client imports the layers above it, but for the
 two documented exceptions (``ALLOWED``): a source bookie pushes re-replicated copies
 with a BookieClient, and a bookie may run the autorecovery daemon."""
 
@@ -25,7 +25,8 @@ ALLOWED = {("bookie/_replicate.py", "walkit.client"), ("bookie/server/_startup.p
 #: a package, and the layers that import it by its public name only
 PUBLIC_ONLY = {"walkit.client": ABOVE,
                "walkit.wal": ["walkit/aio.py", "walkit/spark"],
-               "walkit.metadata": ["walkit/client", "walkit/recovery", *ABOVE, "bookie"]}
+               "walkit.metadata": ["walkit/client", "walkit/recovery", *ABOVE, "bookie"],
+               "walkit.protocol": ["walkit/client", "walkit/recovery", *ABOVE, "bookie"]}
 
 
 def _sources(*where: str) -> list[Path]:

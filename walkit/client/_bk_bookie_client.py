@@ -43,13 +43,13 @@ from walkit.errors import BookieUnavailableError, NoSuchEntryError, NoSuchLedger
 from walkit.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     AddEntryResponse,
+    BkClientConnection,
+    Dialect,
     ReadEntry,
     ReadEntryResponse,
     Request,
     Response,
 )
-from walkit.protocol._bk_client import BkClientConnection
-from walkit.protocol._dialect import Dialect
 
 __all__ = ["BkBookieClient", "V2_POLL_INTERVAL"]
 
@@ -128,9 +128,7 @@ class BkBookieClient(BookieClient):
         try:
             answers = self._bk.receive(data)
         except ProtocolError as exc:
-            self._lost(exc)
-            if self._transport is not None:
-                self._transport.close()
+            self._broken(exc)
             return
         for request_id, response in answers:  # durable is all an add's answer says
             self._deliver(request_id, None if isinstance(response, AddEntryResponse) else response)

@@ -257,9 +257,7 @@ class BookieClient:
         try:
             responses = self._wire.receive_acks(data)
         except ProtocolError as exc:
-            self._lost(exc)
-            if self._transport is not None:
-                self._transport.close()
+            self._broken(exc)
             return
         pending, contexts = self._pending, self._contexts
         for response in responses:
@@ -301,6 +299,13 @@ class BookieClient:
                 cb(None, exc, ctx)
             except Exception:
                 _log.exception("response callback failed")
+
+    def _broken(self, exc: ProtocolError) -> None:
+        """The bookie sent bytes its dialect cannot decode: nothing after them can be
+        trusted, so every request waiting fails and the connection is closed."""
+        self._lost(exc)
+        if self._transport is not None:
+            self._transport.close()
 
     async def close(self) -> None:
         if self._transport is not None and not self._transport.is_closing():

@@ -42,10 +42,9 @@ from walkit.protocol import (
     digest_size,
     encode_entry,
     master_key,
-)
-from walkit.protocol._entry import decode_crc32c_entry, encode_crc32c_entry
-from walkit.protocol._bk_digest import (
     BkDigestType,
+    decode_crc32c_entry,
+    encode_crc32c_entry,
     bk_decode_entry,
     bk_decode_lac,
     bk_digest_size,

@@ -28,8 +28,7 @@ from walkit.client._bookie_client import BookieClient, ResponseCallback, client_
 from walkit.client._config import ClientConfig
 from walkit.errors import BookieUnavailableError, FormatError, WalkitError
 from walkit.metadata import ClusterFormat, decode_service_info
-from walkit.protocol import Request, Response
-from walkit.protocol._dialect import Dialect
+from walkit.protocol import Dialect, Request, Response
 
 __all__ = ["Answered", "BookiePool", "BookieKind", "BOOKIE_KINDS", "Endpoint", "parse_endpoint"]
 

@@ -64,7 +64,18 @@ from walkit.protocol._messages import (
     StartTls,
     StartTlsResponse,
 )
-from walkit.protocol._bk_digest import BK_MASTER_KEY_SIZE, BkDigestType, bk_decode_entry, bk_encode_entry, bk_master_key
+from walkit.protocol._entry import decode_crc32c_entry, encode_crc32c_entry
+from walkit.protocol._bk_digest import (
+    BK_MASTER_KEY_SIZE,
+    BkDigestType,
+    bk_decode_entry,
+    bk_decode_lac,
+    bk_digest_size,
+    bk_encode_entry,
+    bk_encode_lac,
+    bk_master_key,
+)
+from walkit.protocol._bk_client import BkClientConnection
 from walkit.protocol._dialect import Dialect, codec_for, detect_dialect
 from walkit.protocol._bk_connection import (
     BkErrorResponse,
@@ -138,8 +149,14 @@ __all__ = [
     "BK_MASTER_KEY_SIZE",
     "BkDigestType",
     "bk_decode_entry",
+    "bk_decode_lac",
+    "bk_digest_size",
     "bk_encode_entry",
+    "bk_encode_lac",
     "bk_master_key",
+    "decode_crc32c_entry",
+    "encode_crc32c_entry",
+    "BkClientConnection",
     "Dialect",
     "codec_for",
     "detect_dialect",
