@@ -166,8 +166,10 @@ class BookieClient:
         assert isinstance(response, ReadLacResponse)
         return response.lac
 
-    async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
-        await self._call(WriteLac(ledger_id, lac, master_key))
+    async def write_lac(self, ledger_id: int, lac: int, master_key: bytes, body: bytes = b"") -> None:
+        """``body``: BookKeeper's LAC body, for its readers' READ_LAC (a bookie that does
+        not take one gets the LAC without it)."""
+        await self._call(WriteLac(ledger_id, lac, master_key, body=body))
 
     async def bookie_info(self) -> BookieInfoResponse:
         response = await self._call(GetBookieInfo())
@@ -259,6 +261,10 @@ class BookieClient:
         except ProtocolError as exc:
             self._broken(exc)
             return
+        resent = self._wire.data_to_send()  # WRITE_LACs held back or sent again without their bodies
+        if resent:
+            self._out.append(resent)
+            self._flush()
         pending, contexts = self._pending, self._contexts
         for response in responses:
             if response.__class__ is int:  # an add made durable: nothing to hand on but that
