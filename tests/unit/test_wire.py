@@ -247,7 +247,7 @@ def test_the_examples_in_format_md_are_these_frames() -> None:
                   or (isinstance(m, ReadEntry) and m.fence) or (isinstance(m, WriteLac) and m.body)]
     assert len(documented) == 8
     for msg, hexed in PINNED:
-        if msg in documented:
+        if any(msg is d for d in documented):  # identity: a WriteLac equals one with a body
             assert hexed.replace(" ", "") in squashed, msg
 
 
