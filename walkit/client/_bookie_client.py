@@ -6,7 +6,9 @@ at once and their responses may come back in any order (request ids match them).
 ``(response, error, ctx)`` on the loop (what the ledger client's hot paths use).
 Frames written in the same loop iteration go out in one ``transport.write`` (or earlier,
 on :meth:`BookieClient.flush`); an ADD_ENTRY's key and entry are not copied into a frame
-of their own, only into that write. An error
+of their own, only into that write. What the connection sends of its own accord after a
+read (WRITE_LACs it held back, or sends again without their LAC body to an older bookie:
+:mod:`walkit.protocol._connection`) is written at once. An error
 response raises the walkit error of its status (``error_for``); a lost connection fails
 every request in flight with :class:`~walkit.errors.BookieUnavailableError`; bytes that
 are not the protocol (or another protocol version) fail them with the

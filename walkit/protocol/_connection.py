@@ -220,7 +220,7 @@ class ClientConnection:
         known to take them (module docstring): without it, with it (the one that asks),
         or nothing yet (held until that one is answered)."""
         if self._lac_bodies is False:
-            return _encode(_REQUEST_ENCODERS, replace(req, body=b""), self._max, rid)
+            return self._without_body(req, rid)
         frame = _encode(_REQUEST_ENCODERS, req, self._max, rid)  # refuses a bad body now, not when released
         if self._asking is None:
             self._asking = (rid, req)
@@ -241,10 +241,12 @@ class ClientConnection:
         if refused:
             held.insert(0, (rid, req, b""))
         for held_rid, held_req, frame in held:
-            if refused:
-                frame = _encode(_REQUEST_ENCODERS, replace(held_req, body=b""), self._max, held_rid)
-            self._output.append(frame)
+            self._output.append(self._without_body(held_req, held_rid) if refused else frame)
         return refused
+
+    def _without_body(self, req: WriteLac, rid: int) -> bytes:
+        """The frame of ``req`` without its body: the WRITE_LAC every bookie reads."""
+        return _encode(_REQUEST_ENCODERS, replace(req, body=b""), self._max, rid)
 
     def data_to_send(self) -> bytes:
         """Frames this connection sends of its own accord, to write after a ``receive()``:
