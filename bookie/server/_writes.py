@@ -20,8 +20,8 @@ sees the flag set does not even take the drain lock: the drain clears the flag *
 it empties the queue, so a completion queued after the flag was read set is still found),
 so a group commit of a thousand entries costs a few queue items and one wake-up.
 
-A BookKeeper WRITE_LAC's body (ledger, LAC, the writer's digest) is kept in memory per
-ledger once the write succeeded, for READ_LAC to answer with (:class:`ReadPool`'s
+A WRITE_LAC's BookKeeper body (ledger, LAC, the writer's digest; v3's ``body`` or walkit's
+flag LAC_BODY) is kept in memory per ledger once the write succeeded, for READ_LAC to answer with (:class:`ReadPool`'s
 ``lac_bodies``), as BookKeeper's bookie keeps its explicit LAC.
 
 A WRITE_LAC for a ledger whose key is durable here is published at once (storage, long

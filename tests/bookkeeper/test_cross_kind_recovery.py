@@ -431,23 +431,15 @@ def test_striped_ledgers_put_each_entry_where_bookkeeper_looks(on_mixed: MixedCl
         peer.close()
 
 
-EXPLICIT_LAC_BODY = ("a walkit client sends WRITE_LAC to walkit bookies in walkit's own protocol, which does not "
-                     "carry BookKeeper's digest-protected LAC body (WriteLac.body is 'never on walkit's wire'), so a "
-                     "walkit bookie answers BookKeeper's v3 READ_LAC without lacBody and the Java reader sees only the "
-                     "last entry's piggy-backed LAC")
-
-
-@pytest.mark.parametrize("bookies", [
-    "java-bookies",
-    pytest.param("walkit-bookies", marks=pytest.mark.xfail(strict=True, reason=EXPLICIT_LAC_BODY)),
-])
+@pytest.mark.parametrize("bookies", ["java-bookies", "walkit-bookies"])
 def test_an_idle_walkit_writers_explicit_lac_reaches_the_java_readers_read_lac(
         request: pytest.FixtureRequest, bookies: str) -> None:
     """v3 (v2 has no WRITE_LAC): a walkit writer gone idle sends its LAC on its own
     (``idle_lac``). BookKeeper's Java reader (no recovery) learns it both ways it can: a
     long poll, and ``readLastAddConfirmed`` - which in v3 is READ_LAC, answered from the
     bookies' explicit LAC (the WRITE_LAC body) beside the last entry. Java bookies keep the
-    body; walkit bookies get none from a walkit writer (see EXPLICIT_LAC_BODY)."""
+    body from BookKeeper's v3 WRITE_LAC; walkit bookies from walkit's own, under its flag
+    LAC_BODY (docs/format.md, WRITE_LAC)."""
     cluster: MixedCluster = request.getfixturevalue(CLUSTERS[bookies])
     peer = cluster.peer()
     try:

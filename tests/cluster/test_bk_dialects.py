@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from support.bookie import KEY, client_of, config, entry, in_process, run
-from walkit.errors import NoSuchEntryError
+from walkit.errors import InvalidArgumentError, NoSuchEntryError
+from walkit.protocol import _codec
 from walkit.protocol import (
     AddEntry,
     AddEntryResponse,
@@ -29,6 +30,7 @@ from walkit.protocol import (
     GetBookieInfo,
     GetListOfEntries,
     ListOfEntriesResponse,
+    Op,
     ReadEntry,
     ReadEntryResponse,
     ReadLac,
@@ -41,6 +43,7 @@ from walkit.protocol import (
     WriteLac,
     WriteLacResponse,
     bk_decode_entry,
+    encode_request,
     bk_encode_entry,
     bk_master_key,
     codec_for,
@@ -442,6 +445,107 @@ def test_walkit_client_error_for_a_bookkeeper_status_is_unchanged(tmp_path: Path
             await client.add_entry(1, 0, KEY, entry(1, 0))
             with pytest.raises(NoSuchEntryError):
                 await client.read_entry(1, 5)
+            await client.close()
+
+    run(body)
+
+
+async def _v3_read_lac_bodies(port: int, ledger: int) -> tuple[bytes | None, bytes]:
+    """A BookKeeper v3 READ_LAC, as the Java client sends it: the answer's lacBody (None
+    when it has none) and lastEntryBody."""
+    peer = await BkPeer.open(port, Dialect.BK_V3)
+    try:
+        await _handshake(peer)
+        await peer.send(ReadLac(ledger))
+        raw = pb.Response()
+        raw.ParseFromString(await peer.recv_frame())
+        sub = raw.readLacResponse
+        return (bytes(sub.lacBody) if sub.HasField("lacBody") else None), bytes(sub.lastEntryBody)
+    finally:
+        await peer.close()
+
+
+def test_a_walkit_write_lac_body_is_bookkeepers_read_lac_body(tmp_path: Path) -> None:
+    """A WRITE_LAC in walkit's own dialect with BookKeeper's LAC body (flag LAC_BODY):
+    the bookie keeps the last body of the ledger and a BookKeeper v3 READ_LAC gets it
+    back as lacBody, digest and all, beside the last entry; walkit's READ_LAC tells the
+    LAC. The first WRITE_LAC with a body asks, the second goes with it at once."""
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            client = await client_of(server)
+            for e in range(5):
+                await client.add_entry(7, e, BK_KEY, bk_entry(7, e))
+            assert await _v3_read_lac_bodies(server.port, 7) == (None, bk_entry(7, 4))  # no WRITE_LAC yet
+            for lac in (3, 4):
+                await client.write_lac(7, lac, BK_KEY, body=bk_encode_lac(7, lac, password=PASSWORD))
+            assert client._wire.takes_lac_bodies is True
+            lac_body, last = await _v3_read_lac_bodies(server.port, 7)
+            assert (lac_body, last) == (bk_encode_lac(7, 4, password=PASSWORD), bk_entry(7, 4))
+            assert lac_body is not None and bk_decode_lac(lac_body, password=PASSWORD) == 4
+            assert await client.read_lac(7) == 4
+            with pytest.raises(InvalidArgumentError, match="LAC body"):  # walkit's wire carries 64 bytes at most
+                await client.write_lac(7, 4, BK_KEY, body=b"b" * 65)
+            await client.close()
+
+    run(body)
+
+
+def _older_write_lac(frame: bytes, n: int, flags: int, rid: int) -> Any:
+    """WRITE_LAC as bookies before flag LAC_BODY decode it: any flag is a bad request."""
+    if flags:
+        raise InvalidArgumentError(f"flags 0x{flags:04x} not allowed for this op")
+    return _REAL_WRITE_LAC(frame, n, flags, rid)
+
+
+_REAL_WRITE_LAC = _codec._REQUEST_DECODERS[Op.WRITE_LAC]
+
+
+def test_an_older_bookie_gets_the_lac_without_its_body(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bookie from before flag LAC_BODY (its WRITE_LAC decoder, here) refuses the flag
+    with EBADREQ: every WRITE_LAC with a body, sent at once with adds in flight, is
+    answered EOK all the same, its LAC taken (the client sent it again without the body);
+    the bookie saw one bad frame and the connection goes on."""
+    monkeypatch.setitem(_codec._REQUEST_DECODERS, Op.WRITE_LAC, _older_write_lac)
+
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            client = await client_of(server)
+            for ledger in range(1, 21):
+                await client.add_entry(ledger, 0, BK_KEY, bk_entry(ledger, 0))
+            lacs = [client.write_lac(ledger, 0, BK_KEY, body=bk_encode_lac(ledger, 0, password=PASSWORD))
+                    for ledger in range(1, 21)]
+            adds = [client.add_entry(ledger, 1, BK_KEY, bk_entry(ledger, 1)) for ledger in range(1, 21)]
+            await asyncio.gather(*lacs, *adds)
+            assert client._wire.takes_lac_bodies is False
+            assert [await client.read_lac(ledger) for ledger in range(1, 21)] == [0] * 20
+            assert [c.bad_frames for c in server._connections] == [1]
+            assert (await _v3_read_lac_bodies(server.port, 3))[0] is None  # no body was kept
+            await client.write_lac(3, 1, BK_KEY, body=b"not sent")  # from now on without, at once
+            assert await client.read_lac(3) == 1
+            await client.close()
+
+    run(body)
+
+
+def test_an_older_clients_write_lac_is_served_as_before(tmp_path: Path) -> None:
+    """The bytes of WRITE_LAC as clients before flag LAC_BODY send it (version 1, no
+    flag), on a raw socket: answered EOK, the LAC taken, no body kept."""
+    old_frame = bytes.fromhex("00000021 01 04 0000 0000000000000001 0000000000000007 0000000000000000 04 aaaaaaaa"
+                              .replace(" ", ""))
+
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            client = await client_of(server)
+            key = b"\xaa" * 4
+            await client.add_entry(7, 0, key, entry(7, 0))
+            assert encode_request(WriteLac(7, 0, key, 1)) == old_frame  # what this walkit still sends without a body
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(old_frame)
+            (length,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), 10))
+            assert _codec.decode_response(await reader.readexactly(length)) == WriteLacResponse(7, 1)
+            writer.close()
+            assert await client.read_lac(7) == 0
+            assert (await _v3_read_lac_bodies(server.port, 7))[0] is None
             await client.close()
 
     run(body)

@@ -4,6 +4,7 @@ writes BookKeeper's entries and master key, and reads, recovery and LAC reads ch
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from support.metadata import Driver, driver  # noqa: F401  (fixture)
 from walkit.errors import InvalidArgumentError, UnauthorizedError
 from walkit.metadata import LedgerState
 from walkit.protocol import decode_entry, master_key
-from walkit.protocol._bk_digest import BkDigestType, bk_decode_entry, bk_master_key
+from walkit.protocol._bk_digest import BkDigestType, bk_decode_entry, bk_decode_lac, bk_encode_lac, bk_master_key
 
 
 @pytest.mark.parametrize("digest", ["bk-crc32", "bk-crc32c", "bk-hmac", "bk-dummy"])
@@ -42,6 +43,26 @@ def test_bk_digest_ledger_round_trip(tmp_path: Path, driver: Driver, digest: str
         assert bk.ledger_metadata(lh.ledger_id).state is LedgerState.CLOSED
         with pytest.raises(UnauthorizedError):
             bk.open_ledger(lh.ledger_id, password=b"wrong")
+
+
+@pytest.mark.parametrize("digest", ["bk-crc32c", "bk-hmac"])
+def test_an_idle_writers_lac_body_is_kept_by_walkit_bookies(tmp_path: Path, driver: Driver, digest: str) -> None:
+    """A bk-* writer gone idle sends its LAC with BookKeeper's LAC body in walkit's own
+    dialect (flag LAC_BODY): every bookie that acknowledged the entry keeps that body, the
+    one a Java reader's READ_LAC is answered with (lacBody), its digest the ledger's."""
+    kind = {"bk-crc32c": BkDigestType.CRC32C, "bk-hmac": BkDigestType.HMAC}[digest]
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster, idle_lac=True) as bk:
+        lh = bk.create_ledger(3, 3, 3, digest=digest, password=b"pw")
+        for i in range(5):
+            lh.add_entry(b"i%d" % i)  # each one alone: the writer goes idle after each
+        deadline = time.monotonic() + 10
+        bodies = [cluster.server(i).reads.lac_bodies.get(lh.ledger_id) for i in range(3)]
+        while any(b is None or bk_decode_lac(b, digest=kind, password=b"pw") < 4 for b in bodies) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+            bodies = [cluster.server(i).reads.lac_bodies.get(lh.ledger_id) for i in range(3)]
+        assert bodies == [bk_encode_lac(lh.ledger_id, 4, digest=kind, password=b"pw")] * 3
+        lh.close()
 
 
 def test_unknown_digest_is_refused_at_create(tmp_path: Path, driver: Driver) -> None:

@@ -32,6 +32,7 @@ from support.bookie import KEY, config, entry
 from walkit.client import BookieClient
 from walkit.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
+    MAX_LAC_BODY_SIZE,
     AddEntry,
     AddEntryResponse,
     Dialect,
@@ -183,6 +184,8 @@ _requests: st.SearchStrategy[Request] = st.one_of(
               st.integers(0, 50)),
     st.builds(lambda l: ReadLac(l), _ids),
     st.builds(lambda l, lac: WriteLac(l, lac, KEY), st.integers(2, 40), _small),
+    st.builds(lambda l, lac, b: WriteLac(l, lac, KEY, body=b), st.integers(2, 40), _small,  # flag LAC_BODY
+              st.binary(min_size=1, max_size=MAX_LAC_BODY_SIZE)),
     st.just(GetBookieInfo()),
 )
 

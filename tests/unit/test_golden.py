@@ -64,6 +64,7 @@ from walkit.protocol import (
     AddEntryResponse,
     AdminRequest,
     AdminResponse,
+    BkDigestType,
     BookieInfoResponse,
     ErrorResponse,
     FrameDecoder,
@@ -80,6 +81,7 @@ from walkit.protocol import (
     Status,
     WriteLac,
     WriteLacResponse,
+    bk_decode_lac,
     decode_entry,
     decode_request,
     decode_response,
@@ -136,6 +138,7 @@ FILES = {
     "wire/v1/requests.bin": 363,
     "wire/v1/responses.bin": 310,
     "wire/v1/read-range.bin": 415,
+    "wire/v1/write-lac-body.bin": 236,
 }
 
 
@@ -594,4 +597,24 @@ def test_wire_read_range_frames() -> None:
     assert [decode_request(f) for f in frames[:3]] == RANGE_REQUESTS
     assert [decode_response(f) for f in frames[3:]] == RANGE_RESPONSES
     assert b"".join([encode_request(m) for m in RANGE_REQUESTS] + [encode_response(m) for m in RANGE_RESPONSES]) \
+        == stream
+
+
+#: WRITE_LAC with BookKeeper's LAC body (flag LAC_BODY, added to version 1): two requests, then the answers.
+LAC_BODY_7 = bytes.fromhex("0000000000000007" "0000000000000001" "777bd7f3")  # CRC32C
+LAC_BODY_9 = bytes.fromhex("0000000000000009" "0000000000000000" "5c3e5d0e8738a435d050291f28f76b022987c479")  # HMAC
+LAC_BODY_REQUESTS: list[Request] = [WriteLac(7, 1, KEY_7, 1, LAC_BODY_7), WriteLac(9, 0, KEY_9, 2, LAC_BODY_9)]
+LAC_BODY_RESPONSES: list[Response] = [WriteLacResponse(7, request_id=1), WriteLacResponse(9, request_id=2)]
+LAC_BODY_HEADS = [(82, 1, 4, 8, 1), (98, 1, 4, 8, 2), (20, 1, 0x84, 0, 1), (20, 1, 0x84, 0, 2)]
+
+
+def test_wire_write_lac_body_frames() -> None:
+    stream = golden("wire/v1/write-lac-body.bin")
+    assert frame_heads(stream) == LAC_BODY_HEADS
+    frames = FrameDecoder().feed(stream)
+    assert [vars(decode_request(f)) for f in frames[:2]] == [vars(r) for r in LAC_BODY_REQUESTS]
+    assert [decode_response(f) for f in frames[2:]] == LAC_BODY_RESPONSES
+    assert bk_decode_lac(LAC_BODY_7, digest=BkDigestType.CRC32C) == 1
+    assert bk_decode_lac(LAC_BODY_9, digest=BkDigestType.HMAC, password=b"ledger-9-password") == 0
+    assert b"".join([encode_request(m) for m in LAC_BODY_REQUESTS] + [encode_response(m) for m in LAC_BODY_RESPONSES]) \
         == stream

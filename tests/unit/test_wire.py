@@ -30,9 +30,11 @@ from walkit.errors import (
     ProtocolVersionError,
     UnauthorizedError,
 )
+from walkit.protocol import _codec
 from walkit.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     MAX_ADMIN_BODY,
+    MAX_LAC_BODY_SIZE,
     MAX_RANGE_ENTRIES,
     MIN_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
@@ -114,7 +116,7 @@ def requests(data: st.SearchStrategy[bytes] = datas) -> st.SearchStrategy[Reques
         st.builds(AddEntry, ids, ids, keys, data, st.booleans(), request_ids),
         read_entries(),
         st.builds(ReadLac, ids, request_ids),
-        st.builds(WriteLac, ids, ids_or_last, some_keys, request_ids),
+        st.builds(WriteLac, ids, ids_or_last, some_keys, request_ids, st.binary(max_size=MAX_LAC_BODY_SIZE)),
         st.builds(GetBookieInfo, request_ids),
         st.builds(AdminRequest, st.from_regex(r"[a-z0-9._-]{1,64}", fullmatch=True), st.binary(max_size=300),
                   request_ids),
@@ -149,6 +151,7 @@ def test_every_request_round_trips(req: Request) -> None:
     assert decode_request(frame[4:]) == req
     assert decode_request(memoryview(frame)[4:]) == req
     assert decode_request(bytearray(frame[4:])) == req
+    assert vars(decode_request(frame[4:])) == vars(req)  # fields left out of == too (WriteLac's body)
 
 
 @FAST
@@ -196,6 +199,8 @@ PINNED: list[tuple[Request | Response, str]] = [
      "00000014 01 03 0000 0000000000000007  0000000000000007"),
     (WriteLac(7, 11, KEY, request_id=8),
      "00000021 01 04 0000 0000000000000008  0000000000000007 000000000000000b 04 aaaaaaaa"),
+    (WriteLac(7, 11, KEY, request_id=8, body=b"LACBODY"),
+     "00000029 01 04 0008 0000000000000008  0000000000000007 000000000000000b 04 aaaaaaaa 07 4c4143424f4459"),
     (GetBookieInfo(request_id=9),
      "0000000c 01 05 0000 0000000000000009"),
     (AdminRequest("gc.status", b"{}", request_id=11),
@@ -227,7 +232,7 @@ def test_frames_are_byte_exact(msg: Request | Response, hexed: str) -> None:
     expected = bytes.fromhex(hexed.replace(" ", ""))
     if isinstance(msg, REQUESTS):
         assert encode_request(msg) == expected
-        assert decode_request(expected[4:]) == msg
+        assert vars(decode_request(expected[4:])) == vars(msg)
     else:
         assert encode_response(msg) == expected
         assert decode_response(expected[4:]) == msg
@@ -239,10 +244,10 @@ def test_the_examples_in_format_md_are_these_frames() -> None:
     squashed = "".join(section.replace("|", " ").split())
     documented = [m for m, _ in PINNED if isinstance(m, AddEntry | AddEntryResponse | ReadEntryResponse | ErrorResponse
                                                        | ReadRange | ReadRangeResponse)
-                  or (isinstance(m, ReadEntry) and m.fence)]
-    assert len(documented) == 7
+                  or (isinstance(m, ReadEntry) and m.fence) or (isinstance(m, WriteLac) and m.body)]
+    assert len(documented) == 8
     for msg, hexed in PINNED:
-        if msg in documented:
+        if any(msg is d for d in documented):  # identity: a WriteLac equals one with a body
             assert hexed.replace(" ", "") in squashed, msg
 
 
@@ -388,6 +393,13 @@ BAD_REQUESTS: dict[str, bytes] = {
     "write lac empty key": frame(4, 0, struct.pack(">QqB", 1, 0, 0)),
     "write lac lac -2": frame(4, 0, struct.pack(">QqB", 1, -2, 4) + KEY),
     "write lac trailing": frame(4, 0, struct.pack(">QqB", 1, 0, 4) + KEY + b"\0"),
+    "write lac unknown flag": frame(4, 0x10, struct.pack(">QqB", 1, 0, 4) + KEY),
+    "write lac body flag without a body": frame(4, 0x8, struct.pack(">QqB", 1, 0, 4) + KEY),
+    "write lac body of length 0": frame(4, 0x8, struct.pack(">QqB", 1, 0, 4) + KEY + b"\0"),
+    "write lac body truncated": frame(4, 0x8, struct.pack(">QqB", 1, 0, 4) + KEY + b"\x24" + b"b" * 35),
+    "write lac body oversized": frame(4, 0x8, struct.pack(">QqB", 1, 0, 4) + KEY + b"\x41" + b"b" * 65),
+    "write lac body trailing": frame(4, 0x8, struct.pack(">QqB", 1, 0, 4) + KEY + b"\x02bb\0"),
+    "write lac body without the flag": frame(4, 0, struct.pack(">QqB", 1, 0, 4) + KEY + b"\x02bb"),
     "bookie info with body": frame(5, 0, b"\0"),
     "op 0": frame(0, 0, b""),
     "op 8": frame(8, 0, b""),
@@ -557,7 +569,8 @@ def test_mutated_requests_never_break_the_server(raw: bytes, tail: bytes) -> Non
 
 def pending_client() -> ClientConnection:
     client = ClientConnection()
-    for req in (AddEntry(1, 0, KEY, b"x"), ReadEntry(1, 0), ReadLac(1), WriteLac(1, 0, KEY), GetBookieInfo()):
+    for req in (AddEntry(1, 0, KEY, b"x"), ReadEntry(1, 0), ReadLac(1), WriteLac(1, 0, KEY, body=b"body"),
+                GetBookieInfo()):
         client.send(req)
     return client
 
@@ -573,6 +586,9 @@ def test_mutated_responses_only_ever_raise_protocol_error(raw: bytes) -> None:
     try:
         for resp in client.receive(raw):
             assert resp.request_id not in client.pending_ids()
+        resent = client.data_to_send()  # an EBADREQ to the WRITE_LAC with a body: it goes again, without
+        if resent:
+            assert vars(decode_request(resent[4:])) == vars(WriteLac(1, 0, KEY, 4)) and 4 in client.pending_ids()
     except ProtocolError:
         with pytest.raises(ProtocolError):
             client.receive(b"")  # fatal: stays failed
@@ -1027,3 +1043,120 @@ def test_client_send_add_in_pieces_is_the_frame_send_gives(recovery: bool) -> No
     server = ServerConnection()
     assert parts.receive(server.send(AddEntryResponse(7, 1, request_id=2))) == [AddEntryResponse(7, 1, 2)]
     assert parts.pending_ids() == [1, 3, 4]
+
+
+# --- WRITE_LAC's body (flag LAC_BODY, 2026-12-06) ----------------------------------------
+
+LAC_BODY = b"L" * 36  # as long as BookKeeper's largest (HMAC-SHA1)
+
+
+def test_write_lac_body_round_trips_and_the_form_without_one_is_unchanged() -> None:
+    """A body goes under flag LAC_BODY (a length byte, then the body), up to
+    MAX_LAC_BODY_SIZE bytes; without a body the frame is version 1's, byte for byte,
+    which is what an older client sends and a bookie still reads."""
+    for body in (b"x", LAC_BODY, b"m" * MAX_LAC_BODY_SIZE):
+        raw = encode_request(WriteLac(7, 11, KEY, 8, body))
+        assert struct.unpack(">H", raw[6:8])[0] == 0x8 and raw[-len(body) - 1] == len(body)
+        decoded = decode_request(raw[4:])
+        assert isinstance(decoded, WriteLac) and decoded.body == body and decoded == WriteLac(7, 11, KEY, 8)
+    old = bytes.fromhex("00000021 01 04 0000 0000000000000008 0000000000000007 000000000000000b 04 aaaaaaaa"
+                        .replace(" ", ""))
+    assert encode_request(WriteLac(7, 11, KEY, 8)) == old
+    assert vars(decode_request(old[4:])) == vars(WriteLac(7, 11, KEY, 8, b""))
+
+
+def test_write_lac_body_over_the_maximum_is_refused_when_encoding() -> None:
+    with pytest.raises(InvalidArgumentError, match="LAC body") as info:
+        encode_request(WriteLac(7, 11, KEY, body=b"m" * (MAX_LAC_BODY_SIZE + 1)))
+    assert info.value.context["size"] == MAX_LAC_BODY_SIZE + 1
+    client = ClientConnection()
+    with pytest.raises(InvalidArgumentError):
+        client.send(WriteLac(7, 11, KEY, body=b"m" * (MAX_LAC_BODY_SIZE + 1)))
+    assert client.pending == 0 and client.takes_lac_bodies is None
+    with pytest.raises(InvalidArgumentError, match="body"):
+        WriteLac(7, 11, KEY, body="text")  # type: ignore[arg-type]
+
+
+def _older_write_lac(frame: bytes, n: int, flags: int, rid: int) -> Request:
+    """WRITE_LAC as bookies before flag LAC_BODY decode it: any flag is a bad request."""
+    if flags:
+        raise InvalidArgumentError(f"flags 0x{flags:04x} not allowed for this op")
+    return _real_write_lac(frame, n, flags, rid)
+
+
+_real_write_lac = _codec._REQUEST_DECODERS[Op.WRITE_LAC]
+
+
+def _converse(client: ClientConnection, server: ServerConnection, frames: list[bytes]) -> tuple[
+        list[Request], list[Response], int]:
+    """Frames to the bookie until nobody has more to say: what the bookie was asked (the
+    requests), what the client was told, and how many frames the bookie refused."""
+    asked: list[Request] = []
+    told: list[Response] = []
+    refused = 0
+    out = b"".join(frames)
+    while out:
+        answers = b""
+        for event in server.receive(out):
+            if isinstance(event, ErrorResponse):
+                refused += 1
+                answers += server.send(event)
+            elif isinstance(event, WriteLac):
+                asked.append(event)
+                answers += server.send(WriteLacResponse(event.ledger_id, event.request_id))
+            else:
+                assert isinstance(event, AddEntry)
+                asked.append(event)
+                answers += server.send(AddEntryResponse(event.ledger_id, event.entry_id, event.request_id))
+        told += client.receive(answers)
+        out = client.data_to_send()
+    return asked, told, refused
+
+
+def test_a_bookie_that_takes_bodies_is_asked_once_and_the_writes_held_meanwhile_keep_theirs() -> None:
+    client, server = ClientConnection(), ServerConnection()
+    first = client.send(WriteLac(1, 5, KEY, body=b"one"))
+    assert struct.unpack(">H", first[1][6:8])[0] == 0x8  # asks with the first body
+    held = [client.send(WriteLac(ledger, 5, KEY, body=b"b%d" % ledger)) for ledger in (2, 3)]
+    assert [frame for _, frame in held] == [b"", b""] and client.pending == 3  # numbered, not sent yet
+    add = client.send(AddEntry(1, 6, KEY, b"entry"))  # everything else goes on meanwhile
+    asked, told, refused = _converse(client, server, [first[1], add[1]])
+    assert refused == 0 and client.takes_lac_bodies is True and client.pending == 0
+    assert [(type(r).__name__, r.request_id, getattr(r, "body", None)) for r in asked] == [
+        ("WriteLac", 1, b"one"), ("AddEntry", 4, None), ("WriteLac", 2, b"b2"), ("WriteLac", 3, b"b3")]
+    assert sorted(r.request_id for r in told) == [1, 2, 3, 4]
+    rid, frame = client.send(WriteLac(4, 5, KEY, body=b"four"))  # known now: sent at once, with it
+    assert vars(decode_request(frame[4:])) == vars(WriteLac(4, 5, KEY, rid, b"four"))
+
+
+def test_an_older_bookie_gets_the_lac_without_its_body_and_one_bad_frame_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bookie from before flag LAC_BODY answers it EBADREQ and keeps the connection: the
+    client sends that WRITE_LAC and those it held again, under their ids, without their
+    bodies; each is answered once, EOK; later ones go without bodies from the start."""
+    monkeypatch.setitem(_codec._REQUEST_DECODERS, Op.WRITE_LAC, _older_write_lac)
+    client, server = ClientConnection(), ServerConnection()
+    sent = [client.send(WriteLac(ledger, 9, KEY, body=b"body")) for ledger in range(1, 30)]
+    sent.append(client.send(AddEntry(1, 10, KEY, b"entry")))
+    asked, told, refused = _converse(client, server, [frame for _, frame in sent])
+    assert refused == 1 and client.takes_lac_bodies is False and client.pending == 0
+    assert sorted(r.request_id for r in told) == list(range(1, 31))
+    assert all(isinstance(r, WriteLacResponse | AddEntryResponse) for r in told)
+    lacs = [r for r in asked if isinstance(r, WriteLac)]
+    assert sorted(r.ledger_id for r in lacs) == list(range(1, 30)) and all(r.body == b"" for r in lacs)
+    rid, frame = client.send(WriteLac(40, 9, KEY, body=b"body"))
+    assert frame == encode_request(WriteLac(40, 9, KEY, rid))  # version 1's frame
+
+
+def test_only_ebadreq_tells_an_older_bookie() -> None:
+    """Any other answer to the asking WRITE_LAC (a wrong key, here) is handed on as it is,
+    and the bookie takes bodies: it decoded the frame."""
+    client, server = ClientConnection(), ServerConnection()
+    rid, _ = client.send(WriteLac(1, 5, KEY, body=b"one"))
+    held, _ = client.send(WriteLac(2, 5, KEY, body=b"two"))
+    refusal = ErrorResponse(Op.WRITE_LAC, Status.EUA, 1, -1, "wrong key", rid)
+    assert client.receive(server.send(refusal)) == [refusal]
+    assert client.takes_lac_bodies is True
+    released = decode_request(client.data_to_send()[4:])
+    assert isinstance(released, WriteLac) and (released.request_id, released.body) == (held, b"two")
+    assert client.data_to_send() == b""

@@ -6,7 +6,9 @@ at once and their responses may come back in any order (request ids match them).
 ``(response, error, ctx)`` on the loop (what the ledger client's hot paths use).
 Frames written in the same loop iteration go out in one ``transport.write`` (or earlier,
 on :meth:`BookieClient.flush`); an ADD_ENTRY's key and entry are not copied into a frame
-of their own, only into that write. An error
+of their own, only into that write. What the connection sends of its own accord after a
+read (WRITE_LACs it held back, or sends again without their LAC body to an older bookie:
+:mod:`walkit.protocol._connection`) is written at once. An error
 response raises the walkit error of its status (``error_for``); a lost connection fails
 every request in flight with :class:`~walkit.errors.BookieUnavailableError`; bytes that
 are not the protocol (or another protocol version) fail them with the
@@ -166,8 +168,10 @@ class BookieClient:
         assert isinstance(response, ReadLacResponse)
         return response.lac
 
-    async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
-        await self._call(WriteLac(ledger_id, lac, master_key))
+    async def write_lac(self, ledger_id: int, lac: int, master_key: bytes, body: bytes = b"") -> None:
+        """``body``: BookKeeper's LAC body, for its readers' READ_LAC (a bookie that does
+        not take one gets the LAC without it)."""
+        await self._call(WriteLac(ledger_id, lac, master_key, body=body))
 
     async def bookie_info(self) -> BookieInfoResponse:
         response = await self._call(GetBookieInfo())
@@ -259,6 +263,10 @@ class BookieClient:
         except ProtocolError as exc:
             self._broken(exc)
             return
+        resent = self._wire.data_to_send()  # WRITE_LACs held back or sent again without their bodies
+        if resent:
+            self._out.append(resent)
+            self._flush()
         pending, contexts = self._pending, self._contexts
         for response in responses:
             if response.__class__ is int:  # an add made durable: nothing to hand on but that

@@ -20,9 +20,10 @@ keywords would build a dict per call). Both
 layouts share walkit's 32-byte entry header, and BookKeeper's CRC32C digest is
 walkit's ``crc32c`` byte for byte (CRC32C of header and payload, a big-endian u32), so
 a ``bk-crc32c`` ledger's entries are encoded and checked by walkit's fast CRC32C path
-(and ``bk-dummy``'s by walkit's ``none``); only their master key differs. A walkit ledger's WRITE_LAC carries no body (walkit's
-wire has none) and a READ_LAC answer's LAC is taken as the bookie tells it; a
-BookKeeper ledger's WRITE_LAC carries BookKeeper's digest-protected body, and a
+(and ``bk-dummy``'s by walkit's ``none``); only their master key differs. A walkit ledger's WRITE_LAC carries no body (its
+readers take a READ_LAC answer's LAC as the bookie tells it); a BookKeeper ledger's
+WRITE_LAC carries BookKeeper's digest-protected body, to bookies of both kinds (walkit's
+keep it for Java readers' READ_LAC), and a
 READ_LAC answer that brings bodies (a BookKeeper bookie's: the last LAC body and the
 last entry) counts only the ones whose digest checks.
 """
@@ -170,8 +171,9 @@ class EntryCodec:
         return payloads
 
     def lac_body(self, ledger_id: int, lac: int) -> bytes:
-        """The body a WRITE_LAC of this ledger carries: BookKeeper's (ledger, LAC, digest)
-        for a BookKeeper ledger, nothing for a walkit one (walkit's wire has no body)."""
+        """The body a WRITE_LAC of this ledger carries, to bookies of both kinds (walkit's
+        under its flag LAC_BODY): BookKeeper's (ledger, LAC, digest) for a BookKeeper
+        ledger, for Java readers' READ_LAC; nothing for a walkit one."""
         if self._bk is None:
             return b""
         return bk_encode_lac(ledger_id, lac, digest=self._bk, password=self._password)

@@ -62,6 +62,7 @@ from walkit.protocol._codes import (
     DEFAULT_MAX_FRAME_SIZE,
     HEADER_SIZE,
     MAX_KEY_SIZE,
+    MAX_LAC_BODY_SIZE,
     MAX_MESSAGE_SIZE,
     PROTOCOL_VERSION,
     Flag,
@@ -100,6 +101,7 @@ __all__ = [
 
 # plain ints: ~ of an IntFlag member stays inside the known bits (3.11), hiding unknown ones
 _RECOVERY_ADD, _FENCE, _LONG_POLL = int(Flag.RECOVERY_ADD), int(Flag.FENCE), int(Flag.LONG_POLL)
+_LAC_BODY = int(Flag.LAC_BODY)
 
 
 # --- encoding ----------------------------------------------------------------------------
@@ -113,7 +115,7 @@ _ADD_REQ = struct.Struct(">IBBHQQQB")  # + key + data
 _READ_REQ = struct.Struct(">IBBHQQqB")  # + key [+ _POLL]
 _POLL = struct.Struct(">qI")
 _LEDGER_REQ = struct.Struct(">IBBHQQ")
-_WRITE_LAC_REQ = struct.Struct(">IBBHQQqB")  # + key
+_WRITE_LAC_REQ = struct.Struct(">IBBHQQqB")  # + key [+ body length u8 + body: flag LAC_BODY]
 _ADD_RESP = struct.Struct(">IBBHQQQ")
 _READ_RESP = struct.Struct(">IBBHQQqq")  # + data
 _LAC_RESP = struct.Struct(">IBBHQQq")
@@ -145,8 +147,14 @@ def _enc_read_lac(r: ReadLac, rid: int) -> bytes:
 
 
 def _enc_write_lac(r: WriteLac, rid: int) -> bytes:
-    key = r.master_key
-    return _WRITE_LAC_REQ.pack(29 + len(key), _V, 4, 0, rid, r.ledger_id, r.lac, len(key)) + key
+    key, body = r.master_key, r.body
+    if not body:  # the form every bookie reads
+        return _WRITE_LAC_REQ.pack(29 + len(key), _V, 4, 0, rid, r.ledger_id, r.lac, len(key)) + key
+    if len(body) > MAX_LAC_BODY_SIZE:
+        raise InvalidArgumentError("LAC body over the maximum walkit's wire carries", ledger=r.ledger_id,
+                                   size=len(body), max_size=MAX_LAC_BODY_SIZE)
+    head = _WRITE_LAC_REQ.pack(30 + len(key) + len(body), _V, 4, _LAC_BODY, rid, r.ledger_id, r.lac, len(key))
+    return b"".join((head, key, bytes((len(body),)), body))
 
 
 def _enc_info(r: GetBookieInfo, rid: int) -> bytes:
@@ -312,15 +320,23 @@ def _dec_read_lac(frame: bytes, n: int, flags: int, rid: int) -> ReadLac:
 
 
 def _dec_write_lac(frame: bytes, n: int, flags: int, rid: int) -> WriteLac:
-    if flags:
+    if flags & ~_LAC_BODY:
         raise _flags_fault(flags)
     if n < 29:
         raise _size_fault(n, "at least 17")
     ledger, lac, klen = _LEDGER_LAC_KEY.unpack_from(frame, 12)
     key, end = _keyed(frame, n, klen)
+    body = b""
+    if flags:  # LAC_BODY: a length byte, 1..MAX_LAC_BODY_SIZE, then the body
+        if end == n:
+            raise _Malformed("flag LAC_BODY without a body")
+        blen = frame[end]
+        if not 1 <= blen <= MAX_LAC_BODY_SIZE or end + 1 + blen > n:
+            raise _Malformed(f"LAC body length {blen} not 1..{MAX_LAC_BODY_SIZE} or past the end of the frame")
+        body, end = frame[end + 1 : end + 1 + blen], end + 1 + blen
     if end != n:
         raise _size_fault(n, f"{end - HEADER_SIZE}")
-    return WriteLac(ledger, lac, key, rid)
+    return WriteLac(ledger, lac, key, rid, body)
 
 
 def _dec_info(frame: bytes, n: int, flags: int, rid: int) -> GetBookieInfo:

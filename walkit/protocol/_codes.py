@@ -17,6 +17,7 @@ __all__ = [
     "HEADER_SIZE",
     "MAX_KEY_SIZE",
     "MAX_MESSAGE_SIZE",
+    "MAX_LAC_BODY_SIZE",
     "Op",
     "Flag",
     "Status",
@@ -28,6 +29,7 @@ MIN_MAX_FRAME_SIZE = 4096  # every message without entry data fits (the largest 
 HEADER_SIZE = 12  # version, kind, flags/status, request id: the bytes after the length
 MAX_KEY_SIZE = 64
 MAX_MESSAGE_SIZE = 1024  # bytes of UTF-8 in an error response
+MAX_LAC_BODY_SIZE = 64  # a WRITE_LAC's BookKeeper LAC body (BookKeeper's largest: 16 + HMAC-SHA1's 20)
 
 
 class Op(IntEnum):
@@ -47,6 +49,7 @@ class Flag(IntFlag):
     RECOVERY_ADD = 0x1  # ADD_ENTRY: a recoverer re-replicating; accepted on a fenced ledger
     FENCE = 0x2  # READ_ENTRY: fence the ledger first (needs the master key)
     LONG_POLL = 0x4  # READ_ENTRY: wait until the LAC passes previous_lac or timeout_ms
+    LAC_BODY = 0x8  # WRITE_LAC: BookKeeper's LAC body follows the key (bookies before 2026-12-06 refuse it)
 
 
 class Status(IntEnum):

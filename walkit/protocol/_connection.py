@@ -15,6 +15,16 @@ client side numbers requests 1, 2, 3, ... and matches responses by id, in any or
 response nobody asked for, of the wrong op, or a bad frame is fatal and raised again by
 every later ``receive()``.
 
+A WRITE_LAC with a body (flag LAC_BODY, added 2026-12-06) is refused by older bookies
+(EBADREQ: a flag they do not know), so the client side learns per connection whether its
+bookie takes one: the first such WRITE_LAC goes with its body and, until it is answered,
+later ones are held back (numbered, not sent). Its answer decides - EBADREQ: an older
+bookie, so it and the held ones go again without their bodies under the same ids (the
+LAC itself still reaches the bookie) and no later one carries a body; anything else: the
+held ones go as they are. The frames it sends of its own accord are taken by
+:meth:`ClientConnection.data_to_send` after each ``receive()``. An older bookie so sees
+one bad frame per connection, far below the count at which it closes one.
+
 Both sides have a hot path for ADD_ENTRY and its answers that cuts frames inline and
 builds the message without a second range test (``_trusted_add`` /
 ``_trusted_added``); each states the exact shape it accepts, and any other frame goes
@@ -23,6 +33,8 @@ is the one the general path gives.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from walkit.errors import FrameTooLargeError, ProtocolError, ProtocolVersionError
 from walkit.protocol._codec import (
@@ -53,6 +65,7 @@ from walkit.protocol._messages import (
     ErrorResponse,
     Request,
     Response,
+    WriteLac,
     _response_op,
     _trusted_add,
     _trusted_added,
@@ -166,10 +179,21 @@ class ClientConnection:
         self._next_id = 1
         self._pending: dict[int, Op] = {}
         self._error: ProtocolError | None = None
+        self._lac_bodies: bool | None = None  # whether the bookie takes WRITE_LAC bodies
+        #: the WRITE_LAC with a body whose answer tells (its id, it), and those held back meanwhile
+        self._asking: tuple[int, WriteLac] | None = None
+        self._held: list[tuple[int, WriteLac, bytes]] = []
+        self._output: list[bytes] = []
 
     @property
     def pending(self) -> int:
         return len(self._pending)
+
+    @property
+    def takes_lac_bodies(self) -> bool | None:
+        """Whether the bookie takes a WRITE_LAC's body (flag LAC_BODY): None until the
+        first WRITE_LAC with one is answered."""
+        return self._lac_bodies
 
     def pending_ids(self) -> list[int]:
         """Ids of the requests sent and not answered, oldest first."""
@@ -181,12 +205,56 @@ class ClientConnection:
         if type(req) is AddEntry and 33 + len(req.master_key) + len(req.data) <= self._max:
             frame = _enc_add(req, rid)  # the hot path: no table look-up, the size known
             op = Op.ADD_ENTRY
+        elif type(req) is WriteLac and req.body and self._lac_bodies is not True:
+            frame = self._lac_frame(req, rid)
+            op = Op.WRITE_LAC
         else:
             frame = _encode(_REQUEST_ENCODERS, req, self._max, rid)
             op = _REQUEST_OP[type(req)]
         self._next_id = rid + 1
         self._pending[rid] = op
         return rid, frame
+
+    def _lac_frame(self, req: WriteLac, rid: int) -> bytes:
+        """The frame of a WRITE_LAC with a body while the bookie's answer to bodies is not
+        known to take them (module docstring): without it, with it (the one that asks),
+        or nothing yet (held until that one is answered)."""
+        if self._lac_bodies is False:
+            return self._without_body(req, rid)
+        frame = _encode(_REQUEST_ENCODERS, req, self._max, rid)  # refuses a bad body now, not when released
+        if self._asking is None:
+            self._asking = (rid, req)
+            return frame
+        self._held.append((rid, req, frame))
+        return b""
+
+    def _lac_answered(self, resp: Response) -> bool:
+        """The answer to the WRITE_LAC that asked whether the bookie takes bodies: release
+        the held ones. True when it was an older bookie's refusal (EBADREQ): then that
+        WRITE_LAC went again without its body and is still pending."""
+        assert self._asking is not None
+        rid, req = self._asking
+        self._asking = None
+        refused = isinstance(resp, ErrorResponse) and resp.status is Status.EBADREQ
+        self._lac_bodies = not refused
+        held, self._held = self._held, []
+        if refused:
+            held.insert(0, (rid, req, b""))
+        for held_rid, held_req, frame in held:
+            self._output.append(self._without_body(held_req, held_rid) if refused else frame)
+        return refused
+
+    def _without_body(self, req: WriteLac, rid: int) -> bytes:
+        """The frame of ``req`` without its body: the WRITE_LAC every bookie reads."""
+        return _encode(_REQUEST_ENCODERS, replace(req, body=b""), self._max, rid)
+
+    def data_to_send(self) -> bytes:
+        """Frames this connection sends of its own accord, to write after a ``receive()``:
+        WRITE_LACs held back or sent again (module docstring); usually none."""
+        if not self._output:
+            return b""
+        out, self._output = self._output, []
+        return b"".join(out)
 
     def send_add(self, req: AddEntry) -> tuple[int, bytes]:
         """(request id, head) for an AddEntry: the frame :meth:`send` would give is
@@ -255,7 +323,9 @@ class ClientConnection:
                         continue  # the frame that ended the run goes through the loop's checks
                 # a READ_RANGE answer is decoded from a view of src (a fresh buffer each call)
                 frame = view[off + 4 : end] if src[off + 5] == _RANGE_ANSWER else src[off + 4 : end]
-                append(self._match(decode_response(frame)))
+                matched = self._match(decode_response(frame))
+                if matched is not None:
+                    append(matched)
                 off = end
         except ProtocolError as exc:
             self._error = exc
@@ -266,7 +336,9 @@ class ClientConnection:
             raise error
         return responses
 
-    def _match(self, resp: Response) -> Response:
+    def _match(self, resp: Response) -> Response | None:
+        """The response to a pending request, or None when it is not one to hand on (an
+        older bookie's refusal of a WRITE_LAC's body: the request went again)."""
         rid, op = resp.request_id, _response_op(resp)
         expected = self._pending.get(rid)
         if expected is None:  # an error here may be the bookie refusing the whole stream (id 0)
@@ -275,5 +347,7 @@ class ClientConnection:
         if op != expected and op is not Op.INVALID:
             raise ProtocolError("response op does not match the request", request_id=rid, op=op.name,
                                 expected=expected.name)
+        if self._asking is not None and rid == self._asking[0] and self._lac_answered(resp):
+            return None
         del self._pending[rid]
         return resp

@@ -202,8 +202,9 @@ class WriteLac:
     lac: int
     master_key: bytes
     request_id: int = 0
-    #: BookKeeper's v3 WRITE_LAC body (ledger, LAC, the writer's digest), kept in memory
-    #: to answer READ_LAC with; never on walkit's wire
+    #: BookKeeper's LAC body (ledger, LAC, the writer's digest), kept in memory by the
+    #: bookie to answer BookKeeper's READ_LAC with: v3's ``WriteLacRequest.body``, and on
+    #: walkit's wire the flag LAC_BODY's field (at most MAX_LAC_BODY_SIZE bytes there)
     body: bytes = field(default=b"", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -211,6 +212,7 @@ class WriteLac:
         _int("lac", self.lac, -1, _I63)
         _key(self.master_key, required=True)
         _int("request_id", self.request_id, 0, _U64)
+        _bytes("body", self.body)
 
 
 @dataclass(frozen=True)

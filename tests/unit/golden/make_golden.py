@@ -41,6 +41,7 @@ from walkit.protocol import (  # noqa: E402
     AddEntryResponse,
     AdminRequest,
     AdminResponse,
+    BkDigestType,
     BookieInfoResponse,
     ErrorResponse,
     GetBookieInfo,
@@ -56,6 +57,7 @@ from walkit.protocol import (  # noqa: E402
     Status,
     WriteLac,
     WriteLacResponse,
+    bk_encode_lac,
     encode_entry,
     encode_request,
     encode_response,
@@ -294,6 +296,19 @@ def write_wire_range(out: Path) -> None:
               b"".join([encode_request(r) for r in requests] + [encode_response(r) for r in responses]))
 
 
+def write_wire_lac_body(out: Path) -> None:
+    """WRITE_LAC with BookKeeper's LAC body (flag LAC_BODY, added to version 1 on
+    2026-12-06): a client's requests, then the bookie's answers, in one stream."""
+    requests: list[Request] = [
+        WriteLac(7, 1, KEY_7, request_id=1, body=bk_encode_lac(7, 1, digest=BkDigestType.CRC32C)),
+        WriteLac(9, 0, KEY_9, request_id=2, body=bk_encode_lac(9, 0, digest=BkDigestType.HMAC,
+                                                                password=b"ledger-9-password")),
+    ]
+    responses: list[Response] = [WriteLacResponse(7, request_id=1), WriteLacResponse(9, request_id=2)]
+    write_new(out / "wire/v1/write-lac-body.bin",
+              b"".join([encode_request(r) for r in requests] + [encode_response(r) for r in responses]))
+
+
 def write_entries(out: Path) -> None:
     write_new(out / "entry/crc32c.bin", E7_0)
     write_new(out / "entry/mac.bin", E9_0)
@@ -314,7 +329,7 @@ def copy_file(src: Path, dst: Path) -> None:
 
 WRITERS: list[Callable[[Path], None]] = [
     write_entries, write_journal, write_mark_file, write_ledger_dir, write_cookie, write_wal, write_metadata,
-    write_wire, write_wire_range, write_wal_fragments, write_ledger_dir_slots,
+    write_wire, write_wire_range, write_wal_fragments, write_ledger_dir_slots, write_wire_lac_body,
 ]
 
 
