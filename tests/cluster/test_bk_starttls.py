@@ -17,6 +17,8 @@ import pytest
 from support.bookie import KEY, client_of, config, entry, in_process, make_certificates, run
 from test_bk_dialects import BK_KEY, BkPeer, bk_entry
 from walkit.client import client_ssl_context
+from walkit.client._bk_bookie_client import BkBookieClient
+from walkit.errors import BookieUnavailableError
 from walkit.protocol import (
     AddEntry,
     AddEntryResponse,
@@ -145,3 +147,32 @@ def test_without_tls_configured_start_tls_is_ebadreq_and_the_connection_goes_on(
 
     run(body)
 
+
+
+@pytest.mark.parametrize("dialect", [Dialect.BK_V3, Dialect.BK_V2])
+def test_the_walkit_bookkeeper_client_starts_tls_in_band(tmp_path: Path, certificates: dict[str, str],
+                                                         dialect: Dialect) -> None:
+    """BkBookieClient with an SSL context: START_TLS, EOK, handshake, then its dialect in
+    TLS (against a walkit bookie here; against BookKeeper's in tests/bookkeeper/test_bk_tls.py)."""
+    async def body() -> None:
+        async with in_process(tls_config(tmp_path, certificates, tls_client_authentication=True)) as server:
+            good = client_ssl_context(certificates["ca"], certificate=certificates["client"])
+            client = await BkBookieClient.connect("127.0.0.1", server.port, ssl_context=good, dialect=dialect)
+            assert client._transport is not None and client._transport.get_extra_info("ssl_object") is not None
+            await client.add_entry(3, 0, BK_KEY, bk_entry(3, 0))
+            assert (await client.read_entry(3, 0)).data == bk_entry(3, 0)
+            await client.close()
+            with pytest.raises(BookieUnavailableError, match="TLS") as err:  # a CA that did not sign the bookie
+                await BkBookieClient.connect("127.0.0.1", server.port, dialect=dialect, timeout=5,
+                                             ssl_context=client_ssl_context(certificates["stranger"],
+                                                                            certificate=certificates["client"]))
+            assert isinstance(err.value.__cause__, ssl.SSLCertVerificationError)
+            anonymous = None
+            with pytest.raises(BookieUnavailableError):  # no certificate where the bookie requires one
+                anonymous = await BkBookieClient.connect("127.0.0.1", server.port, dialect=dialect, timeout=5,
+                                                         ssl_context=client_ssl_context(certificates["ca"]))
+                await asyncio.wait_for(anonymous.read_entry(3, 0), 10)
+            if anonymous is not None:
+                await anonymous.close()
+
+    run(body)
