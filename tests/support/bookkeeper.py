@@ -18,7 +18,8 @@ Theory of operation
   cache dir with ``javac``: ~1 s, and starting the compiled class saves the ~2 s a
   ``java Peer.java`` run spends compiling each time). It reads one JSON command per line and
   answers one JSON line each; while adding with ``report`` it also emits ``{"ack": id}``
-  lines as entries are acknowledged. Errors come back as ``{"error": "<BKException code
+  lines as entries are acknowledged. ``conf`` adds client settings (``key=value`` arguments:
+  TLS, for one). Errors come back as ``{"error": "<BKException code
   name>", "message": ...}`` and raise :class:`PeerError`.
 - **Shell.** ``JavaCluster.shell(*args)`` runs BookieShell with the cluster's client.conf and
   returns its stdout (logs included: parse the ``{key=value, ...}`` parts).
@@ -277,8 +278,8 @@ class JavaCluster:
                 delete.delete(path)
             delete.commit()
 
-    def peer(self, *, v2: bool = False) -> JavaPeer:
-        return JavaPeer(self.classpath, self.metadata_uri, self.directory, v2=v2)
+    def peer(self, *, v2: bool = False, conf: dict[str, str] | None = None) -> JavaPeer:
+        return JavaPeer(self.classpath, self.metadata_uri, self.directory, v2=v2, conf=conf)
 
     def stop(self) -> None:
         for bookie in self.bookies:
@@ -308,7 +309,7 @@ class JavaPeer:
     """The Java client in a process of its own, one JSON command per line."""
 
     def __init__(self, classpath: str, metadata_uri: str, directory: Path, *, v2: bool = False,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, conf: dict[str, str] | None = None) -> None:
         classes = peer_classes(classpath)
         self.v2 = v2
         self.log = Path(tempfile.mkstemp(prefix="peer-", suffix=".log", dir=directory)[1])
@@ -318,7 +319,8 @@ class JavaPeer:
         with open(self.log, "ab") as log:
             self._proc = subprocess.Popen(
                 ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp",
-                 f"{classes}:{classpath}", "Peer", metadata_uri, "v2" if v2 else "v3"],
+                 f"{classes}:{classpath}", "Peer", metadata_uri, "v2" if v2 else "v3",
+                 *(f"{key}={value}" for key, value in (conf or {}).items())],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
