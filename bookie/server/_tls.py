@@ -92,12 +92,17 @@ class TlsListener:
         self._accepting = self._loop.create_task(self._accept())
 
     def close(self) -> None:
-        """Stop accepting; connections not yet handed over are closed."""
-        if self._accepting is not None:
-            self._accepting.cancel()
+        """Stop accepting; connections not yet handed over are closed. The listening
+        socket closes once the accept has let go of it (its descriptor leaves the loop
+        first: a number closed while still watched could be watched again as another's)."""
+        listening = self.sockets[0]
         for task in list(self._starting):
             task.cancel()
-        self.sockets[0].close()
+        if self._accepting is None or self._accepting.done():
+            listening.close()
+            return
+        self._accepting.add_done_callback(lambda _: listening.close())
+        self._accepting.cancel()
 
     async def _accept(self) -> None:
         listening = self.sockets[0]

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from bookie.server import BookieServer
 from support.bookie import KEY, client_of, config, entry, in_process, make_certificates, run
 from test_bk_dialects import BK_KEY, BkPeer, bk_entry
 from walkit.client import client_ssl_context
@@ -174,5 +175,27 @@ def test_the_walkit_bookkeeper_client_starts_tls_in_band(tmp_path: Path, certifi
                 await asyncio.wait_for(anonymous.read_entry(3, 0), 10)
             if anonymous is not None:
                 await anonymous.close()
+
+    run(body)
+
+
+def test_clients_that_vanish_or_never_speak_hold_nothing_up(tmp_path: Path, certificates: dict[str, str]) -> None:
+    """The TLS listener waits for a client's first byte: one that closes first, or never
+    speaks, costs nothing served, and a stop does not wait for it (its socket is closed)."""
+    async def body() -> None:
+        server = BookieServer(tls_config(tmp_path, certificates))
+        await server.start()
+        try:
+            _, gone = await asyncio.open_connection("127.0.0.1", server.port)
+            gone.close()
+            silent_reader, silent = await asyncio.open_connection("127.0.0.1", server.port)
+            client = await client_of(server, ssl_context=client_ssl_context(certificates["ca"]),
+                                     server_hostname="127.0.0.1")
+            await client.add_entry(5, 0, KEY, entry(5, 0))  # served beside them
+            await client.close()
+        finally:
+            await asyncio.wait_for(server.stop(), 10)
+        assert await asyncio.wait_for(silent_reader.read(), 10) == b""  # closed by the stop
+        silent.close()
 
     run(body)
