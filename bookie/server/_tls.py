@@ -7,7 +7,8 @@ A bookie configured with TLS (``tlsCertificatePath``) hears two kinds of client 
 port. walkit's clients start TLS with the connection: their first byte is a TLS
 handshake record's type, 0x16. BookKeeper's clients connect in the clear and send a v3
 START_TLS request; the bookie answers EOK and both sides then run the TLS handshake on
-the same TCP connection, the bookie as the TLS server (docs/format.md, "START_TLS").
+the same TCP connection, the bookie as the TLS server (docs/format.md, "TLS: from the
+first byte, or inside the connection").
 Every plain frame - walkit's or either of BookKeeper's dialects - starts with its
 4-byte big-endian length, whose first byte is 0x16 only for a frame of 0x16000000 bytes
 (352 MiB) or more, which a bookie with TLS never accepts (``nettyMaxFrameSizeBytes``
@@ -130,7 +131,7 @@ class TlsListener:
             await self._loop.connect_accepted_socket(self._factory, sock, ssl=self._ssl if tls else None,
                                                      ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls else None)
         except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError) as exc:
-            log.info("TLS handshake with a client failed: %s", exc)
+            log.info("a connection failed before it was served (TLS handshake, or reset): %s", exc)
             sock.close()
         except asyncio.CancelledError:
             sock.close()
@@ -140,12 +141,17 @@ class TlsListener:
         """The client's first byte, left unread (b"" when it closed first)."""
         ready: asyncio.Future[None] = self._loop.create_future()
         fd = sock.fileno()
-        self._loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+        self._loop.add_reader(fd, _wake, ready)
         try:
             await ready
         finally:
             self._loop.remove_reader(fd)
         return sock.recv(1, socket.MSG_PEEK)
+
+
+def _wake(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_result(None)
 
 
 async def upgrade(transport: asyncio.Transport, protocol: asyncio.BaseProtocol,
