@@ -347,8 +347,13 @@ def test_the_pool_picks_the_connection_by_kind_and_tls_by_the_client_configurati
                 writer.close()
                 return
             first_frames.append(frame)
-            writer.write(_bk_v3.encode_error(_bk_v3.decode_request(frame), Status.EBADREQ))
-            await writer.drain()
+            try:
+                request = _bk_v3.decode_request(frame)
+            except ProtocolError:  # a plain client's v2 read: nothing to answer here
+                request = None
+            if request is not None:  # as a BookKeeper bookie without TLS answers START_TLS
+                writer.write(_bk_v3.encode_error(request, Status.EBADREQ))
+                await writer.drain()
             await reader.read()
             writer.close()
 

@@ -11,7 +11,10 @@ once, as a writer sends an entry to its write set). Requests made while the conn
 is being opened wait for it; a failed connect fails them with
 :class:`~walkit.errors.BookieUnavailableError`. A lost connection is dropped from the
 pool, so the next request opens a new one (the endpoint is resolved again: a restarted
-bookie may have moved).
+bookie may have moved). TLS: to a walkit bookie that registered with TLS, from the first
+byte; to an Apache BookKeeper bookie, START_TLS first whenever the client has a CA
+(``tls_ca_file``), as BookKeeper's client decides by its own configuration
+(:meth:`BookiePool._tls_to`).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ public class Peer {
         conf.setUseV2WireProtocol(v2);
         conf.setAddEntryTimeout(10);
         conf.setReadEntryTimeout(10);
-        for (int i = 2; i < args.length; i++) {  // more client settings, key=value (TLS: tests/bookkeeper/test_bk_tls.py)
+        for (int i = 2; i < args.length; i++) {  // more client settings, key=value (TLS, for one)
             int eq = args[i].indexOf('=');
             conf.setProperty(args[i].substring(0, eq), args[i].substring(eq + 1));
         }
