@@ -14,8 +14,8 @@ Theory of operation
   ``/bk-<uuid>`` with kazoo first. Then N :class:`JavaBookie`\\ s
   (``org.apache.bookkeeper.server.Main``, DbLedgerStorage, loopback only, small caches),
   each ready once ``<root>/available/127.0.0.1:<port>`` exists (it registers writable).
-- **Peer.** :class:`JavaPeer` runs ``tests/support/java/Peer.java`` (compiled once into the
-  cache dir with ``javac``: ~1 s, and starting the compiled class saves the ~2 s a
+- **Peer.** :class:`JavaPeer` runs ``tests/support/java/Peer.java`` (compiled once per
+  version of the source into the cache dir with ``javac``: ~1 s, and starting the compiled class saves the ~2 s a
   ``java Peer.java`` run spends compiling each time). It reads one JSON command per line and
   answers one JSON line each; while adding with ``report`` it also emits ``{"ack": id}``
   lines as entries are acknowledged. ``conf`` adds client settings (``key=value`` arguments:
@@ -100,22 +100,25 @@ def bookkeeper_classpath() -> str:
 
 
 def peer_classes(classpath: str) -> Path:
-    """The directory of the compiled Peer class (recompiled when Peer.java changes)."""
-    out = CACHE / "peer-classes"
-    stamp = out / "source.sha"
-    source = PEER_SOURCE.read_bytes()
+    """The directory of the compiled Peer class, one per version of Peer.java (named by
+    its hash: worktrees with different versions share the cache without recompiling
+    under each other's running peers)."""
     import hashlib
-    digest = hashlib.sha256(source).hexdigest()
-    if stamp.exists() and stamp.read_text() == digest and (out / "Peer.class").exists():
+
+    digest = hashlib.sha256(PEER_SOURCE.read_bytes()).hexdigest()
+    out = CACHE / f"peer-classes-{digest[:16]}"
+    if (out / "Peer.class").exists():
         return out
     tmp = Path(tempfile.mkdtemp(prefix="peer-", dir=CACHE))
     run = subprocess.run(["javac", "-d", str(tmp), "-cp", classpath, str(PEER_SOURCE)],
                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if run.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise RuntimeError(f"javac Peer.java failed:\n{run.stdout}{run.stderr}")
-    (tmp / "source.sha").write_text(digest)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:  # another run compiled the same version meanwhile: keep its copy
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
