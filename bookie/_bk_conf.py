@@ -11,8 +11,9 @@ one of four kinds, the table in docs/operations.md ("Starting from bk_server.con
   ``zkServers`` + ``zkLedgersRootPath`` (used when ``metadataServiceUri`` is not given),
   and ``metadataServiceUri`` whose hosts BookKeeper separates with ``;``.
 - refused: a value walkit cannot honour (:data:`REFUSED`: another ledger storage, a
-  BookKeeper on-disk format version to write), a value of the wrong type, or a list where
-  one value is expected: ConfigError naming the key, the value and why.
+  BookKeeper on-disk format version to write; a TLS store type other than PEM for a store
+  that is given, :data:`PEM_ONLY`), a value of the wrong type, or a list where one value
+  is expected: ConfigError naming the key, the value and why.
 - ignored: any other key (JVM, Netty, stats provider, table service ...): listed, all of
   them, in one warning at start, not refused.
 """
@@ -29,7 +30,7 @@ from bookie._config import BookieConfig, os_reason
 from bookie._properties import decode, load_configuration
 from walkit.errors import ConfigError
 
-__all__ = ["MAPPED", "REFUSED", "from_properties", "load", "load_config", "read_properties", "warn_ignored"]
+__all__ = ["MAPPED", "PEM_ONLY", "REFUSED", "from_properties", "load", "load_config", "read_properties", "warn_ignored"]
 
 log = logging.getLogger("bookie")
 
@@ -50,6 +51,9 @@ REFUSED = {
                                     "remove the key",
     "sortedLedgerStorageEnabled": "walkit has its own ledger storage; remove the key",
 }
+#: TLS store types, and the store each describes: walkit reads PEM files only, so another
+#: type (BookKeeper's default is JKS) is refused when its store is given (else ignored).
+PEM_ONLY = {"tlsKeyStoreType": "tlsKeyStore", "tlsTrustStoreType": "tlsTrustStore"}
 _INT = re.compile(r"[+-]?[0-9]+")
 _FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?")
 
@@ -116,6 +120,10 @@ def load_config(conf: dict[str, list[str]]) -> tuple[BookieConfig, list[str]]:
     for key, why in REFUSED.items():
         if key in conf and conf[key] != [""]:
             raise _refuse(key, ",".join(conf[key]), why)
+    for key, store in PEM_ONLY.items():
+        kind = ",".join(conf.get(key, [""]))
+        if kind and kind.upper() != "PEM" and any(conf.get(store, [""])):
+            raise _refuse(key, kind, f"walkit bookies read PEM files only: give {store} as PEM and set {key}=PEM")
     values: dict[str, Any] = {}
     for key, elements in conf.items():
         f = fields.get(key)

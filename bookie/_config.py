@@ -351,11 +351,19 @@ def _check_network(c: BookieConfig) -> None:
                               key="metadataServiceUri") from exc
 
 
+#: The smallest frame length whose first byte (0x16) is a TLS record's (bookie.server._tls).
+_TLS_FIRST_BYTE_FRAME = 0x16000000
+
+
 def _check_tls(c: BookieConfig) -> None:
-    """A certificate and its key together; a trust store to verify clients by."""
+    """A certificate and its key together; a trust store to verify clients by; frames
+    whose length's first byte cannot be taken for TLS's (bookie.server._tls)."""
     if bool(c.tls_certificate_path) != bool(c.tls_key_store):
         _bad("tlsKeyStore" if c.tls_certificate_path else "tlsCertificatePath",
              "TLS needs both tlsCertificatePath and tlsKeyStore", c.tls_key_store or c.tls_certificate_path)
+    if c.tls_certificate_path and c.netty_max_frame_size_bytes >= _TLS_FIRST_BYTE_FRAME:
+        _bad("nettyMaxFrameSizeBytes", "with TLS it must stay below 352 MiB (a larger frame's first byte is "
+             "TLS's)", c.netty_max_frame_size_bytes)
     if c.tls_client_authentication and not c.tls_trust_store:
         _bad("tlsTrustStore", "tlsClientAuthentication needs it (the CA to verify clients by)", "")
 

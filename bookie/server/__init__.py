@@ -19,6 +19,8 @@ The package's modules, one job each (each starts with its own theory of operatio
   their time is up.
 * :mod:`bookie.server._disk_watch`  disk usage against the marks, ENOSPC and I/O
   failures: when to turn read-only and back.
+* :mod:`bookie.server._tls`         TLS both ways it starts: from the first byte
+  (walkit's clients, told apart by that byte) or by BookKeeper's START_TLS.
 * :mod:`bookie.server._startup`     what start claims and checks before serving: TLS,
   directory locks, the bookie id, the cookie.
 * :mod:`bookie.server._answers`     what the parts need of a connection to answer it,

@@ -91,13 +91,15 @@ def answer_at_once(req: ForceLedger | AuthMessage | StartTls) -> BkResponse:
     * AUTH: what BookKeeper's bookie without an auth provider answers
       (BookieRequestProcessor): the plug-in name "AuthDisabledPlugin" and an empty
       payload, whatever the client sent; its client then counts itself authenticated.
-    * START_TLS: EBADREQ, as BookKeeper's bookie without TLS configured answers it
-      (a walkit bookie's TLS starts with the connection, not mid-stream)."""
+    * START_TLS that cannot be served: EBADREQ, as BookKeeper's bookie without TLS
+      configured answers it (a bookie with TLS upgrades a plain connection instead:
+      :mod:`bookie.server._tls`)."""
     if isinstance(req, ForceLedger):
         return ForceLedgerResponse(req.ledger_id, req.request_id)
     if isinstance(req, AuthMessage):
         return AuthMessage(AUTH_DISABLED_PLUGIN, b"", req.request_id)
-    return BkErrorResponse(Op.INVALID, Status.EBADREQ, message="START_TLS: TLS is not started mid-stream",
+    return BkErrorResponse(Op.INVALID, Status.EBADREQ, message="START_TLS: no TLS to start (not configured, "
+                           "already TLS, or other requests in flight)",
                            request_id=req.request_id, request=req)
 
 

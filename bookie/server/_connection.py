@@ -11,8 +11,8 @@ walkit's :class:`~walkit.protocol.ServerConnection`, or a
 :class:`~walkit.protocol.BkServerConnection` for BookKeeper's v3 and v2 (issue 37) -
 so every later chunk goes straight to it. Whatever the dialect, the requests are the
 same messages and take the same path below; BookKeeper's own ops are answered at once
-(FORCE_LEDGER, AUTH, START_TLS: :func:`~bookie.server._answers.answer_at_once`) or read
-on the pool (GET_LIST_OF_ENTRIES_OF_LEDGER). The dispatch:
+(FORCE_LEDGER, AUTH: :func:`~bookie.server._answers.answer_at_once`) or read on the
+pool (GET_LIST_OF_ENTRIES_OF_LEDGER). The dispatch:
 
 * ADD_ENTRY goes straight to the core: the consecutive adds that one pass of
   :meth:`Connection._pump` admits (:func:`~bookie.server._admission.refusal`, per add)
@@ -22,6 +22,16 @@ on the pool (GET_LIST_OF_ENTRIES_OF_LEDGER). The dispatch:
 * WRITE_LAC is published or journaled (:mod:`bookie.server._writes`); a long-poll
   READ_ENTRY is parked (:mod:`bookie.server._long_poll`); every other request is a read
   (:mod:`bookie.server._reads`).
+
+TLS (:mod:`bookie.server._tls`): on a bookie with TLS configured a connection is TLS
+from its first byte (walkit's clients) or plain. A plain one may only AUTH and ask for
+START_TLS (BookKeeper's clients): the bookie answers EOK, writes it, and upgrades the
+connection (:meth:`Connection._start_tls`); the first frame after the handshake picks the
+dialect again, since BookKeeper's v2 clients send their START_TLS in v3 and go on in v2.
+Any other request on a plain connection is answered EUA (UnauthorizedError) and the
+connection closed: configured with TLS, the bookie serves nothing in the clear, client
+certificates included when ``tlsClientAuthentication`` asks for them. Without TLS
+configured, START_TLS is answered EBADREQ, as BookKeeper's bookie answers it.
 
 Responses are appended to the connection's output list; one ``transport.write`` per
 connection per loop iteration carries all of them (coalescing), in completion order -
@@ -45,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import ssl
 from typing import Any, Protocol
 
 from bookie._config import BookieConfig
@@ -53,8 +64,9 @@ from bookie.server._admission import refusal, refusal_error
 from bookie.server._answers import answer_at_once, error_response, failed
 from bookie.server._long_poll import LongPoll, LongPolls
 from bookie.server._reads import ReadPool
+from bookie.server._tls import upgrade
 from bookie.server._writes import Writes
-from walkit.errors import BookieReadOnlyError, BookieShutdownError
+from walkit.errors import BookieReadOnlyError, BookieShutdownError, UnauthorizedError
 from walkit.logs import context
 from walkit.protocol import (
     AddEntry,
@@ -77,6 +89,7 @@ from walkit.protocol import (
     Response,
     ServerWire,
     StartTls,
+    StartTlsResponse,
     WriteLac,
     WriteLacResponse,
 )
@@ -120,6 +133,11 @@ class ConnectionHost(Protocol):
     @property
     def writes(self) -> Writes: ...
 
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The bookie's TLS (None: not configured)."""
+        ...
+
 
 class Connection(asyncio.BufferedProtocol):
     """One client connection (see the module docstring).
@@ -151,6 +169,10 @@ class Connection(asyncio.BufferedProtocol):
         self.eof = False
         self.peer = "?"
         self.waiters: set[LongPoll] = set()
+        #: TLS is configured and this connection is still plain: only AUTH and START_TLS
+        self.needs_tls = False
+        self.upgrading = False  # START_TLS answered, handshake under way
+        self._early: list[bytes] = []  # bytes that came while upgrading (served once upgraded)
         #: The core's callback for this connection's adds (``cb(err, adds)``).
         self.on_added = host.writes.callback_for(self)
 
@@ -170,6 +192,7 @@ class Connection(asyncio.BufferedProtocol):
                         extra=context(bookie=server.bookie_id))
             transport.abort()
             return
+        self.needs_tls = server.ssl_context is not None and transport.get_extra_info("ssl_object") is None
         self._open.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -185,8 +208,14 @@ class Connection(asyncio.BufferedProtocol):
         self.data_received(self._read_buffer[:nbytes].tobytes())
 
     def data_received(self, data: bytes) -> None:
+        if self.upgrading:  # the handshake's end brought them: served on the TLS transport
+            self._early.append(data)
+            return
         self.server.stats.bytes_in += len(data)
         for item in self.wire.receive(data):
+            if self.needs_tls and not isinstance(item, (ErrorResponse, AuthMessage, StartTls)):
+                self._refuse_plain(item)
+                return
             if isinstance(item, ErrorResponse):
                 if type(item) is BkErrorResponse:  # a v3 op not served: BookKeeper answers, never closes
                     self._queue(item)
@@ -330,7 +359,9 @@ class Connection(asyncio.BufferedProtocol):
                 reads.in_pool(self, req, reads.bookie_info, req)
             elif isinstance(req, GetListOfEntries):
                 reads.in_pool(self, req, reads.entries_of, req)
-            elif isinstance(req, (ForceLedger, AuthMessage, StartTls)):
+            elif isinstance(req, StartTls):
+                self._start_tls(req)
+            elif isinstance(req, (ForceLedger, AuthMessage)):
                 self.respond(answer_at_once(req))
             else:
                 raise AssertionError(f"no dispatch for {type(req).__name__}")
@@ -340,6 +371,49 @@ class Connection(asyncio.BufferedProtocol):
         if published:  # no fsync to wait for: answered now (outside the try: answered once)
             assert isinstance(req, WriteLac)
             server.writes.lac_published(self, req)
+
+    # -- TLS ---------------------------------------------------------------------------
+    def _refuse_plain(self, req: Request | BkRequest) -> None:
+        """A request other than AUTH or START_TLS in the clear on a bookie with TLS:
+        EUA, and the connection closes."""
+        log.info("plain request from %s refused: this bookie serves TLS only", self.peer)
+        self._queue(failed(req, UnauthorizedError("this bookie serves TLS only: connect with TLS, or START_TLS "
+                                                  "first", bookie=self.server.bookie_id)))
+        self.close_after_flush()
+
+    def _start_tls(self, req: StartTls) -> None:
+        """EOK, written in the clear, then the handshake on this connection (the module
+        docstring); EBADREQ without TLS configured, on a connection already TLS, or with
+        other requests in flight (their answers would cross the switch)."""
+        tls_context = self.server.ssl_context
+        if tls_context is None or not self.needs_tls or self.in_flight > 1 or self.backlog:
+            self.respond(answer_at_once(req))
+            return
+        self.respond(StartTlsResponse(req.request_id))
+        self.flush()
+        self.upgrading = True
+        self.server.loop.create_task(self._upgrade(tls_context))
+
+    async def _upgrade(self, tls_context: ssl.SSLContext) -> None:
+        plain = self.transport
+        assert plain is not None
+        try:
+            tls = await upgrade(plain, self, tls_context)
+        except (OSError, ssl.SSLError, asyncio.TimeoutError) as exc:
+            log.info("TLS handshake (START_TLS) with %s failed: %s", self.peer, exc,
+                     extra=context(bookie=self.server.bookie_id))
+            self.upgrading = False
+            plain.abort()
+            if not self.closed:
+                self.connection_lost(exc)
+            return
+        self.transport, self.needs_tls, self.upgrading = tls, False, False
+        # BookKeeper's v2 clients go on in v2: the first frame in TLS picks the dialect again
+        self.wire = DialectSniffer(self._chosen, self.server.config.netty_max_frame_size_bytes)
+        early, self._early = self._early, []
+        for data in early:
+            self.data_received(data)
+        self.flush()
 
     def stop_reading(self) -> None:
         """Shutdown: no more requests from this connection (those waiting are dropped)."""
@@ -397,8 +471,11 @@ class Connection(asyncio.BufferedProtocol):
                 self.server.loop.call_soon(self.flush)
 
     def flush(self) -> None:
-        """Write every answer queued, in one ``transport.write``."""
+        """Write every answer queued, in one ``transport.write`` (kept while a START_TLS
+        handshake is under way: written in TLS once it is done)."""
         self.flush_scheduled = False
+        if self.upgrading:
+            return
         out, self.out, self.out_bytes = self.out, [], 0
         if out and self.transport is not None and not self.closed:
             data = b"".join(out) if len(out) > 1 else out[0]

@@ -70,6 +70,7 @@ from bookie.server._startup import (
     server_ssl_context,
     service_info,
 )
+from bookie.server._tls import TlsListener
 from bookie.server._writes import Writes
 from walkit.errors import BookieError, WalkitError
 from walkit.logs import context
@@ -118,7 +119,7 @@ class BookieServer:
         self.polls = LongPolls(self, self.reads)
         self.writes = Writes(self, self.polls, self.reads.lac_bodies)
         self._disks = DiskWatch(self)
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.Server | TlsListener | None = None
         self._monitor: asyncio.Task[None] | None = None
         self._stopping = False
         self._stopped = asyncio.Event()
@@ -139,6 +140,11 @@ class BookieServer:
     @property
     def tls(self) -> bool:
         return self._ssl is not None
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The bookie's TLS (None: not configured): what a connection's START_TLS upgrades with."""
+        return self._ssl
 
     @property
     def autorecovery(self) -> Any:
@@ -181,10 +187,12 @@ class BookieServer:
         self._loop = asyncio.get_running_loop()
         self.writes.loop_thread = threading.get_ident()
         c = self.config
-        self._server = await self._loop.create_server(
-            lambda: Connection(self, self._connections, self._read_view), host=c.bind_address, port=c.bookie_port,
-            ssl=self._ssl, start_serving=False, reuse_address=True,
-        )
+        factory = functools.partial(Connection, self, self._connections, self._read_view)
+        if self._ssl is None:
+            self._server = await self._loop.create_server(factory, host=c.bind_address, port=c.bookie_port,
+                                                          start_serving=False, reuse_address=True)
+        else:  # TLS from the first byte (walkit) or by START_TLS (BookKeeper): bookie.server._tls
+            self._server = await TlsListener.open(factory, c.bind_address, c.bookie_port, self._ssl)
         self.port = int(self._server.sockets[0].getsockname()[1])
         self.bookie_id = c.bookie_id or f"{c.advertised_host}:{self.port}"
         self._picked_port = not c.bookie_id and not c.bookie_port

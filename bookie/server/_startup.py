@@ -164,15 +164,11 @@ def check_bookkeeper_id(cluster: Any, bookie_id: str) -> None:
 def service_info(cluster: Any, config: BookieConfig, endpoint: str, tls: bool, http_port: int) -> bytes:
     """What the bookie registers (:mod:`walkit.metadata._service_info`): walkit's JSON,
     or in a BookKeeper-format cluster BookKeeper's service info with the data port as its
-    ``bookie-rpc`` endpoint, the admin endpoint (``http_port`` 0: off) and the walkit
-    marker."""
+    ``bookie-rpc`` endpoint (with the extension ``tls`` when it serves TLS), the admin
+    endpoint (``http_port`` 0: off) and the walkit marker."""
     from walkit.metadata import encode_service_info
     from walkit.protocol import PROTOCOL_VERSION
 
-    if tls and cluster.info.format == "bookkeeper":
-        log.warning("bookie %s serves TLS from the first byte: walkit clients reach it, BookKeeper's Java clients "
-                    "(which start TLS inside the connection, START_TLS) cannot", config.bookie_id,
-                    extra=context(bookie=config.bookie_id))
     http = (config.http_server_address, http_port) if http_port else None
     return encode_service_info(cluster.info.format, endpoint, tls=tls, protocol=PROTOCOL_VERSION, http=http)
 

@@ -43,9 +43,10 @@ GC_MS = 300  # the walkit bookies' gcWaitTime and gcOverreplicatedLedgerWaitTime
 
 class WalkitBookies:
     """Walkit bookies on an event loop of their own (the Java peer blocks this thread),
-    with ``uri`` as their metadata and their default ids (``127.0.0.1:<port>``)."""
+    with ``uri`` as their metadata and their default ids (``127.0.0.1:<port>``);
+    ``overrides`` more of their configuration (TLS, for one)."""
 
-    def __init__(self, base: Path, count: int, uri: str) -> None:
+    def __init__(self, base: Path, count: int, uri: str, **overrides: Any) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -54,7 +55,7 @@ class WalkitBookies:
             for i in range(count):
                 server = BookieServer(config(base / f"walkit{i}", bookie_id="", metadata_service_uri=uri,
                                              gc_wait_time=GC_MS, gc_overreplicated_ledger_wait_time=GC_MS,
-                                             zk_timeout=10000))
+                                             zk_timeout=10000, **overrides))
                 self.run(server.start())
                 self.servers.append(server)
         except BaseException:

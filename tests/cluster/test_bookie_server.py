@@ -423,9 +423,9 @@ def test_tls_round_trip_and_refused_certificates(tmp_path: Path, certificates: d
             with pytest.raises(BookieUnavailableError):
                 await anonymous.add_entry(1, 1, KEY, entry(1, 1))
             await anonymous.close()
-            # plaintext against a TLS bookie gets nowhere either
+            # plaintext against a TLS bookie gets nowhere either: refused, naming TLS
             plain = await client_of(server)
-            with pytest.raises(BookieUnavailableError):
+            with pytest.raises(UnauthorizedError, match="TLS only"):
                 await asyncio.wait_for(plain.add_entry(1, 1, KEY, entry(1, 1)), 10)
             await plain.close()
 

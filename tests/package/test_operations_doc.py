@@ -20,7 +20,7 @@ import pytest
 
 import walkit
 from bookie import BookieConfig
-from bookie._bk_conf import MAPPED, REFUSED
+from bookie._bk_conf import MAPPED, PEM_ONLY, REFUSED
 from bookie._config import reference
 from bookie._main import main as bookie_main
 from walkit.metadata import connect
@@ -62,7 +62,7 @@ def test_every_key_named_in_the_doc_exists() -> None:
     named = set(re.findall(r"`([a-z]+(?:[A-Z][a-zA-Z]*)+)`", text)) - NOT_KEYS
     for block in re.findall(r"```toml\n(.*?)```", text, flags=re.S):
         named |= set(tomllib.loads(block))
-    unknown = named - set(BookieConfig.keys()) - set(MAPPED) - set(REFUSED)
+    unknown = named - set(BookieConfig.keys()) - set(MAPPED) - set(REFUSED) - set(PEM_ONLY)
     assert not unknown, f"docs/operations.md names keys BookieConfig does not have: {sorted(unknown)}"
     assert {"journalMaxGroupWaitMSec", "journalDirectIO", "maxPendingAddBytes", "advertisedAddress"} <= named
 
@@ -70,7 +70,7 @@ def test_every_key_named_in_the_doc_exists() -> None:
 def test_the_bk_server_conf_table_names_every_mapped_and_refused_key() -> None:
     text = _doc()
     table = text[text.index("### Starting from BookKeeper's `bk_server.conf`"):text.index("### Running a bookie")]
-    missing = [key for key in (*MAPPED, *REFUSED) if f"`{key}`" not in table]
+    missing = [key for key in (*MAPPED, *REFUSED, *PEM_ONLY) if f"`{key}`" not in table]
     assert not missing, f"docs/operations.md's bk_server.conf table does not name {missing}"
 
 

@@ -14,11 +14,12 @@ Theory of operation
   ``/bk-<uuid>`` with kazoo first. Then N :class:`JavaBookie`\\ s
   (``org.apache.bookkeeper.server.Main``, DbLedgerStorage, loopback only, small caches),
   each ready once ``<root>/available/127.0.0.1:<port>`` exists (it registers writable).
-- **Peer.** :class:`JavaPeer` runs ``tests/support/java/Peer.java`` (compiled once into the
-  cache dir with ``javac``: ~1 s, and starting the compiled class saves the ~2 s a
+- **Peer.** :class:`JavaPeer` runs ``tests/support/java/Peer.java`` (compiled once per
+  version of the source into the cache dir with ``javac``: ~1 s, and starting the compiled class saves the ~2 s a
   ``java Peer.java`` run spends compiling each time). It reads one JSON command per line and
   answers one JSON line each; while adding with ``report`` it also emits ``{"ack": id}``
-  lines as entries are acknowledged. Errors come back as ``{"error": "<BKException code
+  lines as entries are acknowledged. ``conf`` adds client settings (``key=value`` arguments:
+  TLS, for one). Errors come back as ``{"error": "<BKException code
   name>", "message": ...}`` and raise :class:`PeerError`.
 - **Shell.** ``JavaCluster.shell(*args)`` runs BookieShell with the cluster's client.conf and
   returns its stdout (logs included: parse the ``{key=value, ...}`` parts).
@@ -99,22 +100,25 @@ def bookkeeper_classpath() -> str:
 
 
 def peer_classes(classpath: str) -> Path:
-    """The directory of the compiled Peer class (recompiled when Peer.java changes)."""
-    out = CACHE / "peer-classes"
-    stamp = out / "source.sha"
-    source = PEER_SOURCE.read_bytes()
+    """The directory of the compiled Peer class, one per version of Peer.java (named by
+    its hash: worktrees with different versions share the cache without recompiling
+    under each other's running peers)."""
     import hashlib
-    digest = hashlib.sha256(source).hexdigest()
-    if stamp.exists() and stamp.read_text() == digest and (out / "Peer.class").exists():
+
+    digest = hashlib.sha256(PEER_SOURCE.read_bytes()).hexdigest()
+    out = CACHE / f"peer-classes-{digest[:16]}"
+    if (out / "Peer.class").exists():
         return out
     tmp = Path(tempfile.mkdtemp(prefix="peer-", dir=CACHE))
     run = subprocess.run(["javac", "-d", str(tmp), "-cp", classpath, str(PEER_SOURCE)],
                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if run.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise RuntimeError(f"javac Peer.java failed:\n{run.stdout}{run.stderr}")
-    (tmp / "source.sha").write_text(digest)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:  # another run compiled the same version meanwhile: keep its copy
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -277,8 +281,8 @@ class JavaCluster:
                 delete.delete(path)
             delete.commit()
 
-    def peer(self, *, v2: bool = False) -> JavaPeer:
-        return JavaPeer(self.classpath, self.metadata_uri, self.directory, v2=v2)
+    def peer(self, *, v2: bool = False, conf: dict[str, str] | None = None) -> JavaPeer:
+        return JavaPeer(self.classpath, self.metadata_uri, self.directory, v2=v2, conf=conf)
 
     def stop(self) -> None:
         for bookie in self.bookies:
@@ -308,7 +312,7 @@ class JavaPeer:
     """The Java client in a process of its own, one JSON command per line."""
 
     def __init__(self, classpath: str, metadata_uri: str, directory: Path, *, v2: bool = False,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, conf: dict[str, str] | None = None) -> None:
         classes = peer_classes(classpath)
         self.v2 = v2
         self.log = Path(tempfile.mkstemp(prefix="peer-", suffix=".log", dir=directory)[1])
@@ -318,7 +322,8 @@ class JavaPeer:
         with open(self.log, "ab") as log:
             self._proc = subprocess.Popen(
                 ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp",
-                 f"{classes}:{classpath}", "Peer", metadata_uri, "v2" if v2 else "v3"],
+                 f"{classes}:{classpath}", "Peer", metadata_uri, "v2" if v2 else "v3",
+                 *(f"{key}={value}" for key, value in (conf or {}).items())],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +34,8 @@ from walkit.protocol import (
     ReadLac,
     ReadLacResponse,
     ReadRange,
+    StartTls,
+    StartTlsResponse,
     Status,
     WriteLac,
     WriteLacResponse,
@@ -322,27 +325,56 @@ def test_v2_long_poll_is_served_by_polling_the_last_entry() -> None:
     asyncio.run(go())
 
 
-def test_the_pool_picks_the_connection_by_kind_and_refuses_bookkeeper_tls() -> None:
-    """A bookie of kind "bookkeeper" gets a BkBookieClient in the configured dialect;
-    one registered with TLS is refused clearly (BookKeeper's TLS is an in-band START_TLS)."""
+def test_the_pool_picks_the_connection_by_kind_and_tls_by_the_client_configuration(tmp_path: Path) -> None:
+    """A bookie of kind "bookkeeper" gets a BkBookieClient in the configured dialect.
+    TLS toward it follows the client's configuration, not the registration (as
+    BookKeeper's client): with a CA the connection's first frame is a v3 START_TLS, in v2
+    too; a bookie that answers EBADREQ (no TLS there) is BookieUnavailableError naming TLS."""
+    from support.bookie import make_certificates
     from walkit.client._config import ClientConfig
     from walkit.client._pool import BookiePool, Endpoint
 
-    async def go() -> None:
-        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        endpoints = {"plain": Endpoint("127.0.0.1", port, False, "bookkeeper"),
-                     "tls": Endpoint("127.0.0.1", port, True, "bookkeeper")}
+    certs = make_certificates(tmp_path)
 
-        async def resolve(bookie: str) -> Endpoint:
-            return endpoints[bookie]
+    async def go() -> None:
+        first_frames: list[bytes] = []
+
+        async def bookie(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                (size,) = struct.unpack(">I", await reader.readexactly(4))
+                frame = await reader.readexactly(size)
+            except asyncio.IncompleteReadError:
+                writer.close()
+                return
+            first_frames.append(frame)
+            try:
+                request = _bk_v3.decode_request(frame)
+            except ProtocolError:  # a plain client's v2 read: nothing to answer here
+                request = None
+            if request is not None:  # as a BookKeeper bookie without TLS answers START_TLS
+                writer.write(_bk_v3.encode_error(request, Status.EBADREQ))
+                await writer.drain()
+            await reader.read()
+            writer.close()
+
+        server = await asyncio.start_server(bookie, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        endpoints = {"plain": Endpoint("127.0.0.1", port, False, "bookkeeper")}
+
+        async def resolve(name: str) -> Endpoint:
+            return endpoints[name]
         try:
             for v2 in (False, True):
-                pool = BookiePool(ClientConfig(use_v2_wire_protocol=v2, connect_timeout=2.0), resolve)
+                tls = BookiePool(ClientConfig(use_v2_wire_protocol=v2, connect_timeout=2.0,
+                                              tls_ca_file=certs["ca"]), resolve)
                 heard: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                pool.request_cb("tls", ReadEntry(1, 0), lambda r, e, c: heard.set_result(e), None)
+                tls.request_cb("plain", ReadEntry(1, 0), lambda r, e, c: heard.set_result(e), None)
                 error = await asyncio.wait_for(heard, 5)
-                assert isinstance(error, BookieUnavailableError) and "START_TLS" in str(error)
+                assert isinstance(error, BookieUnavailableError) and "TLS" in str(error)
+                assert isinstance(error.__cause__, ProtocolError) and "EBADREQ" in str(error.__cause__)
+                assert isinstance(_bk_v3.decode_request(first_frames[-1]), StartTls)  # v3, whatever the dialect
+                await tls.close()
+                pool = BookiePool(ClientConfig(use_v2_wire_protocol=v2, connect_timeout=2.0), resolve)
                 pool.request_cb("plain", ReadEntry(1, 0), lambda r, e, c: None, None)
                 for _ in range(100):
                     if "plain" in pool._clients:
@@ -356,3 +388,28 @@ def test_the_pool_picks_the_connection_by_kind_and_refuses_bookkeeper_tls() -> N
             server.close()
             await server.wait_closed()
     asyncio.run(go())
+
+
+def test_start_tls_answer_is_read_whole_and_only_eok_starts_the_handshake() -> None:
+    for dialect in (Dialect.BK_V3, Dialect.BK_V2):
+        conn = BkClientConnection(dialect)
+        request = _bk_v3.decode_request(frames(conn.start_tls())[0])
+        assert isinstance(request, StartTls)
+        answer = _bk_v3.encode_response(StartTlsResponse(request.request_id))
+        assert conn.tls_started(answer[:3]) is False and conn.tls_started(answer[3:-1]) is False
+        assert conn.tls_started(answer[-1:]) is True
+        # after TLS the dialect goes on, numbering on
+        rid, frame = conn.send(ReadEntry(1, 0))
+        assert rid == request.request_id + 1 and frame
+    refused = BkClientConnection(Dialect.BK_V3)
+    request = _bk_v3.decode_request(frames(refused.start_tls())[0])
+    with pytest.raises(ProtocolError, match="refused START_TLS"):
+        refused.tls_started(_bk_v3.encode_error(request, Status.EBADREQ))
+    early = BkClientConnection(Dialect.BK_V3)
+    request = _bk_v3.decode_request(frames(early.start_tls())[0])
+    with pytest.raises(ProtocolError, match="no START_TLS answer"):  # bytes after EOK: not TLS's
+        early.tls_started(_bk_v3.encode_response(StartTlsResponse(request.request_id)) + b"\x16")
+    other = BkClientConnection(Dialect.BK_V3)
+    other.start_tls()
+    with pytest.raises(ProtocolError, match="no START_TLS answer"):
+        other.tls_started(_bk_v3.encode_response(WriteLacResponse(1, 99)))

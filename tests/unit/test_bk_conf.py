@@ -195,6 +195,22 @@ def test_a_refused_value_names_the_key_and_the_value(key: str, value: str, why: 
     assert key in str(raised.value) and value in str(raised.value)
 
 
+def test_tls_stores_are_pem_or_refused_when_given() -> None:
+    """BookKeeper's default store type is JKS: walkit bookies read PEM only, so another
+    type is refused for a store that is given, and ignored for one that is not."""
+    pem = load_configuration("tlsKeyStoreType=PEM\ntlsKeyStore=/k.pem\ntlsCertificatePath=/c.pem\n"
+                             "tlsTrustStoreType=pem\ntlsTrustStore=/ca.pem\n")
+    config, ignored = load_config(pem)
+    assert (config.tls_key_store, config.tls_trust_store) == ("/k.pem", "/ca.pem")
+    assert {"tlsKeyStoreType", "tlsTrustStoreType"} <= set(ignored)
+    for key, store in (("tlsKeyStoreType", "tlsKeyStore"), ("tlsTrustStoreType", "tlsTrustStore")):
+        with pytest.raises(ConfigError, match="PEM files only") as raised:
+            load_config(load_configuration(f"{key}=JKS\n{store}=/s.jks\ntlsCertificatePath=/c.pem\n"
+                                           "tlsKeyStore=/k.pem\n"))
+        assert raised.value.context["key"] == key and raised.value.context["value"] == "JKS"
+    assert load_config(load_configuration("tlsKeyStoreType=JKS\ntlsTrustStoreType=JKS\n"))[0].tls_key_store == ""
+
+
 def test_an_out_of_range_value_is_refused_by_the_usual_checks() -> None:
     with pytest.raises(ConfigError) as raised:
         load_config(load_configuration("bookiePort=70000\n"))

@@ -70,6 +70,9 @@ def test_a_java_bookies_registration_is_kind_bookkeeper() -> None:
     # a walkit marker only counts in the properties; "walkit.tls" without it is not TLS
     odd = BookieServiceInfo((BkEndpoint("bookie", 1, "h", "bookie-rpc"),), (("walkit.tls", "true"),)).encode()
     assert decode_service_info("bookkeeper", "x", odd) == ServiceInfo("h", 1, False, False)
+    # a Java bookie with TLS lists the extension "tls" on its bookie-rpc endpoint (BookieService.publishInfo)
+    java_tls = BookieServiceInfo((BkEndpoint("bookie", 1, "h", "bookie-rpc", extensions=("tls",)),)).encode()
+    assert decode_service_info("bookkeeper", "x", java_tls) == ServiceInfo("h", 1, True, False)
     # legacy (pre-4.12) empty data: the id is the address
     assert parse_endpoint("10.1.2.3:3181", b"", "bookkeeper") == Endpoint("10.1.2.3", 3181, False, "bookkeeper")
     assert parse_endpoint("10.1.2.3:3181", None, "bookkeeper").kind == "bookkeeper"
@@ -126,8 +129,9 @@ def test_the_bookie_registers_bookkeepers_service_info(bk_cluster: Any, tmp_path
     assert decode_service_info("bookkeeper", "127.0.0.1:3181", data) == ServiceInfo("127.0.0.1", 3181)
     assert BookieServiceInfo.decode(data).endpoints[1] == BkEndpoint("httpserver", 8123, "127.0.0.2", "http")
     assert not caplog.records
-    assert len(BookieServiceInfo.decode(service_info(bk_cluster, cfg, "h:1", True, 0)).endpoints) == 1
-    assert "Java clients" in caplog.text and "START_TLS" in caplog.text  # a TLS bookie: walkit clients only
+    tls = BookieServiceInfo.decode(service_info(bk_cluster, cfg, "h:1", True, 0))
+    assert tls.endpoints == (BkEndpoint("bookie", 1, "h", "bookie-rpc", extensions=("tls",)),)  # as BookieService
+    assert not caplog.records  # Java clients reach a TLS bookie too (START_TLS): nothing to warn of
     walkit = SimpleNamespace(store=bk_cluster.store, info=ClusterInfo("/w", "i", "hierarchical"))
     assert json.loads(service_info(walkit, cfg, "h:1", True, 8123)) == {"endpoint": "h:1", "tls": True, "protocol": 1}
 

@@ -947,6 +947,17 @@ def test_every_key_refuses_a_bad_value_naming_the_key(key: str) -> None:
         assert err.value.context.get("key") == named and named in str(err.value), (key, bad, str(err.value))
 
 
+def test_with_tls_a_frame_limit_whose_length_could_read_as_tls_is_refused() -> None:
+    """A plain frame's first byte is its length's top byte: 0x16 (a TLS record) from
+    352 MiB on, so with TLS (bookie.server._tls) the limit must stay below it."""
+    tls = {"tlsCertificatePath": "/c.pem", "tlsKeyStore": "/k.pem"}
+    with pytest.raises(ConfigError) as err:
+        BookieConfig.from_dict({**tls, "nettyMaxFrameSizeBytes": 0x16000000})
+    assert err.value.context["key"] == "nettyMaxFrameSizeBytes" and "TLS" in str(err.value)
+    assert BookieConfig.from_dict({**tls, "nettyMaxFrameSizeBytes": 0x16000000 - 1}).tls_certificate_path
+    assert BookieConfig.from_dict({"nettyMaxFrameSizeBytes": 0x16000000}).netty_max_frame_size_bytes == 0x16000000
+
+
 def test_journal_alignment_below_4k_needs_buffered_journal_writes() -> None:
     with pytest.raises(ConfigError) as err:
         BookieConfig.from_dict({"journalAlignmentSize": 512})

@@ -17,7 +17,15 @@ error status becomes the walkit error the walkit connection gives for it
 Opening. BookKeeper's Java client, with authentication off (its default,
 ``AuthDisabledPlugin``), counts a connection as authenticated as soon as it is open and
 sends no AUTH request; so does this one (a bookie that wants authentication answers
-EUA: UnauthorizedError).
+EUA: UnauthorizedError). With TLS (an ``ssl_context``: the client's ``tls_ca_file``,
+and its certificate if it has one) the connection opens in the clear, as BookKeeper's
+does, and its first request is START_TLS, in v3 whatever the dialect (BookKeeper's v2
+clients send it so too); on the bookie's EOK the same connection runs the TLS handshake
+(``loop.start_tls``, the bookie as TLS server, its certificate checked against the CA
+and the host name) and then speaks the dialect inside TLS. A bookie that refuses
+START_TLS, a handshake that fails (a certificate the CA did not sign, a client without
+the certificate the bookie requires) or takes longer than the connect timeout is
+BookieUnavailableError naming TLS, with the cause; nothing else is sent before it.
 
 What v2 lacks. v2 has no long poll: a long-poll read is served here by polling - a read
 of the bookie's last entry (entry -1) every :data:`V2_POLL_INTERVAL` seconds until its
@@ -66,6 +74,7 @@ class BkBookieClient(BookieClient):
         super().__init__(address, max_frame_size)
         self._bk = BkClientConnection(dialect, max_frame_size)
         self._polls: set[asyncio.Task[None]] = set()
+        self._tls_answer: asyncio.Future[None] | None = None  # START_TLS sent, EOK awaited
 
     @classmethod
     async def connect(cls, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
@@ -74,6 +83,42 @@ class BkBookieClient(BookieClient):
         client = cls(f"{host}:{port}", max_frame_size, dialect)
         await client._open(host, port, ssl_context, server_hostname, timeout)
         return client
+
+    async def _open(self, host: str, port: int, ssl_context: ssl.SSLContext | None, server_hostname: str | None,
+                    timeout: float) -> None:
+        await super()._open(host, port, None, None, timeout)  # TLS, if any, starts inside (START_TLS)
+        if ssl_context is not None:
+            try:
+                await self._start_tls(ssl_context, server_hostname or host, timeout)
+            except BaseException:
+                await super().close()
+                raise
+
+    async def _start_tls(self, context: ssl.SSLContext, hostname: str, timeout: float) -> None:
+        """START_TLS, its EOK, the handshake; BookieUnavailableError naming TLS otherwise."""
+        plain = self._transport
+        assert plain is not None
+        self._tls_answer = self._loop.create_future()
+        plain.write(self._bk.start_tls())
+        try:
+            await asyncio.wait_for(self._tls_answer, timeout)
+            tls = await self._loop.start_tls(plain, plain.get_protocol(), context, server_hostname=hostname,
+                                             ssl_handshake_timeout=timeout)
+        except (WalkitError, OSError, ssl.SSLError, asyncio.TimeoutError) as exc:
+            raise BookieUnavailableError("TLS with the bookie failed (START_TLS)", bookie=self.address,
+                                         reason=str(exc) or type(exc).__name__) from exc
+        finally:
+            self._tls_answer = None
+        if tls is None:
+            raise BookieUnavailableError("TLS with the bookie failed (START_TLS): connection closed",
+                                         bookie=self.address)
+        assert isinstance(tls, asyncio.Transport)
+        self._transport = tls
+
+    def _lost(self, exc: WalkitError) -> None:
+        if self._tls_answer is not None and not self._tls_answer.done():
+            self._tls_answer.set_exception(exc)
+        super()._lost(exc)
 
     @property
     def dialect(self) -> Dialect:
@@ -125,6 +170,9 @@ class BkBookieClient(BookieClient):
 
     # -- answers in --------------------------------------------------------------------
     def _received(self, data: bytes) -> None:
+        if self._tls_answer is not None:
+            self._tls_received(data)
+            return
         try:
             answers = self._bk.receive(data)
         except ProtocolError as exc:
@@ -132,6 +180,17 @@ class BkBookieClient(BookieClient):
             return
         for request_id, response in answers:  # durable is all an add's answer says
             self._deliver(request_id, None if isinstance(response, AddEntryResponse) else response)
+
+    def _tls_received(self, data: bytes) -> None:
+        """Bytes while START_TLS waits for its EOK (:meth:`_start_tls`)."""
+        assert self._tls_answer is not None
+        if self._tls_answer.done():
+            return
+        try:
+            if self._bk.tls_started(data):
+                self._tls_answer.set_result(None)
+        except ProtocolError as exc:
+            self._tls_answer.set_exception(exc)
 
     async def close(self) -> None:
         polls = list(self._polls)

@@ -65,12 +65,14 @@ class ClientConfig:
     # Adds of one handle in flight at most: add_entry_async blocks the caller (sync API)
     # or waits (asyncio API) past it, so memory stays bounded under a fast producer.
     max_pending_adds: int = 10_000
-    # TLS to bookies that registered with TLS: the CA that signed their certificates, and
-    # the client's own certificate/key when bookies ask for one.
     # Apache BookKeeper bookies (registered with kind "bookkeeper") are spoken to in
     # BookKeeper's v3 (protobuf) dialect, or in v2 (binary) when this is on
     # (BookKeeper's useV2WireProtocol). v2 has no long polls (polled instead) nor LAC writes.
     use_v2_wire_protocol: bool = False
+    # TLS: the CA that signed the bookies' certificates, and the client's own
+    # certificate/key when bookies ask for one. To walkit bookies that registered with
+    # TLS, TLS from the first byte; to Apache BookKeeper bookies, whenever the CA is set,
+    # START_TLS first (as BookKeeper's client with TLS configured), then TLS.
     tls_ca_file: str = ""
     tls_certificate: str = ""
     tls_key: str = ""

@@ -11,7 +11,10 @@ once, as a writer sends an entry to its write set). Requests made while the conn
 is being opened wait for it; a failed connect fails them with
 :class:`~walkit.errors.BookieUnavailableError`. A lost connection is dropped from the
 pool, so the next request opens a new one (the endpoint is resolved again: a restarted
-bookie may have moved).
+bookie may have moved). TLS: to a walkit bookie that registered with TLS, from the first
+byte; to an Apache BookKeeper bookie, START_TLS first whenever the client has a CA
+(``tls_ca_file``), as BookKeeper's client decides by its own configuration
+(:meth:`BookiePool._tls_to`).
 """
 
 from __future__ import annotations
@@ -137,15 +140,21 @@ class BookiePool:
             if client is not None:
                 client.flush()
 
+    def _tls_to(self, endpoint: Endpoint) -> bool:
+        """Whether the connection to ``endpoint`` is TLS: a walkit bookie's registration
+        says so (TLS from the first byte); toward an Apache BookKeeper bookie, the
+        client's own configuration does, as BookKeeper's client decides (a ``tls_ca_file``:
+        START_TLS first, whatever the registration's ``tls`` extension says)."""
+        if endpoint.kind == "walkit":
+            return endpoint.tls
+        return bool(self._config.tls_ca_file)
+
     async def _open(self, endpoint: Endpoint, ctx: ssl.SSLContext | None) -> BookieClient:
         """A connection to ``endpoint`` in what it speaks: walkit's protocol, or
         BookKeeper's dialect (v3, or v2 with ``use_v2_wire_protocol``) for kind "bookkeeper"."""
         c = self._config
         hostname = endpoint.host if ctx else None
         if endpoint.kind == "bookkeeper":
-            if endpoint.tls:  # BookKeeper upgrades a plain connection in-band (START_TLS): not spoken here
-                raise BookieUnavailableError("TLS to an Apache BookKeeper bookie (START_TLS) is not supported",
-                                             bookie=f"{endpoint.host}:{endpoint.port}")
             return await BkBookieClient.connect(endpoint.host, endpoint.port, ssl_context=ctx, server_hostname=hostname,
                                                 max_frame_size=c.max_frame_size, timeout=c.connect_timeout,
                                                 dialect=Dialect.BK_V2 if c.use_v2_wire_protocol else Dialect.BK_V3)
@@ -157,7 +166,7 @@ class BookiePool:
         client: BookieClient | None = None
         try:
             endpoint = await self._resolve(bookie)
-            ctx = self._ssl_context() if endpoint.tls and endpoint.kind == "walkit" else None
+            ctx = self._ssl_context() if self._tls_to(endpoint) else None
             client = await self._open(endpoint, ctx)
         except WalkitError as exc:
             error = exc

@@ -13,11 +13,14 @@ Its bytes depend on the cluster's format (:attr:`ClusterInfo.format`):
   (:class:`~walkit.metadata._bk_records.BookieServiceInfo`), as a Java bookie writes it:
   endpoint ``bookie`` (protocol ``bookie-rpc``: the data port, which BookKeeper's client
   resolves a bookie id to), endpoint ``httpserver`` (protocol ``http``) when the admin
-  endpoint is on, and properties. A walkit bookie adds :data:`WALKIT_PROTOCOL` (its wire
-  version) and :data:`WALKIT_TLS` ("true"/"false": walkit's TLS starts with the
-  connection, not by BookKeeper's START_TLS); Java clients ignore properties, walkit
-  clients read the first one as "this bookie speaks walkit's protocol". Empty data is
-  what bookies before 4.12 wrote: the id is the address.
+  endpoint is on, and properties. A bookie serving TLS lists the extension ``tls`` on its
+  ``bookie-rpc`` endpoint, as BookKeeper's ``BookieService`` does (its clients decide
+  TLS by their own configuration; the extension tells a reader). A walkit bookie adds
+  :data:`WALKIT_PROTOCOL` (its wire version) and :data:`WALKIT_TLS` ("true"/"false":
+  walkit's clients start TLS with the connection; BookKeeper's clients reach the same
+  port by START_TLS); Java clients ignore properties, walkit clients read the first one
+  as "this bookie speaks walkit's protocol". Empty data is what bookies before 4.12
+  wrote: the id is the address.
 
 :func:`encode_service_info` makes the bytes a bookie registers; :func:`decode_service_info`
 reads any of them back into a :class:`ServiceInfo` (host, port, TLS, walkit or not).
@@ -43,13 +46,16 @@ WALKIT_PROTOCOL = "walkit.protocol"
 #: "true" when the walkit bookie's port speaks TLS from the first byte.
 WALKIT_TLS = "walkit.tls"
 RPC_ENDPOINT_ID, RPC_PROTOCOL = "bookie", "bookie-rpc"
+#: The ``bookie-rpc`` endpoint's extension of a bookie serving TLS (BookieService.publishInfo).
+TLS_EXTENSION = "tls"
 HTTP_ENDPOINT_ID, HTTP_PROTOCOL = "httpserver", "http"
 
 
 @dataclass(frozen=True)
 class ServiceInfo:
     """Where a bookie takes requests, and what it speaks there (``walkit``: walkit's own
-    protocol, besides BookKeeper's dialects; False: an Apache BookKeeper bookie)."""
+    protocol, besides BookKeeper's dialects; False: an Apache BookKeeper bookie; ``tls``:
+    it serves TLS - from the first byte for walkit's protocol, by START_TLS for BookKeeper's)."""
 
     host: str
     port: int
@@ -77,7 +83,7 @@ def encode_service_info(cluster_format: ClusterFormat, endpoint: str, *, tls: bo
         host, port = split_address(endpoint)
     except FormatError as exc:
         raise InvalidArgumentError("a bookie's endpoint must be host:port", endpoint=endpoint) from exc
-    endpoints = [BkEndpoint(RPC_ENDPOINT_ID, port, host, RPC_PROTOCOL)]
+    endpoints = [BkEndpoint(RPC_ENDPOINT_ID, port, host, RPC_PROTOCOL, extensions=(TLS_EXTENSION,) if tls else ())]
     if http is not None:
         endpoints.append(BkEndpoint(HTTP_ENDPOINT_ID, http[1], http[0], HTTP_PROTOCOL))
     properties = ((WALKIT_PROTOCOL, str(protocol)), (WALKIT_TLS, "true" if tls else "false"))
@@ -115,5 +121,5 @@ def _decode_bookkeeper(bookie_id: str, data: bytes) -> ServiceInfo:
                           port=rpc.port)
     properties = dict(info.properties)
     walkit = WALKIT_PROTOCOL in properties
-    return ServiceInfo(rpc.host.strip("[]"), rpc.port, tls=walkit and properties.get(WALKIT_TLS) == "true",
-                       walkit=walkit)
+    tls = properties.get(WALKIT_TLS) == "true" if walkit else TLS_EXTENSION in rpc.extensions
+    return ServiceInfo(rpc.host.strip("[]"), rpc.port, tls=tls, walkit=walkit)

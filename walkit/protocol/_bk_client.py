@@ -42,6 +42,13 @@ and a read of entry -1 is answered under the id of the entry the bookie returned
 (the codecs' client sides decode it so).
 A refused request never reaches the wire: :meth:`send` raises the ProtocolError
 (context ``op="INVALID"``) that a caller hands back as that request's answer.
+
+TLS. A client configured with TLS opens the connection as BookKeeper's does: before any
+other request, :meth:`start_tls` spells START_TLS - in v3 whatever the dialect, as
+BookKeeper's v2 clients send it too - and :meth:`tls_started` reads its answer: EOK
+means the caller now runs the TLS handshake on the same connection (the bookie is the
+TLS server) and goes on in the dialect; an error status (EBADREQ: a bookie without TLS)
+is a ProtocolError naming TLS.
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ from walkit.protocol._codes import DEFAULT_MAX_FRAME_SIZE, Op
 from walkit.protocol._dialect import Dialect
 from walkit.protocol._messages import (
     AddEntry,
+    StartTls,
+    StartTlsResponse,
     AddEntryResponse,
     BookieInfoResponse,
     ErrorResponse,
@@ -105,6 +114,39 @@ class BkClientConnection:
         self._v2_waiting: dict[tuple[int, int, int], collections.deque[int]] = {}
         self._v2_lac: set[int] = set()
         self._v2_batches: set[int] = set()  # ids of batch reads in flight (their answers name them)
+        self._tls_id: int | None = None  # the START_TLS waiting for its answer
+
+    def start_tls(self) -> bytes:
+        """The START_TLS frame (v3, whatever the dialect) to send before any other
+        request; its answer is read with :meth:`tls_started`."""
+        rid = next(self._ids)
+        self._tls_id = rid
+        return bytes(_bk_v3.encode_request(StartTls(rid), max_frame_size=self.max_frame_size))
+
+    def tls_started(self, data: bytes) -> bool:
+        """Bytes received while START_TLS waits: False until its answer is complete, True
+        for EOK (then, and only then, the handshake starts). ProtocolError for any other
+        answer, or for bytes after it (the bookie speaks first only in TLS)."""
+        buf = self._buffer
+        buf += data
+        if len(buf) < 4:
+            return False
+        (size,) = _LEN.unpack_from(buf)
+        if size + 4 > self.max_frame_size:
+            raise ProtocolError("START_TLS answer larger than max_frame_size", dialect="bk-v3", size=size + 4)
+        if len(buf) < 4 + size:
+            return False
+        answer = _bk_v3.decode_response(bytes(buf[4:4 + size]))
+        extra = len(buf) - 4 - size
+        buf.clear()
+        if isinstance(answer, ErrorResponse):
+            raise ProtocolError("the bookie refused START_TLS (TLS not configured there?)", dialect="bk-v3",
+                                status=answer.status.name)
+        if not isinstance(answer, StartTlsResponse) or answer.request_id != self._tls_id or extra:
+            raise ProtocolError("no START_TLS answer where one was due", dialect="bk-v3",
+                                answer=type(answer).__name__)
+        self._tls_id = None
+        return True
 
     @property
     def v2(self) -> bool:

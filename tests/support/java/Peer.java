@@ -44,6 +44,10 @@ public class Peer {
         conf.setUseV2WireProtocol(v2);
         conf.setAddEntryTimeout(10);
         conf.setReadEntryTimeout(10);
+        for (int i = 2; i < args.length; i++) {  // more client settings, key=value (TLS, for one)
+            int eq = args[i].indexOf('=');
+            conf.setProperty(args[i].substring(0, eq), args[i].substring(eq + 1));
+        }
         bk = BookKeeper.newBuilder(conf).build();
         emit(JSON.createObjectNode().put("ready", true).put("v2", v2));
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
