@@ -15,6 +15,7 @@ import pytest
 import walkit
 from walkit import WriteAheadLog
 from walkit._testing import FaultyCluster
+from walkit.eventloop import ENV_VAR
 
 uvloop = pytest.importorskip("uvloop", reason="uvloop is not installed (walkit[test] declares it)")
 
@@ -71,3 +72,19 @@ def test_the_pytest_plugins_cluster_under_uvloops_policy(tmp_path: Path) -> None
             cluster.partition(cluster.bookie_ids.index(lh.metadata.ensembles[0][1][0]))
             assert lh.add_entry(b"after") == 1
             assert lh.ensemble_changes >= 1
+
+
+def test_bookie_processes_and_the_client_on_uvloop_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """WALKIT_EVENT_LOOP=uvloop: the bookie processes (which inherit it) and the client's
+    loop thread run uvloop, and a ledger and a log work across them."""
+    monkeypatch.setenv(ENV_VAR, "uvloop")
+    with walkit.LocalCluster(tmp_path / "c", bookies=3, processes=True) as cluster, cluster.client() as bk:
+        for i in range(3):
+            log = (cluster.data_dir / f"bookie-{i}" / "bookie.log").read_text()
+            assert "event loop: uvloop)" in log, log
+        assert isinstance(bk.client.loop.loop, uvloop.Loop)
+        _adds_and_reads(bk)
+        with WriteAheadLog.open(bk, "uv") as wal:
+            lsn = wal.append(b"record")
+        with WriteAheadLog.reader(bk, "uv") as reader:
+            assert list(reader.replay()) == [(lsn, b"record")]
