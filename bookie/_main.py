@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from bookie._bk_conf import load as load_conf
 from bookie._config import BookieConfig, reference
 from walkit.errors import WalkitError
+from walkit.eventloop import loop_factory
 from walkit.logs import configure
 
 if TYPE_CHECKING:
@@ -83,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     configure(_log_level(args), getattr(args, "log_format", "text"), force=True, default=logging.INFO)
     try:
         config = load_conf(args.conf)
-        return asyncio.run(serve(config))
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:  # WALKIT_EVENT_LOOP (walkit.eventloop)
+            return runner.run(serve(config))
     except WalkitError as exc:
         log.error("bookie failed: %s: %s", type(exc).__name__, exc)
         return 2

@@ -56,7 +56,7 @@ import asyncio
 import collections
 import logging
 import ssl
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from bookie._config import BookieConfig
 from bookie._metrics import ServerStats
@@ -182,8 +182,8 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport (cast, not isinstance: uvloop's are not asyncio.Transport subclasses)
+        self.transport = transport = cast(asyncio.Transport, transport)
         self.peer = str(transport.get_extra_info("peername"))
         server = self.server
         if server.stopping or len(self._open) >= server.config.max_connections:

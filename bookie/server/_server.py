@@ -73,6 +73,7 @@ from bookie.server._startup import (
 from bookie.server._tls import TlsListener
 from bookie.server._writes import Writes
 from walkit.errors import BookieError, WalkitError
+from walkit.eventloop import describe
 from walkit.logs import context
 
 __all__ = ["BookieServer"]
@@ -213,8 +214,9 @@ class BookieServer:
             await self._loop.run_in_executor(None, self._close_core)
             raise
         await self._server.start_serving()
-        log.info("bookie %s serving on %s:%d (tls: %s, readonly: %s)", self.bookie_id, c.bind_address, self.port,
-                 self._ssl is not None, self.readonly, extra=context(bookie=self.bookie_id))
+        log.info("bookie %s serving on %s:%d (tls: %s, readonly: %s, event loop: %s)", self.bookie_id,
+                 c.bind_address, self.port, self._ssl is not None, self.readonly, describe(self._loop),
+                 extra=context(bookie=self.bookie_id))
 
     async def _start_http(self) -> None:
         from bookie._http import AdminEndpoint

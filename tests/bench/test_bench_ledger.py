@@ -37,11 +37,18 @@ def test_short_run_reports_both_phases_and_cleans_up(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # the cluster's directory is gone
 
 
-def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                  loop: str) -> None:
+    """With WALKIT_EVENT_LOOP=loop (issue 38's A/B): the client and every bookie ran it, and the report says so."""
+    if loop == "uvloop":
+        pytest.importorskip("uvloop", reason="uvloop is not installed (walkit[test] declares it)")
+    monkeypatch.setenv("WALKIT_EVENT_LOOP", loop)
     args = ["bench", "ledger", "--json", "--seconds", "0.3", "--in-flight", "8", "--size", "100", "--dir", str(tmp_path)]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["entry_size"] == 100 and report["pipelined"]["entries"] > 0
+    assert report["event_loop"] == {"client": loop, "bookies": [loop]}
     assert list(tmp_path.iterdir()) == []
 
 

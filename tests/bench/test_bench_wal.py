@@ -50,6 +50,9 @@ def test_short_run_reports_every_case_and_cleans_up(tmp_path: Path) -> None:
     assert [(t["interval_ms"], t["samples"]) for t in report["tail"]] == [(0.0, 20), (20.0, 20)]
     assert all(0 <= t["p50_ms"] <= t["p99_ms"] for t in report["tail"]), report["tail"]
     assert "| back to back | 20 |" in table and "| one every 20 ms | 20 |" in table and "tail visibility p50" in table
+    loops = report["event_loop"]  # WALKIT_EVENT_LOOP's choice, the same in the client and its bookie processes
+    assert loops["bookies"] == [loops["client"]] and loops["client"] in ("asyncio", "uvloop"), loops
+    assert f"event loops: client {loops['client']}, bookies {loops['client']}" in table
     assert list(tmp_path.iterdir()) == []  # the cluster's directory and the baselines' files are gone
 
 

@@ -263,6 +263,23 @@ def test_bad_configuration_exits_with_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "noSuchKey" in proc.stderr
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "tokio"])
+def test_a_bookie_runs_on_the_event_loop_asked_for_and_refuses_an_unknown_one(
+        tmp_path: Path, processes: list[BookieProcess], monkeypatch: pytest.MonkeyPatch, loop: str) -> None:
+    """WALKIT_EVENT_LOOP (walkit.eventloop): the loop is in the "serving on" line; an
+    unknown one stops the start with exit 2 and the setting's name and value."""
+    monkeypatch.setenv("WALKIT_EVENT_LOOP", loop)
+    bookie = _bookie(processes, tmp_path / "b")
+    if loop == "tokio":
+        bookie.start(wait=False)
+        assert bookie.wait_exit(60) == 2
+        last = bookie.log().strip().splitlines()[-1]
+        assert "ConfigError: WALKIT_EVENT_LOOP must be auto, asyncio or uvloop (value=tokio)" in last, last
+        return
+    bookie.start()
+    assert "event loop: asyncio)" in bookie.log()
+
+
 @pytest.mark.parametrize("key", ["journalDirectory", "ledgerDirectories"])
 def test_a_file_where_a_directory_belongs_names_the_key(tmp_path: Path, processes: list[BookieProcess],
                                                         key: str) -> None:

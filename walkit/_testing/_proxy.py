@@ -22,12 +22,19 @@ Flow control: a side whose peer's write buffer is full stops being read until it
 (``pause_writing`` / ``resume_writing``), so the proxy holds at most one buffer per
 direction. Everything runs on one event loop (the caller's :class:`asyncio` loop);
 methods must be called on it.
+
+uvloop (issue 38): its transports start reading once ``connection_made`` has returned,
+undoing a ``pause_reading`` made in it (asyncio's honour it). So a client side may read
+a chunk before its bookie side is up: those bytes are held (``_Side.held``) and written
+to the bookie side first when it connects, and the side's reading state is applied again
+in the loop's next iteration (``connection_made``), so at most a chunk or two is held.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import cast
 
 __all__ = ["PartitionableProxy"]
 
@@ -43,16 +50,21 @@ class _Side(asyncio.Protocol):
         self.link = link
         self.transport: asyncio.Transport | None = None
         self.peer_full = False  # the other side's write buffer is over its high-water mark
+        self.held: list[bytes] = []  # (the client's side) bytes read before the bookie's side was up
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport (cast, not isinstance: uvloop's are not asyncio.Transport subclasses)
+        self.transport = cast(asyncio.Transport, transport)
         self.link.made(self)
+        # again once the transport reads: uvloop's starts reading after this returns
+        self.link.proxy.loop.call_soon(self.update_reading)
 
     def data_received(self, data: bytes) -> None:
         peer = self.link.peer_of(self)
         if peer is not None and peer.transport is not None:
             peer.transport.write(data)
+        else:  # no bookie side yet (uvloop read before the pause took): for when it connects
+            self.held.append(data)
 
     def eof_received(self) -> bool | None:
         return None  # close this side; connection_lost passes the close on
@@ -112,6 +124,10 @@ class _Link:
             if not self.proxy.partitioned:
                 self.connect()
         else:
+            assert side.transport is not None
+            for data in self.down.held:  # what the client sent before this side was up, first
+                side.transport.write(data)
+            self.down.held.clear()
             self.update()
 
     def connect(self) -> None:

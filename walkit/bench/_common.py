@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import re
 import shutil
 import sqlite3
 import struct
@@ -21,10 +22,14 @@ from walkit._local_cluster import LocalCluster
 from walkit._stats import percentile
 from walkit.client import BookKeeper, LedgerHandle
 from walkit.errors import NotEnoughBookiesError
+from walkit.eventloop import describe
 
 T = TypeVar("T")
 
-__all__ = ["Meter", "bench_cluster", "cpu_seconds", "journals_o_direct", "latency_percentiles", "mib", "window_loop"]
+_SERVING_LOOP = re.compile(r" serving on .*event loop: ([^)]+)\)")
+
+__all__ = ["Meter", "bench_cluster", "cpu_seconds", "event_loops", "journals_o_direct", "latency_percentiles", "mib",
+           "window_loop"]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -154,6 +159,14 @@ def window_loop(submit: Callable[[], Future[T]], meter: Meter, warmup: float, se
     for fut in window:
         fut.result()
     return report, latencies
+
+
+def event_loops(cluster: LocalCluster, bookies: int, client: BookKeeper) -> dict[str, Any]:
+    """The event loops the client and the bookie processes ran (``WALKIT_EVENT_LOOP``;
+    a bookie names its loop in its "serving on" line)."""
+    logs = (cluster.data_dir / f"bookie-{i}" / "bookie.log" for i in range(bookies))
+    found = (_SERVING_LOOP.findall(path.read_text(errors="replace")) for path in logs)
+    return {"client": describe(client.client.loop.loop), "bookies": sorted({seen[-1] if seen else "?" for seen in found})}
 
 
 def journals_o_direct(cluster: LocalCluster, bookies: int) -> bool:

@@ -37,7 +37,8 @@ from collections.abc import Callable
 from typing import Any
 
 from walkit._local_cluster import LocalCluster
-from walkit.bench._common import Meter, bench_cluster, journals_o_direct, latency_percentiles, window_loop
+from walkit.bench._common import (Meter, bench_cluster, event_loops, journals_o_direct, latency_percentiles,
+                                  window_loop)
 from walkit.client import BookKeeper, LedgerHandle
 from walkit.errors import InvalidArgumentError
 
@@ -94,7 +95,8 @@ def _measure(cluster: LocalCluster, bookies: int, seconds: float, in_flight: int
     with bk:
         sequential = _phase(bk, lambda h: _sequential(h, payload, meter, warmup, seconds))
         pipelined = _phase(bk, lambda h: _pipelined(h, payload, meter, warmup, seconds, in_flight))
-    return {"sequential": sequential, "pipelined": pipelined}
+        loops = event_loops(cluster, bookies, bk)
+    return {"sequential": sequential, "pipelined": pipelined, "event_loop": loops}
 
 
 def run_ledger_bench(directory: str | None = None, seconds: float = 5.0, in_flight: int = 1000, size: int = 1024,
@@ -133,7 +135,8 @@ def format_markdown(report: dict[str, Any]) -> str:
     return "\n".join([
         f"{report['started']}; {report['bookies']} bookie processes, E={report['ensemble']} "
         f"Qw={report['write_quorum']} Qa={report['ack_quorum']}, {size} B entries, journal O_DIRECT: "
-        f"{report['journal_o_direct']}, {report['cpus']} CPUs",
+        f"{report['journal_o_direct']}, event loops: client {report['event_loop']['client']}, bookies "
+        f"{'/'.join(report['event_loop']['bookies'])}, {report['cpus']} CPUs",
         "",
         "| phase | entries | entries/s | MB/s | p50 ms | p99 ms | p99.9 ms | client CPU µs/entry | client cores "
         "| bookies CPU µs/entry | bookies cores | other cores | steal cores | target |",

@@ -59,8 +59,8 @@ from pathlib import Path
 from typing import Any
 
 from walkit._local_cluster import LocalCluster
-from walkit.bench._common import (Meter, bench_cluster, framed_record, journals_o_direct, latency_percentiles,
-                                  sqlite_log, window_loop)
+from walkit.bench._common import (Meter, bench_cluster, event_loops, framed_record, journals_o_direct,
+                                  latency_percentiles, sqlite_log, window_loop)
 from walkit.bench._floor import ReplicatedFloor
 from walkit.bench._visibility import visibility
 from walkit.client import BookKeeper
@@ -262,7 +262,8 @@ def _tails(cluster: LocalCluster, samples: int) -> list[dict[str, Any]]:
 
 
 def _measure(cluster: LocalCluster, base: Path, seconds: float, in_flight: int,
-             warmup: float) -> dict[str, dict[str, Any]]:
+             warmup: float) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Every case of every size; and the event loops the client and the bookies ran."""
     meter = Meter([cluster.bookie_pid(i) for i in range(BOOKIES)])
     results: dict[str, dict[str, Any]] = {}
     with cluster.client() as bk:
@@ -276,7 +277,8 @@ def _measure(cluster: LocalCluster, base: Path, seconds: float, in_flight: int,
                 "wal_many": _on_log(bk, f"many-{size}", lambda w: _wal_many(w, payload, meter, warmup, seconds)),
             }
             results[str(size)] = cases | _baselines(base, meter, size, payload, warmup, seconds)
-    return results
+        loops = event_loops(cluster, BOOKIES, bk)
+    return results, loops
 
 
 def _ratios(cases: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -309,12 +311,12 @@ def run_wal_bench(directory: str | None = None, seconds: float = 5.0, in_flight:
                                    in_flight=in_flight, seconds=seconds, warmup=warmup, samples=samples)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     with bench_cluster(directory, "wal", BOOKIES) as (cluster, base):
-        results = _measure(cluster, base, seconds, in_flight, warmup)
+        results, loops = _measure(cluster, base, seconds, in_flight, warmup)
         tails = _tails(cluster, samples)
         o_direct = journals_o_direct(cluster, BOOKIES)
     return {
         "started": started, "cpus": os.cpu_count(), "bookies": BOOKIES, "ensemble": ENSEMBLE,
-        "write_quorum": WRITE_QUORUM, "ack_quorum": ACK_QUORUM, "journal_o_direct": o_direct,
+        "write_quorum": WRITE_QUORUM, "ack_quorum": ACK_QUORUM, "journal_o_direct": o_direct, "event_loop": loops,
         "in_flight": in_flight, "seconds": seconds, "warmup": warmup, "sqlite_batch": SQLITE_BATCH,
         "sqlite_version": sqlite3.sqlite_version, "sizes": results,
         "ratios": {size: _ratios(cases) for size, cases in results.items()},
@@ -341,6 +343,7 @@ def format_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"{report['started']}; {report['bookies']} bookie processes, E={report['ensemble']} "
         f"Qw={report['write_quorum']} Qa={report['ack_quorum']}, journal O_DIRECT: {report['journal_o_direct']}, "
+        f"event loops: client {report['event_loop']['client']}, bookies {'/'.join(report['event_loop']['bookies'])}, "
         f"{report['cpus']} CPUs, SQLite {report['sqlite_version']}; baselines are local only (no replication)",
         "",
         "| size / case | records | records/s | MB/s | entries/s | records/entry | p50 ms | p99 ms | p99.9 ms "

@@ -23,7 +23,7 @@ import logging
 import ssl
 import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from walkit.errors import BookieUnavailableError, InvalidArgumentError, ProtocolError, WalkitError
 from walkit.protocol import (
@@ -98,8 +98,8 @@ class _Protocol(asyncio.BufferedProtocol):
         self._buffer = _read_buffer(client._loop)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.client._transport = transport
+        # a stream transport (cast, not isinstance: uvloop's are not asyncio.Transport subclasses)
+        self.client._transport = cast(asyncio.Transport, transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._buffer

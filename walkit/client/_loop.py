@@ -39,6 +39,7 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from walkit.errors import UsageError, WalkitError
+from walkit.eventloop import new_event_loop
 
 __all__ = ["LoopThread"]
 
@@ -69,7 +70,7 @@ class LoopThread:
     clients' loops."""
 
     def __init__(self, name: str, *, stop_at_exit: bool = True) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()  # WALKIT_EVENT_LOOP's kind (walkit.eventloop)
         self._stopped = False
         #: (loop only) the sequences handed to consumers (iterate, aiterate), closed first at stop
         self._handed: weakref.WeakSet[AsyncGenerator[Any, None]] = weakref.WeakSet()
