@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import Any, cast
+from typing import Any
 
 from walkit.client._bookie_client import BookieClient, ResponseCallback
 from walkit.errors import BookieUnavailableError, NoSuchEntryError, NoSuchLedgerError, ProtocolError, WalkitError
@@ -112,7 +112,7 @@ class BkBookieClient(BookieClient):
         if tls is None:
             raise BookieUnavailableError("TLS with the bookie failed (START_TLS): connection closed",
                                          bookie=self.address)
-        self._transport = cast(asyncio.Transport, tls)  # uvloop's transports are not asyncio.Transport's subclasses
+        self._transport = tls  # typed, not asserted: uvloop's transports are not asyncio.Transport's subclasses
 
     def _lost(self, exc: WalkitError) -> None:
         if self._tls_answer is not None and not self._tls_answer.done():
