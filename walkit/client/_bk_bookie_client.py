@@ -29,6 +29,11 @@ the LAC (the last entry's header, its digest checked by the reader's entry codec
 refused WRITE_LAC only means the LAC rides on the next entry. A READ_RANGE is v2's
 BATCH_READ_ENTRY; in v3, which has no batch read, it is refused, and so are walkit's admin
 commands in both (a refused READ_RANGE makes the reader read entry by entry).
+
+Which entries the bookie stores. :meth:`BkBookieClient.entries_of` asks BookKeeper's
+GET_LIST_OF_ENTRIES_OF_LEDGER (v3 only, as BookKeeper; re-replication's ``present``)
+and reads the AvailabilityOfEntriesOfLedger bytes of the answer
+(:func:`walkit.protocol.decode_availability`; bytes that are none: ProtocolError).
 """
 
 from __future__ import annotations
@@ -39,12 +44,22 @@ import ssl
 from typing import Any
 
 from walkit.client._bookie_client import BookieClient, ResponseCallback
-from walkit.errors import BookieUnavailableError, NoSuchEntryError, NoSuchLedgerError, ProtocolError, WalkitError
+from walkit.errors import (
+    BookieUnavailableError,
+    InvalidArgumentError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    ProtocolError,
+    WalkitError,
+)
 from walkit.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     AddEntryResponse,
     BkClientConnection,
     Dialect,
+    GetListOfEntries,
+    ListOfEntriesResponse,
+    decode_availability,
     ReadEntry,
     ReadEntryResponse,
     Request,
@@ -78,6 +93,16 @@ class BkBookieClient(BookieClient):
     @property
     def dialect(self) -> Dialect:
         return self._bk.dialect
+
+    async def entries_of(self, ledger_id: int) -> list[int]:
+        """The ids of the entries of ``ledger_id`` the bookie stores, ascending
+        (NoSuchLedgerError: it has none of the ledger)."""
+        response = await self._call(GetListOfEntries(ledger_id))
+        assert isinstance(response, ListOfEntriesResponse)
+        try:
+            return sorted(decode_availability(response.availability))
+        except InvalidArgumentError as exc:
+            raise ProtocolError("unreadable list of entries", bookie=self.address, ledger=ledger_id) from exc
 
     # -- requests out ------------------------------------------------------------------
     def _queue(self, request: Request, cb: ResponseCallback, ctx: Any) -> None:

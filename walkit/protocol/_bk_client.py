@@ -31,6 +31,8 @@ ReadLac            READ_LAC: the last LAC body and the last    READENTRY of entr
 WriteLac           WRITE_LAC with its body                     refused (BookKeeper sends it in
                                                                v3 only)
 GetBookieInfo      GET_BOOKIE_INFO                             refused
+GetListOfEntries   GET_LIST_OF_ENTRIES_OF_LEDGER (the          refused (BookKeeper sends it in
+                   availability bytes, kept as they came)      v3 only)
 ReadRange          refused: op INVALID (the reads then go      BATCH_READ_ENTRY (BookKeeper
                    entry by entry, as from an older bookie)    4.17+), matched by its request id
 admin commands     refused                                     refused
@@ -60,6 +62,8 @@ from walkit.protocol._messages import (
     BookieInfoResponse,
     ErrorResponse,
     GetBookieInfo,
+    GetListOfEntries,
+    ListOfEntriesResponse,
     ReadEntry,
     ReadEntryResponse,
     ReadLac,
@@ -77,7 +81,8 @@ __all__ = ["BkClientConnection", "refusal"]
 _LEN = struct.Struct(">I")
 _V2_IDS = struct.Struct(">Iiqq")  # header, rc, ledger, entry of a v2 answer
 # what a v3 answer to one of walkit's requests can be
-_ANSWERS = (AddEntryResponse, ReadEntryResponse, ReadLacResponse, WriteLacResponse, BookieInfoResponse, ErrorResponse)
+_ANSWERS = (AddEntryResponse, ReadEntryResponse, ReadLacResponse, WriteLacResponse, BookieInfoResponse,
+            ListOfEntriesResponse, ErrorResponse)
 _READ, _ADD, _BATCH = (int(_bk_v2.V2Op.READENTRY), int(_bk_v2.V2Op.ADDENTRY),
                        int(_bk_v2.V2Op.BATCH_READ_ENTRY))
 
@@ -117,7 +122,7 @@ class BkClientConnection:
         rid = next(self._ids)
         if self.v2:
             return rid, self._send_v2(request, rid)
-        if not isinstance(request, (AddEntry, ReadEntry, ReadLac, WriteLac, GetBookieInfo)):
+        if not isinstance(request, (AddEntry, ReadEntry, ReadLac, WriteLac, GetBookieInfo, GetListOfEntries)):
             raise refusal(request, self.dialect, "has no such request")
         frame = _bk_v3.encode_request(_with_id(request, rid), max_frame_size=self.max_frame_size)
         self._v3_in_flight.add(rid)
