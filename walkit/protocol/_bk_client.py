@@ -209,7 +209,7 @@ class BkClientConnection:
         return None
 
 
-def _with_id(request: Request, rid: int) -> Request:
+def _with_id(request: Request | GetListOfEntries, rid: int) -> Request | GetListOfEntries:
     """``request`` carrying ``rid`` as its id (the txnId of its v3 frame)."""
     if isinstance(request, AddEntry):
         return AddEntry(request.ledger_id, request.entry_id, request.master_key, request.data, request.recovery, rid)
@@ -220,5 +220,7 @@ def _with_id(request: Request, rid: int) -> Request:
         return ReadLac(request.ledger_id, rid)
     if isinstance(request, WriteLac):
         return WriteLac(request.ledger_id, request.lac, request.master_key, rid, request.body)
+    if isinstance(request, GetListOfEntries):
+        return GetListOfEntries(request.ledger_id, rid)
     return GetBookieInfo(rid)
 

@@ -98,10 +98,11 @@ def recover(uri: str, bookie: str, *, target: str | None = None, dry_run: bool =
 
 
 def decommission(uri: str, bookie: str, *, tls_ca: str = "", progress: Progress | None = None) -> RecoveryReport:
-    """Move everything a *running* bookie holds elsewhere before it is removed: it is
-    made read-only (no new ensemble picks it), then recovered as if lost - but it may
+    """Move everything a *running* walkit bookie holds elsewhere before it is removed: it
+    is made read-only (no new ensemble picks it), then recovered as if lost - but it may
     serve its own copies as a last resort; ``removable`` says whether anything still
-    names it (open ledgers: run again once their writers closed them)."""
+    names it (open ledgers: run again once their writers closed them). A Java bookie is
+    refused (InvalidArgumentError): walkit cannot make it read-only."""
     work = _Recovery(uri, bookie, None, False, tls_ca, progress or _Quiet(), decommission=True)
     return asyncio.run(work.run())
 
@@ -197,6 +198,12 @@ class _Recovery:
         if self.bookie not in alive.writable | alive.readonly:
             raise BookieUnavailableError("the bookie is not running: use walkit recover for a lost bookie",
                                          bookie=self.bookie)
+        if await self.replicator.kind(self.bookie) != "walkit":
+            raise InvalidArgumentError(
+                "walkit decommissions only walkit bookies: a Java bookie has no ADMIN op to make it read-only, and "
+                "without that new ensembles keep landing on it while it is emptied. Stop it and run walkit recover "
+                "for it (every fragment is copied from its other replicas), or use BookKeeper's decommissionbookie",
+                bookie=self.bookie)
         await self.replicator.admin(self.bookie, "bookie.readonly", {"readonly": True})
 
     # --- one fragment ---------------------------------------------------------------------
