@@ -76,7 +76,10 @@ from walkit.protocol._messages import (
     WriteLacResponse,
 )
 
-__all__ = ["BkClientConnection", "refusal"]
+__all__ = ["Answer", "BkClientConnection", "refusal"]
+
+#: what an answer can be: walkit's responses, and the list of entries a BookKeeper bookie stores
+Answer = Response | ListOfEntriesResponse
 
 _LEN = struct.Struct(">I")
 _V2_IDS = struct.Struct(">Iiqq")  # header, rc, ledger, entry of a v2 answer
@@ -115,7 +118,7 @@ class BkClientConnection:
     def v2(self) -> bool:
         return self.dialect is Dialect.BK_V2
 
-    def send(self, request: Request) -> tuple[int, bytes]:
+    def send(self, request: Request | GetListOfEntries) -> tuple[int, bytes]:
         """(request id, frame) for ``request``; ProtocolError (op INVALID) when this
         dialect cannot carry it (nothing is sent), InvalidArgumentError for a request
         BookKeeper refuses to spell (a v2 master key that is not 20 bytes)."""
@@ -128,7 +131,7 @@ class BkClientConnection:
         self._v3_in_flight.add(rid)
         return rid, frame
 
-    def _send_v2(self, request: Request, rid: int) -> bytes:
+    def _send_v2(self, request: Request | GetListOfEntries, rid: int) -> bytes:
         if isinstance(request, ReadLac):
             wire: AddEntry | ReadEntry = ReadEntry(request.ledger_id, -1)
             self._v2_lac.add(rid)
@@ -150,13 +153,13 @@ class BkClientConnection:
         self._v2_waiting.setdefault(key, collections.deque()).append(rid)
         return frame
 
-    def receive(self, data: bytes) -> list[tuple[int, Response]]:
+    def receive(self, data: bytes) -> list[tuple[int, Answer]]:
         """The answers ``data`` completes, each with its request's id (answers to nothing
         in flight are dropped). ProtocolError for bytes that are not the dialect: the
         connection is then unusable."""
         buf = self._buffer
         buf += data
-        out: list[tuple[int, Response]] = []
+        out: list[tuple[int, Answer]] = []
         at = 0
         while len(buf) - at >= 4:
             (size,) = _LEN.unpack_from(buf, at)
@@ -173,7 +176,7 @@ class BkClientConnection:
         del buf[:at]
         return out
 
-    def _answer_v3(self, frame: bytes) -> tuple[int, Response] | None:
+    def _answer_v3(self, frame: bytes) -> tuple[int, Answer] | None:
         resp = _bk_v3.decode_response(frame)
         rid = resp.request_id
         if rid not in self._v3_in_flight or not isinstance(resp, _ANSWERS):  # an answer to nothing in flight
@@ -181,7 +184,7 @@ class BkClientConnection:
         self._v3_in_flight.discard(rid)
         return rid, resp
 
-    def _answer_v2(self, frame: bytes) -> tuple[int, Response] | None:
+    def _answer_v2(self, frame: bytes) -> tuple[int, Answer] | None:
         resp = _bk_v2.decode_response(frame)
         op = frame[1]  # the header's opcode byte (version, op, flags)
         if op == _BATCH:
