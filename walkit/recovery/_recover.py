@@ -66,6 +66,8 @@ class RecoveryReport:
     open_ledgers: list[int] = field(default_factory=list)  # the last fragment names it: left to its writer
     failures: list[dict[str, Any]] = field(default_factory=list)
     targets: dict[str, int] = field(default_factory=dict)  # target -> fragments given to it
+    #: fragments copied by each path: "push" (by a walkit bookie), "client" (by this run)
+    copy_paths: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     #: Decommission: nothing names the bookie any more (it can be stopped and removed).
     removable: bool | None = None
@@ -134,6 +136,7 @@ class _Recovery:
                 await self._each(self._still_named)
                 self.report.removable = not self.report.open_ledgers and not self.report.failures
         finally:
+            self.report.copy_paths = dict(self.replicator.paths)
             await self.replicator.close()
             await off(self.cluster.close)
         self.report.seconds = round(time.monotonic() - t0, 3)

@@ -58,6 +58,8 @@ class Replicator:
         self._clients: dict[str, BookieClient] = {}
         self._kinds: dict[str, str] = {}  # bookie -> the kind it registered (an id keeps its kind)
         self._connecting = asyncio.Lock()  # one connection per bookie, however many ask at once
+        #: fragments copied so far by each path ("push", "client"): what a report tells
+        self.paths: dict[str, int] = {}
 
     async def close(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
@@ -128,6 +130,7 @@ class Replicator:
                 chunk = []
         if chunk:
             copied += await self._chunk(path, work, chunk, target, alive, last_resort, on_copied)
+        self.paths[path] = self.paths.get(path, 0) + 1
         return copied
 
     async def path(self, work: FragmentWork, target: str, alive: set[str], last_resort: str | None = None
