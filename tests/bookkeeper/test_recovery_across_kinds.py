@@ -154,6 +154,7 @@ def test_walkits_autorecovery_worker_repairs_a_marked_ledger_across_kinds(mixed:
     target = mixed.add_walkit().bookie_id
     lost = java_bookies[0].bookie_id
     mixed.kill(lost)
+    mixed.wait_only_running()  # as an auditor marks: once its registration is gone (else it looks back)
     with connect(mixed.uri) as store:
         marks = UnderReplication(store.store, store.info)
         for w in ledgers:
