@@ -11,7 +11,10 @@ and ``MAC`` ones written by BookKeeper's Java client - lose a bookie of their en
   sources or as the target makes it a client copy (walkit/recovery/_client_copy.py);
 - by walkit's autorecovery daemon, from an under-replication mark;
 - by BookKeeper's own ``AutoRecoveryMain`` (auditor and replication worker), a ledger the
-  walkit client wrote on walkit bookies only.
+  walkit client wrote on walkit bookies only;
+
+and a client copy passes over a damaged replica, and fails an entry no replica holds
+intact; walkit refuses to decommission a Java bookie.
 
 Then one more original member of the ensemble is killed, so some entries are left only
 on the spare, and both clients read every entry back.
@@ -19,23 +22,27 @@ on the spare, and both clients read every entry back.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from support.bookkeeper import JVM_FLAGS, JavaBookie, payload
 from support.mixed import MixedCluster
 from support.zk import ZooKeeperServer
+from walkit.client import BookieClient, EntryCodec
 from walkit.errors import InvalidArgumentError
 from walkit.metadata import UnderReplication, connect
 from walkit.recovery import AutoRecovery, AutoRecoveryConfig, count_held, decommission, lost_fragments, recover
 
 pytestmark = pytest.mark.bookkeeper
 
+T = TypeVar("T")
 COUNT = 200  # entries per ledger
 SIZE = 100
 JAVA_DIGEST = {"bk-crc32c": "CRC32C", "bk-hmac": "MAC"}
@@ -67,11 +74,11 @@ def _until(what: str, check: Callable[[], bool], timeout: float, log: Path | Non
         time.sleep(0.2)
 
 
-def _walkit_ledger(cluster: MixedCluster, digest: str, tag: int) -> Written:
+def _walkit_ledger(cluster: MixedCluster, digest: str, tag: int, write_quorum: int = 2) -> Written:
     password = b"walkit-%d" % tag
     payloads = [b"%s-%d-" % (digest.encode(), tag) + bytes([e % 251]) * (e % 90) for e in range(COUNT)]
     with cluster.client() as bk:
-        lh = bk.create_ledger(3, 2, 2, digest=digest, password=password)
+        lh = bk.create_ledger(3, write_quorum, 2, digest=digest, password=password)
         futures = [lh.add_entry_async(p) for p in payloads]
         assert [f.result() for f in futures] == list(range(COUNT))
         lh.close()
@@ -217,3 +224,47 @@ def test_a_java_bookie_is_not_decommissioned_by_walkit(mixed: MixedCluster) -> N
         decommission(mixed.uri, bookie)
     assert "walkit recover" in str(refused.value) and bookie in str(refused.value)
     assert _ensemble(mixed, ledgers[0].ledger_id) == before and bookie in mixed.registered()
+
+
+def _raw(bookie: str, act: Callable[[BookieClient], Awaitable[T]]) -> T:
+    """``act`` on a plain walkit connection to the walkit bookie ``bookie``."""
+    host, _, port = bookie.rpartition(":")
+
+    async def go() -> T:
+        client = await BookieClient.connect(host, int(port))
+        try:
+            return await act(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
+
+def test_a_client_copy_passes_over_a_damaged_replica_and_reports_an_entry_none_holds_intact(
+        mixed: MixedCluster) -> None:
+    """bk-hmac ledgers (E=Qw=3: a client copy, even between walkit bookies) on three walkit bookies:
+    entry 0's copy on the first source is damaged, so the copy of the other source is the
+    one written to the target; in a second ledger entry 1 is damaged on both survivors, so
+    that fragment fails with ReplicasLostError's reason and keeps naming the lost bookie."""
+    mixed.start(walkit=3)
+    good_ledger, lost_ledger = _walkit_ledger(mixed, "bk-hmac", 8, 3), _walkit_ledger(mixed, "bk-hmac", 9, 3)
+    target = mixed.add_walkit().bookie_id
+    lost, first_source, second_source = _ensemble(mixed, good_ledger.ledger_id)
+
+    def damage(w: Written, entry_id: int, bookie: str) -> bytes:
+        intact = _raw(second_source, lambda c: c.read_entry(w.ledger_id, entry_id)).data
+        key = EntryCodec.of("bk-hmac", w.password).master_key
+        _raw(bookie, lambda c: c.add_entry(w.ledger_id, entry_id, key, intact[:-1] + bytes([intact[-1] ^ 1]), True))
+        return bytes(intact)
+
+    intact = damage(good_ledger, 0, first_source)  # entry 0's sources, in write-set order: first, second
+    assert intact != bytes(_raw(first_source, lambda c: c.read_entry(good_ledger.ledger_id, 0)).data)
+    damage(lost_ledger, 1, first_source)
+    damage(lost_ledger, 1, second_source)
+    mixed.kill(lost)
+    report = recover(mixed.uri, lost, target=target)
+    assert report.fragments_replaced == 1 and report.copy_paths == {"client": 1}
+    [failure] = report.failures
+    assert failure["ledger"] == lost_ledger.ledger_id and "intact" in failure["error"]
+    assert bytes(_raw(target, lambda c: c.read_entry(good_ledger.ledger_id, 0)).data) == intact
+    assert lost in _ensemble(mixed, lost_ledger.ledger_id) and target in _ensemble(mixed, good_ledger.ledger_id)
