@@ -16,9 +16,11 @@ one directory at a time: memory does not grow with the number of ledgers):
 2. *copy*: per fragment, a target bookie outside its ensemble (``--target`` or chosen
    as an ensemble change chooses); the held entries in chunks; for each entry the first
    registered survivor of its write set is asked (ADMIN ``ledger.replicate``,
-   :mod:`bookie._replicate`) to verify its copy and push it to the target, entries it
-   lacks or cannot verify go to the next survivor; once every entry of the fragment is
-   durable on the target, the fragment's ensemble is changed by CAS (lost bookie out,
+   :mod:`bookie._replicate`) to verify its copy and push it to the target, or - a Java
+   bookie at either end, or a ``bk-hmac`` ledger - this process reads, verifies and
+   writes it itself (:mod:`walkit.recovery._client_copy`); entries a survivor lacks or
+   that fail their check come from the next survivor; once every entry of the fragment
+   is durable on the target, the fragment's ensemble is changed by CAS (lost bookie out,
    target in; a fragment someone already changed is left as it is).
 
 Resumable by construction: a run stopped anywhere leaves every fragment either still
