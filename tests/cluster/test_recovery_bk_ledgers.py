@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ import walkit
 from support.client import client, index_of, local_cluster
 from support.metadata import Driver, driver  # noqa: F401  (fixture)
 from walkit.client import BookieClient, EntryCodec
-from walkit.errors import WalkitError
+from walkit.errors import ProtocolError, WalkitError
 from walkit.metadata import LedgerMetadata, connect
 from walkit.recovery import count_held, lost_fragments, recover
 
@@ -112,9 +114,11 @@ def test_a_damaged_bk_crc32_replica_is_passed_over_for_another(tmp_path: Path, d
         asyncio.run(damage())
         assert _stored(cluster, first_source, meta.ledger_id, range(1))[0] == damaged
         _lose(cluster, lost)
-        report = recover(cluster.metadata_uri, lost)
-        assert report.failures == [] and report.copy_paths == {"push": 1} and report.entries_copied == 20
-        [target] = report.targets
+        done = subprocess.run([sys.executable, "-m", "walkit.cli", "recover", "--metadata", cluster.metadata_uri,
+                               "--bookie", lost], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "copied 20 entries; 1 fragments" in done.stdout and "copied by a walkit bookie: 1 fragments" in done.stdout
+        [target] = set(_meta(cluster.metadata_uri, meta.ledger_id).ensembles[0][1]) - set(meta.ensembles[0][1])
         assert _stored(cluster, target, meta.ledger_id, range(1))[0] == good  # the intact copy, not the damaged
 
 
@@ -134,3 +138,28 @@ def test_a_bk_hmac_ledger_without_its_password_in_metadata_fails_with_the_reason
         assert lost in _meta(cluster.metadata_uri, lh.ledger_id).ensembles[0][1]  # left as it was
         rh = bk.open_ledger(lh.ledger_id, password=b"pw")  # still read through the others
         assert [x.data for x in rh.read(0, 9)] == [b"e%d" % e for e in range(10)]
+
+
+def test_a_bookie_refuses_to_push_a_digest_it_cannot_check(tmp_path: Path, driver: Driver) -> None:
+    """ADMIN ``ledger.replicate`` of a bk-hmac ledger: the bookie holds only the master key,
+    which does not give HMAC's key, so it refuses rather than push an unchecked copy."""
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        lh = bk.create_ledger(3, 3, 2, digest="bk-hmac", password=b"pw")
+        lh.add_entry(b"x")
+        lh.close()
+        source, target = cluster.bookie_ids[0], cluster.bookie_ids[1]
+
+        async def ask(digest: str) -> object:
+            c = await BookieClient.connect(*cluster.bookie_address(index_of(cluster, source)))
+            try:
+                return await c.admin("ledger.replicate", {"ledger": lh.ledger_id, "entries": [0], "digest": digest,
+                                                          "target": "%s:%d" % cluster.bookie_address(1),
+                                                          "tls": False})
+            finally:
+                await c.close()
+
+        with pytest.raises(ProtocolError, match="cannot check"):  # EBADREQ, with the reason
+            asyncio.run(ask("bk-hmac"))
+        assert target != source
+        answer = asyncio.run(ask("bk-crc32c"))  # a digest it checks, but not this ledger's: its copy fails the check
+        assert answer == {"copied": [], "missing": [], "bad": [0], "failed": {}}
