@@ -39,6 +39,7 @@ from walkit.client import BookieClient, EntryCodec
 from walkit.errors import InvalidArgumentError
 from walkit.metadata import UnderReplication, connect
 from walkit.recovery import AutoRecovery, AutoRecoveryConfig, count_held, decommission, lost_fragments, recover
+from walkit.recovery._replicator import LIST_TIMEOUT, Replicator
 
 pytestmark = pytest.mark.bookkeeper
 
@@ -212,14 +213,39 @@ def test_bookkeepers_autorecovery_repairs_a_walkit_ledger_on_walkit_bookies(mixe
     _both_clients_read_everything(mixed, ledgers)
 
 
-def test_a_java_bookie_is_not_decommissioned_by_walkit(mixed: MixedCluster) -> None:
-    """walkit cannot make a Java bookie read-only (it has no walkit ADMIN op), so
-    ``walkit decommission`` refuses it with the reason, and nothing changes."""
+def test_a_java_bookie_tells_what_it_holds_and_is_not_decommissioned_by_walkit(mixed: MixedCluster) -> None:
+    """What a Java bookie holds (re-replication's ``present``, which the auditor's deeper
+    check and a worker use): its default DbLedgerStorage does not serve
+    GET_LIST_OF_ENTRIES_OF_LEDGER (UnsupportedOperationException, no answer), so after
+    LIST_TIMEOUT the bookie's entries are read one by one, from then on at once. walkit
+    cannot make a Java bookie read-only (it has no walkit ADMIN op), so ``walkit
+    decommission`` refuses it with the reason, and nothing changes."""
     _, java_bookies = mixed.start(walkit=2, java=1)
     ledgers = [_walkit_ledger(mixed, "bk-crc32c", 7)]
     mixed.add_walkit()
     bookie = java_bookies[0].bookie_id
     before = _ensemble(mixed, ledgers[0].ledger_id)
+
+    position = before.index(bookie)
+    ledger_id = ledgers[0].ledger_id
+
+    async def present() -> list[tuple[set[int], float]]:
+        with connect(mixed.uri) as store:
+            replicator = Replicator(store)
+            seen: list[tuple[set[int], float]] = []
+            try:
+                for args in ((ledger_id, 0, COUNT - 1), (ledger_id, 10, 12), (ledger_id + 1_000_000, 0, 10)):
+                    t0 = time.monotonic()
+                    seen.append((await replicator.present(bookie, *args), time.monotonic() - t0))
+            finally:
+                await replicator.close()
+            return seen
+
+    (whole, first_wait), (some, _), (none, later_wait) = asyncio.run(present())
+    assert whole == {e for e in range(COUNT) if (position - e) % 3 < 2}  # E=3, Qw=2
+    assert some == {e for e in (10, 11, 12) if (position - e) % 3 < 2}
+    assert none == set()  # no such ledger there
+    assert first_wait >= LIST_TIMEOUT and later_wait < LIST_TIMEOUT  # asked once, then read
     with pytest.raises(InvalidArgumentError, match="read-only") as refused:
         decommission(mixed.uri, bookie)
     assert "walkit recover" in str(refused.value) and bookie in str(refused.value)

@@ -37,7 +37,14 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
 from walkit.client import BookieClient, EntryCodec
-from walkit.errors import BookieTimeoutError, BookieUnavailableError, ReplicasLostError, UnauthorizedError, WalkitError
+from walkit.errors import (
+    BookieTimeoutError,
+    BookieUnavailableError,
+    DigestMismatchError,
+    ReplicasLostError,
+    UnauthorizedError,
+    WalkitError,
+)
 from walkit.recovery._plan import FragmentWork
 
 __all__ = ["codec_of", "copy_chunk", "READ_TIMEOUT"]
@@ -114,6 +121,6 @@ async def _read(connect: Connect, work: FragmentWork, codec: EntryCodec, source:
     data = bytes(response.data)
     header, _ = codec.decode(data)
     if (header.ledger_id, header.entry_id) != (work.ledger_id, entry_id):
-        raise ReplicasLostError("a copy names another entry", bookie=source, ledger=work.ledger_id, entry=entry_id,
+        raise DigestMismatchError("a copy names another entry", bookie=source, ledger=work.ledger_id, entry=entry_id,
                                 found=f"{header.ledger_id}/{header.entry_id}")
     return data

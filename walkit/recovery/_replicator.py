@@ -21,8 +21,9 @@ Either way an entry no survivor holds intact raises
 when ``copy`` returns. :meth:`Replicator.replace` then changes the fragment's ensemble
 by CAS (a fragment someone already changed is left alone). :meth:`Replicator.present`
 asks a bookie which entries of a range it holds (ADMIN ``ledger.entries`` of a walkit
-bookie, BookKeeper's GET_LIST_OF_ENTRIES_OF_LEDGER of a Java one), for copies that went
-missing on a bookie that is still there. One asyncio loop drives it; metadata calls run
+bookie; BookKeeper's GET_LIST_OF_ENTRIES_OF_LEDGER of a Java one, or - its default
+DbLedgerStorage does not serve that op and never answers it - a read of each entry),
+for copies that went missing on a bookie that is still there. One asyncio loop drives it; metadata calls run
 on worker threads; one pipelined connection per bookie, in the bookie's kind (a Java
 bookie's in BookKeeper's v3 dialect).
 """
@@ -34,16 +35,27 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from walkit.client import BkBookieClient, BookieClient, Endpoint, client_ssl_context, parse_endpoint
-from walkit.errors import BookieUnavailableError, NoSuchLedgerError, ReplicasLostError, WalkitError
+from walkit.errors import (
+    BookieTimeoutError,
+    BookieUnavailableError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    ReplicasLostError,
+    WalkitError,
+)
 from walkit.metadata import BookieSet, Cluster, LedgerMetadata, read_registration
 from walkit.recovery._client_copy import codec_of, copy_chunk
 from walkit.recovery._plan import CopyPath, FragmentWork, copy_path, sources
 
-__all__ = ["Replicator", "CHUNK", "off"]
+__all__ = ["Replicator", "CHUNK", "LIST_TIMEOUT", "off"]
 
 T = TypeVar("T")
 CHUNK = 512  # entries asked of the survivors at once (bookie._replicate.MAX_ENTRIES bounds it)
 _ADMIN_TIMEOUT = 180.0
+#: seconds a Java bookie has to answer GET_LIST_OF_ENTRIES_OF_LEDGER (with its default
+#: DbLedgerStorage it never does: see Replicator._present_java)
+LIST_TIMEOUT = 5.0
+_READ_TIMEOUT = 30.0  # seconds for one read of a Java bookie's share
 
 
 async def off(fn: Callable[..., T], *args: Any) -> T:
@@ -57,6 +69,7 @@ class Replicator:
         self.tls_ca = tls_ca
         self._clients: dict[str, BookieClient] = {}
         self._kinds: dict[str, str] = {}  # bookie -> the kind it registered (an id keeps its kind)
+        self._unlisted: set[str] = set()  # Java bookies that do not answer GET_LIST_OF_ENTRIES_OF_LEDGER
         self._connecting = asyncio.Lock()  # one connection per bookie, however many ask at once
         #: fragments copied so far by each path ("push", "client"): what a report tells
         self.paths: dict[str, int] = {}
@@ -191,11 +204,7 @@ class Replicator:
         """The entries of ``first..last`` that ``bookie`` holds (none: it has no such ledger)."""
         client = await self.client(bookie)
         if isinstance(client, BkBookieClient):
-            try:
-                listed = await asyncio.wait_for(client.entries_of(ledger_id), _ADMIN_TIMEOUT)
-            except NoSuchLedgerError:
-                return set()
-            return {e for e in listed if first <= e <= last}
+            return await self._present_java(bookie, client, ledger_id, first, last)
         held: set[int] = set()
         start = first
         while start <= last:
@@ -206,6 +215,36 @@ class Replicator:
                 return set()
             held.update(answer["entries"])
             start = end + 1
+        return held
+
+    async def _present_java(self, bookie: str, client: BkBookieClient, ledger_id: int, first: int, last: int
+                            ) -> set[int]:
+        """A Java bookie's share: GET_LIST_OF_ENTRIES_OF_LEDGER, which its
+        InterleavedLedgerStorage and SortedLedgerStorage answer; its default
+        DbLedgerStorage throws UnsupportedOperationException and answers nothing, so a
+        bookie silent for :data:`LIST_TIMEOUT` is asked entry by entry from then on."""
+        if bookie not in self._unlisted:
+            try:
+                listed = await asyncio.wait_for(client.entries_of(ledger_id), LIST_TIMEOUT)
+                return {e for e in listed if first <= e <= last}
+            except NoSuchLedgerError:
+                return set()
+            except asyncio.TimeoutError:
+                self._unlisted.add(bookie)
+        held: set[int] = set()
+        for start in range(first, last + 1, CHUNK):
+            ids = range(start, min(last, start + CHUNK - 1) + 1)
+            answers = await asyncio.gather(*(asyncio.wait_for(client.read_entry(ledger_id, e), _READ_TIMEOUT)
+                                             for e in ids), return_exceptions=True)
+            for entry_id, answer in zip(ids, answers):
+                if isinstance(answer, (NoSuchEntryError, NoSuchLedgerError)):
+                    continue
+                if isinstance(answer, asyncio.TimeoutError):
+                    raise BookieTimeoutError("no answer to a read", bookie=bookie, ledger=ledger_id,
+                                             entry=entry_id) from answer
+                if isinstance(answer, BaseException):
+                    raise answer
+                held.add(entry_id)
         return held
 
     # --- metadata ---------------------------------------------------------------------------
