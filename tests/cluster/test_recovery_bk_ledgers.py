@@ -18,10 +18,11 @@ import pytest
 import walkit
 from support.client import client, index_of, local_cluster
 from support.metadata import Driver, driver  # noqa: F401  (fixture)
-from walkit.client import BookieClient, EntryCodec
-from walkit.errors import ProtocolError, WalkitError
+from walkit.client import BkBookieClient, BookieClient, EntryCodec
+from walkit.errors import NoSuchLedgerError, ProtocolError, WalkitError
 from walkit.metadata import LedgerMetadata, connect
 from walkit.recovery import count_held, lost_fragments, recover
+from walkit.recovery._replicator import Replicator
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -163,3 +164,37 @@ def test_a_bookie_refuses_to_push_a_digest_it_cannot_check(tmp_path: Path, drive
         assert target != source
         answer = asyncio.run(ask("bk-crc32c"))  # a digest it checks, but not this ledger's: its copy fails the check
         assert answer == {"copied": [], "missing": [], "bad": [0], "failed": {}}
+
+
+def test_the_list_of_entries_in_bookkeepers_v3_dialect(tmp_path: Path, driver: Driver) -> None:
+    """GET_LIST_OF_ENTRIES_OF_LEDGER as re-replication asks a Java bookie that serves it
+    (InterleavedLedgerStorage, SortedLedgerStorage), here of walkit bookies, which serve
+    it in BookKeeper's v3 dialect: each bookie's share of the ledger, a range of it, and
+    nothing of a ledger it does not have."""
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        lh = bk.create_ledger(3, 2, 2, digest="bk-crc32c", password=b"pw")
+        for e in range(10):
+            lh.add_entry(b"e%d" % e)
+        lh.close()
+        meta = lh.metadata
+
+        async def go() -> None:
+            with connect(cluster.metadata_uri) as store:
+                replicator = Replicator(store)
+                try:
+                    for i, bookie in enumerate(cluster.bookie_ids):
+                        c = await BkBookieClient.connect(*cluster.bookie_address(i))
+                        try:
+                            share = [e for e in range(10) if bookie in meta.write_set(e)]
+                            assert await c.entries_of(lh.ledger_id) == share
+                            assert await replicator._present_java(bookie, c, lh.ledger_id, 2, 6) == \
+                                {e for e in share if 2 <= e <= 6}
+                            assert await replicator._present_java(bookie, c, lh.ledger_id + 1000, 0, 9) == set()
+                            with pytest.raises(NoSuchLedgerError):
+                                await c.entries_of(lh.ledger_id + 1000)
+                        finally:
+                            await c.close()
+                finally:
+                    await replicator.close()
+
+        asyncio.run(go())
