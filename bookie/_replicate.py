@@ -12,7 +12,13 @@ be verified without it. So recovery asks a *surviving* bookie of the entry's wri
 1. the source reads each asked entry from its storage (the bytes as stored: header,
    digest, payload) and verifies it - header ids, and the digest with the ledger's digest
    type and the master key it stores; an entry it lacks is reported ``missing``, one that
-   fails the check ``bad`` (the caller asks another replica for those);
+   fails the check ``bad`` (the caller asks another replica for those). The digests it
+   can check are :data:`walkit.metadata.BOOKIE_CHECKED_DIGESTS`: walkit's (``mac`` with
+   the master key) and BookKeeper's ``bk-crc32``, ``bk-crc32c`` (walkit's ``crc32c``
+   bytes) and ``bk-dummy`` (walkit's ``none``), which need no key. ``bk-hmac`` is not
+   one: its MAC key is SHA-1 of "mac" and the password, which the master key (SHA-1 of
+   "ledger" and the password) does not give; such ledgers are copied by the recovering
+   client, which has the password (:mod:`walkit.recovery._client_copy`);
 2. it sends the verified ones to the target as RECOVERY_ADDs with that master key, all
    pipelined on one connection; the target stores them as any add (journaled, durable
    when answered) and learns the master key if the ledger is new to it;
@@ -38,7 +44,8 @@ from walkit.errors import (
     ProtocolError,
     WalkitError,
 )
-from walkit.protocol import decode_entry
+from walkit.metadata import BOOKIE_CHECKED_DIGESTS
+from walkit.protocol import BkDigestType, EntryHeader, bk_decode_entry, decode_entry
 
 __all__ = ["replicate", "MAX_ENTRIES"]
 
@@ -61,7 +68,7 @@ def replicate(bookie: Bookie, config: BookieConfig, loop: asyncio.AbstractEventL
     for entry_id in entries:
         try:
             data = bookie.read_entry(ledger_id, entry_id)
-            header, _ = decode_entry(data, digest=digest, key=key)
+            header = _checked(data, digest, key)
         except (NoSuchEntryError, NoSuchLedgerError):
             missing.append(entry_id)
             continue
@@ -111,12 +118,28 @@ def _parse(args: dict[str, Any]) -> tuple[int, list[int], str, str, bool]:
     if type(ledger_id) is not int or ledger_id < 0 or not ints or not entries or len(entries) > MAX_ENTRIES:
         raise InvalidArgumentError("ledger.replicate needs a ledger id and 1..1024 entry ids",
                                    ledger=repr(ledger_id)[:40])
-    if digest not in ("crc32c", "mac", "none"):
-        raise InvalidArgumentError("unknown digest type", digest=repr(digest)[:40])
+    if digest not in BOOKIE_CHECKED_DIGESTS:
+        raise InvalidArgumentError("a bookie cannot check this digest", digest=repr(digest)[:40],
+                                   checked=",".join(BOOKIE_CHECKED_DIGESTS))
     if not isinstance(target, str) or not target.rpartition(":")[2].isdigit() or type(tls) is not bool:
         raise InvalidArgumentError("ledger.replicate needs a target host:port", target=repr(target)[:80])
     assert isinstance(ledger_id, int) and isinstance(entries, list)
     return ledger_id, entries, digest, target, tls
+
+
+# BookKeeper digests a bookie checks, by the walkit digest whose bytes they are (None: CRC32's own code)
+_BK_AS_WALKIT = {"bk-crc32c": "crc32c", "bk-dummy": "none", "bk-crc32": None}
+
+
+def _checked(data: bytes, digest: str, key: bytes) -> EntryHeader:
+    """The header of a stored entry whose digest checks (DigestMismatchError if not)."""
+    if digest not in _BK_AS_WALKIT:
+        return decode_entry(data, digest=digest, key=key)[0]
+    same = _BK_AS_WALKIT[digest]
+    if same is not None:
+        return decode_entry(data, digest=same, key=b"")[0]
+    fields, _ = bk_decode_entry(bytes(data), digest=BkDigestType.CRC32)
+    return EntryHeader._make(fields)
 
 
 def _ssl(config: BookieConfig) -> Any:

@@ -29,6 +29,8 @@ from walkit.protocol import (
     AddEntry,
     AddEntryResponse,
     GetBookieInfo,
+    GetListOfEntries,
+    ListOfEntriesResponse,
     ReadEntry,
     ReadEntryResponse,
     ReadLac,
@@ -39,6 +41,7 @@ from walkit.protocol import (
     Status,
     WriteLac,
     WriteLacResponse,
+    encode_availability,
     error_for,
 )
 from walkit.protocol import _bk_v2, _bk_v3
@@ -287,6 +290,32 @@ def test_a_refused_request_is_answered_and_the_connection_goes_on() -> None:
         assert isinstance(heard[0], ProtocolError) and not client.failed and bookie.requests == []
         await client.add_entry(5, 0, KEY, entry(5, 0))
         assert len(bookie.requests) == 1
+    asyncio.run(go())
+
+
+def test_the_list_of_entries_a_java_bookie_stores() -> None:
+    """GET_LIST_OF_ENTRIES_OF_LEDGER (re-replication's ``present`` on a Java bookie): the
+    availability bytes read back as ids; no ledger there is NoSuchLedgerError; bytes that
+    are no availability a ProtocolError; v2 cannot carry it."""
+    def answer(request: Any) -> bytes:
+        assert isinstance(request, GetListOfEntries)
+        if request.ledger_id == 6:
+            return _bk_v3.encode_error(request, Status.ENOLEDGER)
+        body = encode_availability([0, 1, 2, 5, 9]) if request.ledger_id == 5 else b"\x01" * 10
+        return _bk_v3.encode_response(ListOfEntriesResponse(request.ledger_id, body, request.request_id))
+
+    async def go() -> None:
+        client, bookie = fake(Dialect.BK_V3, answer)
+        assert await client.entries_of(5) == [0, 1, 2, 5, 9]
+        with pytest.raises(NoSuchLedgerError):
+            await client.entries_of(6)
+        with pytest.raises(ProtocolError):
+            await client.entries_of(7)
+        assert [r.ledger_id for r in bookie.requests] == [5, 6, 7] and not client.failed
+        v2, v2_bookie = fake(Dialect.BK_V2, lambda r: None)
+        with pytest.raises(ProtocolError):
+            await v2.entries_of(5)
+        assert v2_bookie.requests == []
     asyncio.run(go())
 
 

@@ -103,6 +103,9 @@ def _print(report: RecoveryReport, as_json: bool) -> int:
         if not r.dry_run:
             print(f"  {verb} {r.entries_copied} entries; {r.fragments_replaced} fragments now name another bookie "
                   f"in {r.seconds:.1f} s")
+        if r.copy_paths:
+            print("  copied by " + ", ".join(f"{'a walkit bookie' if path == 'push' else 'walkit itself'}: {n} fragments"
+                                           for path, n in sorted(r.copy_paths.items())))
         for target, n in sorted(r.targets.items()):
             print(f"  {'planned' if r.dry_run else 'moved'} to {target}: {n} fragments")
         if r.open_ledgers:

@@ -34,7 +34,7 @@ from walkit.metadata._cluster import (
     walkit_path,
 )
 from walkit.metadata._connect import Cluster, connect
-from walkit.metadata._ledger import BK_DIGESTS, Fragment, LedgerMetadata, LedgerState, is_bk_digest
+from walkit.metadata._ledger import BK_DIGESTS, BOOKIE_CHECKED_DIGESTS, Fragment, LedgerMetadata, LedgerState, is_bk_digest
 from walkit.metadata._ledgers import LedgerManager
 from walkit.metadata._local import LocalMetadataStore
 from walkit.metadata._retry import retry_cas
@@ -80,6 +80,7 @@ from walkit.metadata._uri import MetadataURI, open_metadata_store, parse_metadat
 __all__ = [
     "ANY_VERSION",
     "BK_DIGESTS",
+    "BOOKIE_CHECKED_DIGESTS",
     "READONLY",
     "RETRY_DEADLINE",
     "BkCookie",

@@ -78,6 +78,7 @@ __all__ = [
     "MAX_BODY",
     "MAX_LEDGER_ID",
     "BK_DIGESTS",
+    "BOOKIE_CHECKED_DIGESTS",
     "is_bk_digest",
     "bk_token_salt",
 ]
@@ -98,6 +99,10 @@ _CRC = struct.Struct("<I")
 # BookKeeper's entry digest and its SHA-1 master key, walkit.protocol._bk_digest).
 BK_DIGESTS = ("bk-crc32", "bk-crc32c", "bk-hmac", "bk-dummy")
 _DIGESTS = ("crc32c", "mac", "none", *BK_DIGESTS)
+# The digests a bookie can check with what it holds (the ledger's master key): walkit's
+# own, and BookKeeper's but HMAC, whose key comes from the password, never the master
+# key (re-replication: a bookie pushes only copies it checked, walkit.recovery).
+BOOKIE_CHECKED_DIGESTS = ("crc32c", "mac", "none", "bk-crc32", "bk-crc32c", "bk-dummy")
 BK_TOKEN_MARK = b"bkcToken"  # the end of a BookKeeper ledger's salt that carries its cToken
 BK_NO_TOKEN_MARK = b"bkNoTokn"  # ... of one whose record has no cToken
 _FIELDS = frozenset(

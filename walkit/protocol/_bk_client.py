@@ -31,6 +31,8 @@ ReadLac            READ_LAC: the last LAC body and the last    READENTRY of entr
 WriteLac           WRITE_LAC with its body                     refused (BookKeeper sends it in
                                                                v3 only)
 GetBookieInfo      GET_BOOKIE_INFO                             refused
+GetListOfEntries   GET_LIST_OF_ENTRIES_OF_LEDGER (the          refused (BookKeeper sends it in
+                   availability bytes, kept as they came)      v3 only)
 ReadRange          refused: op INVALID (the reads then go      BATCH_READ_ENTRY (BookKeeper
                    entry by entry, as from an older bookie)    4.17+), matched by its request id
 admin commands     refused                                     refused
@@ -69,6 +71,8 @@ from walkit.protocol._messages import (
     BookieInfoResponse,
     ErrorResponse,
     GetBookieInfo,
+    GetListOfEntries,
+    ListOfEntriesResponse,
     ReadEntry,
     ReadEntryResponse,
     ReadLac,
@@ -81,12 +85,16 @@ from walkit.protocol._messages import (
     WriteLacResponse,
 )
 
-__all__ = ["BkClientConnection", "refusal"]
+__all__ = ["Answer", "BkClientConnection", "refusal"]
+
+#: what an answer can be: walkit's responses, and the list of entries a BookKeeper bookie stores
+Answer = Response | ListOfEntriesResponse
 
 _LEN = struct.Struct(">I")
 _V2_IDS = struct.Struct(">Iiqq")  # header, rc, ledger, entry of a v2 answer
 # what a v3 answer to one of walkit's requests can be
-_ANSWERS = (AddEntryResponse, ReadEntryResponse, ReadLacResponse, WriteLacResponse, BookieInfoResponse, ErrorResponse)
+_ANSWERS = (AddEntryResponse, ReadEntryResponse, ReadLacResponse, WriteLacResponse, BookieInfoResponse,
+            ListOfEntriesResponse, ErrorResponse)
 _READ, _ADD, _BATCH = (int(_bk_v2.V2Op.READENTRY), int(_bk_v2.V2Op.ADDENTRY),
                        int(_bk_v2.V2Op.BATCH_READ_ENTRY))
 
@@ -152,20 +160,20 @@ class BkClientConnection:
     def v2(self) -> bool:
         return self.dialect is Dialect.BK_V2
 
-    def send(self, request: Request) -> tuple[int, bytes]:
+    def send(self, request: Request | GetListOfEntries) -> tuple[int, bytes]:
         """(request id, frame) for ``request``; ProtocolError (op INVALID) when this
         dialect cannot carry it (nothing is sent), InvalidArgumentError for a request
         BookKeeper refuses to spell (a v2 master key that is not 20 bytes)."""
         rid = next(self._ids)
         if self.v2:
             return rid, self._send_v2(request, rid)
-        if not isinstance(request, (AddEntry, ReadEntry, ReadLac, WriteLac, GetBookieInfo)):
+        if not isinstance(request, (AddEntry, ReadEntry, ReadLac, WriteLac, GetBookieInfo, GetListOfEntries)):
             raise refusal(request, self.dialect, "has no such request")
         frame = _bk_v3.encode_request(_with_id(request, rid), max_frame_size=self.max_frame_size)
         self._v3_in_flight.add(rid)
         return rid, frame
 
-    def _send_v2(self, request: Request, rid: int) -> bytes:
+    def _send_v2(self, request: Request | GetListOfEntries, rid: int) -> bytes:
         if isinstance(request, ReadLac):
             wire: AddEntry | ReadEntry = ReadEntry(request.ledger_id, -1)
             self._v2_lac.add(rid)
@@ -187,13 +195,13 @@ class BkClientConnection:
         self._v2_waiting.setdefault(key, collections.deque()).append(rid)
         return frame
 
-    def receive(self, data: bytes) -> list[tuple[int, Response]]:
+    def receive(self, data: bytes) -> list[tuple[int, Answer]]:
         """The answers ``data`` completes, each with its request's id (answers to nothing
         in flight are dropped). ProtocolError for bytes that are not the dialect: the
         connection is then unusable."""
         buf = self._buffer
         buf += data
-        out: list[tuple[int, Response]] = []
+        out: list[tuple[int, Answer]] = []
         at = 0
         while len(buf) - at >= 4:
             (size,) = _LEN.unpack_from(buf, at)
@@ -210,7 +218,7 @@ class BkClientConnection:
         del buf[:at]
         return out
 
-    def _answer_v3(self, frame: bytes) -> tuple[int, Response] | None:
+    def _answer_v3(self, frame: bytes) -> tuple[int, Answer] | None:
         resp = _bk_v3.decode_response(frame)
         rid = resp.request_id
         if rid not in self._v3_in_flight or not isinstance(resp, _ANSWERS):  # an answer to nothing in flight
@@ -218,7 +226,7 @@ class BkClientConnection:
         self._v3_in_flight.discard(rid)
         return rid, resp
 
-    def _answer_v2(self, frame: bytes) -> tuple[int, Response] | None:
+    def _answer_v2(self, frame: bytes) -> tuple[int, Answer] | None:
         resp = _bk_v2.decode_response(frame)
         op = frame[1]  # the header's opcode byte (version, op, flags)
         if op == _BATCH:
@@ -246,7 +254,7 @@ class BkClientConnection:
         return None
 
 
-def _with_id(request: Request, rid: int) -> Request:
+def _with_id(request: Request | GetListOfEntries, rid: int) -> Request | GetListOfEntries:
     """``request`` carrying ``rid`` as its id (the txnId of its v3 frame)."""
     if isinstance(request, AddEntry):
         return AddEntry(request.ledger_id, request.entry_id, request.master_key, request.data, request.recovery, rid)
@@ -257,5 +265,7 @@ def _with_id(request: Request, rid: int) -> Request:
         return ReadLac(request.ledger_id, rid)
     if isinstance(request, WriteLac):
         return WriteLac(request.ledger_id, request.lac, request.master_key, rid, request.body)
+    if isinstance(request, GetListOfEntries):
+        return GetListOfEntries(request.ledger_id, rid)
     return GetBookieInfo(rid)
 

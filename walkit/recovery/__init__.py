@@ -8,10 +8,15 @@
   autorecovery run``): the auditor marks under-replicated ledgers, workers repair them
   (:mod:`walkit.recovery._autorecovery`, markers in :mod:`walkit.metadata._underreplication`);
 - :mod:`walkit.recovery._replicator`: the copy and replace mechanism all of them share;
-- :mod:`walkit.recovery._plan`: what a bookie held and who else holds it (pure).
+- :mod:`walkit.recovery._client_copy`: the copies the recovering process makes itself;
+- :mod:`walkit.recovery._plan`: what a bookie held, who else holds it, and which way its
+  copies travel (pure).
 
-Copies are pushed by surviving bookies (``ledger.replicate``, :mod:`bookie._replicate`),
-which verify them with the ledger's master key that only bookies hold.
+Copies are pushed by surviving walkit bookies (``ledger.replicate``,
+:mod:`bookie._replicate`), which verify them with the ledger's master key that only
+bookies hold - or, when a Java bookie is a source or the target or the digest is
+``bk-hmac``, read, verified with the ledger's entry codec and written as recovery adds
+by the recovering process itself, with the password a BookKeeper-format cluster keeps.
 """
 
 from walkit.metadata import Marker, UnderReplication  # the markers live with the metadata layout

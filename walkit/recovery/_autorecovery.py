@@ -16,7 +16,8 @@ over the ledgers marks each ledger whose ensembles name it as under-replicated w
 bookie. The same pass runs every ``auditorPeriodicBookieCheckInterval`` (and at the start
 of a term), so bookies lost while nobody audited are found too. Every
 ``auditorPeriodicCheckInterval`` a deeper check asks each available bookie of each closed
-fragment which of its entries it stores (ADMIN ``ledger.entries``): a bookie lacking some
+fragment which of its entries it stores (ADMIN ``ledger.entries``; a Java bookie, BookKeeper's
+GET_LIST_OF_ENTRIES_OF_LEDGER): a bookie lacking some
 (e.g. entries acknowledged by Qa bookies whose last write went nowhere before an
 ensemble change) is marked too.
 

@@ -9,19 +9,30 @@ entries are fixed (the next fragment starts after them) and the writer accepts a
 bookie in them (its compare-and-sets check only its own, last fragment). The last fragment of an open
 ledger belongs to its writer, which replaces a failed bookie by itself with an ensemble
 change (:func:`held_by_writer` tells when a lost bookie is still in it).
+
+How a fragment's copies travel (:func:`copy_path`): pushed by a surviving bookie
+(``"push"``, ADMIN ``ledger.replicate``) when every bookie that may be asked for a copy
+and the target are walkit bookies and a bookie can check the ledger's digest with the
+master key it holds (:data:`walkit.metadata.BOOKIE_CHECKED_DIGESTS`); else copied by
+the recovering client itself (``"client"``, :mod:`walkit.recovery._client_copy`), which
+checks each copy with the ledger's entry codec - a Java bookie has no ADMIN ops, and
+only the password opens ``bk-hmac``'s digest.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
 from walkit.errors import NotEnoughBookiesError
-from walkit.metadata import LedgerMetadata, LedgerState
+from walkit.metadata import BOOKIE_CHECKED_DIGESTS, LedgerMetadata, LedgerState
 
-__all__ = ["FragmentWork", "lost_fragments", "held_by_writer", "held_entries", "sources", "choose_target",
-           "count_held"]
+__all__ = ["CopyPath", "FragmentWork", "lost_fragments", "held_by_writer", "held_entries", "sources",
+           "choose_target", "count_held", "copy_path", "asked_sources"]
+
+CopyPath = Literal["push", "client"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,9 @@ class FragmentWork:
     ensemble: tuple[str, ...]
     write_quorum: int
     digest: str
+    #: the ledger's clear password where the metadata keeps one (a BookKeeper-format
+    #: cluster's ``bk-*`` ledgers): what a client copy checks digests and writes with
+    password: bytes | None = field(default=None, repr=False)
 
     @property
     def lost(self) -> str:
@@ -49,7 +63,7 @@ def lost_fragments(meta: LedgerMetadata, bookie: str) -> list[FragmentWork]:
         last = meta.fragment_end(index)
         if bookie in ensemble and last is not None:
             out.append(FragmentWork(meta.ledger_id, first, last, ensemble.index(bookie), ensemble,
-                                    meta.write_quorum, meta.digest))
+                                    meta.write_quorum, meta.digest, meta.bk_password))
     return out
 
 
@@ -85,6 +99,24 @@ def sources(work: FragmentWork, entry_id: int) -> list[str]:
     size = len(work.ensemble)
     write_set = [work.ensemble[(entry_id + i) % size] for i in range(work.write_quorum)]
     return [b for b in write_set if b != work.lost]
+
+
+def asked_sources(work: FragmentWork) -> set[str]:
+    """Every bookie some entry the lost bookie held may be copied from: the members of
+    those entries' write sets but the lost one (write sets repeat every E entries)."""
+    size = len(work.ensemble)
+    starts = range(work.first, min(work.last, work.first + size - 1) + 1)
+    return {b for e in starts if (work.position - e) % size < work.write_quorum for b in sources(work, e)}
+
+
+def copy_path(work: FragmentWork, kinds: Mapping[str, str], target: str, last_resort: str | None = None) -> CopyPath:
+    """How the fragment's copies travel to ``target`` (module docstring). ``kinds``: the
+    kind ("walkit" or "bookkeeper") of each bookie registered now; a source not in it is
+    not running and is not asked. ``last_resort``: a bookie asked after the sources (a
+    bookie being decommissioned)."""
+    asked = {b for b in asked_sources(work) if b in kinds} | ({last_resort} if last_resort else set())
+    walkit_only = all(kinds.get(b) == "walkit" for b in asked | {target})
+    return "push" if walkit_only and work.digest in BOOKIE_CHECKED_DIGESTS else "client"
 
 
 def choose_target(work: FragmentWork, meta: LedgerMetadata, writable: Sequence[str], wanted: str | None = None,

@@ -16,9 +16,11 @@ one directory at a time: memory does not grow with the number of ledgers):
 2. *copy*: per fragment, a target bookie outside its ensemble (``--target`` or chosen
    as an ensemble change chooses); the held entries in chunks; for each entry the first
    registered survivor of its write set is asked (ADMIN ``ledger.replicate``,
-   :mod:`bookie._replicate`) to verify its copy and push it to the target, entries it
-   lacks or cannot verify go to the next survivor; once every entry of the fragment is
-   durable on the target, the fragment's ensemble is changed by CAS (lost bookie out,
+   :mod:`bookie._replicate`) to verify its copy and push it to the target, or - a Java
+   bookie at either end, or a ``bk-hmac`` ledger - this process reads, verifies and
+   writes it itself (:mod:`walkit.recovery._client_copy`); entries a survivor lacks or
+   that fail their check come from the next survivor; once every entry of the fragment
+   is durable on the target, the fragment's ensemble is changed by CAS (lost bookie out,
    target in; a fragment someone already changed is left as it is).
 
 Resumable by construction: a run stopped anywhere leaves every fragment either still
@@ -66,6 +68,8 @@ class RecoveryReport:
     open_ledgers: list[int] = field(default_factory=list)  # the last fragment names it: left to its writer
     failures: list[dict[str, Any]] = field(default_factory=list)
     targets: dict[str, int] = field(default_factory=dict)  # target -> fragments given to it
+    #: fragments copied by each path: "push" (by a walkit bookie), "client" (by this run)
+    copy_paths: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     #: Decommission: nothing names the bookie any more (it can be stopped and removed).
     removable: bool | None = None
@@ -98,10 +102,11 @@ def recover(uri: str, bookie: str, *, target: str | None = None, dry_run: bool =
 
 
 def decommission(uri: str, bookie: str, *, tls_ca: str = "", progress: Progress | None = None) -> RecoveryReport:
-    """Move everything a *running* bookie holds elsewhere before it is removed: it is
-    made read-only (no new ensemble picks it), then recovered as if lost - but it may
+    """Move everything a *running* walkit bookie holds elsewhere before it is removed: it
+    is made read-only (no new ensemble picks it), then recovered as if lost - but it may
     serve its own copies as a last resort; ``removable`` says whether anything still
-    names it (open ledgers: run again once their writers closed them)."""
+    names it (open ledgers: run again once their writers closed them). A Java bookie is
+    refused (InvalidArgumentError): walkit cannot make it read-only."""
     work = _Recovery(uri, bookie, None, False, tls_ca, progress or _Quiet(), decommission=True)
     return asyncio.run(work.run())
 
@@ -133,6 +138,7 @@ class _Recovery:
                 await self._each(self._still_named)
                 self.report.removable = not self.report.open_ledgers and not self.report.failures
         finally:
+            self.report.copy_paths = dict(self.replicator.paths)
             await self.replicator.close()
             await off(self.cluster.close)
         self.report.seconds = round(time.monotonic() - t0, 3)
@@ -197,6 +203,12 @@ class _Recovery:
         if self.bookie not in alive.writable | alive.readonly:
             raise BookieUnavailableError("the bookie is not running: use walkit recover for a lost bookie",
                                          bookie=self.bookie)
+        if await self.replicator.kind(self.bookie) != "walkit":
+            raise InvalidArgumentError(
+                "walkit decommissions only walkit bookies: a Java bookie has no ADMIN op to make it read-only, and "
+                "without that new ensembles keep landing on it while it is emptied. Stop it and run walkit recover "
+                "for it (every fragment is copied from its other replicas), or use BookKeeper's decommissionbookie",
+                bookie=self.bookie)
         await self.replicator.admin(self.bookie, "bookie.readonly", {"readonly": True})
 
     # --- one fragment ---------------------------------------------------------------------
