@@ -442,3 +442,15 @@ def test_start_tls_answer_is_read_whole_and_only_eok_starts_the_handshake() -> N
     other.start_tls()
     with pytest.raises(ProtocolError, match="no START_TLS answer"):
         other.tls_started(_bk_v3.encode_response(WriteLacResponse(1, 99)))
+
+
+@pytest.mark.parametrize("kind, registered_tls, have_ca, expected", [
+    ("walkit", True, False, True),  # walkit's TLS starts with the connection: its registration decides
+    ("walkit", False, True, False),
+    ("bookkeeper", False, True, True),  # BookKeeper's client decides by its own CA: START_TLS first
+    ("bookkeeper", True, False, False),
+])
+def test_one_rule_says_which_connections_are_tls(kind: str, registered_tls: bool, have_ca: bool,
+                                                 expected: bool) -> None:
+    from walkit.client import Endpoint, uses_tls
+    assert uses_tls(Endpoint("127.0.0.1", 3181, registered_tls, kind), have_ca) is expected  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ pool, so the next request opens a new one (the endpoint is resolved again: a res
 bookie may have moved). TLS: to a walkit bookie that registered with TLS, from the first
 byte; to an Apache BookKeeper bookie, START_TLS first whenever the client has a CA
 (``tls_ca_file``), as BookKeeper's client decides by its own configuration
-(:meth:`BookiePool._tls_to`).
+(:func:`uses_tls`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from walkit.errors import BookieUnavailableError, FormatError, WalkitError
 from walkit.metadata import ClusterFormat, decode_service_info
 from walkit.protocol import Dialect, Request, Response
 
-__all__ = ["Answered", "BookiePool", "BookieKind", "BOOKIE_KINDS", "Endpoint", "parse_endpoint"]
+__all__ = ["Answered", "BookiePool", "BookieKind", "BOOKIE_KINDS", "Endpoint", "parse_endpoint", "uses_tls"]
 
 
 class Answered(Protocol):
@@ -77,6 +77,17 @@ def parse_endpoint(bookie_id: str, registration: bytes | None, cluster_format: C
                                          format=cluster_format) from exc
         raise BookieUnavailableError("bookie is not registered and its id is not host:port", bookie=bookie_id) from exc
     return Endpoint(info.host, info.port, info.tls, "walkit" if info.walkit else "bookkeeper")
+
+
+def uses_tls(endpoint: Endpoint, have_ca: bool) -> bool:
+    """Whether a connection to ``endpoint`` is TLS: a walkit bookie's registration says so
+    (TLS from the first byte); toward an Apache BookKeeper bookie the client's own
+    configuration does, as BookKeeper's client decides (a CA file given: START_TLS first,
+    whatever the registration's ``tls`` extension says). The one rule for every
+    connection walkit opens to a bookie (the client's pool, re-replication)."""
+    if endpoint.kind == "walkit":
+        return endpoint.tls
+    return have_ca
 
 
 Resolver = Callable[[str], Awaitable[Endpoint]]
@@ -140,15 +151,6 @@ class BookiePool:
             if client is not None:
                 client.flush()
 
-    def _tls_to(self, endpoint: Endpoint) -> bool:
-        """Whether the connection to ``endpoint`` is TLS: a walkit bookie's registration
-        says so (TLS from the first byte); toward an Apache BookKeeper bookie, the
-        client's own configuration does, as BookKeeper's client decides (a ``tls_ca_file``:
-        START_TLS first, whatever the registration's ``tls`` extension says)."""
-        if endpoint.kind == "walkit":
-            return endpoint.tls
-        return bool(self._config.tls_ca_file)
-
     async def _open(self, endpoint: Endpoint, ctx: ssl.SSLContext | None) -> BookieClient:
         """A connection to ``endpoint`` in what it speaks: walkit's protocol, or
         BookKeeper's dialect (v3, or v2 with ``use_v2_wire_protocol``) for kind "bookkeeper"."""
@@ -166,7 +168,7 @@ class BookiePool:
         client: BookieClient | None = None
         try:
             endpoint = await self._resolve(bookie)
-            ctx = self._ssl_context() if self._tls_to(endpoint) else None
+            ctx = self._ssl_context() if uses_tls(endpoint, bool(self._config.tls_ca_file)) else None
             client = await self._open(endpoint, ctx)
         except WalkitError as exc:
             error = exc

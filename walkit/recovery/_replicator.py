@@ -34,7 +34,7 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from walkit.client import BkBookieClient, BookieClient, Endpoint, client_ssl_context, parse_endpoint
+from walkit.client import BkBookieClient, BookieClient, Endpoint, client_ssl_context, parse_endpoint, uses_tls
 from walkit.errors import (
     BookieTimeoutError,
     BookieUnavailableError,
@@ -110,7 +110,7 @@ class Replicator:
         endpoint = await self.endpoint(bookie)
         self._kinds[bookie] = endpoint.kind
         ssl_context = None
-        if endpoint.tls:
+        if uses_tls(endpoint, bool(self.tls_ca)):
             if not self.tls_ca:
                 raise BookieUnavailableError("bookie serves TLS: give the CA file", bookie=bookie)
             ssl_context = client_ssl_context(self.tls_ca)
