@@ -16,7 +16,8 @@ Theory of operation
 - **Bookies.** :func:`bookie_conf` is the ``bk_server.conf`` of one bookie on 127.0.0.1
   (DbLedgerStorage, its own journal and ledger directories, loopback only, no HTTP server,
   no stats), plus the caller's settings. :class:`JavaBookKeeper` runs a cluster of them for
-  the benchmark: a fresh root in a ZooKeeper, ``BookieShell initnewcluster``, N
+  the benchmark: a fresh root in a ZooKeeper made as ``BookieShell initnewcluster`` makes it
+  (by :func:`walkit.metadata.init_cluster` in BookKeeper's format: no JVM to start), N
   ``org.apache.bookkeeper.server.Main`` JVMs started side by side, each ready once its
   writable registration (``<root>/available/127.0.0.1:<port>``) exists; ``stop()`` ends
   them (SIGTERM, SIGKILL after 15 s) and removes their directories.
@@ -167,31 +168,21 @@ class JavaBookKeeper:
 
     def __init__(self, classpath: str, zk_hosts: str, directory: Path, name: str, bookies: int = 3,
                  settings: dict[str, str] | None = None) -> None:
-        from walkit.metadata import open_metadata_store
+        from walkit.metadata import init_cluster, open_metadata_store
 
         self.classpath = classpath
         self.root = f"/{name}"
         self.metadata_uri = f"zk+hierarchical://{zk_hosts}{self.root}"
         self.directory = Path(tempfile.mkdtemp(prefix=f"walkit-bench-bk-{name}-", dir=directory))
-        self.client_conf = self.directory / "client.conf"
-        self.client_conf.write_text(f"metadataServiceUri={self.metadata_uri}\n")
         self._zk = open_metadata_store(f"zk://{zk_hosts}")
         self._procs: list[subprocess.Popen[bytes]] = []
         self.bookie_ids: list[str] = []
         try:
-            self._shell("initnewcluster")
+            init_cluster(self._zk, self.root, format="bookkeeper")
             self._start(bookies, settings or {})
         except BaseException:
             self.stop()
             raise
-
-    def _shell(self, *args: str) -> None:
-        run = subprocess.run(["java", "-Xmx256m", "-cp", self.classpath, "org.apache.bookkeeper.bookie.BookieShell",
-                              "-conf", str(self.client_conf), *args],
-                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
-        if run.returncode != 0:
-            raise WalkitError(f"BookieShell {' '.join(args)} failed", exit_code=run.returncode,
-                              output=(run.stdout + run.stderr)[-3000:])
 
     def _start(self, bookies: int, settings: dict[str, str]) -> None:
         for i in range(bookies):
