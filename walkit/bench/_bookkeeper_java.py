@@ -189,11 +189,11 @@ class JavaBookKeeper:
             port, home = _free_port(), self.directory / f"bookie{i}"
             home.mkdir()
             (home / "bk_server.conf").write_text(bookie_conf(port, self.metadata_uri, home, settings))
-            with open(home / "bookie.log", "ab") as log:
+            with open(home / "bookie.log", "ab") as out:
                 self._procs.append(subprocess.Popen(
                     ["java", *BOOKIE_JVM_FLAGS, "-cp", self.classpath, "org.apache.bookkeeper.server.Main",
                      "--conf", str(home / "bk_server.conf")],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT))
             self.bookie_ids.append(f"127.0.0.1:{port}")
         deadline = time.monotonic() + START_TIMEOUT
         for i, bookie_id in enumerate(self.bookie_ids):
