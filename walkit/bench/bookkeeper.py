@@ -20,7 +20,10 @@ Rows: sequential adds (one at a time, 100 B and 1 KiB: p50, p99, adds/s); pipeli
 adds an entry every ``tail_interval_ms``; a reader on a client of its own follows the ledger
 with long polls; per entry, from the writer's add returning to the reader holding it); and
 ``ledgers`` ledgers created at once, then written at once (100 B adds round-robin over
-them, ``in_flight`` outstanding). Beside each rate: the client's CPU per operation (this
+them, ``in_flight`` outstanding). A plain walkit ledger's writer does not publish its LAC
+when it goes idle (``idle_lac``, on for WriteAheadLog writers), as BookKeeper's does not
+by default (``explicitLacInterval``=0): the tail is measured both ways on walkit, beside
+BookKeeper's one tail per configuration. Beside each rate: the client's CPU per operation (this
 process for walkit, ``time.process_time``; the JVM peer for BookKeeper, from
 ``/proc/<pid>/stat``, read by the peer at the start and end of the counted interval) and the
 bookies' CPU per operation; and the ratio walkit / BookKeeper per row.
@@ -175,6 +178,8 @@ def _walkit_side(directory: str | None, w: Workload) -> dict[str, Any]:
             lh, _ = write_ledger(bk, w.read_entries, READ_SIZE)
             out["read"] = _walkit_read(reader, lh.ledger_id, meter)
             out["tail"] = _walkit_tail(bk, reader, w.tail_samples, w.tail_interval_ms / 1000)
+            with cluster.client(idle_lac=True) as idle_lac:  # the WriteAheadLog's writers' default
+                out["tail_idle_lac"] = _walkit_tail(idle_lac, reader, w.tail_samples, w.tail_interval_ms / 1000)
             out["ledgers"] = _walkit_ledgers(bk, meter, w)
     return out
 
@@ -250,25 +255,31 @@ def _bookkeeper_sides(classpath: str, directory: str | None, w: Workload) -> dic
 
 
 # --- the report -------------------------------------------------------------------------------
-#: (workload, figure, row label, better: "higher"/"lower", CPU per operation beside it)
+#: (walkit's workload, BookKeeper's, figure, row label, better: "higher"/"lower", CPU per
+#: operation beside it)
 ROWS = [
-    *((f"sequential_{s}", f, f"sequential add {s} B: {f[:3]} ms", "lower", f == "p50_ms")
+    *((f"sequential_{s}", f"sequential_{s}", f, f"sequential add {s} B: {f[:3]} ms", "lower", f == "p50_ms")
       for s in SIZES for f in ("p50_ms", "p99_ms")),
-    *((f"pipelined_{s}", "entries_per_s", f"pipelined adds/s, {s} B", "higher", True) for s in SIZES),
-    ("read", "entries_per_s", f"sequential read entries/s, closed ledger of {READ_SIZE} B entries", "higher", True),
-    ("tail", "p50_ms", "tail visibility p50 ms", "lower", False),
-    ("tail", "p99_ms", "tail visibility p99 ms", "lower", False),
-    ("ledgers", "created_per_s", "ledgers created at once: ledgers/s", "higher", False),
-    ("ledgers", "entries_per_s", f"ledgers written at once: adds/s, {LEDGERS_SIZE} B", "higher", True),
+    *((f"pipelined_{s}", f"pipelined_{s}", "entries_per_s", f"pipelined adds/s, {s} B", "higher", True)
+      for s in SIZES),
+    ("read", "read", "entries_per_s", f"sequential read entries/s, closed ledger of {READ_SIZE} B entries", "higher",
+     True),
+    ("tail", "tail", "p50_ms", "tail visibility p50 ms", "lower", False),
+    ("tail", "tail", "p99_ms", "tail visibility p99 ms", "lower", False),
+    ("tail_idle_lac", "tail", "p50_ms", "tail visibility p50 ms, walkit writer with idle_lac=True", "lower", False),
+    ("tail_idle_lac", "tail", "p99_ms", "tail visibility p99 ms, walkit writer with idle_lac=True", "lower", False),
+    ("ledgers", "ledgers", "created_per_s", "ledgers created at once: ledgers/s", "higher", False),
+    ("ledgers", "ledgers", "entries_per_s", f"ledgers written at once: adds/s, {LEDGERS_SIZE} B", "higher", True),
 ]
 
 
 def _rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
-    for workload, figure, label, better, cpu in ROWS:
-        row: dict[str, Any] = {"row": label, "workload": workload, "figure": figure, "better": better}
+    for walkit_workload, bk_workload, figure, label, better, cpu in ROWS:
+        row: dict[str, Any] = {"row": label, "workload": {"walkit": walkit_workload, "bookkeeper": bk_workload},
+                               "figure": figure, "better": better}
         for system in SYSTEMS:
-            phase = results[system][workload]
+            phase = results[system][walkit_workload if system == "walkit" else bk_workload]
             row[system] = phase[figure]
             row[f"{system}_client_cpu_us"] = phase["client_cpu_us_per_entry"] if cpu else None
         for system in SYSTEMS[1:]:
