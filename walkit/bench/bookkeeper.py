@@ -29,7 +29,11 @@ process for walkit, ``time.process_time``; the JVM peer for BookKeeper, from
 bookies' CPU per operation; and the ratio walkit / BookKeeper per row.
 
 Timed phases run ``seconds`` after ``warmup`` seconds of the same work uncounted, as
-``walkit bench ledger`` does (whose workload functions the walkit side runs). Clusters and
+``walkit bench ledger`` does (whose workload functions the walkit side runs). Before the
+first phase each client is primed, uncounted: pipelined adds of each size for twice
+``warmup`` seconds (a JVM compiles a path after thousands of runs, more than a sequential
+warm-up makes), and before the timed read a smaller closed ledger (``READ_WARMUP`` entries)
+is read once: the read path is warm, the measured ledger's entries are not in any client cache. Clusters and
 their directories are removed at the end, also after an error or Ctrl-C. Without ``java``,
 ``javac`` (or, with nothing cached, ``mvn``) on PATH it raises ConfigError naming what is
 missing, before anything starts.
@@ -63,6 +67,7 @@ __all__ = ["run_bookkeeper_bench", "format_markdown", "Workload", "TUNED_BOOKIE"
 
 SIZES = (100, 1024)
 READ_SIZE, LEDGERS_SIZE = 1024, 100
+READ_WARMUP = 10_000  # entries of the ledger read once, uncounted, before the timed read
 #: bk_server.conf changes of the tuned run
 TUNED_BOOKIE = {
     "journalFlushWhenQueueEmpty": "true",  # write the journal when its queue empties, no 2 ms group wait
@@ -169,13 +174,18 @@ def _walkit_side(directory: str | None, w: Workload) -> dict[str, Any]:
     with bench_cluster(directory, "bookkeeper", 3) as (cluster, _):
         meter = Meter([cluster.bookie_pid(i) for i in range(3)])
         with cluster.client() as bk, cluster.client() as reader:
+            for size in SIZES:  # priming, uncounted
+                payload = os.urandom(size)
+                _on_ledger(bk, lambda h: pipelined(h, payload, Meter([]), 0, 2 * w.warmup, w.in_flight))
             for size in SIZES:
                 payload = os.urandom(size)
                 out[f"sequential_{size}"] = _on_ledger(bk, lambda h: sequential(h, payload, meter, w.warmup,
                                                                                    w.seconds))
                 out[f"pipelined_{size}"] = _on_ledger(bk, lambda h: pipelined(h, payload, meter, w.warmup, w.seconds,
                                                                                  w.in_flight))
+            warm, _ = write_ledger(bk, min(w.read_entries, READ_WARMUP), READ_SIZE)
             lh, _ = write_ledger(bk, w.read_entries, READ_SIZE)
+            _walkit_read(reader, warm.ledger_id, Meter([]))
             out["read"] = _walkit_read(reader, lh.ledger_id, meter)
             out["tail"] = _walkit_tail(bk, reader, w.tail_samples, w.tail_interval_ms / 1000)
             with cluster.client(idle_lac=True) as idle_lac:  # the WriteAheadLog's writers' default
@@ -203,10 +213,14 @@ def _java_report(answer: dict[str, Any]) -> dict[str, Any]:
 def _java_workloads(peer: BenchPeer, pids: list[int], w: Workload) -> dict[str, Any]:
     timed = {"warmup": w.warmup, "seconds": w.seconds, "pids": pids}
     out: dict[str, Any] = {}
+    for size in SIZES:  # priming, uncounted
+        peer.call("pipelined", size=size, in_flight=w.in_flight, warmup=0, seconds=2 * w.warmup, pids=[])
     for size in SIZES:
         out[f"sequential_{size}"] = _java_report(peer.call("sequential", size=size, **timed))
         out[f"pipelined_{size}"] = _java_report(peer.call("pipelined", size=size, in_flight=w.in_flight, **timed))
+    warm = peer.call("write", size=READ_SIZE, entries=min(w.read_entries, READ_WARMUP))
     written = peer.call("write", size=READ_SIZE, entries=w.read_entries)
+    peer.call("read", ledger=warm["ledger"], batch=1000, pids=[])
     out["read"] = _java_report(peer.call("read", ledger=written["ledger"], batch=1000, pids=pids))
     tail = peer.call("tail", samples=w.tail_samples, interval_ms=w.tail_interval_ms)
     out["tail"] = {"entries": tail["entries"]} | latency_percentiles(tail["latencies_ns"])
