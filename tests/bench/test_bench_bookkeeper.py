@@ -30,7 +30,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if missing is not None:
         pytest.skip(missing)
     directory = tmp_path_factory.mktemp("bench-bk")
-    args = ["bench", "bookkeeper", "--json", "--seconds", "0.3", "--warmup", "0.1", "--in-flight", "16",
+    args = ["bench", "bookkeeper", "--json", "--seconds", "0.2", "--warmup", "0.05", "--in-flight", "16",
             "--read-entries", "200", "--tail-samples", "10", "--tail-interval-ms", "5", "--ledgers", "20",
             "--dir", str(directory)]
     out = directory / "report.json"  # capsys is per test: the module's one run prints into a file
