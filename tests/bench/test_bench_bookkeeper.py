@@ -50,6 +50,7 @@ def test_every_system_ran_every_workload_with_consistent_counts(report: dict[str
             assert phase["entries"] > 0 and phase["entries_per_s"] > 0 and phase["seconds"] > 0, (system, name)
             assert phase["client_cpu_us_per_entry"] > 0, (system, name, phase)
             assert phase["bookie_cpu_us_per_entry"] >= 0, (system, name, phase)
+            assert phase["other_cpu_cores"] >= 0 and phase["steal_cores"] >= 0, (system, name, phase)
         for size in (100, 1024):
             seq = phases[f"sequential_{size}"]
             assert 0 < seq["p50_ms"] <= seq["p99_ms"] <= seq["p999_ms"], (system, seq)

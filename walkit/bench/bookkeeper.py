@@ -47,6 +47,7 @@ import datetime
 import itertools
 import os
 import shutil
+import statistics
 import tempfile
 import threading
 import time
@@ -195,7 +196,8 @@ def _walkit_side(directory: str | None, w: Workload) -> dict[str, Any]:
 
 # --- Apache BookKeeper -----------------------------------------------------------------------
 def _java_report(answer: dict[str, Any]) -> dict[str, Any]:
-    """A BenchPeer answer in the shape of :class:`Meter`'s report (and latency percentiles)."""
+    """A BenchPeer answer in the shape of :class:`Meter`'s report (and latency percentiles);
+    the machine's other work is counted from the peer's readings of ``/proc/stat``."""
     tick = os.sysconf("SC_CLK_TCK")
     entries, elapsed = int(answer["entries"]), answer["elapsed_ns"] / 1e9
     per = max(entries, 1)
@@ -203,7 +205,11 @@ def _java_report(answer: dict[str, Any]) -> dict[str, Any]:
               "client_cpu_us_per_entry": round(answer["client_ticks"] / tick / per * 1e6, 1),
               "client_cpu_cores": round(answer["client_ticks"] / tick / elapsed, 2),
               "bookie_cpu_us_per_entry": round(answer["bookie_ticks"] / tick / per * 1e6, 1),
-              "bookie_cpu_cores": round(answer["bookie_ticks"] / tick / elapsed, 2)}
+              "bookie_cpu_cores": round(answer["bookie_ticks"] / tick / elapsed, 2),
+              # everything else that ran on the machine meanwhile, and steal (as Meter reports them)
+              "other_cpu_cores": round(max(0, answer["machine_busy_ticks"] - answer["client_ticks"]
+                                           - answer["bookie_ticks"]) / tick / elapsed, 2),
+              "steal_cores": round(answer["steal_ticks"] / tick / elapsed, 2)}
     if "latencies_ns" in answer:
         report |= latency_percentiles(answer["latencies_ns"])
     return report
@@ -320,6 +326,13 @@ def _cell(value: float | None) -> str:
     return f"{value:,}" if isinstance(value, int) or value >= 100 else f"{value}"
 
 
+def _other_work(results: dict[str, dict[str, Any]]) -> str:
+    """The median cores other processes kept busy during each system's timed phases."""
+    medians = {system: statistics.median(phase["other_cpu_cores"] for phase in results[system].values()
+                                         if "other_cpu_cores" in phase) for system in SYSTEMS}
+    return ", ".join(f"{system} {cores}" for system, cores in medians.items())
+
+
 def format_markdown(report: dict[str, Any]) -> str:
     w = report["workload"]
     lines = [
@@ -328,6 +341,7 @@ def format_markdown(report: dict[str, Any]) -> str:
         f"warm-up, {w['in_flight']:,} in flight, read of {w['read_entries']:,} entries, {w['tail_samples']} tail "
         f"samples {w['tail_interval_ms']} ms apart, {w['ledgers']:,} ledgers",
         f"BookKeeper tuned: bookies {report['tuned_bookie']}, client {report['tuned_client']}",
+        f"other work on the machine during the timed phases (cores, median): {_other_work(report['results'])}",
         "",
         "| row | better | walkit | client µs/op | BK defaults | client µs/op | walkit/BK defaults | BK tuned "
         "| client µs/op | walkit/BK tuned |",

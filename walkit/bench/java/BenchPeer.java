@@ -107,10 +107,24 @@ public class BenchPeer {
         }
     }
 
-    /** CPU ticks of this JVM and of the processes in cmd.pids, and the wall clock. */
+    /** The whole machine's busy (user, nice, system, irq, softirq) and stolen ticks, from /proc/stat. */
+    static long[] machine() {
+        try {
+            String line = Files.readAllLines(Paths.get("/proc/stat")).get(0);
+            String[] f = line.trim().split("\\s+");
+            long busy = Long.parseLong(f[1]) + Long.parseLong(f[2]) + Long.parseLong(f[3]) + Long.parseLong(f[6])
+                    + Long.parseLong(f[7]);
+            return new long[] {busy, Long.parseLong(f[8])};
+        } catch (Exception e) {
+            throw new IllegalStateException("cannot read /proc/stat", e);
+        }
+    }
+
+    /** CPU ticks of this JVM, of the processes in cmd.pids and of the machine, and the wall clock. */
     static final class Meter {
         final List<String> pids = new ArrayList<>();
         long t0, self0, others0;
+        long[] machine0;
 
         Meter(JsonNode cmd) {
             for (JsonNode p : cmd.path("pids")) pids.add(p.asText());
@@ -123,6 +137,7 @@ public class BenchPeer {
         }
 
         void start() {
+            machine0 = machine();
             self0 = ticks("self");
             others0 = others();
             t0 = System.nanoTime();
@@ -130,8 +145,10 @@ public class BenchPeer {
 
         ObjectNode stop(long entries) {
             long elapsed = System.nanoTime() - t0;
-            return JSON.createObjectNode().put("entries", entries).put("elapsed_ns", elapsed)
+            ObjectNode r = JSON.createObjectNode().put("entries", entries).put("elapsed_ns", elapsed)
                     .put("client_ticks", ticks("self") - self0).put("bookie_ticks", others() - others0);
+            long[] machine = machine();
+            return r.put("machine_busy_ticks", machine[0] - machine0[0]).put("steal_ticks", machine[1] - machine0[1]);
         }
     }
 
