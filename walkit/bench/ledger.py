@@ -92,9 +92,9 @@ def _measure(cluster: LocalCluster, bookies: int, seconds: float, in_flight: int
     payload = os.urandom(size)
     bk: BookKeeper = cluster.client(max_pending_adds=max(in_flight, 1))
     with bk:
-        sequential = _phase(bk, lambda h: sequential(h, payload, meter, warmup, seconds))
-        pipelined = _phase(bk, lambda h: pipelined(h, payload, meter, warmup, seconds, in_flight))
-    return {"sequential": sequential, "pipelined": pipelined}
+        one_at_a_time = _phase(bk, lambda h: sequential(h, payload, meter, warmup, seconds))
+        windowed = _phase(bk, lambda h: pipelined(h, payload, meter, warmup, seconds, in_flight))
+    return {"sequential": one_at_a_time, "pipelined": windowed}
 
 
 def run_ledger_bench(directory: str | None = None, seconds: float = 5.0, in_flight: int = 1000, size: int = 1024,
