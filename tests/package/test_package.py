@@ -241,6 +241,7 @@ def test_wheel_holds_every_module_the_shim_and_the_stable_abi_tag(builds: Builds
     assert modules - names == set(), "modules missing from the wheel (a package without __init__.py?)"
     assert {"bookie/_native.abi3.so", "bookie/_frames.abi3.so", "walkit/py.typed", "bookie/py.typed"} <= names
     assert "walkit/examples/kvstore.py" in names  # what walkit demo runs
+    assert "walkit/bench/java/BenchPeer.java" in names  # what walkit bench bookkeeper compiles
     assert "-cp311-abi3-" in builds.wheel.name  # one wheel for CPython 3.11 and newer
 
 

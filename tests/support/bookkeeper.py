@@ -2,12 +2,12 @@
 
 Theory of operation
 -------------------
-- **Classpath.** :func:`bookkeeper_classpath` writes a tiny ``pom.xml`` depending on
-  ``org.apache.bookkeeper:bookkeeper-server:4.18.2`` into ``~/.cache/walkit/bookkeeper-4.18.2/``
-  (``$WALKIT_BK_CACHE`` overrides) and runs ``mvn -q -B dependency:build-classpath``
-  (68 jars, ~121 MB into ``~/.m2``; ~14 s the first time). The classpath file is reused while
-  every jar it names exists. Without ``java`` or ``mvn`` on PATH the caller is skipped
-  (``pytest.skip``); a failed fetch raises with the tail of Maven's output.
+- **Classpath.** :func:`bookkeeper_classpath` is ``walkit.bench._bookkeeper_java``'s (a tiny
+  ``pom.xml`` depending on ``org.apache.bookkeeper:bookkeeper-server:4.18.2`` in
+  ``~/.cache/walkit/bookkeeper-4.18.2/``, ``$WALKIT_BK_CACHE`` overriding, and
+  ``mvn -q -B dependency:build-classpath``: 68 jars, ~121 MB into ``~/.m2``; ~14 s the first
+  time), shared with ``walkit bench bookkeeper``. Without ``java``, ``javac`` or ``mvn`` on PATH
+  the caller is skipped (``pytest.skip``); a failed fetch raises with the tail of Maven's output.
 - **Cluster.** :class:`JavaCluster` puts a cluster under a root of its own in the suite's
   ZooKeeper: ``zk+hierarchical://127.0.0.1:PORT/bk-<uuid>/ledgers``. BookKeeper 4.18 accepts a
   multi-level root but ``initnewcluster`` does not create the parent (``NoNode``): we create
@@ -15,7 +15,7 @@ Theory of operation
   (``org.apache.bookkeeper.server.Main``, DbLedgerStorage, loopback only, small caches),
   each ready once ``<root>/available/127.0.0.1:<port>`` exists (it registers writable).
 - **Peer.** :class:`JavaPeer` runs ``tests/support/java/Peer.java`` (compiled once per
-  version of the source into the cache dir with ``javac``: ~1 s, and starting the compiled class saves the ~2 s a
+  version of the source into the cache dir with ``javac`` by the same package's ``compile_java``: ~1 s, and starting the compiled class saves the ~2 s a
   ``java Peer.java`` run spends compiling each time). It reads one JSON command per line and
   answers one JSON line each; while adding with ``report`` it also emits ``{"ack": id}``
   lines as entries are acknowledged. ``conf`` adds client settings (``key=value`` arguments:
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import queue
 import shutil
 import signal
@@ -47,24 +46,20 @@ from typing import Any
 import pytest
 
 from support.zk import free_port
+from walkit.bench import _bookkeeper_java as _shared
+from walkit.bench._bookkeeper_java import CACHE, POM, VERSION, bookie_conf, compile_java
+from walkit.errors import ConfigError
 
-VERSION = "4.18.2"
-CACHE = Path(os.environ.get("WALKIT_BK_CACHE", Path.home() / ".cache" / "walkit" / f"bookkeeper-{VERSION}"))
 PEER_SOURCE = Path(__file__).parent / "java" / "Peer.java"
 JVM_FLAGS = ("-Djava.net.preferIPv4Stack=true", "-Xmx256m", "-XX:MaxDirectMemorySize=256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 START_TIMEOUT = 60.0
-POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>walkit.tests</groupId><artifactId>bookkeeper-classpath</artifactId><version>1</version>
-  <packaging>pom</packaging>
-  <dependencies><dependency>
-    <groupId>org.apache.bookkeeper</groupId><artifactId>bookkeeper-server</artifactId><version>{VERSION}</version>
-  </dependency></dependencies>
-</project>
-"""
 
-__all__ = ["bookkeeper_classpath", "peer_classes", "JavaBookie", "JavaCluster", "JavaPeer", "PeerError", "NO_GC",
-           "WalkitRegistry"]
+__all__ = ["CACHE", "POM", "VERSION", "bookkeeper_classpath", "peer_classes", "JavaBookie", "JavaCluster", "JavaPeer",
+           "PeerError", "NO_GC", "WalkitRegistry"]
+
+# the tests' bookies: small caches and journal preallocation, a short ZooKeeper session
+SMALL = {"dbStorage_writeCacheMaxSizeMb": "16", "dbStorage_readAheadCacheMaxSizeMb": "16",
+         "dbStorage_rocksDB_blockCacheSize": "16777216", "journalPreAllocSizeMB": "4", "zkTimeout": "4000"}
 
 # Java bookies garbage-collect the ledgers their own (BookKeeper) metadata does not know:
 # every ledger a walkit client writes with a walkit-format store of its own. GC first runs
@@ -73,53 +68,20 @@ NO_GC = {"gcWaitTime": "86400000", "minorCompactionInterval": "0", "majorCompact
          "isForceGCAllowWhenNoSpace": "false"}
 
 
-def _require(tool: str) -> None:
-    if shutil.which(tool) is None:
-        pytest.skip(f"Apache BookKeeper tests need {tool!r} on PATH")
-
-
 def bookkeeper_classpath() -> str:
-    """The classpath of bookkeeper-server 4.18.2 (fetched by Maven once, then cached)."""
-    _require("java")
-    cp_file = CACHE / "classpath.txt"
-    if cp_file.exists():
-        cp = cp_file.read_text().strip()
-        if cp and all(Path(j).exists() for j in cp.split(":")):
-            return cp
-    _require("mvn")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    (CACHE / "pom.xml").write_text(POM)
-    tmp = CACHE / "classpath.txt.tmp"
-    run = subprocess.run(["mvn", "-q", "-B", "dependency:build-classpath", f"-Dmdep.outputFile={tmp}"],
-                         cwd=CACHE, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    if run.returncode != 0 or not tmp.exists():
-        raise RuntimeError(f"mvn could not fetch bookkeeper-server {VERSION} (exit {run.returncode}):\n"
-                           f"{(run.stdout + run.stderr)[-3000:]}")
-    tmp.replace(cp_file)
-    return cp_file.read_text().strip()
+    """The classpath of bookkeeper-server 4.18.2 (fetched by Maven once, then cached);
+    skips the caller when java, javac or mvn is missing."""
+    try:
+        return _shared.bookkeeper_classpath()
+    except ConfigError as exc:
+        if "missing" in exc.context:
+            pytest.skip(f"Apache BookKeeper tests: {exc}")
+        raise
 
 
 def peer_classes(classpath: str) -> Path:
-    """The directory of the compiled Peer class, one per version of Peer.java (named by
-    its hash: worktrees with different versions share the cache without recompiling
-    under each other's running peers)."""
-    import hashlib
-
-    digest = hashlib.sha256(PEER_SOURCE.read_bytes()).hexdigest()
-    out = CACHE / f"peer-classes-{digest[:16]}"
-    if (out / "Peer.class").exists():
-        return out
-    tmp = Path(tempfile.mkdtemp(prefix="peer-", dir=CACHE))
-    run = subprocess.run(["javac", "-d", str(tmp), "-cp", classpath, str(PEER_SOURCE)],
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    if run.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(f"javac Peer.java failed:\n{run.stdout}{run.stderr}")
-    try:
-        tmp.rename(out)
-    except OSError:  # another run compiled the same version meanwhile: keep its copy
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    """The directory of the compiled Peer class, one per version of Peer.java."""
+    return compile_java(PEER_SOURCE, classpath)
 
 
 def _tail(path: Path, chars: int = 3000) -> str:
@@ -142,16 +104,7 @@ class JavaBookie:
         self._znode = f"{root}/available/{self.bookie_id}"
         directory.mkdir(parents=True, exist_ok=True)
         self.conf = directory / "bk_server.conf"
-        self.conf.write_text("\n".join([
-            f"bookiePort={self.port}", "listeningInterface=lo", "allowLoopback=true",
-            "advertisedAddress=127.0.0.1", f"metadataServiceUri={metadata_uri}",
-            f"journalDirectories={directory / 'journal'}", f"ledgerDirectories={directory / 'ledgers'}",
-            "ledgerStorageClass=org.apache.bookkeeper.bookie.storage.ldb.DbLedgerStorage",
-            "httpServerEnabled=false", "dbStorage_writeCacheMaxSizeMb=16", "dbStorage_readAheadCacheMaxSizeMb=16",
-            "dbStorage_rocksDB_blockCacheSize=16777216", "journalPreAllocSizeMB=4", "zkTimeout=4000",
-            "statsProviderClass=org.apache.bookkeeper.stats.NullStatsProvider",
-            *(f"{key}={value}" for key, value in (conf or {}).items()), "",
-        ]))
+        self.conf.write_text(bookie_conf(self.port, metadata_uri, directory, {**SMALL, **(conf or {})}))
         self.log = directory / "bookie.log"
         self._proc: subprocess.Popen[bytes] | None = None
 

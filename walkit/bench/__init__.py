@@ -19,6 +19,10 @@ produced them are in docs/performance.md.
              and by autorecovery (MB/s), a concurrent writer's latency meanwhile
 ``metadata`` ``walkit bench metadata``: ledger creates, closes, opens and deletes per second on
              ``local://`` and ZooKeeper beside the store's own, WriteAheadLogs opened for writing
+``bookkeeper`` ``walkit bench bookkeeper``: walkit against Apache BookKeeper 4.18.2 (Java bookies
+             and client, its defaults and tuned for low latency) on the same machine: add
+             latency, adds/s, reads, tail visibility, many ledgers; ``_bookkeeper_java`` holds
+             BookKeeper's classpath, Java bookies and the Java bench peer (``java/``)
 ``spark``    ``walkit bench spark``: records/s read by Spark vs. the WAL's own replay()
              (needs walkit[spark]; imported only when that benchmark runs)
 

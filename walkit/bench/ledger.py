@@ -42,13 +42,13 @@ from walkit.bench._common import (Meter, bench_cluster, event_loops, journals_o_
 from walkit.client import BookKeeper, LedgerHandle
 from walkit.errors import InvalidArgumentError
 
-__all__ = ["run_ledger_bench", "format_markdown", "TARGETS"]
+__all__ = ["run_ledger_bench", "format_markdown", "pipelined", "sequential", "TARGETS"]
 
 ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
 TARGETS = {"sequential_p50_ms": 1.0, "sequential_p99_ms": 3.0, "pipelined_entries_per_s": 25_000}
 
 
-def _sequential(handle: LedgerHandle, payload: bytes, meter: Meter, warmup: float, seconds: float) -> dict[str, Any]:
+def sequential(handle: LedgerHandle, payload: bytes, meter: Meter, warmup: float, seconds: float) -> dict[str, Any]:
     """One add at a time: ``warmup`` seconds uncounted, then ``seconds`` counted."""
     clock, add = time.perf_counter_ns, handle.add_entry
     counting_at = clock() + int(warmup * 1e9)
@@ -63,7 +63,7 @@ def _sequential(handle: LedgerHandle, payload: bytes, meter: Meter, warmup: floa
     return meter.stop(len(latencies)) | latency_percentiles(latencies)
 
 
-def _pipelined(handle: LedgerHandle, payload: bytes, meter: Meter, warmup: float, seconds: float,
+def pipelined(handle: LedgerHandle, payload: bytes, meter: Meter, warmup: float, seconds: float,
                in_flight: int) -> dict[str, Any]:
     report, latencies = window_loop(functools.partial(handle.add_entry_async, payload), meter, warmup, seconds,
                                     in_flight)
@@ -93,10 +93,10 @@ def _measure(cluster: LocalCluster, bookies: int, seconds: float, in_flight: int
     payload = os.urandom(size)
     bk: BookKeeper = cluster.client(max_pending_adds=max(in_flight, 1))
     with bk:
-        sequential = _phase(bk, lambda h: _sequential(h, payload, meter, warmup, seconds))
-        pipelined = _phase(bk, lambda h: _pipelined(h, payload, meter, warmup, seconds, in_flight))
+        one_at_a_time = _phase(bk, lambda h: sequential(h, payload, meter, warmup, seconds))
+        windowed = _phase(bk, lambda h: pipelined(h, payload, meter, warmup, seconds, in_flight))
         loops = event_loops(cluster, bookies, bk)
-    return {"sequential": sequential, "pipelined": pipelined, "event_loop": loops}
+    return {"sequential": one_at_a_time, "pipelined": windowed, "event_loop": loops}
 
 
 def run_ledger_bench(directory: str | None = None, seconds: float = 5.0, in_flight: int = 1000, size: int = 1024,

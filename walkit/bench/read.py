@@ -85,7 +85,7 @@ from walkit.client import BookieClient, BookKeeper, LedgerHandle
 from walkit.errors import InvalidArgumentError
 from walkit.wal import LSN, WriteAheadLog
 
-__all__ = ["run_read_bench", "format_markdown", "ratios", "TARGETS"]
+__all__ = ["run_read_bench", "format_markdown", "ratios", "write_ledger", "TARGETS"]
 
 BOOKIES, ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 3, 2
 SIZES = (100, 1024)
@@ -209,7 +209,7 @@ def _read_report(meter: Meter, caches: CacheMeter | None, records: int, size: in
             "other_cpu_cores": report["other_cpu_cores"], "steal_cores": report["steal_cores"]}
 
 
-def _write_ledger(bk: BookKeeper, count: int, size: int, *,
+def write_ledger(bk: BookKeeper, count: int, size: int, *,
                   close: bool = True) -> tuple[LedgerHandle, dict[str, Any]]:
     """A ledger of ``count`` entries of ``size`` bytes added pipelined (closed unless
     ``close`` is False); its handle and write rate."""
@@ -249,7 +249,7 @@ def _catch_up(bk: BookKeeper, reader_bk: BookKeeper, count: int, size: int, mete
     ``CATCH_UP_WRITES`` entries a second, a reader on another client opens the ledger
     without recovery and follows it (``ReadHandle.follow``) from entry 0 until it has read
     the backlog. The catch-up's row, and the backlog's write rate."""
-    lh, written = _write_ledger(bk, count, size, close=False)
+    lh, written = write_ledger(bk, count, size, close=False)
     data = os.urandom(size)
     try:
         lh.add_entry(data)
@@ -427,7 +427,7 @@ def _measure(bk: BookKeeper, reader_bk: BookKeeper, each_bk: BookKeeper, data: P
         "written": written, "cold": _replay(reader_bk, "one-per-entry", meter, caches) | {"files_dropped": dropped},
         "hot": _replay(reader_bk, "one-per-entry", meter, caches),
         "hot, entry by entry": _replay(each_bk, "one-per-entry", meter, caches)}
-    lh, written = _write_ledger(bk, ledger_entries, 1024)
+    lh, written = write_ledger(bk, ledger_entries, 1024)
     ledger_id = lh.ledger_id
     time.sleep(2 * BOOKIE_OPTIONS["flush_interval"] / 1000)
     dropped = _drop_page_cache(data)

@@ -113,7 +113,7 @@ from walkit.errors import InvalidArgumentError, WalkitError
 from walkit.metadata import Cluster, connect
 from walkit.wal import WriteAheadLog
 
-__all__ = ["run_scale_bench", "format_markdown", "CASES", "TARGETS"]
+__all__ = ["run_scale_bench", "format_markdown", "create_ledgers", "CASES", "TARGETS"]
 
 BOOKIES, ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 3, 2
 CASES = ("memory", "throughput", "checkpoint", "restart", "recovery", "wal")
@@ -219,7 +219,7 @@ def _await_checkpoints(cluster: LocalCluster, count: int = 2) -> None:
 
 
 # --- writing ------------------------------------------------------------------------------
-def _create(bk: BookKeeper, count: int) -> list[LedgerHandle]:
+def create_ledgers(bk: BookKeeper, count: int) -> list[LedgerHandle]:
     """``count`` ledgers created by ``_CREATORS`` threads (queued ones dropped on an error)."""
     pool = ThreadPoolExecutor(_CREATORS, thread_name_prefix="bench-create")
     try:
@@ -270,7 +270,7 @@ class _Ledgers:
         missing = count - len(self.handles)
         if missing > 0:
             started = time.perf_counter()
-            self.handles += _create(self.bk, missing)
+            self.handles += create_ledgers(self.bk, missing)
             self.created_seconds += time.perf_counter() - started
         return self.handles[:count]
 

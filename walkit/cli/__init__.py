@@ -10,6 +10,7 @@
 ``walkit bench gc``        GC scan of 1,000,000 ledgers in metadata (time, memory); compaction MB/s and add latency
 ``walkit bench recovery``  a lost bookie's share put back by walkit recover / autorecovery: MB/s, writer p99
 ``walkit bench scale``     cost as data grows: bookie RSS, rate over 10,000 ledgers, restart, recovery, WAL failover
+``walkit bench bookkeeper`` walkit against Apache BookKeeper 4.18.2 (defaults and tuned) on this machine, row by row
 ``walkit bookie start``    run a bookie (as ``python -m bookie --conf FILE``)
 ``walkit bookie list``     the available and read-only bookies of a cluster
 ``walkit bookie gc``       force garbage collection / compaction on bookies (--force, --compact), or --status

@@ -1,4 +1,4 @@
-"""``walkit bench journal|bookie|ledger|wal|read|spark|gc|recovery|scale|metadata``: the benchmarks of
+"""``walkit bench journal|bookie|ledger|wal|read|spark|gc|recovery|scale|metadata|bookkeeper``: the benchmarks of
 :mod:`walkit.bench`."""
 
 from __future__ import annotations
@@ -105,6 +105,17 @@ def _metadata(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bookkeeper(args: argparse.Namespace) -> int:
+    from walkit.bench.bookkeeper import Workload, format_markdown, run_bookkeeper_bench
+
+    workload = Workload(seconds=args.seconds, warmup=args.warmup, in_flight=args.in_flight,
+                        read_entries=args.read_entries, tail_samples=args.tail_samples,
+                        tail_interval_ms=args.tail_interval_ms, ledgers=args.ledgers)
+    report = run_bookkeeper_bench(args.dir, workload)
+    _print_report(args, report, format_markdown)
+    return 0
+
+
 _CLUSTER_DIR = "where the cluster keeps its data (default: a temporary one here)"
 _CLUSTERS_DIR = "where the clusters keep their data (default: a temporary one here)"
 _TABLES = "print JSON instead of tables"
@@ -127,7 +138,8 @@ def _options(dir_help: str, *, json_help: str = "print JSON instead of a table",
 def register(subparsers: Subcommands) -> None:
     """``walkit bench`` and its benchmarks."""
     bench = subparsers.subcommands(subparsers.add_parser("bench", help="benchmarks"), dest="what")
-    for add in (_add_write_benches, _add_read_benches, _add_gc_recovery_benches, _add_scale_metadata_benches):
+    for add in (_add_write_benches, _add_read_benches, _add_gc_recovery_benches, _add_scale_metadata_benches,
+                _add_bookkeeper_bench):
         add(bench)
 
 
@@ -257,3 +269,22 @@ def _add_scale_metadata_benches(bench: Subcommands) -> None:
     bmd.add_argument("--zk", default="auto", help="ZooKeeper: auto (start Debian's package on 127.0.0.1 if "
                      "installed), none, or HOST:PORT of a server to use under a fresh root (default auto)")
     bmd.set_defaults(func=_metadata)
+
+
+def _add_bookkeeper_bench(bench: Subcommands) -> None:
+    """The parser of walkit bench bookkeeper."""
+    bbk = bench.add_parser("bookkeeper", help="walkit against Apache BookKeeper 4.18.2 (its defaults, and tuned for "
+                           "low latency) on this machine: add latency, adds/s, reads, tail visibility, many ledgers "
+                           "(needs java, javac and, the first time, mvn)",
+                           parents=[_options(_CLUSTERS_DIR,
+                                             seconds=(5.0, "duration of each timed phase, after its warm-up "
+                                                           "(default 5)"))])
+    bbk.add_argument("--warmup", type=float, default=1.0, help="uncounted seconds before each timed phase (default 1)")
+    bbk.add_argument("--in-flight", type=int, default=1000, help="adds in flight in the pipelined phases (default 1000)")
+    bbk.add_argument("--read-entries", type=int, default=100_000,
+                     help="1 KiB entries of the closed ledger read back (default 100,000)")
+    bbk.add_argument("--tail-samples", type=int, default=500, help="entries timed by the tailing reader (default 500)")
+    bbk.add_argument("--tail-interval-ms", type=int, default=10,
+                     help="milliseconds between the tail's adds (default 10)")
+    bbk.add_argument("--ledgers", type=int, default=1000, help="ledgers created and written at once (default 1000)")
+    bbk.set_defaults(func=_bookkeeper)
