@@ -549,3 +549,38 @@ def test_an_older_clients_write_lac_is_served_as_before(tmp_path: Path) -> None:
             await client.close()
 
     run(body)
+
+
+def test_v3_deferred_sync_write_flag_is_accepted_and_synced_anyway(tmp_path: Path) -> None:
+    """An add with writeFlags DEFERRED_SYNC (what BookKeeper's client sends for a
+    WriteFlag.DEFERRED_SYNC ledger) is answered EOK like any add - walkit syncs every add
+    before it answers, which is stronger - and FORCE_LEDGER after it is EOK too."""
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            peer = await BkPeer.open(server.port, Dialect.BK_V3)
+            await _handshake(peer)
+            assert server.bookie is not None
+            stats = server.bookie.journal.stats
+            for e in range(3):
+                synced = stats.records
+                req = pb.Request()
+                req.header.version = pb.VERSION_THREE
+                req.header.operation = pb.ADD_ENTRY
+                req.header.txnId = 100 + e
+                req.addRequest.ledgerId, req.addRequest.entryId = 11, e
+                req.addRequest.masterKey = BK_KEY
+                req.addRequest.body = bk_entry(11, e)
+                req.addRequest.writeFlags = 1  # DEFERRED_SYNC
+                data = req.SerializeToString()
+                await peer.send_raw(struct.pack(">I", len(data)) + data)
+                raw = pb.Response()
+                raw.ParseFromString(await peer.recv_frame())
+                assert (raw.header.txnId, raw.status, raw.addResponse.status) == (100 + e, pb.EOK, pb.EOK)
+                assert (raw.addResponse.ledgerId, raw.addResponse.entryId) == (11, e)
+                assert stats.records > synced  # journaled and synced before the answer, flag or not
+            assert await peer.ask(ForceLedger(11)) == ForceLedgerResponse(11, peer.txn)
+            for e in range(3):
+                assert (await peer.ask(ReadEntry(11, e))).data == bk_entry(11, e)  # byte-exact
+            await peer.close()
+
+    run(body)
