@@ -84,11 +84,7 @@ def peer_classes(classpath: str) -> Path:
     return compile_java(PEER_SOURCE, classpath)
 
 
-def _tail(path: Path, chars: int = 3000) -> str:
-    try:
-        return f"--- last {chars} chars of {path} ---\n" + path.read_bytes()[-chars:].decode(errors="replace")
-    except OSError:
-        return f"--- no log at {path} ---"
+_tail = _shared.log_tail  # one copy, shared with walkit bench bookkeeper
 
 
 class JavaBookie:

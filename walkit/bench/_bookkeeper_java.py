@@ -39,10 +39,11 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from walkit.bench._common import free_port
 from walkit.errors import ConfigError, WalkitError
 
 __all__ = ["VERSION", "CACHE", "POM", "BOOKIE_JVM_FLAGS", "PEER_JVM_FLAGS", "PEER_SOURCE", "BenchPeer", "JavaBookKeeper",
-           "bookie_conf", "bookkeeper_classpath", "compile_java", "missing_tools"]
+           "bookie_conf", "bookkeeper_classpath", "compile_java", "log_tail", "missing_tools"]
 
 VERSION = "4.18.2"
 CACHE = Path(os.environ.get("WALKIT_BK_CACHE", Path.home() / ".cache" / "walkit" / f"bookkeeper-{VERSION}"))
@@ -140,19 +141,12 @@ def bookie_conf(port: int, metadata_uri: str, directory: Path, settings: dict[st
     ])
 
 
-def _tail(path: Path, chars: int = 3000) -> str:
+def log_tail(path: Path, chars: int = 3000) -> str:
+    """The last ``chars`` characters of a Java process's log, for an error message."""
     try:
-        return path.read_bytes()[-chars:].decode(errors="replace")
+        return f"--- last {chars} chars of {path} ---\n" + path.read_bytes()[-chars:].decode(errors="replace")
     except OSError:
-        return f"(no log at {path})"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        return f"--- no log at {path} ---"
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
@@ -189,7 +183,7 @@ class JavaBookKeeper:
 
     def _start(self, bookies: int, settings: dict[str, str]) -> None:
         for i in range(bookies):
-            port, home = _free_port(), self.directory / f"bookie{i}"
+            port, home = free_port(), self.directory / f"bookie{i}"
             home.mkdir()
             (home / "bk_server.conf").write_text(bookie_conf(port, self.metadata_uri, home, settings))
             with open(home / "bookie.log", "ab") as out:
@@ -204,10 +198,10 @@ class JavaBookKeeper:
                 log = self.directory / f"bookie{i}" / "bookie.log"
                 if self._procs[i].poll() is not None:
                     raise WalkitError("a Java bookie exited", bookie=bookie_id, exit_code=self._procs[i].returncode,
-                                      log=_tail(log))
+                                      log=log_tail(log))
                 if time.monotonic() > deadline:
                     raise WalkitError("a Java bookie did not register", bookie=bookie_id, timeout=START_TIMEOUT,
-                                      log=_tail(log))
+                                      log=log_tail(log))
                 time.sleep(0.1)
 
     @property
@@ -240,7 +234,7 @@ class BenchPeer:
         ready = self._answer()
         if not ready.get("ready"):
             self.close()
-            raise WalkitError("the Java bench peer did not start", answer=ready, log=_tail(log))
+            raise WalkitError("the Java bench peer did not start", answer=ready, log=log_tail(log))
 
     @property
     def pid(self) -> int:
@@ -250,7 +244,7 @@ class BenchPeer:
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()
         if not line:
-            raise WalkitError("the Java bench peer exited", exit_code=self._proc.wait(), log=_tail(self.log))
+            raise WalkitError("the Java bench peer exited", exit_code=self._proc.wait(), log=log_tail(self.log))
         answer: dict[str, Any] = json.loads(line)
         return answer
 

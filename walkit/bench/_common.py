@@ -9,6 +9,7 @@ import contextlib
 import os
 import re
 import shutil
+import socket
 import sqlite3
 import struct
 import tempfile
@@ -28,8 +29,15 @@ T = TypeVar("T")
 
 _SERVING_LOOP = re.compile(r" serving on .*event loop: ([^)]+)\)")
 
-__all__ = ["Meter", "bench_cluster", "cpu_seconds", "event_loops", "journals_o_direct", "latency_percentiles", "mib",
+__all__ = ["Meter", "bench_cluster", "cpu_seconds", "event_loops", "free_port", "journals_o_direct", "latency_percentiles", "mib",
            "window_loop"]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a process that binds it next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

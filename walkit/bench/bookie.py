@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from walkit.bench._common import cpu_seconds, latency_percentiles
+from walkit.bench._common import cpu_seconds, free_port, latency_percentiles
 from walkit.client import BookieClient
 from walkit.errors import WalkitError
 from walkit.protocol import AddEntry, Response, encode_entry
@@ -33,12 +33,6 @@ __all__ = ["run_bookie_bench", "format_markdown"]
 
 _KEY = b"bench-master-key"
 _ENTRIES_PER_LEDGER = 100_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start_bookie(base: str, port: int) -> subprocess.Popen[bytes]:
@@ -121,7 +115,7 @@ async def _drive(port: int, pid: int, seconds: float, in_flight: int, size: int)
 def run_bookie_bench(directory: str | None = None, seconds: float = 5.0, in_flight: int = 1000,
                      size: int = 1024) -> dict[str, Any]:
     base = tempfile.mkdtemp(prefix="walkit-bench-bookie-", dir=directory or ".")
-    port = _free_port()
+    port = free_port()
     proc = _start_bookie(base, port)
     try:
         result = asyncio.run(_drive(port, proc.pid, seconds, in_flight, size))
