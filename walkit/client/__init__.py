@@ -19,7 +19,7 @@ from walkit.client._config import ClientConfig
 from walkit.client._entry_codec import EntryCodec
 from walkit.client._handles import LedgerHandle, ReadHandle, check_payload
 from walkit.client._loop import LoopThread
-from walkit.client._pool import Endpoint, parse_endpoint, uses_tls
+from walkit.client._pool import Endpoint, connect_endpoint, parse_endpoint, uses_tls
 from walkit.client._read import Entry, LedgerReader
 from walkit.client._read_state import ReadState, check_range
 from walkit.client._readahead import read_ahead, read_chunks
@@ -28,4 +28,4 @@ from walkit.client._writer import LedgerWriter
 
 __all__ = ["BkBookieClient", "BookKeeper", "BookieClient", "ClientConfig", "Endpoint", "Entry", "EntryCodec", "LedgerClient", "LedgerHandle",
            "LedgerReader", "LedgerWriter", "LoopThread", "QuickFuture", "ReadHandle", "ReadState", "check_payload", "check_range",
-           "client_ssl_context", "connect", "parse_endpoint", "read_ahead", "read_chunks", "uses_tls"]
+           "client_ssl_context", "connect", "connect_endpoint", "parse_endpoint", "read_ahead", "read_chunks", "uses_tls"]

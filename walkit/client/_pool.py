@@ -31,9 +31,9 @@ from walkit.client._bookie_client import BookieClient, ResponseCallback, client_
 from walkit.client._config import ClientConfig
 from walkit.errors import BookieUnavailableError, FormatError, WalkitError
 from walkit.metadata import ClusterFormat, decode_service_info
-from walkit.protocol import Dialect, Request, Response
+from walkit.protocol import DEFAULT_MAX_FRAME_SIZE, Dialect, Request, Response
 
-__all__ = ["Answered", "BookiePool", "BookieKind", "BOOKIE_KINDS", "Endpoint", "parse_endpoint", "uses_tls"]
+__all__ = ["Answered", "BookiePool", "BookieKind", "BOOKIE_KINDS", "Endpoint", "connect_endpoint", "parse_endpoint", "uses_tls"]
 
 
 class Answered(Protocol):
@@ -88,6 +88,22 @@ def uses_tls(endpoint: Endpoint, have_ca: bool) -> bool:
     if endpoint.kind == "walkit":
         return endpoint.tls
     return have_ca
+
+
+async def connect_endpoint(endpoint: Endpoint, ssl_context: ssl.SSLContext | None = None, *,
+                           max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, timeout: float = 10.0,
+                           v2: bool = False) -> BookieClient:
+    """A connection to ``endpoint`` in what it speaks: walkit's protocol, or BookKeeper's
+    dialect (v3, or v2 with ``v2``: ``use_v2_wire_protocol``) for kind "bookkeeper"; TLS
+    with ``ssl_context`` (which :func:`uses_tls` decides), the host name checked. The one
+    way every part of walkit (the client's pool, re-replication) opens one."""
+    hostname = endpoint.host if ssl_context else None
+    if endpoint.kind == "bookkeeper":
+        return await BkBookieClient.connect(endpoint.host, endpoint.port, ssl_context=ssl_context,
+                                            server_hostname=hostname, max_frame_size=max_frame_size, timeout=timeout,
+                                            dialect=Dialect.BK_V2 if v2 else Dialect.BK_V3)
+    return await BookieClient.connect(endpoint.host, endpoint.port, ssl_context=ssl_context,
+                                      server_hostname=hostname, max_frame_size=max_frame_size, timeout=timeout)
 
 
 Resolver = Callable[[str], Awaitable[Endpoint]]
@@ -152,16 +168,9 @@ class BookiePool:
                 client.flush()
 
     async def _open(self, endpoint: Endpoint, ctx: ssl.SSLContext | None) -> BookieClient:
-        """A connection to ``endpoint`` in what it speaks: walkit's protocol, or
-        BookKeeper's dialect (v3, or v2 with ``use_v2_wire_protocol``) for kind "bookkeeper"."""
         c = self._config
-        hostname = endpoint.host if ctx else None
-        if endpoint.kind == "bookkeeper":
-            return await BkBookieClient.connect(endpoint.host, endpoint.port, ssl_context=ctx, server_hostname=hostname,
-                                                max_frame_size=c.max_frame_size, timeout=c.connect_timeout,
-                                                dialect=Dialect.BK_V2 if c.use_v2_wire_protocol else Dialect.BK_V3)
-        return await BookieClient.connect(endpoint.host, endpoint.port, ssl_context=ctx, server_hostname=hostname,
-                                          max_frame_size=c.max_frame_size, timeout=c.connect_timeout)
+        return await connect_endpoint(endpoint, ctx, max_frame_size=c.max_frame_size, timeout=c.connect_timeout,
+                                      v2=c.use_v2_wire_protocol)
 
     async def _connect(self, bookie: str) -> None:
         error: WalkitError | None = None

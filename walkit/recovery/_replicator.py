@@ -34,7 +34,15 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from walkit.client import BkBookieClient, BookieClient, Endpoint, client_ssl_context, parse_endpoint, uses_tls
+from walkit.client import (
+    BkBookieClient,
+    BookieClient,
+    Endpoint,
+    client_ssl_context,
+    connect_endpoint,
+    parse_endpoint,
+    uses_tls,
+)
 from walkit.errors import (
     BookieTimeoutError,
     BookieUnavailableError,
@@ -114,11 +122,7 @@ class Replicator:
             if not self.tls_ca:
                 raise BookieUnavailableError("bookie serves TLS: give the CA file", bookie=bookie)
             ssl_context = client_ssl_context(self.tls_ca)
-        if endpoint.kind == "bookkeeper":
-            return await BkBookieClient.connect(endpoint.host, endpoint.port, ssl_context=ssl_context,
-                                                server_hostname=endpoint.host)
-        return await BookieClient.connect(endpoint.host, endpoint.port, ssl_context=ssl_context,
-                                          server_hostname=endpoint.host)
+        return await connect_endpoint(endpoint, ssl_context)
 
     async def admin(self, bookie: str, command: str, args: dict[str, Any]) -> dict[str, Any]:
         client = await self.client(bookie)
