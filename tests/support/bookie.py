@@ -80,9 +80,9 @@ class BookieProcess:
     """``python -m bookie --conf <base>/bookie.toml`` with BookKeeper key names; the same
     port and directories across restarts."""
 
-    def __init__(self, base: Path, metadata_uri: str = "", **keys: Any) -> None:
+    def __init__(self, base: Path, metadata_uri: str = "", port: int | None = None, **keys: Any) -> None:
         self.base = base
-        self.port = free_port()
+        self.port = free_port() if port is None else port
         self.keys: dict[str, Any] = {
             "bookiePort": self.port, "journalDirectory": str(base / "journal"),
             "ledgerDirectories": [str(base / "ledgers")], "metadataServiceUri": metadata_uri,

@@ -55,7 +55,7 @@ JVM_FLAGS = ("-Djava.net.preferIPv4Stack=true", "-Xmx256m", "-XX:MaxDirectMemory
 START_TIMEOUT = 60.0
 
 __all__ = ["CACHE", "POM", "VERSION", "bookkeeper_classpath", "peer_classes", "JavaBookie", "JavaCluster", "JavaPeer",
-           "PeerError", "NO_GC", "WalkitRegistry"]
+           "PeerError", "NO_GC", "WalkitRegistry", "fresh_bookie_port"]
 
 # the tests' bookies: small caches and journal preallocation, a short ZooKeeper session
 SMALL = {"dbStorage_writeCacheMaxSizeMb": "16", "dbStorage_readAheadCacheMaxSizeMb": "16",
@@ -87,13 +87,24 @@ def peer_classes(classpath: str) -> Path:
 _tail = _shared.log_tail  # one copy, shared with walkit bench bookkeeper
 
 
+def fresh_bookie_port(zk: Any, root: str) -> int:
+    """A free loopback port that no bookie of the cluster under ``root`` has held: the
+    kernel hands a freed port out again, and a new bookie at an old bookie's address would
+    meet that bookie's cookie (``<root>/cookies/127.0.0.1:<port>``, persistent) and, with
+    directories of its own, be refused at boot (InvalidCookieException) as BookKeeper must."""
+    while True:
+        port = free_port()
+        if zk.exists(f"{root}/cookies/127.0.0.1:{port}") is None:
+            return port
+
+
 class JavaBookie:
     """One ``org.apache.bookkeeper.server.Main`` on 127.0.0.1, its disks under ``directory``."""
 
     def __init__(self, classpath: str, metadata_uri: str, zk: Any, root: str, directory: Path,
                  conf: dict[str, str] | None = None) -> None:
         self.classpath = classpath
-        self.port = free_port()
+        self.port = fresh_bookie_port(zk, root)
         self.bookie_id = f"127.0.0.1:{self.port}"
         self.directory = directory
         self._zk = zk

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from support.bookie import BookieProcess
-from support.bookkeeper import JavaBookie, JavaCluster, JavaPeer
+from support.bookkeeper import JavaBookie, JavaCluster, JavaPeer, fresh_bookie_port
 
 __all__ = ["MixedCluster", "FAST"]
 
@@ -76,7 +76,7 @@ class MixedCluster:
         self._made += java
         self.java.bookies.extend(new_java)
         new_walkit = [BookieProcess(self.directory / f"walkit{self._made + i}", self.uri,
-                                    **{"zkTimeout": 2000, **self.walkit_conf})
+                                    port=fresh_bookie_port(self.java.zk, self.java.root), **{"zkTimeout": 2000, **self.walkit_conf})
                       for i in range(walkit)]
         self._made += walkit
         self.walkit.extend(new_walkit)
