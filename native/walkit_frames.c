@@ -10,7 +10,8 @@
  * about 0.8 us of interpreter time for a 1 KiB entry, which is most of a journal
  * producer's cost and, since CPython runs one thread's bytecode at a time, most of
  * what bounds the journal's throughput. Here the same bytes are written by one call
- * per record (frame_entry) or per received chunk (frame_entries).
+ * per record (frame_entry: Journal.log_entry's whole framing, no other call on its path)
+ * or per received chunk (frame_entries).
  *
  * The Python code stays the reference: this module frames only what it can frame
  * exactly as FrameBuffer does - ids that fit (ledger id u64, entry id i64) and payloads
@@ -145,11 +146,15 @@ static void put_u64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
 
 enum { FRAMED = 0, NO_ROOM = 1, NOT_HERE = 2, FAILED = 3 };
 
-/* Frame one entry at dst + *pos, ending at most at limit. FRAMED moves *pos; NO_ROOM
+/* Frame one entry at dst + *pos, ending at most at limit. ``strict``: only ids of type
+ * int and payloads that are bytes, bytearray or memoryview (what the journal's
+ * check_record takes as they are) - anything else is NOT_HERE before any of its Python
+ * code (an __index__, a __len__) runs, so that a caller may frame first and check only
+ * what comes back. FRAMED moves *pos; NO_ROOM
  * (*need: the frame's size) and NOT_HERE write nothing and leave no Python error set;
  * FAILED leaves the error that must not be swallowed (KeyboardInterrupt, SystemExit:
  * a signal handler that ran in an id's __index__). */
-static int put_entry(unsigned char *dst, Py_ssize_t *pos, Py_ssize_t limit, uint32_t seed, int first,
+static int put_entry(unsigned char *dst, Py_ssize_t *pos, Py_ssize_t limit, uint32_t seed, int first, int strict,
                      PyObject *ledger_obj, PyObject *entry_obj, PyObject *data_obj, Py_ssize_t *need)
 {
     unsigned long long ledger;
@@ -159,6 +164,9 @@ static int put_entry(unsigned char *dst, Py_ssize_t *pos, Py_ssize_t limit, uint
     Py_buffer view;
     int have_view = 0, status = NOT_HERE;
 
+    if (strict && !(PyLong_CheckExact(ledger_obj) && PyLong_CheckExact(entry_obj) &&
+                    (PyBytes_Check(data_obj) || PyByteArray_Check(data_obj) || PyMemoryView_Check(data_obj))))
+        return NOT_HERE;   /* not a value check_record takes as it is: the caller checks it */
     ledger = PyLong_AsUnsignedLongLong(ledger_obj);
     if (ledger == (unsigned long long)-1 && PyErr_Occurred())
         goto out;
@@ -263,7 +271,8 @@ PyDoc_STRVAR(frame_entry_doc,
 "Frame one ENTRY record at buffer[pos:] as FrameBuffer.append does; the frame carries\n"
 "FLAG_FLUSH_START when pos is 0 and first is true. Returns the new end (> 0); minus\n"
 "the frame's size when it would end past limit (nothing written); 0 when the record is\n"
-"not one this module frames (the caller frames it in Python).");
+"not one this module frames (the caller frames it in Python). Strict: ids must be of\n"
+"type int and data bytes, bytearray or memoryview, else 0 before any of their code runs.");
 
 static PyObject *frame_entry(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -277,7 +286,7 @@ static PyObject *frame_entry(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     if (get_dest(args[0], &dst, pos, limit) < 0)
         return NULL;
-    status = put_entry(dst.buf, &pos, limit, seed, first, args[5], args[6], args[7], &need);
+    status = put_entry(dst.buf, &pos, limit, seed, first, 1, args[5], args[6], args[7], &need);
     PyBuffer_Release(&dst);
     if (status == FAILED)
         return NULL;
@@ -326,7 +335,7 @@ static PyObject *frame_entries(PyObject *self, PyObject *const *args, Py_ssize_t
             break;
         }
         Py_INCREF(item);   /* an id's __index__ may run Python code that changes the list */
-        status = put_entry(dst.buf, &pos, limit, seed, first, PyTuple_GetItem(item, 0), PyTuple_GetItem(item, 1),
+        status = put_entry(dst.buf, &pos, limit, seed, first, 0, PyTuple_GetItem(item, 0), PyTuple_GetItem(item, 1),
                            PyTuple_GetItem(item, 2), &need);
         Py_DECREF(item);
         if (status != FRAMED)

@@ -99,17 +99,28 @@ class FrameBuffer:
     def append(self, ftype: int, ledger_id: int, arg: int, data: bytes | bytearray | memoryview) -> None:
         """Frame one record: an entry (``arg`` = entry id), a master key (``data``), a
         fence, or an explicit LAC (``arg`` = LAC)."""
-        if ftype == ENTRY and self._c is not None:
-            while True:
-                end = self._c.frame_entry(self._view, self.fill, self._limit, self.seed, not self.segments,
-                                          ledger_id, arg, data)
-                if end > 0:
-                    self.fill = end
-                    return
-                if not end:
-                    break  # framed (or refused) in Python, below
-                self._make_room(-end)  # no room: a buffer for a frame of -end bytes
-        self._append_py(ftype, ledger_id, arg, data)
+        if ftype != ENTRY or not self.append_entry(ledger_id, arg, data):
+            self._append_py(ftype, ledger_id, arg, data)
+
+    def append_entry(self, ledger_id: int, entry_id: int, data: Any) -> bool:
+        """Frame one ENTRY record in C (one call: :meth:`Journal.log_entry`'s hot path).
+        False, with nothing framed and none of the values' own code run, when there is
+        no C framing or the values are not plain ones - ids not of type ``int``, a
+        payload not ``bytes``, ``bytearray`` or ``memoryview`` - or not ones C frames
+        (out of range, not a flat byte buffer): the caller checks and frames those with
+        :meth:`append`, the reference."""
+        c = self._c
+        if c is None:
+            return False
+        while True:
+            end = c.frame_entry(self._view, self.fill, self._limit, self.seed, not self.segments,
+                                ledger_id, entry_id, data)
+            if end > 0:
+                self.fill = end
+                return True
+            if not end:
+                return False
+            self._make_room(-end)  # no room: a buffer for a frame of -end bytes
 
     def _append_py(self, ftype: int, ledger_id: int, arg: int, data: bytes | bytearray | memoryview) -> None:
         if ftype == ENTRY or ftype == _LAC:

@@ -237,10 +237,39 @@ class Journal:
 
     # --- producers ------------------------------------------------------------------------
     def log_entry(self, ledger_id: int, entry_id: int, data: bytes, callback: Callback | None = None, ctx: Any = None) -> None:
-        """One ENTRY record (:meth:`log_records`' contract): framed as :meth:`log_entries`
-        frames a chunk's entries, with ``callback`` (if any) as the group's."""
-        check_record(ENTRY, ledger_id, entry_id, data)
-        self._add(_NO_RECORDS, [(ledger_id, entry_id, data)], None if callback is None else (callback, ctx))
+        """One ENTRY record (:meth:`log_records`' contract). The one-call-per-entry hot
+        path: under the lock, one C call frames it (:meth:`FrameBuffer.append_entry`) -
+        plain values, those :func:`check_record` takes as they are, need no check before
+        it. What C hands back (no C framing, odd or bad values, a dead journal) is
+        checked and framed as :meth:`log_entries` frames a chunk, ``callback`` (if any)
+        as the group's."""
+        error: BaseException | None = None
+        lock = self._lock
+        lock.acquire()
+        try:
+            building = self._building
+            if self._closed or self._error is not None:
+                framed = False  # refused below, after the check, as log_records refuses
+            else:
+                try:
+                    framed = building.frames.append_entry(ledger_id, entry_id, data)
+                except BaseException as exc:  # noqa: BLE001 - e.g. no memory for a buffer: nothing framed,
+                    error, framed = exc, True  # the callback fails (as in _add)
+                else:
+                    if framed:
+                        if callback is not None:
+                            building.records.append((callback, ctx))
+                        if building.oldest is None or self._waiting:
+                            self._joined(building, 1, False)
+                        else:  # the batch has its oldest record and nobody waits for it
+                            building.entries += 1
+        finally:
+            lock.release()
+        if not framed:
+            check_record(ENTRY, ledger_id, entry_id, data)
+            self._add(_NO_RECORDS, [(ledger_id, entry_id, data)], None if callback is None else (callback, ctx))
+        elif error is not None and callback is not None:
+            callback(error, ctx)
 
     def log_master_key(self, ledger_id: int, key: bytes, callback: Callback | None = None, ctx: Any = None) -> None:
         self.log_records([(KEY_RECORD, ledger_id, 0, key, callback, ctx)])
@@ -319,17 +348,24 @@ class Journal:
                 if group is not None:
                     failed.append(group)
             if taken:
-                building.entries += taken
-                if building.oldest is None:
-                    building.oldest = self._clock()
-                if (self._waiting == _UNTIMED and not defer) or (
-                        self._waiting == _TIMED and building.reason(self._cfg, self._clock()) is not None):
-                    self._waiting = _IDLE
-                    self._cond.notify()
+                self._joined(building, taken, defer)
         finally:
             lock.release()
         if failed:
             call_back(failed, error)
+
+    def _joined(self, building: OpenBatch, taken: int, defer: bool) -> None:
+        """``taken`` records joined the batch being built (lock held): count them, and
+        wake the journal thread if it waits for a batch (unless ``defer``) or times a
+        group wait the policy now cuts short."""
+        building.entries += taken
+        if building.oldest is None:
+            building.oldest = self._clock()
+        waiting = self._waiting
+        if waiting and ((waiting == _UNTIMED and not defer) or (
+                waiting == _TIMED and building.reason(self._cfg, self._clock()) is not None)):
+            self._waiting = _IDLE
+            self._cond.notify()
 
     def kick(self, inline: bool = True) -> None:
         """Flush what deferred producers framed (``log_entries(..., defer=True)``). If the

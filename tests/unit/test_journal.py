@@ -14,6 +14,7 @@ fault-injection tests run on MemFS. What is checked, besides "what went in comes
 
 from __future__ import annotations
 
+import array
 import linecache
 import random
 import sys
@@ -40,6 +41,7 @@ from bookie.journal import (
     replay,
     scan_journal,
 )
+from bookie.journal import _framing
 from bookie.journal._format import FLAG_FLUSH_START, FRAME_HEADER
 from walkit.errors import BookieShutdownError, InvalidArgumentError, WalkitError
 from support.journal import Rec, Recorder, submit
@@ -522,7 +524,7 @@ def test_record_submitted_while_the_journal_dies_is_called_back(mem: Env) -> Non
     assert isinstance(fs, MemFS)
     j = mem.journal()
     acks = Acks()
-    codes = {Journal._add.__code__}
+    codes = {Journal._add.__code__, Journal.log_entry.__code__}
     paused: list[bool] = []
 
     refused: list[str] = []
@@ -555,7 +557,7 @@ def test_record_submitted_while_the_journal_dies_is_called_back(mem: Env) -> Non
         j.log_entry(1, 1, b"racing", acks, "racing")
     finally:
         sys.settrace(None)
-    assert paused, "the trace hook never found the framing call in Journal._add"
+    assert paused, "the trace hook never found the framing call in Journal.log_entry or _add"
     deadline = time.monotonic() + 2
     while len(acks.calls) + len(refused) < 2 and time.monotonic() < deadline:
         time.sleep(0.001)
@@ -703,6 +705,64 @@ def test_log_entries_refusals(mem: Env) -> None:
         j.log_entries([(1, 3, b"d")], acks, "late")
     time.sleep(0.05)
     assert len(acks.calls) == 2, f"a refused call is not called back: {acks.calls}"
+
+
+class _Id(int):
+    pass
+
+
+class _Blob(bytes):
+    pass
+
+
+#: log_entry's odd values: refused at the call (the first three), framed, or taken and
+#: failed through the callback (a memoryview of 4-byte items: not a byte buffer).
+ODD_ENTRIES: list[tuple[Any, Any, Any]] = [
+    (True, 0, b"x"), (_Id(1), 0, b"x"), (1, 0, array.array("B", b"x")),
+    (1, 1, bytearray(b"ba")), (1, 2, _Blob(b"blob")), (1, 3, memoryview(b"abcdef")[1:4]),
+    (1, 4, memoryview(array.array("I", [7]))), (1, 5, b"plain"),
+]
+
+
+def _log_odd_entries(monkeypatch: pytest.MonkeyPatch, c_framing: bool) -> tuple[list[str], list[Rec]]:
+    """Each of ODD_ENTRIES through ``log_entry``, then a refusal on the shut-down
+    journal: what happened to each, and what replay finds."""
+    if not c_framing:
+        monkeypatch.setattr(_framing, "C_FRAMING", None)
+    env = Env("mem", MemFS(), "/journal")
+    j = env.journal()
+    acks = Acks()
+    outcome: list[str] = []
+    for i, entry in enumerate(ODD_ENTRIES):
+        try:
+            j.log_entry(*entry, acks, i)
+        except WalkitError as exc:
+            outcome.append(f"{i}: raised {type(exc).__name__}")
+    j.shutdown()
+    outcome += [f"{i}: called back with {type(err).__name__}" for i, err in acks.calls]
+    for late in ((-1, 0, b"x"), (1, 9, b"x")):  # the record's own fault first, as log_records says
+        with pytest.raises(WalkitError) as info:
+            j.log_entry(*late, acks, "late")
+        outcome.append(f"late: raised {type(info.value).__name__}")
+    monkeypatch.undo()
+    return outcome, replayed(env.fs, env.dir)
+
+
+def test_log_entry_takes_and_refuses_with_c_framing_as_without(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``log_entry`` frames plain values in one C call and checks only what C hands back:
+    what it refuses at the call, fails through the callback and writes is what the
+    reference (no C framing) does."""
+    with_c, without_c = _log_odd_entries(monkeypatch, True), _log_odd_entries(monkeypatch, False)
+    assert with_c == without_c
+    assert with_c[0] == [
+        "0: raised InvalidArgumentError", "1: raised InvalidArgumentError", "2: raised InvalidArgumentError",
+        "6: called back with ValueError",  # at once, on the caller's thread
+        "3: called back with NoneType", "4: called back with NoneType", "5: called back with NoneType",
+        "7: called back with NoneType",
+        "late: raised InvalidArgumentError", "late: raised BookieShutdownError",
+    ]
+    assert with_c[1] == [("entry", 1, 1, b"ba"), ("entry", 1, 2, b"blob"), ("entry", 1, 3, b"bcd"),
+                         ("entry", 1, 5, b"plain")]
 
 
 def test_the_settled_mark_passes_a_batch_only_after_its_callbacks(env: Env) -> None:

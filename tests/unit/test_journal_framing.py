@@ -262,6 +262,36 @@ def test_the_c_calls_refuse_a_window_outside_the_buffer() -> None:
     assert struct.unpack_from("<I", buf)[0] == crc32c(bytes(buf[4:64]), 7)
 
 
+@needs_c
+def test_one_entry_in_c_takes_only_plain_values() -> None:
+    """``frame_entry`` (``FrameBuffer.append_entry``, ``Journal.log_entry``'s one call)
+    frames ids of type int and bytes-like payloads of the three types the journal's check
+    takes; anything else comes back unframed before any of its own code ran (an
+    ``__index__`` that would raise KeyboardInterrupt is never called), for the caller to
+    check. Plain values make the reference's bytes."""
+
+    class Id(int):
+        pass
+
+    class Interrupting:
+        def __index__(self) -> int:
+            raise KeyboardInterrupt
+
+    c = _framing.C_FRAMING
+    buf = bytearray(4096)
+    for odd in [(True, 1, b"x"), (1, Id(1), b"x"), (Interrupting(), 1, b"x"), (1, Interrupting(), b"x"),
+                (1, 1, array.array("B", b"x")), (1, 1, memoryview(array.array("I", [1])))]:
+        assert c.frame_entry(buf, 0, 4096, 0, True, *odd) == 0, odd
+        assert buf == bytearray(4096)
+    got, want = frame_buffer(True, size=2 * ALIGN + 600), frame_buffer(False, size=2 * ALIGN + 600)
+    plain = [(1, 2, b"x" * 500), (3, 4, bytearray(b"y" * 300)), (5, -6, memoryview(b"z" * 900)[100:]), (7, 8, b"")]
+    assert all(got.append_entry(*e) for e in plain), "plain values are framed in C"
+    assert not got.append_entry(True, 1, b"x") and not frame_buffer(False).append_entry(1, 2, b"x")
+    for e in plain:
+        want.append(ENTRY, *e)
+    assert batch_bytes(got) == batch_bytes(want)
+
+
 def test_walkit_native_off_keeps_the_c_framing_out() -> None:
     """``WALKIT_NATIVE=off`` (in a fresh interpreter): every frame packed in Python."""
     code = "from bookie.journal import _framing; print(_framing.C_FRAMING is None)"
