@@ -24,10 +24,12 @@
  * (KeyboardInterrupt from a signal handler run inside an id's __index__) propagates.
  *
  * CRC32C (Castagnoli, reflected polynomial 0x82F63B78) uses the SSE4.2 crc32
- * instruction. Long runs go in three independent lanes of BLOCK bytes (the
- * instruction's latency is three times its throughput) whose states are joined by
- * multiplying by x^(8*BLOCK) modulo the polynomial: the CRC register is linear, so the
- * state after A then B is shift(state after A, |B|) xor (B's CRC from state 0). Without
+ * instruction. Runs go in three independent lanes of BLOCK bytes (the instruction's
+ * latency is three times its throughput), then of MID and of SHORT bytes (a 1 KiB
+ * entry's frame: one round of MID lanes and one of SHORT), whose states are joined by
+ * multiplying by x^(8*lane) modulo the polynomial - four lookups in a table made at
+ * import: the CRC register is linear, so the state after A then B is shift(state after
+ * A, |B|) xor (B's CRC from state 0). Without
  * SSE4.2 (another CPU, another architecture, a big-endian host) HARDWARE_CRC is 0 and
  * FrameBuffer keeps its Python path: there is no second software CRC here.
  *
@@ -49,14 +51,20 @@
 #endif
 
 #define POLY 0x82F63B78u
-#define BLOCK 2048              /* bytes per lane of the three-lane loop */
+#define BLOCK 2048              /* bytes per lane of the first three-lane rounds, */
 #define ENTRY_TYPE 1            /* FrameType.ENTRY */
 #define FLAG_FLUSH_START 0x01
 #define ENTRY_HEAD 28           /* <IBBHIQq: crc, type, flags, reserved, length, ledger, entry */
 #define FRAME_HEADER 12         /* <IBBHI */
 
+#define MID 256                 /* ... of the three-lane rounds after them */
+#define SHORT 64                /* ... and of the last ones */
+
 static int have_hw;
-static uint32_t x_block;        /* x^(8*BLOCK) mod POLY, reflected */
+/* x^(8*BLOCK), x^(8*MID), x^(8*SHORT) mod POLY as tables: shift_x[k][b] is the product
+ * of that power and byte b at byte k of a CRC state (the product is linear in the state,
+ * so a state's is the xor of its four bytes'). */
+static uint32_t shift_block[4][256], shift_mid[4][256], shift_short[4][256];
 
 /* a * b modulo POLY, both reflected (bit 31 is x^0). */
 static uint32_t multmodp(uint32_t a, uint32_t b)
@@ -85,6 +93,19 @@ static uint32_t xpow(uint64_t n)
     return result;
 }
 
+/* The table of ``shift`` (x^(8*len)): one product per value of each byte of a state. */
+static void make_shift(uint32_t table[4][256], uint32_t shift)
+{
+    for (int k = 0; k < 4; k++)
+        for (uint32_t v = 0; v < 256; v++)
+            table[k][v] = multmodp(shift, v << (8 * k));
+}
+
+static inline uint32_t shift_by(const uint32_t table[4][256], uint32_t crc)
+{
+    return table[0][crc & 0xff] ^ table[1][(crc >> 8) & 0xff] ^ table[2][(crc >> 16) & 0xff] ^ table[3][crc >> 24];
+}
+
 #if WK_HW
 __attribute__((target("sse4.2")))
 static uint32_t crc_lane(uint32_t crc, const unsigned char *p, size_t n)
@@ -102,28 +123,39 @@ static uint32_t crc_lane(uint32_t crc, const unsigned char *p, size_t n)
     return crc;
 }
 
-/* The CRC register after ``n`` bytes from state ``crc`` (no pre/post inversion). */
+/* Bytes [p, p + 3 * block) in three lanes, each one's state joined to the next by
+ * ``shift`` (x^(8*block) as a table): the CRC register after them, from ``crc``. */
+__attribute__((target("sse4.2")))
+static uint32_t crc_three_lanes(uint32_t crc, const unsigned char *p, size_t block, const uint32_t shift[4][256])
+{
+    uint64_t a = crc, b = 0, c = 0;
+    const unsigned char *end = p + block;
+
+    for (; p < end; p += 8) {
+        uint64_t wa, wb, wc;
+        memcpy(&wa, p, 8);
+        memcpy(&wb, p + block, 8);
+        memcpy(&wc, p + 2 * block, 8);
+        a = _mm_crc32_u64(a, wa);
+        b = _mm_crc32_u64(b, wb);
+        c = _mm_crc32_u64(c, wc);
+    }
+    crc = shift_by(shift, (uint32_t)a) ^ (uint32_t)b;
+    return shift_by(shift, crc) ^ (uint32_t)c;
+}
+
+/* The CRC register after ``n`` bytes from state ``crc`` (no pre/post inversion): long
+ * runs in lanes of BLOCK bytes, then of MID and SHORT (a 1 KiB entry: one round of
+ * each), the rest in one lane. */
 __attribute__((target("sse4.2")))
 static uint32_t crc_update(uint32_t crc, const unsigned char *p, size_t n)
 {
-    while (n >= 3 * BLOCK) {
-        uint64_t a = crc, b = 0, c = 0;
-        const unsigned char *end = p + BLOCK;
-
-        for (; p < end; p += 8) {
-            uint64_t wa, wb, wc;
-            memcpy(&wa, p, 8);
-            memcpy(&wb, p + BLOCK, 8);
-            memcpy(&wc, p + 2 * BLOCK, 8);
-            a = _mm_crc32_u64(a, wa);
-            b = _mm_crc32_u64(b, wb);
-            c = _mm_crc32_u64(c, wc);
-        }
-        crc = multmodp(x_block, (uint32_t)a) ^ (uint32_t)b;
-        crc = multmodp(x_block, crc) ^ (uint32_t)c;
-        p += 2 * BLOCK;
-        n -= 3 * BLOCK;
-    }
+    for (; n >= 3 * BLOCK; p += 3 * BLOCK, n -= 3 * BLOCK)
+        crc = crc_three_lanes(crc, p, BLOCK, shift_block);
+    for (; n >= 3 * MID; p += 3 * MID, n -= 3 * MID)
+        crc = crc_three_lanes(crc, p, MID, shift_mid);
+    for (; n >= 3 * SHORT; p += 3 * SHORT, n -= 3 * SHORT)
+        crc = crc_three_lanes(crc, p, SHORT, shift_short);
     return crc_lane(crc, p, n);
 }
 #else
@@ -402,7 +434,9 @@ PyMODINIT_FUNC PyInit__frames(void)
     __builtin_cpu_init();
     have_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
 #endif
-    x_block = xpow(8 * (uint64_t)BLOCK);
+    make_shift(shift_block, xpow(8 * (uint64_t)BLOCK));
+    make_shift(shift_mid, xpow(8 * (uint64_t)MID));
+    make_shift(shift_short, xpow(8 * (uint64_t)SHORT));
     if (PyModule_AddIntConstant(m, "HARDWARE_CRC", have_hw) < 0 || PyModule_AddIntConstant(m, "ENTRY_HEAD", ENTRY_HEAD) < 0 ||
         PyModule_AddIntConstant(m, "ENTRY_TYPE", ENTRY_TYPE) < 0 ||
         PyModule_AddIntConstant(m, "FLAG_FLUSH_START", FLAG_FLUSH_START) < 0) {

@@ -69,11 +69,14 @@ def random_entries(rng: random.Random, n: int, max_size: int) -> list[tuple[int,
 
 @needs_c
 def test_the_c_crc_is_crc32c() -> None:
-    """Every length around the three-lane blocks (2 KiB each), any seed, any alignment."""
+    """Every length around the three-lane rounds (lanes of 2 KiB, 256 and 64 bytes), any
+    seed, any alignment."""
     c = _framing.C_FRAMING
     rng = random.Random(5)
     data = rng.randbytes(70_000)
-    for n in [*range(0, 80), 6143, 6144, 6145, 6151, 12288, 12289, 20_000, 65_536, 69_999]:
+    lanes = [3 * 64, 3 * 256, 3 * 2048]  # the three-lane rounds' sizes, and their sums
+    edges = {k + d for k in [*lanes, 768 + 192, 6144 + 768 + 192, 1048, 2 * 768 + 192] for d in (-9, -8, -1, 0, 1, 8)}
+    for n in [*range(0, 80), *sorted(edges), 12288, 12289, 20_000, 65_536, 69_999]:
         for start in (0, 1, 3):
             seed = rng.getrandbits(32)
             chunk = data[start:start + n]
