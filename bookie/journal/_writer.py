@@ -7,7 +7,9 @@ or :meth:`Journal.log_records` with several records at once (the bookie hands ov
 adds of one received chunk together: one lock acquisition and at most one wake-up for
 all of them). Under the journal's lock each record is framed straight into the batch
 being built (an aligned :class:`~bookie.journal._framing.FrameBuffer`: header, ids,
-payload, CRC32C) and its callback is appended to the batch. Framing in the caller's thread means a record is
+payload, CRC32C) and its callback is appended to the batch (:meth:`Journal.log_entry`, one
+entry a call, frames it with a single C call and checks only what C hands back: that
+call is most of its producer's cost). Framing in the caller's thread means a record is
 touched once, and the journal threads wake once per batch, not per record - in CPython,
 where every thread shares one core's worth of bytecode, that is what throughput is made of.
 
