@@ -287,7 +287,8 @@ def test_one_entry_in_c_takes_only_plain_values() -> None:
         assert c.frame_entry(buf, 0, 4096, 0, True, *odd) == 0, odd
         assert buf == bytearray(4096)
     got, want = frame_buffer(True, size=2 * ALIGN + 600), frame_buffer(False, size=2 * ALIGN + 600)
-    plain = [(1, 2, b"x" * 500), (3, 4, bytearray(b"y" * 300)), (5, -6, memoryview(b"z" * 900)[100:]), (7, 8, b"")]
+    plain: list[tuple[int, int, bytes | bytearray | memoryview]] = [
+        (1, 2, b"x" * 500), (3, 4, bytearray(b"y" * 300)), (5, -6, memoryview(b"z" * 900)[100:]), (7, 8, b"")]
     assert all(got.append_entry(*e) for e in plain), "plain values are framed in C"
     assert not got.append_entry(True, 1, b"x") and not frame_buffer(False).append_entry(1, 2, b"x")
     for e in plain:
