@@ -205,7 +205,14 @@ class Connection(asyncio.BufferedProtocol):
         return self._read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(self._read_buffer[:nbytes].tobytes())
+        """The loop's read callback: the adds these bytes bring are kicked to the journal
+        at its end when nothing else is ready (:meth:`~bookie.server._writes.Writes.read_done`)."""
+        writes = self.server.writes
+        writes.reading()
+        try:
+            self.data_received(self._read_buffer[:nbytes].tobytes())
+        finally:
+            writes.read_done()
 
     def data_received(self, data: bytes) -> None:
         if self.upgrading:  # the handshake's end brought them: served on the TLS transport

@@ -14,6 +14,16 @@ read) an idle journal writes, syncs and calls back on the loop's own thread
 kick drains and writes at once, in the same loop iteration), while a busy one groups them
 into its next batch, written by its sync thread (:meth:`bookie.journal.Journal.kick`).
 
+Where the kick runs: adds submitted by a connection's read callback (between
+:meth:`Writes.reading` and :meth:`Writes.read_done`) are kicked at the end of that
+callback when it is the last one of the loop iteration - asyncio's loop has nothing
+else ready (:func:`_last_of_iteration`) - so a lone add is read, journaled, synced and
+answered by one callback, without a second pass of the loop (an ``epoll_wait`` that
+finds nothing, a handle scheduled and run). Otherwise - other connections still to be
+read in this iteration, another loop (uvloop: its queue is not visible), adds submitted
+outside a read (a pump after an answer, a resumed write) - the kick is scheduled with
+``call_soon`` and runs at the start of the next iteration, after them.
+
 Completions are queued (a deque, thread-safe) and the loop is woken once per journal
 flush (``call_soon_threadsafe`` only when no drain is scheduled yet - a callback that
 sees the flag set does not even take the drain lock: the drain clears the flag *before*
@@ -60,6 +70,19 @@ _ADD_DONE = 0
 _LAC_WRITTEN = 1
 _LAC_BODIES = 4096  # ledgers whose last BookKeeper WRITE_LAC body is kept
 
+_NO_KICK = 0  # no add submitted since the last kick
+_KICK_AFTER_READ = 1  # adds submitted by a read callback: read_done kicks or schedules
+_KICK_SCHEDULED = 2  # kick_journal is in the loop's queue
+
+
+def _last_of_iteration(loop: Any) -> bool:
+    """Whether the callback running now is the last of this iteration of an asyncio
+    event loop: nothing else is ready, so the next iteration would begin with an
+    ``epoll_wait`` that cannot wait. Reads asyncio's ready queue (``_ready``, a deque in
+    every ``BaseEventLoop`` since Python 3.4); False for any loop without one (uvloop)."""
+    ready = getattr(loop, "_ready", None)
+    return type(ready) is collections.deque and not ready
+
 
 class WriteHost(Protocol):
     """What the hand-off needs of the server."""
@@ -91,7 +114,8 @@ class Writes:
         self._done: collections.deque[tuple[int, Peer, Any, BaseException | None]] = collections.deque()
         self._drain_lock = threading.Lock()
         self._drain_scheduled = False
-        self._kick_scheduled = False  # a journal kick is due at the end of this loop iteration
+        self._kick = _NO_KICK  # whether a journal kick is due, and how it will run
+        self._reading = False  # inside a connection's read callback (reading .. read_done)
         #: Inside :meth:`kick_journal`: answers are drained and written by it.
         self.kicking = False
         #: Connections with answers queued during a kick (written at its end).
@@ -111,9 +135,29 @@ class Writes:
         bookie = self._host.bookie
         assert bookie is not None
         bookie.add_batch_cb(adds, callback, defer=True)
-        if not self._kick_scheduled:
-            self._kick_scheduled = True
-            self._host.loop.call_soon(self.kick_journal)
+        if self._kick == _NO_KICK:
+            if self._reading:  # read_done kicks (or schedules the kick) at the callback's end
+                self._kick = _KICK_AFTER_READ
+            else:
+                self._kick = _KICK_SCHEDULED
+                self._host.loop.call_soon(self.kick_journal)
+
+    def reading(self) -> None:
+        """A connection's read callback begins: adds it submits are kicked by :meth:`read_done`."""
+        self._reading = True
+
+    def read_done(self) -> None:
+        """A connection's read callback ends: kick the journal now if that callback is the
+        last of the loop iteration (nothing else ready), else at the next iteration's start."""
+        self._reading = False
+        if self._kick != _KICK_AFTER_READ:
+            return
+        loop = self._host.loop
+        if _last_of_iteration(loop):
+            self.kick_journal()
+        else:
+            self._kick = _KICK_SCHEDULED
+            loop.call_soon(self.kick_journal)
 
     def write_lac(self, conn: Peer, req: WriteLac) -> bool:
         """WRITE_LAC: True when it was published at once (the ledger's key is durable
@@ -134,8 +178,9 @@ class Writes:
         """The end of a loop iteration that submitted adds: an idle journal flushes them
         here, on the loop's thread (``journalInlineFlush``; or hands them to its sync
         thread), and what completed is answered at once; a busy journal groups them into
-        its next batch (:meth:`bookie.journal.Journal.kick`)."""
-        self._kick_scheduled = False
+        its next batch (:meth:`bookie.journal.Journal.kick`). Run by :meth:`read_done` or
+        scheduled by :meth:`submit_adds` (the module docstring)."""
+        self._kick = _NO_KICK
         host = self._host
         if host.bookie is None:
             return
