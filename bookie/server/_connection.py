@@ -205,8 +205,9 @@ class Connection(asyncio.BufferedProtocol):
         return self._read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        """The loop's read callback: the adds these bytes bring are kicked to the journal
-        at its end when nothing else is ready (:meth:`~bookie.server._writes.Writes.read_done`)."""
+        """The loop's read callback: the adds these bytes bring are kicked to the journal,
+        and the answers given meanwhile written, at its end when nothing else is ready
+        (:meth:`~bookie.server._writes.Writes.read_done`)."""
         writes = self.server.writes
         writes.reading()
         try:
@@ -471,10 +472,7 @@ class Connection(asyncio.BufferedProtocol):
         self.out_bytes += len(frame)
         if not self.flush_scheduled:
             self.flush_scheduled = True
-            writes = self.server.writes
-            if writes.kicking:  # written at the end of the kick, in this loop iteration
-                writes.unflushed.append(self)
-            else:
+            if not self.server.writes.write_later(self):  # else: at the end of the kick or read under way
                 self.server.loop.call_soon(self.flush)
 
     def flush(self) -> None:

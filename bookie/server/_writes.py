@@ -22,7 +22,10 @@ answered by one callback, without a second pass of the loop (an ``epoll_wait`` t
 finds nothing, a handle scheduled and run). Otherwise - other connections still to be
 read in this iteration, another loop (uvloop: its queue is not visible), adds submitted
 outside a read (a pump after an answer, a resumed write) - the kick is scheduled with
-``call_soon`` and runs at the start of the next iteration, after them.
+``call_soon`` and runs at the start of the next iteration, after them. Answers given
+while a read callback runs (a published WRITE_LAC, a read served from memory) are held
+the same way (:meth:`Writes.write_later`) and written at its end, or by the kick, or by
+one callback scheduled for the next iteration.
 
 Completions are queued (a deque, thread-safe) and the loop is woken once per journal
 flush (``call_soon_threadsafe`` only when no drain is scheduled yet - a callback that
@@ -39,8 +42,8 @@ polls, the answer) and its record rides on the next flush: an explicit LAC needs
 fsync (:meth:`bookie.Bookie.publish_lac`). For a ledger new to this bookie it is
 journaled like an add, after the ledger's key, and answered when durable.
 
-Answers given during a kick are not scheduled one flush each: the connections are
-remembered (``unflushed``) and written once at the end of the kick. A durable add lowers
+Answers given during a kick or a read callback are not scheduled one flush each: the
+connections are remembered (``unflushed``) and written once at the end of it. A durable add lowers
 the adds in flight (:class:`~bookie.server._admission.AddsInFlight`) and wakes the long
 polls of its ledger with the LAC its entry carries; a WRITE_LAC wakes them with its LAC.
 """
@@ -116,9 +119,10 @@ class Writes:
         self._drain_scheduled = False
         self._kick = _NO_KICK  # whether a journal kick is due, and how it will run
         self._reading = False  # inside a connection's read callback (reading .. read_done)
+        self._write_scheduled = False  # _write_answers is in the loop's queue
         #: Inside :meth:`kick_journal`: answers are drained and written by it.
         self.kicking = False
-        #: Connections with answers queued during a kick (written at its end).
+        #: Connections with answers queued during a kick or a read callback (written at its end).
         self.unflushed: list[Peer] = []
         #: The loop's thread id (a callback there needs no self-pipe wake-up); set by start.
         self.loop_thread = 0
@@ -143,21 +147,39 @@ class Writes:
                 self._host.loop.call_soon(self.kick_journal)
 
     def reading(self) -> None:
-        """A connection's read callback begins: adds it submits are kicked by :meth:`read_done`."""
+        """A connection's read callback begins: the adds it submits are kicked, and the
+        answers it gives written, by :meth:`read_done`."""
         self._reading = True
 
     def read_done(self) -> None:
-        """A connection's read callback ends: kick the journal now if that callback is the
-        last of the loop iteration (nothing else ready), else at the next iteration's start."""
+        """A connection's read callback ends: kick the journal and write the answers
+        given now if that callback is the last of the loop iteration (nothing else
+        ready), else at the next iteration's start (the module docstring)."""
         self._reading = False
-        if self._kick != _KICK_AFTER_READ:
+        kick = self._kick == _KICK_AFTER_READ
+        if not kick and not self.unflushed:
             return
         loop = self._host.loop
         if _last_of_iteration(loop):
-            self.kick_journal()
-        else:
+            if kick:
+                self.kick_journal()  # writes the answers at its end, with its own
+            else:
+                self._write_answers()
+        elif kick:
             self._kick = _KICK_SCHEDULED
             loop.call_soon(self.kick_journal)
+        elif not self._write_scheduled:
+            self._write_scheduled = True
+            loop.call_soon(self._write_answers)
+
+    def write_later(self, conn: Peer) -> bool:
+        """``conn`` has a first answer queued: True when the kick or the read callback
+        under way will write it at its end (``conn`` is remembered), False when the
+        caller must schedule the write itself."""
+        if self.kicking or self._reading:
+            self.unflushed.append(conn)
+            return True
+        return False
 
     def write_lac(self, conn: Peer, req: WriteLac) -> bool:
         """WRITE_LAC: True when it was published at once (the ledger's key is durable
@@ -191,12 +213,17 @@ class Writes:
             if self._done:
                 self._drain()  # never raises (each completion's failure is logged)
             self.kicking = False
-            unflushed, self.unflushed = self.unflushed, []
-            for conn in unflushed:
-                try:
-                    conn.flush()
-                except Exception:  # one connection's failure must not keep the others' answers
-                    log.exception("writing answers to %s failed", conn.peer, extra=context(bookie=host.bookie_id))
+            self._write_answers()
+
+    def _write_answers(self) -> None:
+        """Write the answers held for the connections in ``unflushed``, one write each."""
+        self._write_scheduled = False
+        unflushed, self.unflushed = self.unflushed, []
+        for conn in unflushed:
+            try:
+                conn.flush()
+            except Exception:  # one connection's failure must not keep the others' answers
+                log.exception("writing answers to %s failed", conn.peer, extra=context(bookie=self._host.bookie_id))
 
     def _on_added(self, conn: Peer, err: BaseException | None, reqs: list[AddEntry]) -> None:
         """Journal callback for a group of adds (sync thread, or this thread on a refusal)."""

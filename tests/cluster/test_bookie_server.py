@@ -588,7 +588,8 @@ def test_a_lone_add_is_answered_by_the_callback_that_read_it(tmp_path: Path, mon
     """A lone add on an idle bookie is flushed inline (journalInlineFlush) by a kick at
     the end of the read callback that brought it - the last callback of its loop
     iteration - and its answer is written by that same kick: nothing (no kick, no drain,
-    no write) is left for another loop iteration."""
+    no write) is left for another loop iteration. A request answered at once (a
+    published WRITE_LAC, a read from memory) is written at the end of that callback too."""
     from bookie.journal import _writer
 
     monkeypatch.setattr(_writer, "INLINE_MAX_SYNC", 60.0)  # a slow test machine's disk still flushes inline
@@ -617,6 +618,9 @@ def test_a_lone_add_is_answered_by_the_callback_that_read_it(tmp_path: Path, mon
             monkeypatch.setattr(server.writes, "kick_journal", kicked)
             for e in range(1, 31):
                 await client.add_entry(1, e, KEY, entry(1, e))
+            # answered at once, by the read callback too: a published WRITE_LAC, a read from memory
+            await client.write_lac(1, 30, KEY)
+            assert (await client.read_entry(1, 30)).data == entry(1, 30)
             monkeypatch.undo()
             assert scheduled == [], scheduled
             assert kicks == ["kick"] * 30, kicks
@@ -628,9 +632,9 @@ def test_a_lone_add_is_answered_by_the_callback_that_read_it(tmp_path: Path, mon
 def test_adds_read_before_other_callbacks_of_the_iteration_are_kicked_after_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A read callback that is not the last of its loop iteration (another connection's
-    bytes, anything else ready) leaves the kick to the next iteration, after the others,
-    so the adds of every connection read in this one share its flush; a loop whose queue
-    is not visible (uvloop) always does so."""
+    bytes, anything else ready) leaves the kick, and the write of the answers it gave, to
+    the next iteration, after the others, so the adds of every connection read in this
+    one share its flush; a loop whose queue is not visible (uvloop) always does so."""
     from bookie.journal import _writer
     from bookie.server._writes import _last_of_iteration
 
@@ -662,6 +666,22 @@ def test_adds_read_before_other_callbacks_of_the_iteration_are_kicked_after_them
                 await asyncio.sleep(0.01)
             assert order == ["other", "kick", ("added", None)], order
             assert server.bookie is not None and server.bookie.read_entry(1, 0) == entry(1, 0)
+
+            class Answered:  # a connection's side of the write: its answers flushed once
+                peer = "test"
+
+                def flush(self) -> None:
+                    order.append("written")
+
+            del order[:]
+            assert not writes.write_later(Answered())  # outside a read or kick: the caller schedules
+            writes.reading()
+            loop.call_soon(order.append, "other")
+            assert writes.write_later(Answered())  # held: written after the other callback
+            writes.read_done()
+            assert order == []
+            await asyncio.sleep(0)
+            assert order == ["other", "written"], order
 
     run(body)
 
