@@ -205,6 +205,7 @@ class Writes:
         self._kick = _NO_KICK
         host = self._host
         if host.bookie is None:
+            self._write_answers()  # held by a read callback: written whatever happens
             return
         self.kicking = True  # an inline flush's answers: drained and written below, not scheduled
         try:
