@@ -79,7 +79,10 @@ class FrameBuffer:
         self._alignment = alignment
         self._get = get_buffer
         self._put = put_buffer
-        self._zeros = bytes(2 * alignment)
+        self._zeros = memoryview(bytes(2 * alignment))  # sliced without a copy
+        #: CRCs of the PADDING frames already made for seed ``_pad_seed``, by length.
+        self._pad_crcs: dict[int, int] = {}
+        self._pad_seed = 0
         #: CRC seed of the file this batch will be written to (``frame_seed``).
         self.seed = 0
         self.segments: list[Segment] = []
@@ -226,6 +229,19 @@ class FrameBuffer:
             return
         pos, view = self.fill, self._view
         view[pos : pos + pad] = self._zeros[:pad]
-        FRAME_HEADER.pack_into(view, pos, 0, FrameType.PADDING, 0, 0, pad - FRAME_HEADER.size)
-        _U32.pack_into(view, pos, crc32c(view[pos + 4 : pos + pad], self.seed))
+        FRAME_HEADER.pack_into(view, pos, self._pad_crc(pad), FrameType.PADDING, 0, 0, pad - FRAME_HEADER.size)
         self.fill = pos + pad
+
+    def _pad_crc(self, pad: int) -> int:
+        """The CRC of a PADDING frame of ``pad`` bytes. Such a frame is the same bytes for
+        a given length and seed (a header, then zeros), so its CRC is computed once per
+        length and seed - not over ~3 KB of zeros at every lone add's flush."""
+        if self._pad_seed != self.seed:  # a new file: the cached CRCs were for another seed
+            self._pad_crcs.clear()
+            self._pad_seed = self.seed
+        crc = self._pad_crcs.get(pad)
+        if crc is None:
+            frame = bytearray(pad)
+            FRAME_HEADER.pack_into(frame, 0, 0, FrameType.PADDING, 0, 0, pad - FRAME_HEADER.size)
+            crc = self._pad_crcs[pad] = crc32c(memoryview(frame)[4:], self.seed)
+        return crc

@@ -324,3 +324,30 @@ def test_a_missing_frames_extension_falls_back_or_fails_under_require(mode: str)
         assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
     else:
         assert out.returncode != 0 and "bookie._frames (walkit's C frame packing) is not built" in out.stderr
+
+
+def _padding_frame(pad: int, seed: int) -> bytes:
+    """A PADDING frame as docs/format.md has it, its CRC computed over its bytes."""
+    frame = bytearray(pad)
+    FRAME_HEADER.pack_into(frame, 0, 0, FrameType.PADDING, 0, 0, pad - FRAME_HEADER.size)
+    struct.pack_into("<I", frame, 0, crc32c(bytes(frame[4:]), seed))
+    return bytes(frame)
+
+
+def test_padding_frames_of_every_length_and_seed_are_the_format_s() -> None:
+    """The PADDING frame's CRC is kept per length and seed: batches of every fill, in a
+    buffer full of old frames, and after the seed changed (a new file), end with the
+    frame computed from scratch."""
+    fb = frame_buffer(False, seed=1)
+    rng = random.Random(7)
+    for seed in (1, 2, 1):
+        fb.seed = seed
+        sizes = [*range(0, 40), *rng.sample(range(40, 3 * ALIGN), 60)]
+        for size in sizes + sizes:  # each length twice: made, then taken from the cache
+            fb.buf.view[:] = b"\xaa" * len(fb.buf)  # what a recycled buffer holds
+            fb.append(ENTRY, 3, size, b"x" * size)
+            fill = fb.fill
+            (buf, n), = fb.take()
+            pad = n - fill
+            assert pad >= FRAME_HEADER.size and n % ALIGN == 0
+            assert bytes(buf.view[fill:n]) == _padding_frame(pad, seed), (seed, size)
