@@ -7,6 +7,7 @@ append; the asyncio API beside it; the client closed while a caller runs its loo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import signal
 import threading
@@ -249,3 +250,37 @@ def test_close_while_a_caller_runs_the_loop(cluster: walkit.LocalCluster) -> Non
     thread.join(30)
     assert not thread.is_alive() and len(ended) == 1
     assert baton.closed
+
+
+def test_no_parking_while_a_tail_of_the_same_client_reads(cluster: walkit.LocalCluster) -> None:
+    """A tail's long poll may be waiting for its answer on a socket: the loop thread must
+    be there to read it, so it does not park for a lone writer while a sequence is open."""
+    with client(cluster) as bk:
+        baton = _baton(bk)
+        with WriteAheadLog.open(bk, "followed", ensemble_size=3, write_quorum=3, ack_quorum=2) as wal:
+            _parked(baton, lambda: wal.append(b"warm"))
+            reader = WriteAheadLog.reader(bk, "followed")
+            seen: list[bytes] = []
+            all_seen = threading.Event()
+
+            def follow() -> None:
+                with contextlib.suppress(UsageError):
+                    for _lsn, record in reader.tail(None, poll_timeout=0.2):
+                        seen.append(record)
+                        if record == b"t49":
+                            all_seen.set()
+                            return
+
+            tail = threading.Thread(target=follow)
+            tail.start()
+            deadline = time.monotonic() + 30
+            while not bk.client.loop._handed:  # the tail's first step is on the loop
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+            for i in range(50):
+                wal.append(b"t%d" % i)
+                assert baton.state != "parked"
+            assert all_seen.wait(60)
+            tail.join(30)
+            reader.close()
+            assert [r for r in seen if r.startswith(b"t")] == [b"t%d" % i for i in range(50)]

@@ -138,8 +138,14 @@ class LoopThread:
     def _make_baton(self) -> Baton | None:
         with self._baton_lock:
             if self.baton is None and self.quiet is not None and can_hold(self.loop) and not self._stopped:
-                self.baton = Baton(self.loop, self._thread.ident or 0, self.quiet)
+                self.baton = Baton(self.loop, self._thread.ident or 0, self._quiet)
             return self.baton
+
+    def _quiet(self) -> bool:
+        """(Loop) whether the loop may park for a lone caller: the client's ``quiet`` and no
+        sequence handed out (a replay's or a tail's read may be waiting for its answer)."""
+        quiet = self.quiet
+        return not self._handed and quiet is not None and quiet()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run ``coro`` on the loop; its future (for the sync or the asyncio API)."""
