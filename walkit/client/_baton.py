@@ -45,10 +45,13 @@ has driven for :attr:`slice` seconds (:data:`PARK_SLICE`): it wakes every ``slic
 parked to look, which is the bound on how late a parked loop notices what came from a
 socket meanwhile (a connection lost, a read's answer on a client that also appends alone).
 
-**A driver's iteration** sets the loop as the thread's running loop and the loop's
-async-generator hooks, and restores both after. It stops driving once its future is done
-and nothing is ready to run (what its add's completion queued - the writer's idle LAC, a
-flush - goes out before it returns), then parks the baton (no wake-up).
+**A driver's iterations** run with the loop as the thread's running loop and the loop's
+async-generator hooks (both restored after). Callbacks already ready run without the
+``select(0)`` an iteration starts with (a few passes in a row, then a whole iteration:
+timers, epoll), so an add's hops cost no epoll call each. It stops driving once its
+future is done and nothing is ready to run (what its add's completion queued - the
+writer's idle LAC, a flush - goes out before it returns), then parks the baton (no
+wake-up).
 
 **Interplay with stop and close.** ``LoopThread.stop`` hands the loop a coroutine from
 another thread: the driver hands over and the loop thread cancels what runs, failing the
