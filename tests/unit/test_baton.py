@@ -215,3 +215,23 @@ def test_no_baton_on_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
         assert lt.baton is None
     finally:
         lt.stop()
+
+
+def test_no_parking_while_a_submitted_coroutine_runs(loop: LoopThread) -> None:
+    """Another thread's ``run`` may be waiting for a bookie's answer on a socket: the loop
+    thread stays in epoll for it, however alone the synchronous caller is."""
+    baton = _baton(loop)
+    _until_parked(baton, loop)
+    release = asyncio.Event()
+
+    async def waiting() -> str:
+        await release.wait()
+        return "answered"
+
+    pending = loop.submit(waiting())  # (from this thread: the loop thread takes the loop back)
+    for _ in range(20):
+        assert loop.lone_run(_later, loop, 50).result() == loop._thread.ident  # handed over, every time
+        assert baton.state == "loop"
+    loop.call(release.set)
+    assert pending.result(10) == "answered"
+    _until_parked(baton, loop)

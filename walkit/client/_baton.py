@@ -27,7 +27,8 @@ baton says which (:attr:`Baton.state`, under :attr:`Baton._cond`'s lock):
 when a lone caller asked for it (found the loop thread in charge: that add was handed
 over as before, :attr:`_want`), that caller's future is done, nothing is ready to run,
 and the client says it is quiet (no add pending on any writer, no ensemble change, no
-connection being made: the ``quiet`` predicate the client core gives). So a parked loop
+connection being made, no coroutine of another thread's still running, no replay or
+tail handed out: the ``quiet`` predicate of ``LoopThread`` and the client core). So a parked loop
 owes nobody an answer - except the late answers of adds already complete (a third
 bookie's), which the next drive reads.
 

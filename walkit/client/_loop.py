@@ -87,6 +87,8 @@ class LoopThread:
         self.quiet: Callable[[], bool] | None = None
         self.baton: Baton | None = None  # made by the first lone_run that can use one
         self._baton_lock = threading.Lock()
+        self._submitted = 0  # coroutines submitted and not done: one may be waiting for a bookie's answer
+        self._submitted_lock = threading.Lock()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name=name, daemon=True)
         self._thread.start()
@@ -142,17 +144,30 @@ class LoopThread:
             return self.baton
 
     def _quiet(self) -> bool:
-        """(Loop) whether the loop may park for a lone caller: the client's ``quiet`` and no
-        sequence handed out (a replay's or a tail's read may be waiting for its answer)."""
+        """(Loop) whether the loop may park for a lone caller: the client's ``quiet``, no
+        sequence handed out and no coroutine submitted still running (a tail's read, a
+        ``run`` of another thread - an open, a LAC read - may be waiting for an answer)."""
         quiet = self.quiet
-        return not self._handed and quiet is not None and quiet()
+        return not self._handed and not self._submitted and quiet is not None and quiet()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run ``coro`` on the loop; its future (for the sync or the asyncio API)."""
         if self._stopped:
             coro.close()
             raise UsageError("client is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        with self._submitted_lock:
+            self._submitted += 1
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except BaseException:
+            self._settled(None)
+            raise
+        fut.add_done_callback(self._settled)
+        return fut
+
+    def _settled(self, _: object) -> None:
+        with self._submitted_lock:
+            self._submitted -= 1
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the loop and wait for its result (never from the loop itself:
