@@ -117,6 +117,13 @@ class ClientCore:
         self._sweep: asyncio.TimerHandle | None = None
         self._sweep_due = 0.0  # when the sweep was planned to run (time.monotonic())
         self._sweep_every = max(0.05, config.add_timeout / 4)
+        loop.quiet = self.quiet  # a lone synchronous caller may run the loop when it is (walkit/client/_baton.py)
+
+    def quiet(self) -> bool:
+        """(Loop) whether the client owes nobody an answer from a bookie: no writer has
+        adds pending, no task of the core (an ensemble change) runs, no connection is
+        being made. Then the loop thread may park while a lone caller runs the loop."""
+        return not self._tasks and not self.pool.connecting and not any(w.pending for w in self._watched)
 
     def schedule(self, writer: _Sender) -> None:
         """(Any thread) ``writer`` has adds queued: the loop sends them soon, with those

@@ -93,7 +93,7 @@ class LedgerHandle(_Handle):
         bookies; its entry id."""
         if self._loop.in_loop():
             raise UsageError("add_entry blocks: not from the client's loop thread; use add_entry_async")
-        return self.add_entry_async(data).result()
+        return self._loop.lone_run(self.add_entry_async, data).result()  # alone: run here
 
     def read(self, first: int, last: int) -> Iterator[Entry]:
         """Entries ``first``..``last`` (up to the LAC), in order."""

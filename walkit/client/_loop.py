@@ -6,6 +6,13 @@ work over with :meth:`LoopThread.submit` / :meth:`LoopThread.call` and waits on 
 ``concurrent.futures.Future``; the asyncio API awaits the same futures on the caller's
 loop (``asyncio.wrap_future``).
 
+A lone synchronous caller (:meth:`LoopThread.lone_run`: ``WriteAheadLog.append``,
+``LedgerHandle.add_entry``) does not hand its call over: it takes the loop's baton and
+runs the loop's iterations on its own thread until its call is done, waking no other
+thread; a second caller, or work from any other thread, gives the loop back to this
+thread (walkit/client/_baton.py). While a caller holds the baton, :meth:`LoopThread.in_loop`
+is true on its thread: it is the loop's thread for that while.
+
 A sequence read on the loop (a replay's chunks, a tail's entries) is an async generator
 that runs there; :meth:`LoopThread.iterate` hands its items to a thread and
 :meth:`LoopThread.aiterate` to another event loop, one hand-off per item (so items are
@@ -38,6 +45,7 @@ import weakref
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
+from walkit.client._baton import Baton, can_hold
 from walkit.errors import UsageError, WalkitError
 from walkit.eventloop import new_event_loop
 
@@ -74,6 +82,13 @@ class LoopThread:
         self._stopped = False
         #: (loop only) the sequences handed to consumers (iterate, aiterate), closed first at stop
         self._handed: weakref.WeakSet[AsyncGenerator[Any, None]] = weakref.WeakSet()
+        #: (loop) whether the loop owes nobody an answer, so that it may park for a lone
+        #: caller (walkit/client/_baton.py); None: no caller ever runs this loop (set by the client)
+        self.quiet: Callable[[], bool] | None = None
+        self.baton: Baton | None = None  # made by the first lone_run that can use one
+        self._baton_lock = threading.Lock()
+        self._submitted = 0  # coroutines submitted and not done: one may be waiting for a bookie's answer
+        self._submitted_lock = threading.Lock()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name=name, daemon=True)
         self._thread.start()
@@ -105,14 +120,54 @@ class LoopThread:
             raise UsageError("client is closed")
 
     def in_loop(self) -> bool:
-        return threading.get_ident() == self._thread.ident
+        """Whether this thread runs the loop: the loop's thread, or a caller holding its baton."""
+        me = threading.get_ident()
+        return me == self._thread.ident or (self.baton is not None and me == self.baton.driver)
+
+    def lone_run(self, start: Callable[..., concurrent.futures.Future[T]], *args: Any) -> concurrent.futures.Future[T]:
+        """(Another thread, about to wait) ``start(*args)``, which starts a call on the loop
+        and returns its future; that future - done, run by this thread itself and no other
+        woken, when this is the only synchronous caller and the loop owes nobody else
+        anything (walkit/client/_baton.py), else handed over as :meth:`call` does, for the
+        caller to wait on. Never from the loop itself (its caller would wait for ever)."""
+        baton = self.baton
+        if baton is None:
+            baton = self._make_baton()
+            if baton is None:
+                return start(*args)
+        return baton.run(start, *args)
+
+    def _make_baton(self) -> Baton | None:
+        with self._baton_lock:
+            if self.baton is None and self.quiet is not None and can_hold(self.loop) and not self._stopped:
+                self.baton = Baton(self.loop, self._thread.ident or 0, self._quiet)
+            return self.baton
+
+    def _quiet(self) -> bool:
+        """(Loop) whether the loop may park for a lone caller: the client's ``quiet``, no
+        sequence handed out and no coroutine submitted still running (a tail's read, a
+        ``run`` of another thread - an open, a LAC read - may be waiting for an answer)."""
+        quiet = self.quiet
+        return not self._handed and not self._submitted and quiet is not None and quiet()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run ``coro`` on the loop; its future (for the sync or the asyncio API)."""
         if self._stopped:
             coro.close()
             raise UsageError("client is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        with self._submitted_lock:
+            self._submitted += 1
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except BaseException:
+            self._settled(None)
+            raise
+        fut.add_done_callback(self._settled)
+        return fut
+
+    def _settled(self, _: object) -> None:
+        with self._submitted_lock:
+            self._submitted -= 1
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the loop and wait for its result (never from the loop itself:
@@ -192,7 +247,7 @@ class LoopThread:
         if self._stopped:
             raise UsageError("client is closed")
         try:
-            if threading.get_ident() == self._thread.ident:
+            if self.in_loop():
                 self.loop.call_soon(fn, *args)
             else:
                 self.loop.call_soon_threadsafe(fn, *args)
@@ -206,6 +261,9 @@ class LoopThread:
             _running.discard(self)
         if not self._thread.is_alive() or self._stopped:
             return
+        with self._baton_lock:
+            if self.baton is not None:
+                self.baton.close()  # a caller running the loop hands it back; never parked again
         if self.in_loop():
             self._stopped = True
             self.loop.stop()

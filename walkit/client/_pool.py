@@ -120,6 +120,11 @@ class BookiePool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._relays: dict[str, ResponseCallback] = {}  # bookie -> its answers' relay to request_each's target
 
+    @property
+    def connecting(self) -> bool:
+        """Whether a connection to some bookie is being made."""
+        return bool(self._connecting)
+
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:
             c = self._config

@@ -160,7 +160,7 @@ class WriteAheadLog(LogView):
         """Append a record; its LSN once it is durable on a quorum of bookies."""
         if self._client.loop.in_loop():
             raise UsageError("append blocks: not from the client's loop thread; use append_async")
-        return self.core.append_async(record).result()
+        return self._client.loop.lone_run(self.core.append_async, record).result()  # alone: run here
 
     def flush(self) -> LSN | None:
         """Wait until every record appended so far is durable; the last LSN."""

@@ -1,0 +1,237 @@
+"""The baton (walkit/client/_baton.py): a lone synchronous caller runs the client's loop
+on its own thread and wakes no other; work from any other thread gives the loop back to
+the loop thread; SIGINT never lands inside a callback the caller runs; stop while a caller
+drives. A plain LoopThread, calls whose futures its callbacks complete; counters, not
+timings, say which thread ran what."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from walkit.client import LoopThread
+from walkit.client._baton import Baton
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def loop() -> Iterator[LoopThread]:
+    lt = LoopThread("test-baton", stop_at_exit=False)
+    lt.quiet = lambda: True
+    try:
+        yield lt
+    finally:
+        lt.stop()
+
+
+def _baton(lt: LoopThread) -> Baton:
+    baton = lt._make_baton()
+    assert baton is not None
+    baton.slice = 3600.0  # the loop thread never takes the loop back by itself here: only when woken
+    return baton
+
+
+def _later(lt: LoopThread, steps: int) -> concurrent.futures.Future[int]:
+    """A call that takes ``steps`` more iterations of the loop; its future gives the thread
+    that completed it."""
+    fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+
+    def step(n: int) -> None:
+        if n:
+            lt.loop.call_soon(step, n - 1)
+        else:
+            fut.set_result(threading.get_ident())
+
+    lt.call(step, steps)
+    return fut
+
+
+def _until_parked(baton: Baton, lt: LoopThread) -> None:
+    """A first call is handed over; the loop thread parks once it is done."""
+    deadline = time.monotonic() + 10
+    while baton.state != "parked":
+        assert time.monotonic() < deadline, baton.state
+        lt.lone_run(_later, lt, 50).result()  # (done before the caller told the loop it is alone: not parked)
+        time.sleep(0.001)
+
+
+def test_a_lone_caller_runs_the_loop_itself_and_wakes_nobody(loop: LoopThread) -> None:
+    baton = _baton(loop)
+    assert loop.lone_run(_later, loop, 50).result() == loop._thread.ident  # the first one is handed over
+    _until_parked(baton, loop)
+    iterations, pokes = baton.loop_iterations, baton.pokes
+    me = threading.get_ident()
+    for steps in range(20):
+        assert loop.lone_run(_later, loop, steps).result() == me
+        assert baton.state == "parked" and not loop.in_loop()
+    assert (baton.loop_iterations, baton.pokes) == (iterations, pokes)
+    assert loop.run(asyncio.sleep(0, "still the loop's")) == "still the loop's"  # handed back when asked
+    assert baton.state == "loop" and baton.pokes == pokes + 1
+
+
+def test_work_from_another_thread_takes_the_loop_back(loop: LoopThread) -> None:
+    baton = _baton(loop)
+    _until_parked(baton, loop)
+    started = threading.Event()
+    seen: list[Any] = []
+
+    def start() -> concurrent.futures.Future[int]:
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        assert loop.in_loop() and baton.state == "held"
+        started.set()
+        return fut  # completed by the other thread's call, below
+
+    def other() -> None:
+        started.wait(10)
+        loop.call(lambda: seen.append(loop.in_loop()))
+        loop.call(fut_holder[0].set_result, 7)
+
+    fut_holder: list[concurrent.futures.Future[int]] = []
+
+    def start_kept() -> concurrent.futures.Future[int]:
+        fut = start()
+        fut_holder.append(fut)
+        return fut
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert loop.lone_run(start_kept).result() == 7
+    thread.join(10)
+    assert baton.state == "loop" and seen == [True]
+    assert loop.run(asyncio.sleep(0, 1)) == 1
+
+
+def test_a_second_caller_gets_the_loop_thread(loop: LoopThread) -> None:
+    baton = _baton(loop)
+    _until_parked(baton, loop)
+    gate = threading.Event()
+    results: list[int] = []
+
+    def first() -> concurrent.futures.Future[int]:
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        gate.set()
+        loop.loop.call_later(30, fut.set_result, -1)  # done by the second caller's call, below
+
+        def second() -> None:
+            results.append(loop.lone_run(_later, loop, 2).result())  # handed over: the loop thread ran it
+            loop.call(fut.set_result, 1)
+
+        threading.Thread(target=second).start()
+        return fut
+
+    assert loop.lone_run(first).result() == 1
+    deadline = time.monotonic() + 10
+    while not results:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert results == [loop._thread.ident] and gate.is_set()
+
+
+def test_sigint_inside_a_callback_waits_for_the_iteration(loop: LoopThread) -> None:
+    baton = _baton(loop)
+    _until_parked(baton, loop)
+    ran: list[str] = []
+
+    def start() -> concurrent.futures.Future[int]:
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+
+        def callback() -> None:
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C in the middle of a callback the caller runs
+            ran.append("after the signal")
+            fut.set_result(1)
+
+        loop.call(callback)
+        return fut
+
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        loop.lone_run(start)
+    assert ran == ["after the signal"]  # the callback ran whole; the interrupt came after it
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert baton.state == "loop" and loop.run(asyncio.sleep(0, 2)) == 2
+
+
+def test_sigint_while_the_caller_waits_for_its_answer(loop: LoopThread) -> None:
+    baton = _baton(loop)
+    _until_parked(baton, loop)
+    pending: list[concurrent.futures.Future[int]] = []
+
+    def start() -> concurrent.futures.Future[int]:
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        pending.append(fut)
+        threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT)).start()
+        return fut  # no answer until the test gives one: the caller waits in select
+
+    with pytest.raises(KeyboardInterrupt):
+        loop.lone_run(start)
+    assert baton.state == "loop"
+    loop.call(pending[0].set_result, 3)  # the call goes on, on the loop thread
+    assert pending[0].result(10) == 3
+
+
+def test_stop_while_a_caller_runs_the_loop(loop: LoopThread) -> None:
+    baton = _baton(loop)
+    _until_parked(baton, loop)
+    outcome: list[BaseException] = []
+    driving = threading.Event()
+
+    def start() -> concurrent.futures.Future[None]:
+        driving.set()
+        return loop.submit(asyncio.sleep(3600))  # cancelled by stop
+
+    def caller() -> None:
+        try:
+            loop.lone_run(start).result()
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    assert driving.wait(10)
+    loop.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], concurrent.futures.CancelledError)
+    assert baton.closed and loop.stopped
+
+
+def test_no_baton_on_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("uvloop")
+    monkeypatch.setenv("WALKIT_EVENT_LOOP", "uvloop")
+    lt = LoopThread("test-baton-uvloop", stop_at_exit=False)
+    lt.quiet = lambda: True
+    try:
+        for _ in range(3):
+            assert lt.lone_run(_later, lt, 1).result() == lt._thread.ident  # handed over, every time
+        assert lt.baton is None
+    finally:
+        lt.stop()
+
+
+def test_no_parking_while_a_submitted_coroutine_runs(loop: LoopThread) -> None:
+    """Another thread's ``run`` may be waiting for a bookie's answer on a socket: the loop
+    thread stays in epoll for it, however alone the synchronous caller is."""
+    baton = _baton(loop)
+    _until_parked(baton, loop)
+    release = asyncio.Event()
+
+    async def waiting() -> str:
+        await release.wait()
+        return "answered"
+
+    pending = loop.submit(waiting())  # (from this thread: the loop thread takes the loop back)
+    for _ in range(20):
+        assert loop.lone_run(_later, loop, 50).result() == loop._thread.ident  # handed over, every time
+        assert baton.state == "loop"
+    loop.call(release.set)
+    assert pending.result(10) == "answered"
+    _until_parked(baton, loop)
