@@ -56,9 +56,9 @@ next file (:mod:`bookie.journal._tail`: new or recycled files, the zero filler).
 Durability (:mod:`bookie.journal._sync`): a callback receives ``None`` only after the
 fdatasync that covers its frame returned; :meth:`Journal.last_mark` moves as soon as a
 batch is durable, :meth:`Journal.settled_mark` only after its callbacks returned. Any
-I/O error kills the journal (:meth:`Journal._die`): the batch in flight, the batch being
-built and every later submission fail - exactly once each - and nothing later is
-acknowledged; ``on_failure`` is told. A failed fdatasync is never retried.
+I/O error kills the journal (:mod:`bookie.journal._death`): the batch in flight, the
+batch being built and every later submission fail - exactly once each - and nothing later
+is acknowledged; ``on_failure`` is told. A failed fdatasync is never retried.
 
 A full disk is not an I/O error (:mod:`bookie.journal._space`): a batch the disk has no
 room for is refused - its records fail with ENOSPC, ``on_no_space`` is told - and the
@@ -67,7 +67,6 @@ journal goes on; so does a roll, and :meth:`Journal.start` without room for its 
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -89,18 +88,16 @@ from bookie.journal._batch import (
 )
 from bookie.journal._claim import FlushClaim
 from bookie.journal._config import JournalConfig, JournalStats
+from bookie.journal._death import JournalDeath
 from bookie.journal._format import frame_seed
 from bookie.journal._mark import LogMark
 from bookie.journal._policy import FlushReason, wait_timeout
 from bookie.journal._space import SpaceGuard
 from bookie.journal._sync import SyncThread
 from bookie.journal._tail import JournalTail
-from walkit.errors import BookieShutdownError, InvalidArgumentError
-from walkit.logs import context
+from walkit.errors import InvalidArgumentError
 
 __all__ = ["Journal"]
-
-log = logging.getLogger("bookie.journal")
 
 _NO_RECORDS: list[Record] = []
 _IDLE, _UNTIMED, _TIMED = 0, 1, 2  # what the journal thread is waiting for
@@ -123,19 +120,17 @@ class Journal:
         self._building = OpenBatch(fs, config)
         self._waiting = _IDLE
         self._closed = True  # until start(): nothing may be framed before the file's seed is known
-        self._error: BaseException | None = None
+        self._death = JournalDeath(config.directory, lock=self._lock, cond=self._cond, building=self._building,
+                                   journal_id=lambda: self._tail.journal_id)
         # The flush: at most one in flight (FlushClaim), written by the sync thread or a kick.
         self._claim = FlushClaim()
         self._sync = SyncThread(config, self.stats, self._claim, clock, take_next=self._take_next,
-                                recycle=self._recycle, fail=self._fail)
+                                recycle=self._recycle, fail=self._death.fail)
         # Journal-thread state: the file and where the next batch goes; a full disk.
         self._tail = JournalTail(fs, config, self.stats, restart_marks=self._sync.restart_at)
         self._space = SpaceGuard(config, self.stats, lock=self._lock, building=self._building, tail=self._tail,
-                                 fail=self._fail)
+                                 fail=self._death.fail)
         self._threads: list[threading.Thread] = []
-        #: ``on_failure(error)``: called once, on the thread that met it, when an I/O
-        #: error killed the journal (the bookie turns read-only for good).
-        self.on_failure: Callable[[BaseException], None] | None = None
 
     # --- what callers set and read ------------------------------------------------------
     @property
@@ -157,6 +152,16 @@ class Journal:
     @on_no_space.setter
     def on_no_space(self, listener: Callable[[BaseException], None] | None) -> None:
         self._space.on_no_space = listener
+
+    @property
+    def on_failure(self) -> Callable[[BaseException], None] | None:
+        """``on_failure(error)``: called once, on the thread that met it, when an I/O
+        error killed the journal (the bookie turns read-only for good)."""
+        return self._death.on_failure
+
+    @on_failure.setter
+    def on_failure(self, listener: Callable[[BaseException], None] | None) -> None:
+        self._death.on_failure = listener
 
     @property
     def sync_delay(self) -> float:
@@ -182,7 +187,7 @@ class Journal:
     @property
     def failed(self) -> BaseException | None:
         """The I/O error that killed the journal, if one did."""
-        return self._error
+        return self._death.error
 
     @property
     def current_journal_id(self) -> int:
@@ -250,7 +255,7 @@ class Journal:
         lock.acquire()
         try:
             building = self._building
-            if self._closed or self._error is not None:
+            if self._closed or self._death.error is not None:
                 framed = False  # refused below, after the check, as log_records refuses
             else:
                 try:
@@ -324,8 +329,8 @@ class Journal:
         lock = self._lock  # acquire/release: cheaper than `with` on this hot path
         lock.acquire()
         try:
-            if self._closed or self._error is not None:
-                raise self._dead_error()
+            if self._closed or self._death.error is not None:
+                raise self._death.refusal()
             building = self._building
             callbacks, frames = building.records, building.frames
             taken = 0
@@ -384,7 +389,7 @@ class Journal:
             building, tail = self._building, self._tail
             if self._waiting != _UNTIMED or building.entries == 0:
                 return  # the journal thread is awake, or times a group wait; or nothing to do
-            if not self._closed and self._error is None and tail.current is not None and (
+            if not self._closed and self._death.error is None and tail.current is not None and (
                     tail.pos + building.frames.size + 2 * self._cfg.alignment < self._cfg.max_size):
                 reason = building.reason(self._cfg, now)
                 if reason is not None and self._claim.claim():  # the flush is ours: the journal thread waits for it
@@ -402,15 +407,10 @@ class Journal:
             sync.write(batch)  # a failure killed the journal (and woke its thread)
         self._claim.release()  # records framed meanwhile woke the journal thread, which waits for this
 
-    def _dead_error(self) -> BaseException:
-        if self._error is not None:
-            return BookieShutdownError("journal failed", journal=self._tail.journal_id, cause=self._error)
-        return BookieShutdownError("journal is shut down", journal=self._tail.journal_id)
-
     # --- the journal thread -------------------------------------------------------------
     def _run(self) -> None:
         try:
-            while self._error is None:
+            while self._death.error is None:
                 reason = self._await_batch()
                 if reason is None:
                     break  # shut down with nothing left
@@ -418,11 +418,11 @@ class Journal:
                     continue  # the sync thread may have taken the batch itself: ask again
                 self._hand_off(reason)
         except BaseException as exc:  # noqa: BLE001 - any failure kills the journal
-            self._die(exc)
+            self._death.die(exc)
         finally:
             self._claim.stop()
-            if self._error is not None:
-                self._die(self._error)
+            if self._death.error is not None:
+                self._death.die(self._death.error)
 
     def _await_batch(self) -> FlushReason | None:
         """Sleep until the policy says the batch must go (None: shut down, batch empty).
@@ -431,8 +431,8 @@ class Journal:
         while True:
             now = self._clock()
             with self._lock:
-                if self._error is not None:
-                    raise self._error
+                if self._death.error is not None:
+                    raise self._death.error
                 if building.entries == 0:
                     if self._closed:
                         return None
@@ -475,32 +475,10 @@ class Journal:
 
     def _wait_sync_idle(self) -> bool:
         """Wait until no flush is in flight; True when one was."""
-        waited = self._claim.wait_idle(lambda: self._error is not None)
-        if self._error is not None:
-            raise self._error
+        waited = self._claim.wait_idle(lambda: self._death.error is not None)
+        if self._death.error is not None:
+            raise self._death.error
         return waited
-
-    def _die(self, exc: BaseException) -> None:
-        """Fail the batch being built and refuse everything later (exactly once each)."""
-        building = self._building
-        with self._lock:
-            first = self._error is None
-            if first:
-                log.error("journal %d in %s failed: %s", self._tail.journal_id, self._cfg.directory, exc,
-                          extra=context(journal=self._tail.journal_id, directory=self._cfg.directory))
-                self._error = exc
-            records, building.records = building.records, []
-            building.entries, building.oldest = 0, None
-        call_back(records, exc)
-        if first:
-            self._report_failure(exc)
-
-    def _report_failure(self, exc: BaseException) -> None:
-        if self.on_failure is not None:
-            try:
-                self.on_failure(exc)
-            except Exception:  # noqa: BLE001 - the journal is dead either way
-                log.exception("journal %d: failure listener raised", self._tail.journal_id)
 
     # --- what the sync thread sees of the journal (bookie.journal._sync) --------------------
     def _take_next(self) -> tuple[Batch | None, bool]:
@@ -510,7 +488,7 @@ class Journal:
         now = self._clock()
         with self._lock:
             building = self._building
-            if self._error is not None or building.entries == 0:
+            if self._death.error is not None or building.entries == 0:
                 return None, False
             reason = FlushReason.SHUTDOWN if self._closed else building.reason(self._cfg, now)
             if reason is None:
@@ -528,14 +506,3 @@ class Journal:
         """A written batch's buffers go back to the pool."""
         with self._lock:
             self._building.pool.put_segments(batch.segments)
-
-    def _fail(self, exc: BaseException) -> None:
-        """An I/O error off the journal thread: the journal is dead; wake its thread. It
-        is never retried: after a failed fdatasync the kernel may have dropped the dirty
-        pages, so a later sync that succeeds would prove nothing ("fsyncgate")."""
-        with self._lock:
-            first = self._error is None
-            self._error = self._error or exc
-            self._cond.notify()
-        if first:
-            self._report_failure(exc)
