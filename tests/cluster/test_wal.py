@@ -423,6 +423,91 @@ def test_asyncio_write_ahead_log(bk: walkit.BookKeeper) -> None:
     asyncio.run(asyncio.wait_for(main(), 120))
 
 
+def test_asyncio_appends_in_flight_keep_order_values_and_survive_cancellation(bk: walkit.BookKeeper) -> None:
+    """The relay (walkit/aio.py): thousands in flight, mixed with awaited appends and the
+    synchronous face's, complete in append order with the LSNs replay gives; a cancelled
+    future's record is written all the same; a second event loop gets its own relay."""
+    import asyncio
+
+    from walkit.aio import AsyncWriteAheadLog
+
+    wal: AsyncWriteAheadLog | None = None
+
+    async def first() -> list[LSN]:
+        nonlocal wal
+        wal = await AsyncWriteAheadLog.open(bk, "async-window")
+        pending: list[asyncio.Future[LSN]] = []
+        awaited: list[LSN] = []
+        for i in range(3000):
+            pending.append(await wal.append_async(b"a%d" % i))
+            if i == 1500:  # not done: the loop has not run since it was queued
+                assert pending[-1].cancel()  # its record goes all the same
+            if i % 1000 == 999:  # an awaited append behind a thousand queued ones
+                awaited.append(await wal.append(b"w%d" % i))
+        sync = wal.sync.append_async(b"sync")  # the synchronous face of the same writer
+        cancelled = pending[1500]
+        lsns = await asyncio.gather(*(f for f in pending if f is not cancelled))
+        lsns.insert(1500, LSN(0, 0, 0))
+        assert all(lsns[i] < awaited[0] for i in range(1000)) and lsns[1000] > awaited[0]
+        assert sync.result(timeout=30) > max(lsns[-1], awaited[-1])
+        return [*lsns[:1000], awaited[0], *lsns[1000:2000], awaited[1], *lsns[2000:], awaited[2], sync.result()]
+
+    async def second() -> LSN:
+        assert wal is not None
+        futures = [await wal.append_async(b"b%d" % i) for i in range(10)]  # a new loop: a new relay
+        lsns = await asyncio.gather(*futures)
+        assert lsns == sorted(lsns)
+        await wal.close()
+        return lsns[0]
+
+    lsns = asyncio.run(asyncio.wait_for(first(), 120))
+    after = asyncio.run(asyncio.wait_for(second(), 60))
+    assert after > lsns[-1]
+    expected = [*(b"a%d" % i for i in range(1000)), b"w999", *(b"a%d" % i for i in range(1000, 2000)), b"w1999",
+                *(b"a%d" % i for i in range(2000, 3000)), b"w2999", b"sync"]
+    reader = WriteAheadLog.reader(bk, "async-window")
+    replayed = list(reader.replay())
+    reader.close()
+    assert [r for _, r in replayed[:len(expected)]] == expected
+    replayed_lsns = [lsn for lsn, _ in replayed[:len(expected)]]
+    unknown = lsns.index(LSN(0, 0, 0))  # the cancelled one's: only replay tells it
+    assert replayed[unknown][1] == b"a1500"
+    lsns[unknown] = replayed_lsns[unknown]
+    assert replayed_lsns == lsns
+
+
+def test_a_fenced_asyncio_writer_fails_every_pending_append(bk: walkit.BookKeeper) -> None:
+    """Every asyncio append either got an LSN that replay holds or the writer's error,
+    and every one queued after the fence fails with it (their futures already done when
+    queued: the relay wakes on its own loop)."""
+    import asyncio
+
+    from walkit.aio import AsyncWriteAheadLog
+
+    cluster = bk.cluster  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        with client(cluster) as other:
+            old = await AsyncWriteAheadLog.open(other, "async-fenced")
+            before = [await old.append_async(b"f%d" % i) for i in range(500)]
+            new = await AsyncWriteAheadLog.open(bk, "async-fenced")
+            with pytest.raises(WriterFencedError):
+                await old.append(b"fenced")
+            after = [await old.append_async(b"x%d" % i) for i in range(300)]
+            outcomes = await asyncio.gather(*before, *after, return_exceptions=True)
+            assert all(isinstance(o, WriterFencedError) for o in outcomes[500:])
+            records = {lsn: record async for lsn, record in new.replay()}
+            for i, outcome in enumerate(outcomes[:500]):
+                if not isinstance(outcome, BaseException):
+                    assert records[outcome] == b"f%d" % i
+                else:
+                    assert isinstance(outcome, WriterFencedError)
+            await old.close()
+            await new.close()
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
 # -- review findings: lost replies, races, refusals ------------------------------------------------
 
 def _lose_next_reply(wal: WriteAheadLog) -> None:
