@@ -235,3 +235,25 @@ def test_no_parking_while_a_submitted_coroutine_runs(loop: LoopThread) -> None:
     loop.call(release.set)
     assert pending.result(10) == "answered"
     _until_parked(baton, loop)
+
+
+def test_a_call_done_when_started_returns_at_once(loop: LoopThread) -> None:
+    """A call whose future is done before the loop runs anything - an add on a writer that
+    already failed - returns at once, the baton parked again: the caller does not wait in
+    a select that nothing would wake (no timer, nothing ready, no answer owed)."""
+    baton = _baton(loop)
+    _until_parked(baton, loop)
+    iterations, pokes = baton.loop_iterations, baton.pokes
+
+    def failed_already() -> concurrent.futures.Future[int]:
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        fut.set_exception(RuntimeError("the writer failed before"))
+        return fut
+
+    got: list[BaseException | None] = []
+    caller = threading.Thread(target=lambda: got.append(loop.lone_run(failed_already).exception()))
+    caller.start()
+    caller.join(10)
+    assert not caller.is_alive(), "the lone caller waits in select for nothing"
+    assert [str(e) for e in got] == ["the writer failed before"]
+    assert baton.state == "parked" and (baton.loop_iterations, baton.pokes) == (iterations, pokes)

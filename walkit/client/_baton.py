@@ -207,16 +207,9 @@ class Baton:
         loop = self.loop
         run_once, ready = loop._run_once, loop._ready
         passes = 0
-        while True:
-            if ready and passes < _READY_PASSES:  # what is ready, without asking epoll first
-                passes += 1
-                for _ in range(len(ready)):
-                    handle = ready.popleft()
-                    if not handle._cancelled:
-                        handle._run()
-            else:
-                passes = 0
-                run_once()
+        while True:  # the ends are looked at before each step: a call done when started
+            # (an add on a writer that already failed) must not wait in a select that
+            # nothing will wake (no timer, nothing ready, no answer owed)
             if self._handover or loop._stopping or self.closed or (sigint is not None and sigint.held):
                 self._give_back()
                 return
@@ -227,6 +220,15 @@ class Baton:
                     self.state, self.driver = PARKED, 0
                     self._released_at = time.monotonic()
                 return
+            if ready and passes < _READY_PASSES:  # what is ready, without asking epoll first
+                passes += 1
+                for _ in range(len(ready)):
+                    handle = ready.popleft()
+                    if not handle._cancelled:
+                        handle._run()
+            else:
+                passes = 0
+                run_once()
 
     def _give_back(self) -> None:
         """(Driver) the loop thread runs the loop from now on (woken for it)."""
