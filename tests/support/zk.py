@@ -19,18 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from walkit.bench._common import free_port  # the one free-port picker, shared with the benches
 from walkit._testing._zookeeper import JAR, JVM_FLAGS, SLF4J, START_TIMEOUT, TICK_MS, ensure_zookeeper
 
 STANDALONE_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
 QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 __all__ = ["JAR", "JVM_FLAGS", "SLF4J", "START_TIMEOUT", "TICK_MS", "ensure_zookeeper", "free_port", "free_ports",
            "ZooKeeperServer", "ZooKeeperEnsemble", "ZooKeeperProcess"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def free_ports(n: int) -> list[int]:
