@@ -587,6 +587,37 @@ def test_an_idle_writer_publishes_its_lac_at_once(tmp_path: Path, driver: Driver
         assert _write_lacs(cluster) == 4 * 2
 
 
+def test_an_appender_that_does_not_stop_sends_no_idle_lac(tmp_path: Path, driver: Driver) -> None:
+    """The idle LAC waits ``idle_lac_delay`` and an add meanwhile carries that LAC on its
+    entry (walkit/client/_writer_lac.py): a writer adding one entry at a time, back to
+    back, sends no WRITE_LAC at all; once it stops, its last entry's LAC goes out once, to
+    the bookies that acknowledged it, and a reader sees the last entry. With a delay of 0
+    the LAC leaves at every add's completion, as it did before the delay."""
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, \
+            client(cluster, idle_lac=True, idle_lac_delay=2.0) as bk, client(cluster) as reader_bk:
+        lh = bk.create_ledger()
+        for i in range(30):
+            assert lh.add_entry(b"%d" % i) == i
+        rh = reader_bk.open_ledger(lh.ledger_id, recovery=False)
+        assert rh.last_add_confirmed == 28  # entry 29's LAC rides on no entry yet
+        assert _write_lacs(cluster) == 0, "a writer adding back to back sent its LAC on its own"
+        assert rh.wait_for_lac(28, 10.0) == 29, "the stopped writer's last entry is not visible"
+        deadline = time.monotonic() + 5
+        while _write_lacs(cluster) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert _write_lacs(cluster) in (2, 3), "one WRITE_LAC to each bookie that acknowledged the last entry"
+    with local_cluster(tmp_path / "at-once", driver, bookies=3) as cluster, \
+            client(cluster, idle_lac=True, idle_lac_delay=0) as bk:
+        lh = bk.create_ledger()
+        for i in range(10):
+            lh.add_entry(b"%d" % i)
+        deadline = time.monotonic() + 5
+        while _write_lacs(cluster) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert 20 <= _write_lacs(cluster) <= 30, "at once: the LAC of every add, to the bookies that acked it"
+
+
 def test_a_follower_gets_the_entry_with_the_poll(tmp_path: Path, driver: Driver,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A long poll names the entry after the poller's LAC and a bookie that holds it

@@ -33,10 +33,10 @@ def loop() -> Iterator[LoopThread]:
         lt.stop()
 
 
-def _baton(lt: LoopThread) -> Baton:
+def _baton(lt: LoopThread, tick: float = 3600.0) -> Baton:
     baton = lt._make_baton()
     assert baton is not None
-    baton.slice = 3600.0  # the loop thread never takes the loop back by itself here: only when woken
+    baton.slice, baton.tick = 3600.0, tick  # the loop thread never takes the loop back by itself here: only when woken
     return baton
 
 
@@ -257,3 +257,58 @@ def test_a_call_done_when_started_returns_at_once(loop: LoopThread) -> None:
     assert not caller.is_alive(), "the lone caller waits in select for nothing"
     assert [str(e) for e in got] == ["the writer failed before"]
     assert baton.state == "parked" and (baton.loop_iterations, baton.pokes) == (iterations, pokes)
+
+
+def _arming(lt: LoopThread, delay: float, fired: list[int],
+            armed: list[asyncio.TimerHandle]) -> concurrent.futures.Future[int]:
+    """A lone call that arms a timer (as a writer going idle arms its idle LAC) and is done."""
+    fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+    armed.append(lt.loop.call_later(delay, lambda: fired.append(threading.get_ident())))
+    fut.set_result(threading.get_ident())
+    return fut
+
+
+def _cancelling(lt: LoopThread, armed: list[asyncio.TimerHandle]) -> concurrent.futures.Future[int]:
+    """A lone call that cancels the timers armed before it (the next append carried the LAC)."""
+    for handle in armed:
+        handle.cancel()
+    armed.clear()
+    fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+    fut.set_result(threading.get_ident())
+    return fut
+
+
+def test_a_timer_a_drive_armed_runs_on_the_parked_loop_thread(loop: LoopThread) -> None:
+    """A driver parks the baton without waking anyone: the parked loop thread looks every
+    ``tick`` and runs a timer that came due meanwhile (a writer's idle LAC after its
+    wait), taking the loop back."""
+    baton = _baton(loop, tick=0.001)
+    _until_parked(baton, loop)
+    fired: list[int] = []
+    armed: list[asyncio.TimerHandle] = []
+    assert loop.lone_run(_arming, loop, 0.02, fired, armed).result() == threading.get_ident()
+    assert baton.state == "parked" and not fired  # the driver did not wait for its timer
+    deadline = time.monotonic() + 10
+    while not fired:
+        assert time.monotonic() < deadline, "a timer armed by a drive never ran"
+        time.sleep(0.001)
+    assert fired == [loop._thread.ident] and baton.state == "loop"
+
+
+def test_a_timer_the_next_drive_cancelled_takes_nothing_back(loop: LoopThread) -> None:
+    """Each drive arms a timer and the next one cancels it (an append carries the LAC the
+    one before it owed): the parked loop thread, looking every ``tick``, skips cancelled
+    timers - it never runs the loop, whatever the timers' due times were."""
+    baton = _baton(loop, tick=0.001)
+    _until_parked(baton, loop)
+    iterations, pokes = baton.loop_iterations, baton.pokes
+    fired: list[int] = []
+    armed: list[asyncio.TimerHandle] = []
+    me = threading.get_ident()
+    for _ in range(20):
+        assert loop.lone_run(_arming, loop, 0.005, fired, armed).result() == me
+        time.sleep(0.002)  # the loop thread looks meanwhile, before this one is due
+        assert loop.lone_run(_cancelling, loop, armed).result() == me
+        time.sleep(0.01)  # past the cancelled timer's due time
+    assert fired == [] and baton.state == "parked"
+    assert (baton.loop_iterations, baton.pokes) == (iterations, pokes), "a cancelled timer took the loop back"
