@@ -176,8 +176,9 @@ class LedgerWriter:
         """Send ``add`` to the members of its write set it has not gone to yet."""
         if not add.data:
             add.data = self._encode(self.ledger_id, add.entry_id, self.lac, add.length, add.payload)
-            if self.lac > self.lacs.piggybacked:
-                self.lacs.carried(self.lac)
+            lacs = self.lacs
+            if self.lac > lacs.piggybacked or lacs.idle_since:
+                lacs.carried(self.lac)
         write_set = self._write_sets[add.entry_id % len(self._write_sets)]
         failed, sent = self.failed, add.sent
         if self._degraded:

@@ -22,15 +22,21 @@ alone):
   answer of any bookie, and READ_LAC waits for Qw - Qa + 1 answers of the entry's write
   set, which cannot all come from its other Qw - Qa bookies.
 
-**The idle LAC waits ``idle_lac_delay``** (0.5 ms by default) before it leaves: a writer
-that appends one record at a time goes idle after every append, and its next append
-usually comes within microseconds, carrying that LAC on its entry. The new entry's
-encoding (:meth:`carried`) cancels the wait, so such a writer sends no WRITE_LAC at all,
-where an immediate idle LAC cost two requests per append (a send each on the writer's
-side and a request each on two bookies). A writer that really stopped sends it once the
-delay is over; a tailing reader sees the last entry that much later. 0 sends it at once.
-The wait is a timer of the client's loop; a cancelled one costs the loop nothing (the
-baton's parked loop thread skips cancelled timers: walkit/client/_baton.py).
+**A writer that appends back to back waits ``idle_lac_delay``** (0.5 ms by default)
+before its idle LAC leaves. Appending one record at a time, it goes idle after every
+append, and its next append usually comes within microseconds, carrying that LAC on its
+entry: an immediate idle LAC cost two requests per append (a send each on the writer's
+side and a request each on two bookies) for nothing. So the writer times each idle
+spell, from going idle to the next entry (:meth:`carried`): after one shorter than the
+delay, the next idle LAC waits the delay and the next entry cancels it - such a writer
+sends no WRITE_LAC at all; after a longer one (a writer that appends now and then: a
+tailing reader waits for each of its entries) it leaves at once, as it always did. The
+last entry of a run of appends is thus seen 0.5-1.5 ms later (the delay, and the parked
+loop thread's ``tick``: the wait is a timer of the client's loop, and a cancelled one
+costs the loop nothing - walkit/client/_baton.py skips cancelled timers). The entries
+before it are seen no later: a bookie publishes the LAC an add carries to the ledger's
+waiting long polls as the add arrives (bookie/server/_writes.py, ``_publish_carried``).
+``idle_lac_delay`` 0: always at once.
 
 A WRITE_LAC needs no fsync on the bookies (it only says which entries Qa bookies
 acknowledged). A recovery writer publishes nothing (its LAC is the close's business).
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Container, Sequence, Sized
 from typing import Any, Protocol
 
@@ -98,13 +105,20 @@ class LacPublisher:
         self._timer: asyncio.TimerHandle | None = None  # the explicit-LAC timer
         self._idle_timer: asyncio.TimerHandle | None = None  # the idle LAC's wait
         self._idle_to: list[str] | None = None  # where the idle LAC goes
+        self.idle_since = 0.0  # (time.monotonic()) when the writer went idle; 0: it is not
+        self._back_to_back = False  # its last idle spell was shorter than idle_delay
 
     def carried(self, lac: int) -> None:
-        """(Loop) an entry was encoded with ``lac`` piggybacked: no idle LAC is owed."""
-        self.piggybacked = lac
+        """(Loop) an entry was encoded with ``lac`` piggybacked: no idle LAC is owed (the
+        writer calls it when ``lac`` is news, or the writer was idle: ``idle_since``)."""
+        if lac > self.piggybacked:
+            self.piggybacked = lac
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
+        if self.idle_since:
+            self._back_to_back = time.monotonic() - self.idle_since < self.idle_delay
+            self.idle_since = 0.0
 
     def arm(self) -> None:
         """(Loop) start the explicit-LAC timer, if it is on and something may need it."""
@@ -118,7 +132,8 @@ class LacPublisher:
         ``acked`` (None: the ensemble) after ``idle_delay`` unless an entry carries it."""
         if not self.idle or self.writer.lac <= self.piggybacked:
             return
-        if self.idle_delay <= 0:
+        self.idle_since = time.monotonic()
+        if not self._back_to_back:  # (idle_delay 0: never) it idled longer last time: at once
             self.publish(acked)
             return
         self._idle_to = acked
