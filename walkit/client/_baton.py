@@ -45,10 +45,14 @@ baton back by itself when nobody has driven for :attr:`slice` seconds (:data:`PA
 the bound on how late a parked loop notices what came from a socket meanwhile (a
 connection lost, a read's answer on a client that also appends alone), and when a live
 timer of the loop is due while nobody drives. A driver parks the baton without waking
-anyone, so the parked loop thread looks every :attr:`tick` (:data:`PARK_TICK`, 1 ms) -
-a wake-up of its own, nobody else's: a timer armed by a drive (a writer's idle LAC,
-walkit/client/_writer_lac.py) runs at most that late, and one that the next drive
-cancelled (the next append carried that LAC) takes nothing back.
+anyone, so while drives leave a live timer due within a slice behind them (a writer's
+idle LAC waiting to see whether the next append carries it, walkit/client/_writer_lac.py),
+the loop thread looks every :attr:`tick` (:data:`PARK_TICK`, 1 ms) rather than every
+slice - a wake-up of its own, nobody else's: such a timer runs at most that late (a
+slice late when the first drive to leave one is still under way), and one that the next
+drive cancelled (the next append carried that LAC) takes nothing back. Drives that leave
+no near timer (a plain ledger's adds: the only timer is the add-timeout sweep, seconds
+away) cost the loop thread no wake-up but the slice's.
 
 **A driver's iterations** run with the loop as the thread's running loop and the loop's
 async-generator hooks (both restored after). Callbacks already ready run without the
@@ -130,6 +134,7 @@ class Baton:
         self.closed = False
         self.loop_iterations = 0
         self.pokes = 0
+        self.park_looks = 0  # times the parked loop thread looked at the baton
         self._loop_ident = loop_ident
         self._cond = threading.Condition(threading.RLock())  # (re-entrant: a GC finalizer may call_soon_threadsafe)
         self._callers = 0  # synchronous callers inside run()
@@ -138,6 +143,7 @@ class Baton:
         self._lone_ident = 0  # that caller, while it starts its call (its own hand-over is no other's work)
         self._handover = False  # (HELD) work came from another thread: the driver gives the loop back
         self._released_at = 0.0
+        self._near_timer = False  # the last drive parked with a live timer due within a slice
         selector = self.loop._selector
         self._select: Callable[[float | None], list[Any]] = selector.select
         self._safe_codes: frozenset[CodeType] = frozenset((type(selector).select.__code__,
@@ -227,6 +233,8 @@ class Baton:
                 with self._cond:
                     if self._handover or ready:
                         continue
+                    when = self._next_timer()  # (the driver runs the loop: it may drop cancelled ones)
+                    self._near_timer = when is not None and when - loop.time() < self.slice
                     self.state, self.driver = PARKED, 0
                     self._released_at = time.monotonic()
                 return
@@ -266,13 +274,14 @@ class Baton:
             self._want, self._lone = False, None
             self.state, self._released_at = PARKED, time.monotonic()
             while self.state != LOOP:
+                self.park_looks += 1
                 now = time.monotonic()
-                wait = self.tick
+                wait = self.tick if self._near_timer else self.slice  # (HELD: until the driver parks)
                 if self.state == PARKED:
                     if now - self._released_at >= self.slice or self._timer_due():
                         self.state = LOOP
                         break
-                    wait = min(self.tick, self.slice - (now - self._released_at), self._timer_in())
+                    wait = min(self.slice - (now - self._released_at), self._timer_in())
                 self._cond.wait(wait)
             return True
 

@@ -38,10 +38,11 @@ class ClientConfig:
     # entry. None: on for WriteAheadLog writers (tailing is what a log is for), off for
     # plain ledgers - one more request per add for a writer that idles between adds.
     idle_lac: bool | None = None
-    # The idle LAC waits this long (seconds) before it leaves, and does not leave when an
-    # add comes meanwhile (its entry carries the LAC): a writer appending one record at a
-    # time sends no WRITE_LAC at all, where at once (0) it sent two per append; a tailing
-    # reader sees a writer's last entry this much later (walkit/client/_writer_lac.py).
+    # A writer whose last idle spell was shorter than this (seconds: it appends back to
+    # back) lets its idle LAC wait this long, and an add meanwhile carries the LAC on its
+    # entry instead: a writer appending one record at a time sends no WRITE_LAC at all,
+    # where at once it sent two per append; the last entry of such a run is seen this
+    # much later. After a longer spell, at once; 0: always (walkit/client/_writer_lac.py).
     idle_lac_delay: float = 0.0005
     # Metadata session timeout (seconds; zkTimeout).
     session_timeout: float = 10.0
