@@ -364,10 +364,11 @@ class Bookie:
             return
         self._keyed_write(ledger_id, master_key, lambda: self.records.lac_record(ledger_id, lac, cb, ctx), cb, ctx)
 
-    def publish_lac(self, ledger_id: int, master_key: bytes, lac: int) -> bool:
+    def publish_lac(self, ledger_id: int, master_key: bytes, lac: int, *, journal: bool = True) -> bool:
         """Record an explicit LAC without waiting for the journal: it is in storage
         (``read_lac``) when this returns (unless the storage failed) and its record rides
-        on the next flush
+        on the next flush - none with ``journal=False``: the LAC an arriving add carries,
+        whose entry is its record (bookie/server/_writes.py, ``_publish_carried``)
         (:meth:`bookie._records.LedgerRecords.publish_lac` says why that is safe). Only
         for a ledger whose key is durable here: False, with nothing done, for any other
         (the caller takes :meth:`write_lac_cb`, which journals the key first). Raises
@@ -381,9 +382,10 @@ class Bookie:
             return False
         if key != master_key:
             raise UnauthorizedError("master key does not match", ledger=ledger_id)
-        with self._lock:
-            self._check_running()
-            self.journal.log_records([(LAC_RECORD, ledger_id, lac, b"", None, None)], defer=True)
+        if journal:
+            with self._lock:
+                self._check_running()
+                self.journal.log_records([(LAC_RECORD, ledger_id, lac, b"", None, None)], defer=True)
         self.records.publish_lac(ledger_id, lac)
         return True
 

@@ -138,6 +138,8 @@ class Writes:
         connection that had bytes was read, so the adds of all of them share one flush."""
         bookie = self._host.bookie
         assert bookie is not None
+        if self._polls.any_waiting():
+            self._publish_carried(bookie, adds)
         bookie.add_batch_cb(adds, callback, defer=True)
         if self._kick == _NO_KICK:
             if self._reading:  # read_done kicks (or schedules the kick) at the callback's end
@@ -145,6 +147,28 @@ class Writes:
             else:
                 self._kick = _KICK_SCHEDULED
                 self._host.loop.call_soon(self.kick_journal)
+
+    def _publish_carried(self, bookie: Bookie, adds: list[AddEntry]) -> None:
+        """Tailing readers wait on a ledger of ``adds``: the LAC an add carries is
+        published for them as the add arrives (as a WRITE_LAC is: storage's explicit LAC,
+        then the polls), not once the add is durable here. What it says - the entries up
+        to it were acknowledged by Qa bookies - is true whatever becomes of this add
+        (:meth:`bookie._records.LedgerRecords.publish_lac`). A writer that appends back to
+        back sends no WRITE_LAC (its idle LAC waits, and the next add carries it:
+        walkit/client/_writer_lac.py), so its reader sees each entry when the next one
+        arrives rather than when that one is durable. Only with the ledger's durable key
+        (a stranger's add publishes nothing); a recoverer's adds publish nothing."""
+        polls = self._polls
+        for req in adds:
+            if req.recovery or not polls.waiting_on(req.ledger_id):
+                continue
+            try:
+                lac = parse_entry_header(req.data).lac
+                if bookie.publish_lac(req.ledger_id, req.master_key, lac, journal=False):
+                    polls.lac_advanced(req.ledger_id, lac)
+            except Exception:  # best effort: the add goes on; its durable answer wakes the polls
+                log.debug("ledger %d: the LAC carried by entry %d not published on arrival", req.ledger_id,
+                          req.entry_id, exc_info=True)
 
     def reading(self) -> None:
         """A connection's read callback begins: the adds it submits are kicked, and the

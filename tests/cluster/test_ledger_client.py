@@ -587,6 +587,40 @@ def test_an_idle_writer_publishes_its_lac_at_once(tmp_path: Path, driver: Driver
         assert _write_lacs(cluster) == 4 * 2
 
 
+def test_an_appender_that_does_not_stop_sends_no_idle_lac(tmp_path: Path, driver: Driver) -> None:
+    """A writer adding one entry at a time, back to back, sends its idle LAC only after
+    its first add (it had not yet seen a short idle spell): from then on the idle LAC
+    waits ``idle_lac_delay`` and the next add carries it (walkit/client/_writer_lac.py).
+    Once it stops, its last entry's LAC goes out once, to the bookies that acknowledged
+    it, and a reader sees the last entry. With a delay of 0 the LAC leaves at every
+    add's completion."""
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, \
+            client(cluster, idle_lac=True, idle_lac_delay=2.0) as bk, client(cluster) as reader_bk:
+        lh = bk.create_ledger()
+        for i in range(30):
+            assert lh.add_entry(b"%d" % i) == i
+        rh = reader_bk.open_ledger(lh.ledger_id, recovery=False)
+        assert rh.last_add_confirmed == 28  # entry 29's LAC rides on no entry yet
+        time.sleep(0.2)
+        first = _write_lacs(cluster)
+        assert first in (2, 3), f"WRITE_LACs of a writer adding back to back: {first}, not only its first add's"
+        assert rh.wait_for_lac(28, 10.0) == 29, "the stopped writer's last entry is not visible"
+        deadline = time.monotonic() + 5
+        while _write_lacs(cluster) < first + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert _write_lacs(cluster) - first in (2, 3), "one WRITE_LAC to each bookie that acknowledged the last entry"
+    with local_cluster(tmp_path / "at-once", driver, bookies=3) as cluster, \
+            client(cluster, idle_lac=True, idle_lac_delay=0) as bk:
+        lh = bk.create_ledger()
+        for i in range(10):
+            lh.add_entry(b"%d" % i)
+        deadline = time.monotonic() + 5
+        while _write_lacs(cluster) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert 20 <= _write_lacs(cluster) <= 30, "at once: the LAC of every add, to the bookies that acked it"
+
+
 def test_a_follower_gets_the_entry_with_the_poll(tmp_path: Path, driver: Driver,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A long poll names the entry after the poller's LAC and a bookie that holds it
@@ -621,6 +655,41 @@ def test_a_follower_gets_the_entry_with_the_poll(tmp_path: Path, driver: Driver,
         lh.add_entry(b"7")
         lh.close()
         assert [e.data for e in follower] == [b"6", b"7"]
+
+
+def test_a_long_poll_learns_the_lac_an_add_carries_as_it_arrives(tmp_path: Path, driver: Driver) -> None:
+    """A bookie with long polls waiting on a ledger publishes the LAC an add carries as
+    the add arrives (bookie/server/_writes.py ``_publish_carried``), not once that add is
+    durable: a writer appending back to back sends no idle LAC, and its reader sees each
+    entry when the next one arrives. Here the next add is durable nowhere (held on every
+    bookie) and the poll is answered anyway."""
+    if driver.spec.driver != "local":
+        pytest.skip("bookie logic: one driver is enough")
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster, idle_lac=False) as bk, \
+            client(cluster) as reader_bk:
+        lh = bk.create_ledger()
+        for i in range(3):
+            lh.add_entry(b"%d" % i)
+        rh = reader_bk.open_ledger(lh.ledger_id, recovery=False)
+        assert rh.last_add_confirmed == 1  # entry 2's LAC rides on no entry yet
+        seen: list[int] = []
+        poller = threading.Thread(target=lambda: seen.append(rh.wait_for_lac(1, 20.0)))
+        poller.start()
+        deadline = time.monotonic() + 10
+        while not all(cluster.server(i).polls.waiting_on(lh.ledger_id) for i in range(3)):
+            assert time.monotonic() < deadline, "the reader's long polls never parked"
+            time.sleep(0.01)
+        release = threading.Event()
+        hold_entry(cluster, lh.metadata.ensembles[0][1], 3, release)  # entry 3: durable nowhere until released
+        try:
+            held = lh.add_entry_async(b"3")  # carries LAC 2
+            poller.join(15)
+            assert seen == [2], f"the poll did not learn the LAC entry 3 carries: {seen}"
+            assert not held.done()
+        finally:
+            release.set()
+        assert held.result(10) == 3
+        assert [e.data for e in rh.read(2, 2)] == [b"2"]
 
 
 def test_explicit_lac_makes_the_last_entry_visible(tmp_path: Path, driver: Driver) -> None:

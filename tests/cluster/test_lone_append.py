@@ -32,7 +32,7 @@ pytestmark = pytest.mark.timeout(180)
 def _baton(bk: walkit.BookKeeper) -> Baton:
     baton = bk.client.loop._make_baton()
     assert baton is not None
-    baton.slice = 3600.0  # the loop thread takes the loop back only when woken: counters, not clocks
+    baton.slice = baton.tick = 3600.0  # the loop thread takes the loop back only when woken: counters, not clocks
     return baton
 
 

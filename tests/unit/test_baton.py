@@ -33,10 +33,10 @@ def loop() -> Iterator[LoopThread]:
         lt.stop()
 
 
-def _baton(lt: LoopThread) -> Baton:
+def _baton(lt: LoopThread, tick: float = 3600.0) -> Baton:
     baton = lt._make_baton()
     assert baton is not None
-    baton.slice = 3600.0  # the loop thread never takes the loop back by itself here: only when woken
+    baton.slice, baton.tick = 3600.0, tick  # the loop thread never takes the loop back by itself here: only when woken
     return baton
 
 
@@ -257,3 +257,97 @@ def test_a_call_done_when_started_returns_at_once(loop: LoopThread) -> None:
     assert not caller.is_alive(), "the lone caller waits in select for nothing"
     assert [str(e) for e in got] == ["the writer failed before"]
     assert baton.state == "parked" and (baton.loop_iterations, baton.pokes) == (iterations, pokes)
+
+
+def _arming(lt: LoopThread, delay: float, fired: list[int],
+            armed: list[asyncio.TimerHandle]) -> concurrent.futures.Future[int]:
+    """A lone call that arms a timer (as a writer going idle arms its idle LAC) and is done."""
+    fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+    armed.append(lt.loop.call_later(delay, lambda: fired.append(threading.get_ident())))
+    fut.set_result(threading.get_ident())
+    return fut
+
+
+def _cancelling(lt: LoopThread, armed: list[asyncio.TimerHandle]) -> concurrent.futures.Future[int]:
+    """A lone call that cancels the timers armed before it (the next append carried the LAC)."""
+    for handle in armed:
+        handle.cancel()
+    armed.clear()
+    fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+    fut.set_result(threading.get_ident())
+    return fut
+
+
+def test_a_timer_a_drive_armed_runs_on_the_parked_loop_thread(loop: LoopThread) -> None:
+    """A driver parks the baton without waking anyone: the parked loop thread looks every
+    ``tick`` and runs a timer that came due meanwhile (a writer's idle LAC after its
+    wait), taking the loop back."""
+    baton = _baton(loop, tick=0.001)
+    _until_parked(baton, loop)
+    fired: list[int] = []
+    armed: list[asyncio.TimerHandle] = []
+    assert loop.lone_run(_arming, loop, 0.02, fired, armed).result() == threading.get_ident()
+    assert baton.state == "parked" and not fired  # the driver did not wait for its timer
+    _look(baton)
+    deadline = time.monotonic() + 10
+    while not fired:
+        assert time.monotonic() < deadline, "a timer armed by a drive never ran"
+        time.sleep(0.001)
+    assert fired == [loop._thread.ident] and baton.state == "loop"
+
+
+def test_a_timer_the_next_drive_cancelled_takes_nothing_back(loop: LoopThread) -> None:
+    """Each drive cancels the timer the one before it armed and arms its own (an append
+    carries the LAC the one before it owed, and owes its own): the parked loop thread,
+    looking every ``tick`` while drives leave such near timers, skips cancelled ones - it
+    never runs the loop, whatever their due times were."""
+    baton = _baton(loop, tick=0.001)
+    _until_parked(baton, loop)
+    fired: list[int] = []
+    armed: list[asyncio.TimerHandle] = []
+    me = threading.get_ident()
+    assert loop.lone_run(_arming, loop, 0.005, fired, armed).result() == me
+    _look(baton)
+    iterations, pokes, looks = baton.loop_iterations, baton.pokes, baton.park_looks
+    for _ in range(30):
+        assert loop.lone_run(_rearming, loop, 0.005, fired, armed).result() == me
+        time.sleep(0.002)  # the loop thread looks meanwhile, before the live one is due
+    assert loop.lone_run(_cancelling, loop, armed).result() == me
+    time.sleep(0.02)  # past every cancelled timer's due time
+    assert fired == [] and baton.state == "parked"
+    assert (baton.loop_iterations, baton.pokes) == (iterations, pokes), "a cancelled timer took the loop back"
+    assert baton.park_looks - looks >= 15, "the parked loop thread did not look every tick"
+
+
+def _rearming(lt: LoopThread, delay: float, fired: list[int],
+              armed: list[asyncio.TimerHandle]) -> concurrent.futures.Future[int]:
+    _cancelling(lt, armed)
+    return _arming(lt, delay, fired, armed)
+
+
+def test_drives_that_leave_no_near_timer_cost_the_loop_thread_no_look(loop: LoopThread) -> None:
+    """A plain ledger's lone adds leave no timer due within a slice (the add-timeout sweep
+    is seconds away): the parked loop thread waits a whole slice, not a tick."""
+    baton = _baton(loop, tick=0.001)
+    _until_parked(baton, loop)
+    _look(baton)
+    looks, me = baton.park_looks, threading.get_ident()
+    far: list[asyncio.TimerHandle] = []
+    for _ in range(20):
+        assert loop.lone_run(_arming, loop, 600.0, [], far).result() == me  # a timer minutes away
+        time.sleep(0.002)
+    assert baton.park_looks - looks <= 2, "the loop thread looked every tick with no near timer"
+    for handle in far:
+        loop.call(handle.cancel)
+
+
+def _look(baton: Baton) -> None:
+    """Make the parked loop thread look at the baton now (it reads which wait it takes:
+    a slice, or a tick while drives leave near timers), and wait until it did."""
+    looks = baton.park_looks
+    deadline = time.monotonic() + 10
+    while baton.park_looks == looks:
+        assert time.monotonic() < deadline, "the parked loop thread never looked"
+        with baton._cond:
+            baton._cond.notify_all()
+        time.sleep(0.001)

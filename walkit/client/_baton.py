@@ -41,18 +41,28 @@ baton back to the loop thread and wakes it; while ``HELD`` it asks the driver to
 it) - the driver then gives the baton to the loop thread, wakes it, and waits for its own
 future as any caller does. A second caller arriving while one drives is such a thread:
 from then on work goes to the loop thread as before. The loop thread also takes the
-baton back by itself when a timer of the loop is due while nobody drives, and when nobody
-has driven for :attr:`slice` seconds (:data:`PARK_SLICE`): it wakes every ``slice`` while
-parked to look, which is the bound on how late a parked loop notices what came from a
-socket meanwhile (a connection lost, a read's answer on a client that also appends alone).
+baton back by itself when nobody has driven for :attr:`slice` seconds (:data:`PARK_SLICE`),
+the bound on how late a parked loop notices what came from a socket meanwhile (a
+connection lost, a read's answer on a client that also appends alone), and when a live
+timer of the loop is due while nobody drives. A driver parks the baton without waking
+anyone, so while drives leave a live timer due within a slice behind them (a writer's
+idle LAC waiting to see whether the next append carries it, walkit/client/_writer_lac.py),
+the loop thread looks every :attr:`tick` (:data:`PARK_TICK`, 1 ms) rather than every
+slice - a wake-up of its own, nobody else's: such a timer runs at most that late (a
+slice late when the first drive to leave one is still under way), and one that the next
+drive cancelled (the next append carried that LAC) takes nothing back. Drives that leave
+no near timer (a plain ledger's adds: the only timer is the add-timeout sweep, seconds
+away) cost the loop thread no wake-up but the slice's.
 
 **A driver's iterations** run with the loop as the thread's running loop and the loop's
 async-generator hooks (both restored after). Callbacks already ready run without the
 ``select(0)`` an iteration starts with (a few passes in a row, then a whole iteration:
 timers, epoll), so an add's hops cost no epoll call each. It stops driving once its
-future is done and nothing is ready to run (what its add's completion queued - the
-writer's idle LAC, a flush - goes out before it returns), then parks the baton (no
-wake-up).
+future is done and nothing is ready to run (what its add's completion queued - a
+flush - goes out before it returns), then parks the baton (no wake-up). A timer its add
+armed (the writer's idle LAC, after its short wait) is the parked loop thread's to run,
+unless the next append cancels it first (walkit/client/_writer_lac.py): cancelled timers
+never take the baton back.
 
 **Interplay with stop and close.** ``LoopThread.stop`` hands the loop a coroutine from
 another thread: the driver hands over and the loop thread cancels what runs, failing the
@@ -76,6 +86,7 @@ loop): a lone append changes neither.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import signal
 import sys
 import threading
@@ -86,7 +97,7 @@ from concurrent.futures import Future
 from types import CodeType, FrameType
 from typing import Any, TypeVar, cast
 
-__all__ = ["Baton", "PARK_SLICE", "can_hold"]
+__all__ = ["Baton", "PARK_SLICE", "PARK_TICK", "can_hold"]
 
 T = TypeVar("T")
 
@@ -94,6 +105,8 @@ LOOP, PARKED, HELD = "loop", "parked", "held"
 #: How long the loop thread stays parked without a drive before it runs the loop again
 #: (and how often it wakes to look while a caller drives).
 PARK_SLICE = 0.02
+#: How often the parked loop thread looks for a timer due (a drive may have armed one).
+PARK_TICK = 0.001
 #: Passes over the ready callbacks a driver makes before a full iteration (timers, epoll).
 _READY_PASSES = 8
 _MAIN = threading.main_thread().ident
@@ -115,11 +128,13 @@ class Baton:
         self.loop: Any = cast(Any, loop)  # a BaseSelectorEventLoop; its private parts are used below
         self.quiet = quiet  # (loop) whether the client owes nobody an answer (module docstring)
         self.slice = PARK_SLICE
+        self.tick = PARK_TICK
         self.state = LOOP
         self.driver = 0  # (HELD) the thread that runs the loop
         self.closed = False
         self.loop_iterations = 0
         self.pokes = 0
+        self.park_looks = 0  # times the parked loop thread looked at the baton
         self._loop_ident = loop_ident
         self._cond = threading.Condition(threading.RLock())  # (re-entrant: a GC finalizer may call_soon_threadsafe)
         self._callers = 0  # synchronous callers inside run()
@@ -128,6 +143,7 @@ class Baton:
         self._lone_ident = 0  # that caller, while it starts its call (its own hand-over is no other's work)
         self._handover = False  # (HELD) work came from another thread: the driver gives the loop back
         self._released_at = 0.0
+        self._near_timer = False  # the last drive parked with a live timer due within a slice
         selector = self.loop._selector
         self._select: Callable[[float | None], list[Any]] = selector.select
         self._safe_codes: frozenset[CodeType] = frozenset((type(selector).select.__code__,
@@ -217,6 +233,8 @@ class Baton:
                 with self._cond:
                     if self._handover or ready:
                         continue
+                    when = self._next_timer()  # (the driver runs the loop: it may drop cancelled ones)
+                    self._near_timer = when is not None and when - loop.time() < self.slice
                     self.state, self.driver = PARKED, 0
                     self._released_at = time.monotonic()
                 return
@@ -256,8 +274,9 @@ class Baton:
             self._want, self._lone = False, None
             self.state, self._released_at = PARKED, time.monotonic()
             while self.state != LOOP:
+                self.park_looks += 1
                 now = time.monotonic()
-                wait = self.slice
+                wait = self.tick if self._near_timer else self.slice  # (HELD: until the driver parks)
                 if self.state == PARKED:
                     if now - self._released_at >= self.slice or self._timer_due():
                         self.state = LOOP
@@ -267,14 +286,23 @@ class Baton:
             return True
 
     def _timer_in(self) -> float:
-        scheduled = self.loop._scheduled
-        if not scheduled:
-            return self.slice
-        return max(0.0, float(scheduled[0]._when - self.loop.time()))
+        when = self._next_timer()
+        return self.slice if when is None else max(0.0, when - self.loop.time())
 
     def _timer_due(self) -> bool:
-        scheduled = self.loop._scheduled
-        return bool(scheduled) and scheduled[0]._when <= self.loop.time()
+        when = self._next_timer()
+        return when is not None and when <= self.loop.time()
+
+    def _next_timer(self) -> float | None:
+        """(Loop thread, ``PARKED``: nobody runs the loop) when the loop's first live timer
+        is due. Cancelled timers at the head are dropped as ``_run_once`` drops them: a
+        writer's idle LAC wait, cancelled by the next append, must not take the loop back."""
+        loop = self.loop
+        scheduled = loop._scheduled
+        while scheduled and scheduled[0]._cancelled:
+            loop._timer_cancelled_count -= 1
+            heapq.heappop(scheduled)._scheduled = False
+        return float(scheduled[0]._when) if scheduled else None
 
     def _written(self) -> None:
         """The loop's self-pipe write (``call_soon_threadsafe``): work from another thread."""

@@ -38,6 +38,12 @@ class ClientConfig:
     # entry. None: on for WriteAheadLog writers (tailing is what a log is for), off for
     # plain ledgers - one more request per add for a writer that idles between adds.
     idle_lac: bool | None = None
+    # A writer whose last idle spell was shorter than this (seconds: it appends back to
+    # back) lets its idle LAC wait this long, and an add meanwhile carries the LAC on its
+    # entry instead: a writer appending one record at a time sends no WRITE_LAC at all,
+    # where at once it sent two per append; the last entry of such a run is seen this
+    # much later. After a longer spell, at once; 0: always (walkit/client/_writer_lac.py).
+    idle_lac_delay: float = 0.0005
     # Metadata session timeout (seconds; zkTimeout).
     session_timeout: float = 10.0
     # A metadata call (ledger create / open / delete, ensemble change, WAL open, roll,
@@ -86,6 +92,9 @@ class ClientConfig:
                                            value=value)
         if not isinstance(self.explicit_lac_interval, (int, float)) or self.explicit_lac_interval < 0:
             raise InvalidArgumentError("explicit_lac_interval must be >= 0 (0: off)", value=self.explicit_lac_interval)
+        if not isinstance(self.idle_lac_delay, (int, float)) or isinstance(self.idle_lac_delay, bool) or \
+                not 0 <= self.idle_lac_delay <= 60:
+            raise InvalidArgumentError("idle_lac_delay is seconds, 0 to 60 (0: at once)", value=self.idle_lac_delay)
         for flag in ("range_reads", "metadata_read_only", "use_v2_wire_protocol"):
             if not isinstance(getattr(self, flag), bool):
                 raise InvalidArgumentError("client option is True or False", option=flag, value=getattr(self, flag))

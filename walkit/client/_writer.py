@@ -5,7 +5,9 @@ Theory of operation (all state lives on the client loop except the submission qu
 
 * :meth:`LedgerWriter.submit` (any thread) numbers the entry and queues it; the loop
   takes the queue in one go, encodes each entry with the current LAC piggybacked, and
-  sends it to the Qw bookies of its write set (striping: ensemble[(e + i) mod E]).
+  sends it to the Qw bookies of its write set (striping: ensemble[(e + i) mod E]). The
+  LAC sent on its own (the explicit-LAC timer, the idle LAC) is
+  :class:`~walkit.client._writer_lac.LacPublisher`'s.
 * An add is *acknowledged* once Qa bookies of its current write set confirmed it (each
   after its journal's fdatasync). It *completes* when it is acknowledged and every lower
   entry has completed: completions run in entry order and each moves the LAC.
@@ -38,13 +40,13 @@ import collections
 import logging
 import time
 from concurrent.futures import Future
-from typing import Any
 
 from walkit.client._add_queue import Add, AddQueue
 from walkit.client._core import ClientCore
 from walkit.client._entry_codec import EntryCodec
 from walkit.client._placement import Placement
 from walkit.client._submit import QuickFuture
+from walkit.client._writer_lac import LacPublisher
 from walkit.client._writer_metadata import write_close, write_ensemble, write_recovered
 from walkit.errors import (
     BookieTimeoutError,
@@ -55,7 +57,7 @@ from walkit.errors import (
 )
 from walkit.logs import context
 from walkit.metadata import LedgerMetadata, LedgerState
-from walkit.protocol import AddEntry, Response, WriteLac
+from walkit.protocol import AddEntry
 
 __all__ = ["LedgerWriter"]
 
@@ -85,11 +87,7 @@ class LedgerWriter:
         self.pending: collections.deque[Add] = collections.deque()
         self._changing = False
         self._drained: list[asyncio.Future[None]] = []
-        self._lac_timer: asyncio.TimerHandle | None = None
-        self._piggybacked = lac  # the highest LAC that went out on an entry or WRITE_LAC
-        self.explicit_lac_interval = core.config.explicit_lac_interval  # a WAL sets its own
-        # a WAL turns it on unless the client said False; a recoverer's LAC is the close's business
-        self.idle_lac = bool(core.config.idle_lac) and not recovery
+        self.lacs = LacPublisher(self, lac)  # the LAC sent on its own: walkit/client/_writer_lac.py
         self._set_ensemble()
         # submission (any thread): walkit/client/_add_queue.py
         self.queue = AddQueue(self, self.ledger_id, core.config.max_pending_adds, core.loop.in_loop, lac + 1, length)
@@ -148,7 +146,7 @@ class LedgerWriter:
             self.pending.pop()
         else:
             self._send(add)
-            self._arm_timer()
+            self._arm_timers()
         return fut
 
     def take_incoming(self, flush: bool = True) -> None:
@@ -163,7 +161,7 @@ class LedgerWriter:
             self._send(add)
         if batch and flush:
             self.core.pool.flush(self.ensemble)  # now, not at the loop's next iteration
-        self._arm_timer()
+        self._arm_timers()
 
     def abandon_incoming(self, error: WalkitError) -> None:
         """(Any thread) the client closed before the loop took the queued adds: each
@@ -178,8 +176,9 @@ class LedgerWriter:
         """Send ``add`` to the members of its write set it has not gone to yet."""
         if not add.data:
             add.data = self._encode(self.ledger_id, add.entry_id, self.lac, add.length, add.payload)
-            if self.lac > self._piggybacked:
-                self._piggybacked = self.lac
+            lacs = self.lacs
+            if self.lac > lacs.piggybacked or lacs.idle_since:
+                lacs.carried(self.lac)
         write_set = self._write_sets[add.entry_id % len(self._write_sets)]
         failed, sent = self.failed, add.sent
         if self._degraded:
@@ -241,9 +240,8 @@ class LedgerWriter:
         if not self.recovery:  # a recoverer's re-adds are not the application's
             stats.adds += len(ready)
         if not pending:
-            if self.idle_lac and not self.queue.queued and ready:  # idle: no entry will carry this LAC soon
-                acked = [b for b in self.ensemble if b in ready[-1].acked]
-                self._publish_lac(acked or None)
+            if ready and not self.queue.queued:  # idle: no entry will carry this LAC soon
+                self.lacs.went_idle([b for b in self.ensemble if b in ready[-1].acked] or None)
             self._wake_drained()
 
     def _settle(self, add: Add, error: WalkitError | None) -> None:
@@ -362,14 +360,11 @@ class LedgerWriter:
                 self._fail(error)
                 return
 
-    # -- timeouts and explicit LAC -----------------------------------------------------
-    def _arm_timer(self) -> None:
+    # -- timeouts ----------------------------------------------------------------------
+    def _arm_timers(self) -> None:
         if self.pending:
             self.core.watch_adds(self)  # the client's one timeout sweep looks at this writer
-        if self._lac_timer is None and self.explicit_lac_interval > 0 and not self.recovery and (
-                self.pending or self.lac > self._piggybacked):  # an idle writer with nothing to send: no timer
-            self._lac_timer = asyncio.get_running_loop().call_later(self.explicit_lac_interval,
-                                                                    self._send_lac)
+        self.lacs.arm()
 
     def check_timeouts(self, now: float, stalled: bool) -> None:
         """(The client's timeout sweep) fail, as timed out, the bookies that have not
@@ -396,32 +391,6 @@ class LedgerWriter:
                     self._fail(NotEnoughBookiesError("an add can no longer reach its quorum", ledger=self.ledger_id,
                                                      entry=add.entry_id, acked=len(add.acked)))
 
-    def _send_lac(self) -> None:
-        self._lac_timer = None
-        if self.error is not None or self.meta.state is LedgerState.CLOSED:
-            return
-        self._publish_lac()
-        self._arm_timer()
-
-    def _publish_lac(self, to: list[str] | None = None) -> None:
-        """Send the LAC on its own (WRITE_LAC) to ``to`` (None: the ensemble), unless an
-        entry already carried it: from the timer (``explicit_lac_interval``: every
-        bookie, as BookKeeper) and when the writer goes idle (``idle_lac``: the Qa or so
-        bookies that acknowledged the LAC's entry. They hold the entry, which their
-        answer to a long poll carries along, and they are enough for every reader: a
-        long poll takes the first answer of any bookie, and READ_LAC waits for
-        Qw - Qa + 1 answers of the entry's write set, which cannot all come from its
-        other Qw - Qa bookies). A WRITE_LAC needs no fsync on the bookies (it only says
-        which entries Qa bookies acknowledged); it is best effort, since the next entry
-        carries the LAC anyway."""
-        if self.lac > self._piggybacked:
-            self._piggybacked = self.lac
-            request = WriteLac(self.ledger_id, self.lac, self.key,
-                               body=self.codec.lac_body(self.ledger_id, self.lac))
-            for bookie in self.ensemble if to is None else to:
-                if bookie not in self.failed:
-                    self.core.pool.request_cb(bookie, request, _ignore, None)
-
     # -- drain and close ---------------------------------------------------------------
     def _wake_drained(self) -> None:
         waiters, self._drained = self._drained, []
@@ -446,15 +415,8 @@ class LedgerWriter:
         await self.drain()
         while self._changing:  # an ensemble change already under way lands first
             await asyncio.sleep(0.01)
-        if self._lac_timer is not None:
-            self._lac_timer.cancel()
-            self._lac_timer = None
+        self.lacs.stop()
         record = write_recovered if self.recovery else write_close  # walkit/client/_writer_metadata.py
         self.meta, self.version = await self.core.md(record, self.core.ledgers, self.meta, self.lac, self.lac_length)
         return self.meta
 
-
-def _ignore(response: Response | None, error: WalkitError | None, ctx: Any) -> None:
-    """Explicit LAC writes are best effort: the next entry carries the LAC anyway."""
-    if error is not None:
-        log.debug("explicit LAC not written: %s", error)

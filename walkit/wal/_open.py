@@ -43,7 +43,7 @@ __all__ = ["Claimed", "OpenRequest", "claim", "client_of", "discard_segment", "n
 log = logging.getLogger("walkit.wal._log")  # the logger these lines always had
 
 #: Seconds an idle log's last record may look stale to readers when the client's
-#: ``idle_lac`` is False (otherwise the writer publishes its LAC the moment it goes idle).
+#: ``idle_lac`` is False (otherwise the writer publishes its LAC once it is idle: walkit/client/_writer_lac.py).
 EXPLICIT_LAC_INTERVAL = 0.1
 
 
@@ -175,9 +175,9 @@ async def claim(bk: BookKeeper, request: OpenRequest) -> Claimed:
     except BaseException:
         await discard_segment(bk, node, writer, segment)
         raise
-    writer.idle_lac = client.config.idle_lac is not False  # on unless the client turned it off
-    if not writer.idle_lac:
-        writer.explicit_lac_interval = client.config.explicit_lac_interval or EXPLICIT_LAC_INTERVAL
+    writer.lacs.idle = client.config.idle_lac is not False  # on unless the client turned it off
+    if not writer.lacs.idle:
+        writer.lacs.interval = client.config.explicit_lac_interval or EXPLICIT_LAC_INTERVAL
     log.info("log %s/%s: writer epoch %d, segment %d (ledger %d)", node.namespace, node.name, meta.epoch,
              segment.seq, writer.ledger_id,
              extra=context(log=node.name, namespace=node.namespace, ledger=writer.ledger_id))

@@ -414,8 +414,8 @@ class LogWriter:
         except BaseException:
             await discard_segment(state.bk, state.node, writer, segment)
             raise
-        writer.explicit_lac_interval = self.ledger.explicit_lac_interval
-        writer.idle_lac = self.ledger.idle_lac
+        writer.lacs.interval = self.ledger.lacs.interval
+        writer.lacs.idle = self.ledger.lacs.idle
         self.ledger, state.segment = writer, segment
         state.segment_bytes, self._segment_started = 0, time.monotonic()
         self.stats.rolls += 1
