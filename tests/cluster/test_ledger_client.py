@@ -145,12 +145,16 @@ def test_striping_puts_each_entry_on_its_write_set(tmp_path: Path, driver: Drive
         lh = bk.create_ledger(ensemble_size=5, write_quorum=3, ack_quorum=2)
         for i in range(10):
             lh.add_entry(b"%d" % i)
+        # pipelined: the loop takes them in batches, sent one call per bookie (walkit/client/_add_batch.py)
+        assert [f.result(timeout=30) for f in [lh.add_entry_async(b"%d" % i) for i in range(10, 300)]] \
+            == list(range(10, 300))
         lh.close()
         ensemble = lh.metadata.ensembles[0][1]
-        for i in range(10):
+        for i in range(300):
             expected = {ensemble[(i + k) % 5] for k in range(3)}
             holders = {b for b in ensemble if stored_on(cluster, b, lh.ledger_id, i)}
             assert holders == expected, i
+        assert [e.data for e in bk.open_ledger(lh.ledger_id).read(0, 299)] == [b"%d" % i for i in range(300)]
 
 
 @pytest.mark.parametrize("digest", ["crc32c", "mac", "none"])
