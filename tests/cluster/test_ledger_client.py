@@ -111,7 +111,13 @@ def test_bad_arguments_are_refused_clearly(tmp_path: Path, driver: Driver) -> No
             lh.add_entry("text")  # type: ignore[arg-type]
         with pytest.raises(walkit.errors.EntryTooLargeError):
             lh.add_entry(b"x" * (6 << 20))
+        largest = bk.config.max_frame_size - 256 - 32 - 4  # frame overhead, entry header, CRC32C
+        with pytest.raises(walkit.errors.EntryTooLargeError):
+            lh.add_entry_async(b"x" * (largest + 1))
+        with pytest.raises(walkit.errors.EntryTooLargeError):
+            lh.add_entry_async(bytearray(largest + 1))
         assert lh.add_entry(b"still fine") == 0
+        assert lh.add_entry(b"x" * largest) == 1 and lh.add_entry(memoryview(b"y")) == 2
 
 
 def test_pipelined_adds_complete_in_order_from_many_threads(tmp_path: Path, driver: Driver) -> None:
