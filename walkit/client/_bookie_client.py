@@ -3,7 +3,9 @@
 Each call sends one request frame and awaits its response; many calls may be in flight
 at once and their responses may come back in any order (request ids match them).
 :meth:`BookieClient.request_cb` is the same without a future: the callback gets
-``(response, error, ctx)`` on the loop (what the ledger client's hot paths use).
+``(response, error, ctx)`` on the loop (what the ledger client's hot paths use), and
+:meth:`BookieClient.queue_adds` sends a writer's batch of adds in one call, their EOK
+answers handed on in runs (:class:`AckRelay`, walkit/client/_add_batch.py).
 Frames written in the same loop iteration go out in one ``transport.write`` (or earlier,
 on :meth:`BookieClient.flush`); an ADD_ENTRY's key and entry are not copied into a frame
 of their own, only into that write. What the connection sends of its own accord after a
