@@ -111,7 +111,13 @@ def test_bad_arguments_are_refused_clearly(tmp_path: Path, driver: Driver) -> No
             lh.add_entry("text")  # type: ignore[arg-type]
         with pytest.raises(walkit.errors.EntryTooLargeError):
             lh.add_entry(b"x" * (6 << 20))
+        largest = bk.config.max_frame_size - 256 - 32 - 4  # frame overhead, entry header, CRC32C
+        with pytest.raises(walkit.errors.EntryTooLargeError):
+            lh.add_entry_async(b"x" * (largest + 1))
+        with pytest.raises(walkit.errors.EntryTooLargeError):
+            lh.add_entry_async(bytearray(largest + 1))
         assert lh.add_entry(b"still fine") == 0
+        assert lh.add_entry(b"x" * largest) == 1 and lh.add_entry(memoryview(b"y")) == 2
 
 
 def test_pipelined_adds_complete_in_order_from_many_threads(tmp_path: Path, driver: Driver) -> None:
@@ -145,12 +151,16 @@ def test_striping_puts_each_entry_on_its_write_set(tmp_path: Path, driver: Drive
         lh = bk.create_ledger(ensemble_size=5, write_quorum=3, ack_quorum=2)
         for i in range(10):
             lh.add_entry(b"%d" % i)
+        # pipelined: the loop takes them in batches, sent one call per bookie (walkit/client/_add_batch.py)
+        assert [f.result(timeout=30) for f in [lh.add_entry_async(b"%d" % i) for i in range(10, 300)]] \
+            == list(range(10, 300))
         lh.close()
         ensemble = lh.metadata.ensembles[0][1]
-        for i in range(10):
+        for i in range(300):
             expected = {ensemble[(i + k) % 5] for k in range(3)}
             holders = {b for b in ensemble if stored_on(cluster, b, lh.ledger_id, i)}
             assert holders == expected, i
+        assert [e.data for e in bk.open_ledger(lh.ledger_id).read(0, 299)] == [b"%d" % i for i in range(300)]
 
 
 @pytest.mark.parametrize("digest", ["crc32c", "mac", "none"])

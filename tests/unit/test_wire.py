@@ -1045,6 +1045,42 @@ def test_client_send_add_in_pieces_is_the_frame_send_gives(recovery: bool) -> No
     assert parts.pending_ids() == [1, 3, 4]
 
 
+@pytest.mark.parametrize("recovery", [False, True])
+def test_client_send_adds_is_send_add_for_each_entry(recovery: bool) -> None:
+    """send_adds of a run of entries appends, entry by entry, what send_add gives for each
+    (head, key, entry: the bytes of send()), numbered in order from the id it returns; one
+    past the maximum frame size is skipped - not sent, not pending, its id returned - and
+    the numbering goes on past it."""
+    one, run = ClientConnection(MIN_MAX_FRAME_SIZE), ClientConnection(MIN_MAX_FRAME_SIZE)
+    one.send(ReadLac(7))
+    run.send(ReadLac(7))  # both connections at id 2
+    too_big = b"y" * (MIN_MAX_FRAME_SIZE - 33 - len(KEY) + 1)
+    entries = [AddEntry(7, 5 + i, KEY, data, recovery)
+               for i, data in enumerate([b"", b"x", too_big, bytes(range(256)) * 3, b"z" * 100])]
+    expected: list[bytes] = []
+    for req in entries:
+        try:
+            expected += [one.send_add(req)[1], req.master_key, req.data]
+        except FrameTooLargeError:
+            one.send(ReadLac(7))  # takes the id the refused one took
+            del one._pending[4]
+    out: list[bytes] = [b"before"]
+    assert run.send_adds(7, KEY, recovery, entries, out) == (2, [4])
+    assert out == [b"before", *expected]
+    assert run.pending_ids() == one.pending_ids() == [1, 2, 3, 5, 6]
+    for rid, req in zip([2, 3, 5, 6], [entries[0], entries[1], entries[3], entries[4]]):
+        frame = b"".join(out[1:])
+        length = struct.unpack_from(">I", frame)[0]
+        assert decode_request(frame[4:4 + length]) == replace(req, request_id=rid)
+        out[1:4] = []
+    assert run.send(ReadLac(7))[0] == 7
+    server = ServerConnection()
+    answers = server.send(AddEntryResponse(7, 5, request_id=2)) + server.send(AddEntryResponse(7, 9, request_id=6))
+    assert run.receive_acks(answers) == [2, 6]
+    assert run.pending_ids() == [1, 3, 5, 7]
+    assert run.send_adds(7, KEY, recovery, [], out) == (8, []) and run.pending_ids() == [1, 3, 5, 7]
+
+
 # --- WRITE_LAC's body (flag LAC_BODY, 2026-12-06) ----------------------------------------
 
 LAC_BODY = b"L" * 36  # as long as BookKeeper's largest (HMAC-SHA1)

@@ -3,7 +3,9 @@
 Each call sends one request frame and awaits its response; many calls may be in flight
 at once and their responses may come back in any order (request ids match them).
 :meth:`BookieClient.request_cb` is the same without a future: the callback gets
-``(response, error, ctx)`` on the loop (what the ledger client's hot paths use).
+``(response, error, ctx)`` on the loop (what the ledger client's hot paths use), and
+:meth:`BookieClient.queue_adds` sends a writer's batch of adds in one call, their EOK
+answers handed on in runs (:class:`AckRelay`, walkit/client/_add_batch.py).
 Frames written in the same loop iteration go out in one ``transport.write`` (or earlier,
 on :meth:`BookieClient.flush`); an ADD_ENTRY's key and entry are not copied into a frame
 of their own, only into that write. What the connection sends of its own accord after a
@@ -22,10 +24,10 @@ import json
 import logging
 import ssl
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
-from walkit.errors import BookieUnavailableError, InvalidArgumentError, ProtocolError, WalkitError
+from walkit.errors import BookieUnavailableError, FrameTooLargeError, InvalidArgumentError, ProtocolError, WalkitError
 from walkit.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     AddEntry,
@@ -45,7 +47,7 @@ from walkit.protocol import (
     error_for,
 )
 
-__all__ = ["BookieClient", "ResponseCallback", "client_ssl_context"]
+__all__ = ["AckRelay", "BookieClient", "ResponseCallback", "client_ssl_context"]
 
 _log = logging.getLogger(__name__)
 R = TypeVar("R", bound=Response)
@@ -86,6 +88,32 @@ def _read_buffer(loop: asyncio.AbstractEventLoop) -> memoryview:
     if view is None:
         view = _read_buffers[loop] = memoryview(bytearray(_READ_CHUNK))
     return view
+
+
+class AckRelay:
+    """The callback of the adds of :meth:`BookieClient.queue_adds`: ``acked(adds)`` takes
+    the adds a bookie acknowledged (EOK) in a row, in the order it answered, once per
+    run; any other answer, or a failure, goes to ``one(response, error, add)``
+    (:data:`ResponseCallback`), which calling the relay calls."""
+
+    __slots__ = ("acked", "one")
+
+    def __init__(self, acked: Callable[[list[Any]], None], one: ResponseCallback) -> None:
+        self.acked = acked
+        self.one = one
+
+    def __call__(self, response: Response | None, error: WalkitError | None, ctx: Any) -> None:
+        self.one(response, error, ctx)
+
+
+def _hand_on(relay: AckRelay | None, run: list[Any]) -> list[Any]:
+    """``relay.acked(run)``; a fresh list for the next run."""
+    assert relay is not None  # a run has the relay of its adds
+    try:
+        relay.acked(run)
+    except Exception:  # one failing callback must not strand the other responses
+        _log.exception("response callback failed")
+    return []
 
 
 class _Protocol(asyncio.BufferedProtocol):
@@ -231,6 +259,27 @@ class BookieClient:
             self._loop.call_soon(cb, None, exc, ctx)
         return True
 
+    def queue_adds(self, ledger_id: int, key: bytes, recovery: bool, adds: Sequence[Any], relay: AckRelay) -> None:
+        """ADD_ENTRYs of ``ledger_id`` for a run of adds (each with ``entry_id`` and
+        ``data``: :meth:`ClientConnection.send_adds`), in order, each answered to
+        ``relay`` with the add as its context: the acknowledgements of a read in runs
+        (``relay.acked``), anything else one by one (``relay(response, error, add)``).
+        Only on a usable connection (not :attr:`failed`); ids and key are the caller's
+        to check. What :meth:`try_request_cb` of an AddEntry per add does, in one call
+        rather than a few per add and bookie."""
+        first, refused = self._wire.send_adds(ledger_id, key, recovery, adds, self._out)
+        ids = range(first, first + len(adds))
+        self._pending.update(dict.fromkeys(ids, relay))
+        self._contexts.update(zip(ids, adds))
+        for request_id in refused:  # over the frame limit: that add only fails
+            del self._pending[request_id]
+            error = FrameTooLargeError("frame over the maximum frame size", type="AddEntry", request_id=request_id,
+                                       bookie=self.address)
+            self._loop.call_soon(relay, None, error, self._contexts.pop(request_id))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
     def _queue(self, request: Request, cb: ResponseCallback, ctx: Any) -> None:
         if type(request) is AddEntry:  # the hot path: key and entry go out as they are, not in a frame of their own
             request_id, head = self._wire.send_add(request)
@@ -268,18 +317,34 @@ class BookieClient:
             self._out.append(resent)
             self._flush()
         pending, contexts = self._pending, self._contexts
+        run: list[Any] = []  # adds of queue_adds acknowledged in a row: their relay takes them at once
+        relay: AckRelay | None = None
         for response in responses:
             if response.__class__ is int:  # an add made durable: nothing to hand on but that
                 cb = pending.pop(response, None)
                 if cb is None:
                     continue
+                if cb is relay:
+                    run.append(contexts.pop(response))
+                    continue
+                if run:
+                    run = _hand_on(relay, run)
+                if cb.__class__ is AckRelay:
+                    relay = cb
+                    run.append(contexts.pop(response))
+                    continue
+                relay = None
                 try:
                     cb(None, None, contexts.pop(response))
                 except Exception:  # one failing callback must not strand the other responses
                     _log.exception("response callback failed")
                 continue
             assert not isinstance(response, int)
+            if run:  # answers are handed on in the order they came
+                run, relay = _hand_on(relay, run), None
             self._deliver(response.request_id, response)
+        if run:
+            _hand_on(relay, run)
 
     def _deliver(self, request_id: int, response: Response | None) -> None:
         """Hand an answer to the callback waiting for ``request_id`` (none waits: dropped):

@@ -6,6 +6,7 @@ holds the :class:`~walkit.client.LedgerClient` it runs on, never the ``BookKeepe
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from concurrent.futures import Future
 from types import TracebackType
@@ -25,11 +26,20 @@ _FRAME_OVERHEAD = 256  # frame header, ids, master key: well above what an ADD_E
 _ENTRY_HEADER = 32
 
 
+# a digest's size by its name, looked up once per name (an unknown name raises, and is not kept)
+_digest_size = functools.lru_cache(maxsize=64)(entry_digest_size)
+
+
 def check_payload(data: object, max_frame_size: int, digest: str) -> bytes:
-    if not isinstance(data, (bytes, bytearray, memoryview)):
+    """``data`` as the ``bytes`` of an entry of a ``digest`` ledger (InvalidArgumentError
+    when it is not bytes-like; EntryTooLargeError when its frame would pass ``max_frame_size``)."""
+    if data.__class__ is bytes:  # the usual case: taken as it is (bytes() would give it back)
+        payload: bytes = data
+    elif isinstance(data, (bytes, bytearray, memoryview)):
+        payload = bytes(data)
+    else:
         raise InvalidArgumentError("an entry is bytes", type=type(data).__name__)
-    payload = bytes(data)
-    limit = max_frame_size - _FRAME_OVERHEAD - _ENTRY_HEADER - entry_digest_size(digest)
+    limit = max_frame_size - _FRAME_OVERHEAD - _ENTRY_HEADER - _digest_size(digest)
     if len(payload) > limit:
         raise EntryTooLargeError("entry too large for the frame limit", size=len(payload), limit=limit)
     return payload
@@ -53,6 +63,8 @@ class LedgerHandle(_Handle):
         super().__init__(client)
         self._writer = writer
         self._closed = False
+        # the largest entry check_payload takes (config and digest are the ledger's for good)
+        self._largest = client.config.max_frame_size - _FRAME_OVERHEAD - _ENTRY_HEADER - _digest_size(writer.meta.digest)
 
     @property
     def ledger_id(self) -> int:
@@ -86,6 +98,8 @@ class LedgerHandle(_Handle):
         (LedgerFencedError, NotEnoughBookiesError, ...): then no later add succeeds."""
         if self._closed:
             raise LedgerClosedError("ledger handle is closed", ledger=self.ledger_id)
+        if data.__class__ is bytes and len(data) <= self._largest:  # check_payload's answer, without the call
+            return self._writer.submit(data)
         return self._writer.submit(check_payload(data, self._client.config.max_frame_size, self._writer.meta.digest))
 
     def add_entry(self, data: bytes) -> int:

@@ -164,6 +164,20 @@ class BookiePool:
             if client is None or not client.try_request_cb(request, relay, target):
                 self.request_cb(bookie, request, relay, target)  # connects (again)
 
+    def ready(self, bookies: Iterable[str]) -> list[BookieClient] | None:
+        """The open connections to ``bookies``, in their order, when each is a usable
+        connection in walkit's protocol (:meth:`BookieClient.queue_adds` takes a writer's
+        batch); None otherwise (one not connected yet, lost, or an Apache BookKeeper
+        bookie's): then requests go one by one (:meth:`request_each`), which connects."""
+        clients = self._clients
+        ready: list[BookieClient] = []
+        for bookie in bookies:
+            client = clients.get(bookie)
+            if client is None or client.__class__ is not BookieClient or client.failed:
+                return None
+            ready.append(client)
+        return ready
+
     def flush(self, bookies: Iterable[str]) -> None:
         """Write what is queued for ``bookies`` now (see :meth:`BookieClient.flush`)."""
         clients = self._clients

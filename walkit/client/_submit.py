@@ -122,7 +122,12 @@ class QuickFuture(Future[T]):
             log.exception("exception calling callback for %r", self)
 
     def set_result(self, result: T) -> None:
-        QuickFuture.set_results((self,), (result,))
+        if self._state != RUNNING:
+            Future.set_result(self, result)  # raises InvalidStateError, as the stock one does
+        self._result = result  # what set_results does for each of its futures
+        self._state = FINISHED
+        if self._cv is not None:
+            self._wake(True)
 
     @staticmethod
     def set_results(futures: Iterable[QuickFuture[T]], results: Iterable[T]) -> None:

@@ -41,6 +41,7 @@ import logging
 import time
 from concurrent.futures import Future
 
+from walkit.client._add_batch import send_taken
 from walkit.client._add_queue import Add, AddQueue
 from walkit.client._core import ClientCore
 from walkit.client._entry_codec import EntryCodec
@@ -153,7 +154,7 @@ class LedgerWriter:
         """(Loop) send the adds submitted since the last call; ``flush``: write them to
         the bookies now (else the caller flushes, once for many writers)."""
         batch = self.queue.take()
-        for add in batch:
+        for add in () if batch and send_taken(self, batch) else batch:  # else one by one (_add_batch.py)
             if self.error is not None:
                 self._settle(add, self.error)
                 continue

@@ -34,7 +34,9 @@ is the one the general path gives.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Protocol
 
 from walkit.errors import FrameTooLargeError, ProtocolError, ProtocolVersionError
 from walkit.protocol._codec import (
@@ -72,6 +74,16 @@ from walkit.protocol._messages import (
 )
 
 __all__ = ["ServerConnection", "ClientConnection"]
+
+
+class _Entry(Protocol):
+    """What :meth:`ClientConnection.send_adds` reads of an entry it sends."""
+
+    @property
+    def entry_id(self) -> int: ...
+
+    @property
+    def data(self) -> bytes: ...
 
 
 class ServerConnection:
@@ -273,6 +285,32 @@ class ClientConnection:
         head = _ADD_REQ.pack(size - 4, _V, 1, _RECOVERY_ADD if req.recovery else 0, rid, req.ledger_id, req.entry_id,
                              len(key))
         return rid, head
+
+    def send_adds(self, ledger_id: int, key: bytes, recovery: bool, entries: Sequence[_Entry],
+                  out: list[bytes]) -> tuple[int, list[int]]:
+        """:meth:`send_add` for a run of entries of one ledger (a writer's batch to one
+        bookie), numbered in order from the id returned: each one's head, ``key`` and
+        ``entry.data`` are appended to ``out``, exactly as ``send_add`` makes them. Ids and
+        key are the caller's to check (a writer's come from a checked ledger: an
+        :class:`AddEntry` of the same fields would pass). An entry whose frame would be
+        over the maximum frame size is not sent and not pending: its id is in the list
+        returned (the caller fails it), and the ids go on past it."""
+        first = rid = self._next_id
+        pack, klen, flags, limit = _ADD_REQ.pack, len(key), _RECOVERY_ADD if recovery else 0, self._max - 33
+        refused: list[int] = []
+        for entry in entries:
+            data = entry.data
+            if len(data) + klen > limit:
+                refused.append(rid)
+            else:
+                out += (pack(29 + klen + len(data), _V, 1, flags, rid, ledger_id, entry.entry_id, klen), key, data)
+            rid += 1
+        self._next_id = rid
+        pending = self._pending
+        pending.update(dict.fromkeys(range(first, rid), Op.ADD_ENTRY))
+        for refused_rid in refused:
+            del pending[refused_rid]
+        return first, refused
 
     def receive(self, data: Buffer) -> list[Response]:
         """Responses completed by ``data``, in stream order.
