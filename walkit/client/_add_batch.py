@@ -36,10 +36,10 @@ from __future__ import annotations
 import collections
 import functools
 import time
-from typing import Protocol, cast
+from typing import Protocol
 
 from walkit.client._add_queue import Add
-from walkit.client._bookie_client import AckRelay
+from walkit.client._bookie_client import AckRelay, AddGroups
 from walkit.client._core import ClientCore
 from walkit.client._entry_codec import Encoder
 from walkit.client._writer_lac import LacPublisher
@@ -72,17 +72,25 @@ class BatchWriter(Protocol):
     def _complete_ready(self) -> None: ...
 
 
-def send_taken(writer: BatchWriter, batch: list[Add]) -> bool:
+def send_taken(writer: BatchWriter, batch: list[Add], sink: AddGroups | None = None) -> bool:
     """(Loop) Make ``batch`` - adds just taken from ``writer``'s queue, in entry order -
     pending and send each to its write set, one call per bookie; False (and nothing
     done) when something stands in the way (module docstring): the caller sends them one
-    by one."""
+    by one. With ``sink`` (one pass of :meth:`ClientCore._send_ready` over many writers)
+    each bookie's run goes there instead, to be queued with the runs
+    of the other writers of the pass in one call per bookie (:class:`AddGroups
+    <walkit.client._bookie_client.AddGroups>`)."""
     if writer.error is not None or writer._degraded:
         return False
     ensemble, failed = writer.ensemble, writer.failed
     if failed and not failed.isdisjoint(ensemble):
         return False
-    clients = writer.core.pool.ready(ensemble)
+    if sink is None:
+        clients = writer.core.pool.ready(ensemble)
+    elif ensemble in sink.ready:
+        clients = sink.ready[ensemble]
+    else:
+        clients = sink.ready[ensemble] = writer.core.pool.ready(ensemble)
     if clients is None:
         return False
     ledger_id, lac, encode, write_sets = writer.ledger_id, writer.lac, writer._encode, writer._write_sets
@@ -97,11 +105,21 @@ def send_taken(writer: BatchWriter, batch: list[Add]) -> bool:
         lacs.carried(lac)
     writer.pending.extend(batch)
     key, recovery, qw = writer.key, writer.recovery, len(write_sets[0])
+    whole = (ledger_id, key, recovery, batch)
     for index, (bookie, client) in enumerate(zip(ensemble, clients)):
         # the bookie at ``index`` is in entry e's write set when (index - e) mod E < Qw
         run = batch if qw == size else [add for add in batch if (index - add.entry_id) % size < qw]
-        if run:
+        if not run:
+            continue
+        if sink is None:
             client.queue_adds(ledger_id, key, recovery, run, _relay(bookie))
+            continue
+        group = whole if run is batch else (ledger_id, key, recovery, run)
+        groups = sink.groups.get(client)
+        if groups is None:
+            sink.groups[client] = (_relay(bookie), [group])
+        else:
+            groups[1].append(group)
     return True
 
 
@@ -122,15 +140,15 @@ def acked(bookie: str, adds: list[Add]) -> None:
     counts the ack as ``LedgerWriter.on_ack`` counts a success, and each writer whose
     oldest pending add has its quorum then completes what is ready, once for the run."""
     writer: BatchWriter | None = None
-    owner: object = None  # the writer of the adds before (an identity test: no cast per add)
+    owner: object = None  # the writer of the adds before (an identity test)
     need = 0
     for add in adds:
         if add.writer is not owner:
             if writer is not None and writer.pending and writer.pending[0].quorum:
                 writer._complete_ready()
             owner = add.writer
-            writer = cast(BatchWriter, owner)
-            need = writer.quorum_size
+            switched: BatchWriter = owner  # type: ignore[assignment]  # (no cast() call per switch)
+            writer, need = switched, switched.quorum_size
         if add.done or bookie not in add.sent or bookie in add.acked:
             continue  # late: completed already, or from a bookie since replaced
         add.acked += (bookie,)
