@@ -1274,3 +1274,42 @@ def test_an_add_in_flight_keeps_two_objects_for_the_cyclic_gc(walkit_cluster: An
         assert [f.result(timeout=30) for f in futures] == list(range(1, 501))
     finally:
         bk.close()
+
+
+def test_a_pass_over_many_ledgers_striped_sends_each_bookie_only_its_entries(tmp_path: Path, driver: Driver,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """E=3 Qw=2: the runs a pass over 20 writers queues to a bookie hold, for each
+    ledger, just the entries whose write set has that bookie, in order (one
+    ``queue_add_groups`` per bookie for the pass); every add completes and reads back."""
+    if driver.spec.driver != "local":
+        pytest.skip("client logic: one driver is enough")
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        handles = [bk.create_ledger(3, 2, 2) for _ in range(20)]
+        for h in handles:  # connections made: the batches' path (BookiePool.ready)
+            assert h.add_entry(b"warm") == 0
+        core = bk.client._core
+        grouped: dict[str, list[tuple[int, list[int]]]] = {}
+        real_groups = BookieClient.queue_add_groups
+
+        def counting_groups(self: BookieClient, groups: Any, relay: Any) -> None:
+            bookie = next(b for b, c in core.pool._clients.items() if c is self)
+            assert bookie not in grouped, "one call per bookie for the pass"
+            grouped[bookie] = [(ledger_id, [add.entry_id for add in adds]) for ledger_id, _, _, adds in groups]
+            real_groups(self, groups, relay)
+
+        monkeypatch.setattr(BookieClient, "queue_add_groups", counting_groups)
+        busy, release = threading.Event(), threading.Event()
+        core.loop.call(lambda: (busy.set(), release.wait(10)))
+        assert busy.wait(10)
+        futures = [(h, r, h.add_entry_async(b"%d/%d" % (h.ledger_id, r))) for r in range(1, 7) for h in handles]
+        release.set()
+        assert [fut.result(30) for _, _, fut in futures] == [r for _, r, _ in futures]
+        for bookie in cluster.bookie_ids:
+            expected = []
+            for h in handles:
+                ensemble = h.metadata.ensembles[-1][1]
+                index = ensemble.index(bookie)
+                expected.append((h.ledger_id, [e for e in range(1, 7) if (index - e) % 3 < 2]))
+            assert sorted(grouped[bookie]) == sorted(expected), bookie
+        for h in handles:
+            assert [e.data for e in h.read(1, 6)] == [b"%d/%d" % (h.ledger_id, r) for r in range(1, 7)]

@@ -15,7 +15,14 @@ pass for that add alone. Here, when nothing stands in the way (:func:`send_taken
   and send time, then each bookie of the ensemble gets the adds its write set has (all
   of them when E = Qw) in one :meth:`BookieClient.queue_adds
   <walkit.client._bookie_client.BookieClient.queue_adds>` - the same frames, in the same
-  order, as ``_send`` would have queued;
+  order, as ``_send`` would have queued. When the loop takes many writers at once
+  (:meth:`ClientCore._send_ready <walkit.client._core.ClientCore._send_ready>`: a
+  thousand ledgers written round-robin, an add or two each), their runs are gathered
+  per bookie for the pass (:class:`~walkit.client._bookie_client.AddGroups`) and each
+  bookie gets them all in one :meth:`BookieClient.queue_add_groups
+  <walkit.client._bookie_client.BookieClient.queue_add_groups>` - frames of different
+  ledgers share the write, each writer's in its entry order - and the ensemble's
+  connections are looked up once per ensemble, not once per writer;
 * a bookie's EOK answers that arrive together reach :func:`acked` as one list (their
   relay is the bookie's :class:`~walkit.client._bookie_client.AckRelay`): each add
   counts the ack as ``on_ack`` would, and the writer's completion pass runs once for the
@@ -39,9 +46,10 @@ import time
 from typing import Protocol
 
 from walkit.client._add_queue import Add
-from walkit.client._bookie_client import AckRelay, AddGroups
+from walkit.client._bookie_client import AckRelay, AddGroups, AddRun
 from walkit.client._core import ClientCore
 from walkit.client._entry_codec import Encoder
+from walkit.client._pool import BookiePool
 from walkit.client._writer_lac import LacPublisher
 from walkit.errors import WalkitError
 from walkit.protocol import Response
@@ -85,13 +93,10 @@ def send_taken(writer: BatchWriter, batch: list[Add], sink: AddGroups | None = N
     ensemble, failed = writer.ensemble, writer.failed
     if failed and not failed.isdisjoint(ensemble):
         return False
-    if sink is None:
-        clients = writer.core.pool.ready(ensemble)
-    elif ensemble in sink.ready:
-        clients = sink.ready[ensemble]
-    else:
-        clients = sink.ready[ensemble] = writer.core.pool.ready(ensemble)
-    if clients is None:
+    pool = writer.core.pool
+    clients = pool.ready(ensemble) if sink is None else None
+    targets = None if sink is None else _targets(pool, ensemble, sink)
+    if clients is None and targets is None:
         return False
     ledger_id, lac, encode, write_sets = writer.ledger_id, writer.lac, writer._encode, writer._write_sets
     size = len(write_sets)
@@ -105,22 +110,40 @@ def send_taken(writer: BatchWriter, batch: list[Add], sink: AddGroups | None = N
         lacs.carried(lac)
     writer.pending.extend(batch)
     key, recovery, qw = writer.key, writer.recovery, len(write_sets[0])
-    whole = (ledger_id, key, recovery, batch)
+    # the bookie at ``index`` is in entry e's write set when (index - e) mod E < Qw
+    if targets is not None:  # the pass's runs of the ensemble's bookies: one group for each
+        if qw == size:
+            whole = (ledger_id, key, recovery, batch)
+            for runs in targets:
+                runs.append(whole)
+            return True
+        for index, runs in enumerate(targets):
+            run = [add for add in batch if (index - add.entry_id) % size < qw]
+            if run:
+                runs.append((ledger_id, key, recovery, run))
+        return True
+    assert clients is not None
     for index, (bookie, client) in enumerate(zip(ensemble, clients)):
-        # the bookie at ``index`` is in entry e's write set when (index - e) mod E < Qw
         run = batch if qw == size else [add for add in batch if (index - add.entry_id) % size < qw]
-        if not run:
-            continue
-        if sink is None:
+        if run:
             client.queue_adds(ledger_id, key, recovery, run, _relay(bookie))
-            continue
-        group = whole if run is batch else (ledger_id, key, recovery, run)
-        groups = sink.groups.get(client)
-        if groups is None:
-            sink.groups[client] = (_relay(bookie), [group])
-        else:
-            groups[1].append(group)
     return True
+
+
+def _targets(pool: BookiePool, ensemble: tuple[str, ...], sink: AddGroups) -> list[list[AddRun]] | None:
+    """The lists of the pass ``sink`` that gather the runs to each of ``ensemble``'s
+    bookies, in the ensemble's order; None when one of them has no usable connection
+    (:meth:`BookiePool.ready <walkit.client._pool.BookiePool.ready>`). Looked up once per
+    ensemble and pass, not once per writer."""
+    try:
+        return sink.ready[ensemble]
+    except KeyError:
+        pass
+    clients = pool.ready(ensemble)
+    targets = None if clients is None else [sink.runs_of(client, _relay(bookie))
+                                            for bookie, client in zip(ensemble, clients)]
+    sink.ready[ensemble] = targets
+    return targets
 
 
 def _relay(bookie: str) -> AckRelay:

@@ -90,25 +90,38 @@ def _read_buffer(loop: asyncio.AbstractEventLoop) -> memoryview:
     return view
 
 
+#: a writer's run of adds to one bookie: ``(ledger_id, key, recovery, adds)``
+AddRun = tuple[int, bytes, bool, Sequence[Any]]
+
+
 class AddGroups:
     """One pass of the loop over many writers (``ClientCore._send_ready``): per bookie
-    connection, the relay of its adds' answers and each writer's run, ``(ledger_id, key,
-    recovery, adds)``, for :meth:`BookieClient.queue_add_groups` to queue in one call
-    (:meth:`queue`); and what ``BookiePool.ready`` said of each ensemble during the pass
-    (asked once per ensemble, not once per writer: nothing in a pass, which runs on the
-    loop without yielding, changes a connection's state)."""
+    connection, the relay of its adds' answers and the list of the writers' runs, for
+    :meth:`BookieClient.queue_add_groups` to queue in one call (:meth:`queue`); and, per
+    ensemble, the lists of its bookies' runs (None: ``BookiePool.ready`` said one is not
+    usable), found once per ensemble rather than once per writer - nothing in a pass,
+    which runs on the loop without yielding, changes a connection's state."""
 
     __slots__ = ("groups", "ready")
 
     def __init__(self) -> None:
-        self.groups: dict[BookieClient, tuple[AckRelay, list[tuple[int, bytes, bool, Sequence[Any]]]]] = {}
-        self.ready: dict[tuple[str, ...], list[BookieClient] | None] = {}
+        self.groups: dict[BookieClient, tuple[AckRelay, list[AddRun]]] = {}
+        self.ready: dict[tuple[str, ...], list[list[AddRun]] | None] = {}
+
+    def runs_of(self, client: BookieClient, relay: AckRelay) -> list[AddRun]:
+        """The list gathering the runs to ``client`` (answered to ``relay``)."""
+        entry = self.groups.get(client)
+        if entry is None:
+            entry = self.groups[client] = (relay, [])
+        return entry[1]
 
     def queue(self) -> None:
         """Queue every connection's runs (each writer's in entry order), in one call each."""
         groups, self.groups = self.groups, {}
+        self.ready.clear()
         for client, (relay, runs) in groups.items():
-            client.queue_add_groups(runs, relay)
+            if runs:
+                client.queue_add_groups(runs, relay)
 
 
 class AckRelay:
@@ -290,7 +303,7 @@ class BookieClient:
         rather than a few per add and bookie."""
         self.queue_add_groups([(ledger_id, key, recovery, adds)], relay)
 
-    def queue_add_groups(self, groups: Sequence[tuple[int, bytes, bool, Sequence[Any]]], relay: AckRelay) -> None:
+    def queue_add_groups(self, groups: Sequence[AddRun], relay: AckRelay) -> None:
         """:meth:`queue_adds` for the runs of several ledgers (``(ledger_id, key,
         recovery, adds)`` each, every run in order), in one call: the batches many
         writers took in one pass of the loop (walkit/client/_add_batch.py)."""
