@@ -29,6 +29,7 @@ from walkit.errors import (
     NotEnoughBookiesError,
     UnauthorizedError,
 )
+from walkit.client._bookie_client import BookieClient
 from walkit.client._read import LedgerReader
 from walkit.metadata import LedgerState
 
@@ -1024,20 +1025,33 @@ def test_max_pending_adds_blocks_the_producer_until_an_add_completes(tmp_path: P
 # -- one wake-up of the client's loop for the adds of many ledgers ----------------------------------
 
 
-def test_adds_to_many_ledgers_share_one_wake_up_and_one_flush_per_bookie(tmp_path: Path, driver: Driver) -> None:
+def test_adds_to_many_ledgers_share_one_wake_up_and_one_flush_per_bookie(tmp_path: Path, driver: Driver,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """While the client's loop is busy, adds submitted to 40 ledgers (round-robin, as an
     application keeping many logs does) queue their writers once each: one wake-up of
     the loop sends them all, and each bookie connection is flushed once for all of them
-    (it was one wake-up and one flush per ledger). Every add completes, in each ledger's
-    order, and reads back."""
+    (it was one wake-up and one flush per ledger). Their batches are queued together: one
+    ``queue_add_groups`` per bookie connection for all 40 writers, each writer's frames in
+    its entries' order (it was one ``queue_adds`` per writer and bookie). Every add
+    completes, in each ledger's order, and reads back."""
     if driver.spec.driver != "local":
         pytest.skip("client logic: one driver is enough")
     with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
         handles = [bk.create_ledger(3, 3, 2) for _ in range(40)]
+        for h in handles:  # connections made: the batches' path (BookiePool.ready)
+            assert h.add_entry(b"%d/warm" % h.ledger_id) == 0
         core = bk.client._core
         calls: list[Any] = []
         flushed: list[set[str]] = []
+        grouped: list[list[tuple[int, list[int]]]] = []
         real_call, real_flush = core.loop.call, core.pool.flush
+        real_groups = BookieClient.queue_add_groups
+
+        def counting_groups(self: BookieClient, groups: Any, relay: Any) -> None:
+            grouped.append([(ledger_id, [add.entry_id for add in adds]) for ledger_id, _, _, adds in groups])
+            real_groups(self, groups, relay)
+
+        monkeypatch.setattr(BookieClient, "queue_add_groups", counting_groups)
 
         def counting_call(fn: Any, *args: Any) -> None:
             calls.append(fn)
@@ -1052,15 +1066,17 @@ def test_adds_to_many_ledgers_share_one_wake_up_and_one_flush_per_bookie(tmp_pat
         busy, release = threading.Event(), threading.Event()
         real_call(lambda: (busy.set(), release.wait(10)))
         assert busy.wait(10)
-        futures = [(h, r, h.add_entry_async(b"%d/%d" % (h.ledger_id, r))) for r in range(3) for h in handles]
+        futures = [(h, r, h.add_entry_async(b"%d/%d" % (h.ledger_id, r))) for r in range(1, 4) for h in handles]
         release.set()
         for h, r, fut in futures:
             assert fut.result(30) == r
         assert len(calls) == 1, f"{len(calls)} wake-ups of the loop for {len(futures)} adds to 40 ledgers"
         assert flushed[0] == set(cluster.bookie_ids), f"first flush: {flushed[0]}"
         assert len(flushed) == 1, f"{len(flushed)} flushes for one wake-up"
+        expected = sorted((h.ledger_id, [1, 2, 3]) for h in handles)
+        assert len(grouped) == 3 and all(sorted(groups) == expected for groups in grouped), grouped
         for h in handles:
-            assert [e.data for e in h.read(0, 2)] == [b"%d/%d" % (h.ledger_id, r) for r in range(3)]
+            assert [e.data for e in h.read(1, 3)] == [b"%d/%d" % (h.ledger_id, r) for r in range(1, 4)]
 
 
 def test_one_timeout_sweep_watches_every_writer_with_adds_in_flight(tmp_path: Path, driver: Driver) -> None:
@@ -1258,3 +1274,42 @@ def test_an_add_in_flight_keeps_two_objects_for_the_cyclic_gc(walkit_cluster: An
         assert [f.result(timeout=30) for f in futures] == list(range(1, 501))
     finally:
         bk.close()
+
+
+def test_a_pass_over_many_ledgers_striped_sends_each_bookie_only_its_entries(tmp_path: Path, driver: Driver,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """E=3 Qw=2: the runs a pass over 20 writers queues to a bookie hold, for each
+    ledger, just the entries whose write set has that bookie, in order (one
+    ``queue_add_groups`` per bookie for the pass); every add completes and reads back."""
+    if driver.spec.driver != "local":
+        pytest.skip("client logic: one driver is enough")
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk:
+        handles = [bk.create_ledger(3, 2, 2) for _ in range(20)]
+        for h in handles:  # connections made: the batches' path (BookiePool.ready)
+            assert h.add_entry(b"warm") == 0
+        core = bk.client._core
+        grouped: dict[str, list[tuple[int, list[int]]]] = {}
+        real_groups = BookieClient.queue_add_groups
+
+        def counting_groups(self: BookieClient, groups: Any, relay: Any) -> None:
+            bookie = next(b for b, c in core.pool._clients.items() if c is self)
+            assert bookie not in grouped, "one call per bookie for the pass"
+            grouped[bookie] = [(ledger_id, [add.entry_id for add in adds]) for ledger_id, _, _, adds in groups]
+            real_groups(self, groups, relay)
+
+        monkeypatch.setattr(BookieClient, "queue_add_groups", counting_groups)
+        busy, release = threading.Event(), threading.Event()
+        core.loop.call(lambda: (busy.set(), release.wait(10)))
+        assert busy.wait(10)
+        futures = [(h, r, h.add_entry_async(b"%d/%d" % (h.ledger_id, r))) for r in range(1, 7) for h in handles]
+        release.set()
+        assert [fut.result(30) for _, _, fut in futures] == [r for _, r, _ in futures]
+        for bookie in cluster.bookie_ids:
+            expected = []
+            for h in handles:
+                ensemble = h.metadata.ensembles[-1][1]
+                index = ensemble.index(bookie)
+                expected.append((h.ledger_id, [e for e in range(1, 7) if (index - e) % 3 < 2]))
+            assert sorted(grouped[bookie]) == sorted(expected), bookie
+        for h in handles:
+            assert [e.data for e in h.read(1, 6)] == [b"%d/%d" % (h.ledger_id, r) for r in range(1, 7)]

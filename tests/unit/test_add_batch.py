@@ -147,3 +147,33 @@ def test_acked_counts_as_on_ack_and_completes_once_per_run() -> None:
     assert one.passes == [[0, 1]] and two.passes == [[0]]
     acked("c", [b[1]])
     assert two.passes == [[0], [1]] and not two.pending
+
+
+def test_queue_add_groups_sends_the_runs_of_several_ledgers_as_one_add_at_a_time_did() -> None:
+    """A pass over many writers queues their runs to a bookie in one call: the frames,
+    ids and contexts are those of each add sent alone, ledger after ledger (each run in
+    its order, its own key and recovery flag), and an entry over the frame limit fails
+    alone, the ids going on past it."""
+    async def go() -> None:
+        one, one_wire = connected(max_frame_size=4096)
+        grouped, grouped_wire = connected(max_frame_size=4096)
+        other_key = b"o" * 32
+        groups = [(9, KEY, False, [Sent(3, b"a"), Sent(4, b"bb")]), (12, other_key, True, [Sent(0, b"c" * 5000), Sent(1, b"g")]),
+                  (15, KEY, False, [Sent(7, b"d"), Sent(8, b"e"), Sent(9, b"f")])]
+        for ledger_id, key, recovery, adds in groups:
+            for add in adds:
+                if len(add.data) < 4000:
+                    assert one.try_request_cb(AddEntry(ledger_id, add.entry_id, key, add.data, recovery),
+                                              lambda r, e, c: None, add)
+                else:
+                    one._wire._next_id += 1  # (refused by the grouped call: its id is used up there too)
+        heard: list[Any] = []
+        grouped.queue_add_groups(groups, AckRelay(lambda adds: None, lambda r, e, c: heard.append((e, c.entry_id))))
+        one.flush()
+        grouped.flush()
+        assert grouped_wire.written == one_wire.written and grouped_wire.written.count(other_key) == 1
+        assert grouped._wire.pending_ids() == [1, 2, 4, 5, 6, 7] == sorted(grouped._pending)
+        assert [add.data for add in grouped._contexts.values()] == [b"a", b"bb", b"g", b"d", b"e", b"f"]
+        await asyncio.sleep(0)
+        assert len(heard) == 1 and isinstance(heard[0][0], FrameTooLargeError) and heard[0][1] == 0
+    asyncio.run(go())

@@ -15,7 +15,14 @@ pass for that add alone. Here, when nothing stands in the way (:func:`send_taken
   and send time, then each bookie of the ensemble gets the adds its write set has (all
   of them when E = Qw) in one :meth:`BookieClient.queue_adds
   <walkit.client._bookie_client.BookieClient.queue_adds>` - the same frames, in the same
-  order, as ``_send`` would have queued;
+  order, as ``_send`` would have queued. When the loop takes many writers at once
+  (:meth:`ClientCore._send_ready <walkit.client._core.ClientCore._send_ready>`: a
+  thousand ledgers written round-robin, an add or two each), their runs are gathered
+  per bookie for the pass (:class:`~walkit.client._bookie_client.AddGroups`) and each
+  bookie gets them all in one :meth:`BookieClient.queue_add_groups
+  <walkit.client._bookie_client.BookieClient.queue_add_groups>` - frames of different
+  ledgers share the write, each writer's in its entry order - and the ensemble's
+  connections are looked up once per ensemble, not once per writer;
 * a bookie's EOK answers that arrive together reach :func:`acked` as one list (their
   relay is the bookie's :class:`~walkit.client._bookie_client.AckRelay`): each add
   counts the ack as ``on_ack`` would, and the writer's completion pass runs once for the
@@ -36,12 +43,13 @@ from __future__ import annotations
 import collections
 import functools
 import time
-from typing import Protocol, cast
+from typing import Protocol
 
 from walkit.client._add_queue import Add
-from walkit.client._bookie_client import AckRelay
+from walkit.client._bookie_client import AckRelay, AddGroups, AddRun
 from walkit.client._core import ClientCore
 from walkit.client._entry_codec import Encoder
+from walkit.client._pool import BookiePool
 from walkit.client._writer_lac import LacPublisher
 from walkit.errors import WalkitError
 from walkit.protocol import Response
@@ -72,18 +80,23 @@ class BatchWriter(Protocol):
     def _complete_ready(self) -> None: ...
 
 
-def send_taken(writer: BatchWriter, batch: list[Add]) -> bool:
+def send_taken(writer: BatchWriter, batch: list[Add], sink: AddGroups | None = None) -> bool:
     """(Loop) Make ``batch`` - adds just taken from ``writer``'s queue, in entry order -
     pending and send each to its write set, one call per bookie; False (and nothing
     done) when something stands in the way (module docstring): the caller sends them one
-    by one."""
+    by one. With ``sink`` (one pass of :meth:`ClientCore._send_ready` over many writers)
+    each bookie's run goes there instead, to be queued with the runs
+    of the other writers of the pass in one call per bookie (:class:`AddGroups
+    <walkit.client._bookie_client.AddGroups>`)."""
     if writer.error is not None or writer._degraded:
         return False
     ensemble, failed = writer.ensemble, writer.failed
     if failed and not failed.isdisjoint(ensemble):
         return False
-    clients = writer.core.pool.ready(ensemble)
-    if clients is None:
+    pool = writer.core.pool
+    clients = pool.ready(ensemble) if sink is None else None
+    targets = None if sink is None else _targets(pool, ensemble, sink)
+    if clients is None and targets is None:
         return False
     ledger_id, lac, encode, write_sets = writer.ledger_id, writer.lac, writer._encode, writer._write_sets
     size = len(write_sets)
@@ -97,12 +110,40 @@ def send_taken(writer: BatchWriter, batch: list[Add]) -> bool:
         lacs.carried(lac)
     writer.pending.extend(batch)
     key, recovery, qw = writer.key, writer.recovery, len(write_sets[0])
+    # the bookie at ``index`` is in entry e's write set when (index - e) mod E < Qw
+    if targets is not None:  # the pass's runs of the ensemble's bookies: one group for each
+        if qw == size:
+            whole = (ledger_id, key, recovery, batch)
+            for runs in targets:
+                runs.append(whole)
+            return True
+        for index, runs in enumerate(targets):
+            run = [add for add in batch if (index - add.entry_id) % size < qw]
+            if run:
+                runs.append((ledger_id, key, recovery, run))
+        return True
+    assert clients is not None
     for index, (bookie, client) in enumerate(zip(ensemble, clients)):
-        # the bookie at ``index`` is in entry e's write set when (index - e) mod E < Qw
         run = batch if qw == size else [add for add in batch if (index - add.entry_id) % size < qw]
         if run:
             client.queue_adds(ledger_id, key, recovery, run, _relay(bookie))
     return True
+
+
+def _targets(pool: BookiePool, ensemble: tuple[str, ...], sink: AddGroups) -> list[list[AddRun]] | None:
+    """The lists of the pass ``sink`` that gather the runs to each of ``ensemble``'s
+    bookies, in the ensemble's order; None when one of them has no usable connection
+    (:meth:`BookiePool.ready <walkit.client._pool.BookiePool.ready>`). Looked up once per
+    ensemble and pass, not once per writer."""
+    try:
+        return sink.ready[ensemble]
+    except KeyError:
+        pass
+    clients = pool.ready(ensemble)
+    targets = None if clients is None else [sink.runs_of(client, _relay(bookie))
+                                            for bookie, client in zip(ensemble, clients)]
+    sink.ready[ensemble] = targets
+    return targets
 
 
 def _relay(bookie: str) -> AckRelay:
@@ -122,15 +163,15 @@ def acked(bookie: str, adds: list[Add]) -> None:
     counts the ack as ``LedgerWriter.on_ack`` counts a success, and each writer whose
     oldest pending add has its quorum then completes what is ready, once for the run."""
     writer: BatchWriter | None = None
-    owner: object = None  # the writer of the adds before (an identity test: no cast per add)
+    owner: object = None  # the writer of the adds before (an identity test)
     need = 0
     for add in adds:
         if add.writer is not owner:
             if writer is not None and writer.pending and writer.pending[0].quorum:
                 writer._complete_ready()
             owner = add.writer
-            writer = cast(BatchWriter, owner)
-            need = writer.quorum_size
+            switched: BatchWriter = owner  # type: ignore[assignment]  # (no cast() call per switch)
+            writer, need = switched, switched.quorum_size
         if add.done or bookie not in add.sent or bookie in add.acked:
             continue  # late: completed already, or from a bookie since replaced
         add.acked += (bookie,)

@@ -90,6 +90,40 @@ def _read_buffer(loop: asyncio.AbstractEventLoop) -> memoryview:
     return view
 
 
+#: a writer's run of adds to one bookie: ``(ledger_id, key, recovery, adds)``
+AddRun = tuple[int, bytes, bool, Sequence[Any]]
+
+
+class AddGroups:
+    """One pass of the loop over many writers (``ClientCore._send_ready``): per bookie
+    connection, the relay of its adds' answers and the list of the writers' runs, for
+    :meth:`BookieClient.queue_add_groups` to queue in one call (:meth:`queue`); and, per
+    ensemble, the lists of its bookies' runs (None: ``BookiePool.ready`` said one is not
+    usable), found once per ensemble rather than once per writer - nothing in a pass,
+    which runs on the loop without yielding, changes a connection's state."""
+
+    __slots__ = ("groups", "ready")
+
+    def __init__(self) -> None:
+        self.groups: dict[BookieClient, tuple[AckRelay, list[AddRun]]] = {}
+        self.ready: dict[tuple[str, ...], list[list[AddRun]] | None] = {}
+
+    def runs_of(self, client: BookieClient, relay: AckRelay) -> list[AddRun]:
+        """The list gathering the runs to ``client`` (answered to ``relay``)."""
+        entry = self.groups.get(client)
+        if entry is None:
+            entry = self.groups[client] = (relay, [])
+        return entry[1]
+
+    def queue(self) -> None:
+        """Queue every connection's runs (each writer's in entry order), in one call each."""
+        groups, self.groups = self.groups, {}
+        self.ready.clear()
+        for client, (relay, runs) in groups.items():
+            if runs:
+                client.queue_add_groups(runs, relay)
+
+
 class AckRelay:
     """The callback of the adds of :meth:`BookieClient.queue_adds`: ``acked(adds)`` takes
     the adds a bookie acknowledged (EOK) in a row, in the order it answered, once per
@@ -267,7 +301,16 @@ class BookieClient:
         Only on a usable connection (not :attr:`failed`); ids and key are the caller's
         to check. What :meth:`try_request_cb` of an AddEntry per add does, in one call
         rather than a few per add and bookie."""
-        first, refused = self._wire.send_adds(ledger_id, key, recovery, adds, self._out)
+        self.queue_add_groups([(ledger_id, key, recovery, adds)], relay)
+
+    def queue_add_groups(self, groups: Sequence[AddRun], relay: AckRelay) -> None:
+        """:meth:`queue_adds` for the runs of several ledgers (``(ledger_id, key,
+        recovery, adds)`` each, every run in order), in one call: the batches many
+        writers took in one pass of the loop (walkit/client/_add_batch.py)."""
+        first, refused = self._wire.send_add_groups(groups, self._out)
+        adds: list[Any] = []
+        for group in groups:
+            adds += group[3]
         ids = range(first, first + len(adds))
         self._pending.update(dict.fromkeys(ids, relay))
         self._contexts.update(zip(ids, adds))

@@ -40,6 +40,7 @@ from collections.abc import Callable, Coroutine, Sequence, Sized
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
+from walkit.client._bookie_client import AddGroups
 from walkit.client._config import ClientConfig
 from walkit.client._loop import LoopThread
 from walkit.client._placement import Placement, shortage
@@ -79,7 +80,7 @@ class _Sender(Protocol):
     @property
     def ensemble(self) -> Sequence[str]: ...
 
-    def take_incoming(self, flush: bool = True) -> None: ...
+    def take_incoming(self, flush: bool = True, sink: AddGroups | None = None) -> None: ...
 
     def abandon_incoming(self, error: WalkitError) -> None: ...
 
@@ -148,14 +149,22 @@ class ClientCore:
 
     def _send_ready(self) -> None:
         """(Loop) every queued writer sends its adds; then each bookie they went to is
-        flushed once (now, not at the loop's next iteration)."""
+        flushed once (now, not at the loop's next iteration). The writers' batches are
+        queued together: one :meth:`BookieClient.queue_add_groups` per bookie for all of
+        them (frames of different ledgers share a write; each writer's stay in entry
+        order), not one call per writer and bookie - a pass over a thousand writers with
+        an add each costs three calls rather than three thousand."""
         with self._ready_lock:
             writers, self._ready = self._ready, []
             self._ready_scheduled = False
         bookies: set[str] = set()
-        for writer in writers:
-            writer.take_incoming(flush=False)
-            bookies.update(writer.ensemble)
+        sink = AddGroups()
+        try:
+            for writer in writers:
+                writer.take_incoming(False, sink)
+                bookies.update(writer.ensemble)
+        finally:  # what was made pending is sent, whatever happened to a writer after it
+            sink.queue()
         self.pool.flush(bookies)
 
     def watch_adds(self, writer: _Timed) -> None:

@@ -43,6 +43,7 @@ from concurrent.futures import Future
 
 from walkit.client._add_batch import send_taken
 from walkit.client._add_queue import Add, AddQueue
+from walkit.client._bookie_client import AddGroups
 from walkit.client._core import ClientCore
 from walkit.client._entry_codec import EntryCodec
 from walkit.client._placement import Placement
@@ -150,11 +151,12 @@ class LedgerWriter:
             self._arm_timers()
         return fut
 
-    def take_incoming(self, flush: bool = True) -> None:
+    def take_incoming(self, flush: bool = True, sink: AddGroups | None = None) -> None:
         """(Loop) send the adds submitted since the last call; ``flush``: write them to
-        the bookies now (else the caller flushes, once for many writers)."""
+        the bookies now (else the caller flushes, once for many writers); ``sink``: the
+        batch goes there, queued with other writers' (``ClientCore._send_ready``)."""
         batch = self.queue.take()
-        for add in () if batch and send_taken(self, batch) else batch:  # else one by one (_add_batch.py)
+        for add in () if batch and send_taken(self, batch, sink) else batch:  # else one by one (_add_batch.py)
             if self.error is not None:
                 self._settle(add, self.error)
                 continue
@@ -394,6 +396,8 @@ class LedgerWriter:
 
     # -- drain and close ---------------------------------------------------------------
     def _wake_drained(self) -> None:
+        if not self._drained:
+            return
         waiters, self._drained = self._drained, []
         for fut in waiters:
             if not fut.done():

@@ -295,16 +295,26 @@ class ClientConnection:
         :class:`AddEntry` of the same fields would pass). An entry whose frame would be
         over the maximum frame size is not sent and not pending: its id is in the list
         returned (the caller fails it), and the ids go on past it."""
+        return self.send_add_groups([(ledger_id, key, recovery, entries)], out)
+
+    def send_add_groups(self, groups: Sequence[tuple[int, bytes, bool, Sequence[_Entry]]],
+                        out: list[bytes]) -> tuple[int, list[int]]:
+        """:meth:`send_adds` for the runs of several ledgers at once (``(ledger_id, key,
+        recovery, entries)`` each: the batches of many writers to one bookie), numbered
+        in order across the groups from the id returned; frames of different ledgers
+        share the write."""
         first = rid = self._next_id
-        pack, klen, flags, limit = _ADD_REQ.pack, len(key), _RECOVERY_ADD if recovery else 0, self._max - 33
+        pack, limit = _ADD_REQ.pack, self._max - 33
         refused: list[int] = []
-        for entry in entries:
-            data = entry.data
-            if len(data) + klen > limit:
-                refused.append(rid)
-            else:
-                out += (pack(29 + klen + len(data), _V, 1, flags, rid, ledger_id, entry.entry_id, klen), key, data)
-            rid += 1
+        for ledger_id, key, recovery, entries in groups:
+            klen, flags = len(key), _RECOVERY_ADD if recovery else 0
+            for entry in entries:
+                data = entry.data
+                if len(data) + klen > limit:
+                    refused.append(rid)
+                else:
+                    out += (pack(29 + klen + len(data), _V, 1, flags, rid, ledger_id, entry.entry_id, klen), key, data)
+                rid += 1
         self._next_id = rid
         pending = self._pending
         pending.update(dict.fromkeys(range(first, rid), Op.ADD_ENTRY))
