@@ -573,8 +573,8 @@ def test_an_idle_writer_publishes_its_lac_at_once(tmp_path: Path, driver: Driver
     """With idle_lac, the last entry of a burst is visible to a reader on another client
     without a later append or a timer - to a long poll and to READ_LAC (a reader that
     opens the ledger) alike: the writer sends WRITE_LAC the moment it goes idle, once,
-    to the Qa bookies that acknowledged the entry. A plain ledger's writer does not by
-    default (as BookKeeper: its LAC rides on the next entry)."""
+    to the Qa bookies that acknowledged the entry. With idle_lac=False it does not (as
+    BookKeeper: its LAC rides on the next entry)."""
     with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster, idle_lac=True) as bk, \
             client(cluster) as reader_bk:
         lh = bk.create_ledger()
@@ -591,11 +591,13 @@ def test_an_idle_writer_publishes_its_lac_at_once(tmp_path: Path, driver: Driver
         assert _write_lacs(cluster) == 4 * 2, "one WRITE_LAC per idle period to each of the Qa bookies that acked"
         time.sleep(0.5)
         assert _write_lacs(cluster) == 4 * 2, "an idle writer kept sending its LAC"
-        plain = reader_bk.create_ledger()  # idle_lac=None: off for a plain ledger
-        for i in range(3):
-            plain.add_entry(b"%d" % i)
-        time.sleep(0.3)
-        assert _write_lacs(cluster) == 4 * 2
+        with client(cluster, idle_lac=False) as off:
+            plain = off.create_ledger()  # idle_lac=False: the LAC rides on the next entry
+            for i in range(3):
+                plain.add_entry(b"%d" % i)
+                time.sleep(0.05)
+            time.sleep(0.3)
+            assert _write_lacs(cluster) == 4 * 2
 
 
 def test_an_appender_that_does_not_stop_sends_no_idle_lac(tmp_path: Path, driver: Driver) -> None:
@@ -666,6 +668,33 @@ def test_a_follower_gets_the_entry_with_the_poll(tmp_path: Path, driver: Driver,
         lh.add_entry(b"7")
         lh.close()
         assert [e.data for e in follower] == [b"6", b"7"]
+
+
+def test_a_plain_ledgers_idle_lac_yields_to_a_crowd(tmp_path: Path, driver: Driver) -> None:
+    """idle_lac=None (the default): a plain ledger written now and then publishes its LAC
+    when it goes idle, so its tailing reader sees each entry; writers of the same client
+    going idle within a millisecond of each other (many ledgers written at once) send
+    none - their LACs ride on their next entries."""
+    if driver.spec.driver != "local":
+        pytest.skip("client logic: one driver is enough")
+    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster) as bk, \
+            client(cluster) as reader_bk:
+        lh = bk.create_ledger()
+        lh.add_entry(b"0")
+        rh = reader_bk.open_ledger(lh.ledger_id, recovery=False)
+        for i in range(1, 4):
+            time.sleep(0.05)  # now and then
+            lh.add_entry(b"%d" % i)
+            assert rh.wait_for_lac(i - 1, 10.0) == i, "a plain ledger's last entry is not visible"
+        time.sleep(0.2)
+        alone = _write_lacs(cluster)
+        assert 4 * 2 <= alone <= 4 * 3, f"{alone} WRITE_LACs for 4 adds now and then"
+        crowd = [bk.create_ledger() for _ in range(20)]
+        for r in range(3):  # round-robin, one add in flight per ledger: a crowd going idle
+            futures = [h.add_entry_async(b"%d" % r) for h in crowd]
+            assert [f.result(10) for f in futures] == [r] * len(crowd)
+        time.sleep(0.2)
+        assert _write_lacs(cluster) - alone <= 3 * 3, "a crowd of writers sent idle LACs"
 
 
 def test_a_long_poll_learns_the_lac_an_add_carries_as_it_arrives(tmp_path: Path, driver: Driver) -> None:

@@ -396,7 +396,7 @@ def disks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path
     """A one-bookie cluster, stopped: (journal dir, ledger dir, metadata URI)."""
     base = tmp_path_factory.mktemp("disks")
     with walkit.LocalCluster(base / "cluster", bookies=1, session_timeout=2.0) as cluster:
-        with cluster.client(**FAST) as bk:
+        with cluster.client(**FAST, idle_lac=False) as bk:  # (the journal: the key and the entries, no LAC)
             handle = bk.create_ledger(1, 1, 1)
             for i in range(5):
                 handle.add_entry(b"x" * (100 + i))  # one flush each: five flush starts in the journal

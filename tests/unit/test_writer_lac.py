@@ -43,7 +43,8 @@ def _writer(sent: list[tuple[str, int]], **config: Any) -> Any:
                              meta=SimpleNamespace(state=LedgerState.OPEN), queue=SimpleNamespace(queued=False),
                              codec=SimpleNamespace(lac_body=lambda ledger, lac: b""))
     pool = SimpleNamespace(request_cb=lambda bookie, req, cb, ctx: sent.append((bookie, req.lac)))
-    writer.core = SimpleNamespace(config=ClientConfig(idle_lac=True, **config), pool=pool)
+    config.setdefault("idle_lac", True)
+    writer.core = SimpleNamespace(config=ClientConfig(**config), pool=pool, last_idle_writer=None, last_idle_at=0.0)
     return writer
 
 
@@ -141,5 +142,54 @@ def test_a_delay_of_zero_always_publishes_at_once(clock: _Clock) -> None:
             lacs.went_idle(["a"])
             lacs.carried(lac)  # back to back
         assert sent == [("a", lac) for lac in range(5)]
+
+    _run(body)
+
+
+def test_a_plain_ledgers_idle_lac_yields_to_a_crowd(clock: _Clock) -> None:
+    """idle_lac=None: a writer going idle within CROWD of another writer of the same client
+    sends no idle LAC; alone, or after the crowd, it does. A WriteAheadLog's writer
+    (``yields`` False) never yields."""
+    sent: list[tuple[str, int]] = []
+
+    async def body() -> None:
+        a = _writer(sent, idle_lac=None, idle_lac_delay=DELAY)
+        b = _writer(sent, idle_lac=None, idle_lac_delay=DELAY)
+        b.core = a.core  # one client
+        lacs_a, lacs_b = LacPublisher(a, -1), LacPublisher(b, -1)
+        assert lacs_a.idle and lacs_a.yields
+        a.lac = b.lac = 0
+        lacs_a.went_idle(["a"])
+        assert sent == [("a", 0)]  # alone
+        clock.now += _writer_lac.CROWD / 2
+        lacs_b.went_idle(["b"])
+        assert sent == [("a", 0)], "a writer going idle in a crowd sent its LAC"
+        clock.now += 1.0  # (a long idle spell: no wait for a back-to-back writer either)
+        lacs_a.carried(0)
+        a.lac = 1
+        lacs_a.went_idle(["a"])  # the crowd is gone
+        assert sent == [("a", 0), ("a", 1)]
+        lacs_b.yields = False  # as a WriteAheadLog sets it
+        lacs_b.carried(0)  # (after a long spell)
+        clock.now += _writer_lac.CROWD / 2
+        b.lac = 1
+        lacs_b.went_idle(["b"])  # within CROWD of a's
+        assert sent[-1] == ("b", 1), "a log's writer yielded to a crowd"
+
+    _run(body)
+
+
+def test_idle_lac_false_sends_none(clock: _Clock) -> None:
+    sent: list[tuple[str, int]] = []
+
+    async def body() -> None:
+        writer = _writer(sent, idle_lac=False, idle_lac_delay=DELAY)
+        lacs = LacPublisher(writer, -1)
+        for lac in range(3):
+            writer.lac = lac
+            lacs.went_idle(None)
+            clock.now += 1.0
+        await asyncio.sleep(DELAY * 2)
+        assert sent == []
 
     _run(body)

@@ -20,10 +20,11 @@ Rows: sequential adds (one at a time, 100 B and 1 KiB: p50, p99, adds/s); pipeli
 adds an entry every ``tail_interval_ms``; a reader on a client of its own follows the ledger
 with long polls; per entry, from the writer's add returning to the reader holding it); and
 ``ledgers`` ledgers created at once, then written at once (100 B adds round-robin over
-them, ``in_flight`` outstanding). A plain walkit ledger's writer does not publish its LAC
-when it goes idle (``idle_lac``, on for WriteAheadLog writers), as BookKeeper's does not
-by default (``explicitLacInterval``=0): the tail is measured both ways on walkit, beside
-BookKeeper's one tail per configuration. Beside each rate: the client's CPU per operation (this
+them, ``in_flight`` outstanding). A walkit writer publishes its LAC when it goes idle
+(``idle_lac``: by default a WriteAheadLog's writers, and a plain ledger's unless other
+writers of its client go idle at the same time), where BookKeeper's does not by default
+(``explicitLacInterval``=0): the tail is measured with walkit's default and with
+``idle_lac=True``, beside BookKeeper's one tail per configuration. Beside each rate: the client's CPU per operation (this
 process for walkit, ``time.process_time``; the JVM peer for BookKeeper, from
 ``/proc/<pid>/stat``, read by the peer at the start and end of the counted interval) and the
 bookies' CPU per operation; and the ratio walkit / BookKeeper per row.

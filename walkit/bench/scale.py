@@ -417,7 +417,8 @@ def _recovery(cluster: LocalCluster, meter: Meter, top: int) -> dict[str, Any]:
     lengths = _decades(top, min(1000, top // 100))
     tails = [t for t in (1, 10, 100, 1000) if t <= lengths[0]]
     rows, tail_rows = [], []
-    with cluster.client(max_pending_adds=_SMALL_WINDOW) as writer, cluster.client() as reader:
+    # (no idle LAC: the writer leaves its tail unconfirmed, as a writer that crashed does)
+    with cluster.client(max_pending_adds=_SMALL_WINDOW, idle_lac=False) as writer, cluster.client() as reader:
         for length in lengths:
             handle, fill = _left_open(writer, length, min(_TAIL, length), payload)
             rows.append({"entries": length, "fill": fill} | _recover(reader, meter, handle.ledger_id))

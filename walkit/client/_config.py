@@ -35,8 +35,9 @@ class ClientConfig:
     # (WRITE_LAC to the bookies that acknowledged the entry, which publish it without an
     # fsync), so a tailing reader sees the last entry without waiting for the next one
     # (walkit; BookKeeper has only the timer above). Off: the LAC rides on the next
-    # entry. None: on for WriteAheadLog writers (tailing is what a log is for), off for
-    # plain ledgers - one more request per add for a writer that idles between adds.
+    # entry. None: on for WriteAheadLog writers (tailing is what a log is for), and for a
+    # plain ledger's writer unless another writer of the client went idle within 1 ms (a
+    # client writing many ledgers at once: there it would cost two requests per add).
     idle_lac: bool | None = None
     # A writer whose last idle spell was shorter than this (seconds: it appends back to
     # back) lets its idle LAC wait this long, and an add meanwhile carries the LAC on its

@@ -118,6 +118,10 @@ class ClientCore:
         self._sweep: asyncio.TimerHandle | None = None
         self._sweep_due = 0.0  # when the sweep was planned to run (time.monotonic())
         self._sweep_every = max(0.05, config.add_timeout / 4)
+        # the writer that went idle last, and when (time.monotonic()): a plain ledger's
+        # idle LAC yields to a crowd of writers (walkit/client/_writer_lac.py)
+        self.last_idle_writer: object = None
+        self.last_idle_at = 0.0
         loop.quiet = self.quiet  # a lone synchronous caller may run the loop when it is (walkit/client/_baton.py)
 
     def quiet(self) -> bool:

@@ -14,9 +14,8 @@ alone):
 * **the timer** (``explicit_lac_interval``, BookKeeper's ``explicitLacInterval``; off by
   default): every interval while the LAC advanced and no entry carried it, WRITE_LAC to
   every bookie of the ensemble.
-* **the idle LAC** (``idle_lac``: on for WriteAheadLog writers, off for plain ledgers):
-  when the last pending add completes and none is queued, the writer goes idle and no
-  entry will carry that LAC soon. It is sent to the bookies that acknowledged the LAC's
+* **the idle LAC** (``idle_lac``): when the last pending add completes and none is
+  queued, the writer goes idle and no entry will carry that LAC soon. It is sent to the bookies that acknowledged the LAC's
   entry (Qa of them, usually). They hold the entry, which their answer to a long poll
   carries along, and they are enough for every reader: a long poll takes the first
   answer of any bookie, and READ_LAC waits for Qw - Qa + 1 answers of the entry's write
@@ -38,6 +37,15 @@ before it are seen no later: a bookie publishes the LAC an add carries to the le
 waiting long polls as the add arrives (bookie/server/_writes.py, ``_publish_carried``).
 ``idle_lac_delay`` 0: always at once.
 
+**Who sends an idle LAC.** ``idle_lac=True``: every writer; False: none (the LAC rides
+on the next entry, as in BookKeeper); None, the default: a WriteAheadLog's writers, and a
+plain ledger's unless it *yields to a crowd* - another writer of the same client went idle
+less than :data:`CROWD` (1 ms) before it. A client writing to many ledgers at once (a
+thousand ledgers, an add each in turn) has writers going idle thousands of times a
+second, and an idle LAC each would cost two requests per add; there the LAC rides on each
+ledger's next entry. One ledger written now and then, or one at a time back to back,
+is not a crowd.
+
 A WRITE_LAC needs no fsync on the bookies (it only says which entries Qa bookies
 acknowledged). A recovery writer publishes nothing (its LAC is the close's business).
 """
@@ -57,7 +65,11 @@ from walkit.errors import WalkitError
 from walkit.metadata import LedgerMetadata, LedgerState
 from walkit.protocol import Response, WriteLac
 
-__all__ = ["LacPublisher", "LacWriter"]
+__all__ = ["CROWD", "LacPublisher", "LacWriter"]
+
+#: A plain ledger's writer that goes idle within this many seconds of another writer of
+#: the same client sends no idle LAC (module docstring).
+CROWD = 0.001
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +111,10 @@ class LacPublisher:
         self.writer = writer
         self.piggybacked = lac  # the highest LAC that went out on an entry or WRITE_LAC
         self.interval = config.explicit_lac_interval  # a WAL sets its own
-        # a WAL turns it on unless the client said False; a recoverer's LAC is the close's business
-        self.idle = bool(config.idle_lac) and not writer.recovery
+        # None: on, yielding to a crowd (a WAL's writer: on, never yielding, unless the
+        # client said False); a recoverer's LAC is the close's business
+        self.idle = config.idle_lac is not False and not writer.recovery
+        self.yields = config.idle_lac is None
         self.idle_delay = config.idle_lac_delay
         self._timer: asyncio.TimerHandle | None = None  # the explicit-LAC timer
         self._idle_timer: asyncio.TimerHandle | None = None  # the idle LAC's wait
@@ -130,9 +144,16 @@ class LacPublisher:
     def went_idle(self, acked: list[str] | None) -> None:
         """(Loop) the last pending add completed, none is queued: publish the LAC to
         ``acked`` (None: the ensemble) after ``idle_delay`` unless an entry carries it."""
-        if not self.idle or self.writer.lac <= self.piggybacked:
+        writer = self.writer
+        if not self.idle or writer.lac <= self.piggybacked:
             return
-        self.idle_since = time.monotonic()
+        self.idle_since = now = time.monotonic()
+        if self.yields:  # a crowd: another writer of the client went idle just now
+            core = writer.core
+            crowded = core.last_idle_writer is not writer and now - core.last_idle_at < CROWD
+            core.last_idle_writer, core.last_idle_at = writer, now
+            if crowded:
+                return
         if not self._back_to_back:  # (idle_delay 0: never) it idled longer last time: at once
             self.publish(acked)
             return

@@ -176,6 +176,7 @@ async def claim(bk: BookKeeper, request: OpenRequest) -> Claimed:
         await discard_segment(bk, node, writer, segment)
         raise
     writer.lacs.idle = client.config.idle_lac is not False  # on unless the client turned it off
+    writer.lacs.yields = False  # a log's tail is what a log is for: never yields to a crowd
     if not writer.lacs.idle:
         writer.lacs.interval = client.config.explicit_lac_interval or EXPLICIT_LAC_INTERVAL
     log.info("log %s/%s: writer epoch %d, segment %d (ledger %d)", node.namespace, node.name, meta.epoch,

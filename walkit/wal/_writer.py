@@ -415,7 +415,7 @@ class LogWriter:
             await discard_segment(state.bk, state.node, writer, segment)
             raise
         writer.lacs.interval = self.ledger.lacs.interval
-        writer.lacs.idle = self.ledger.lacs.idle
+        writer.lacs.idle, writer.lacs.yields = self.ledger.lacs.idle, self.ledger.lacs.yields
         self.ledger, state.segment = writer, segment
         state.segment_bytes, self._segment_started = 0, time.monotonic()
         self.stats.rolls += 1
