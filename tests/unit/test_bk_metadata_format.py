@@ -468,3 +468,16 @@ def test_field_numbers_are_bookkeepers() -> None:
                       "cToken": 12}
     endpoint = {f.name: f.number for f in _bk_records.pb.BookieServiceInfoFormat.Endpoint.DESCRIPTOR.fields}
     assert endpoint == {"id": 1, "port": 2, "host": 3, "protocol": 4, "auth": 5, "extensions": 6}
+
+
+@pytest.mark.parametrize("version", [b"--2", b"-", b"", b"\xd9\xa3", b"\xc2\xb2", b"2x", b"\x1c"])
+def test_a_layout_whose_version_is_no_decimal_is_a_format_error(version: bytes) -> None:
+    """The LAYOUT's version line: a decimal (blanks around it allowed, as str.strip takes
+    them), else FormatError - never int()'s ValueError (it was for "\x1c0", a control
+    character str.strip takes and int() does not, found by
+    test_property_record_decoders_raise_only_walkit_errors; two minus signs; Unicode digits)."""
+    data = version + b"\norg.apache.bookkeeper.meta.HierarchicalLedgerManagerFactory:1"
+    with pytest.raises(FormatError, match="not a number"):
+        Layout.decode(data)
+    for blank in (b" 2 ", b"\x1c2"):
+        assert Layout.decode(blank + b"\norg.apache.bookkeeper.meta.HierarchicalLedgerManagerFactory:1").layout_version == 2

@@ -80,9 +80,11 @@ def _print_text(msg: Any) -> bytes:
 
 
 def _decimal(text: str, what: str) -> int:
-    if not text.strip().lstrip("-").isdigit() or not text.strip().isascii():
+    number = text.strip()  # (str.strip takes more than int() does: "\x1c0" left "0" to check and "\x1c0" to int)
+    digits = number[1:] if number.startswith("-") else number
+    if not digits or not digits.isascii() or not digits.isdigit():
         raise FormatError(f"BookKeeper {what}: not a number", text=text[:40])
-    return int(text)
+    return int(number)
 
 
 @dataclass(frozen=True)
