@@ -33,6 +33,8 @@ add.
 from __future__ import annotations
 
 import struct
+from itertools import repeat
+from operator import attrgetter, eq
 from typing import Protocol, TypeVar
 
 from bookie._faults import as_walkit_error
@@ -54,6 +56,11 @@ _MAX_LEDGER_ID = (1 << 63) - 1
 _MAX_KEY = 64
 _HEADER_IDS = struct.Struct(">Qq")  # the ledger and entry id an entry's header starts with
 _HEADER_SIZE = ENTRY_HEADER.size
+_LEDGER_ID, _ENTRY_ID = attrgetter("ledger_id"), attrgetter("entry_id")
+_MASTER_KEY, _DATA = attrgetter("master_key"), attrgetter("data")
+_INT, _BYTES = {int}, {bytes}
+#: Adds in a batch from which the C loops of :func:`_clean_run` pay (fewer: the loop is cheaper).
+RUN_MIN = 32
 
 
 class AddRequest(Protocol):
@@ -142,14 +149,59 @@ def admit_batch(ledgers: LedgerRecords, adds: list[A], max_size: int, refused: l
     ``int`` subclass). The key and fence of a ledger are looked up once per run of adds
     of that ledger with the same key (only this thread can add to them meanwhile: the
     caller holds the bookie lock); a batch that spans ledgers looks them all up at once
-    first."""
+    first. The usual batch of :data:`RUN_MIN` adds or more - one ledger, one key, every
+    add passing the combined test, the ledger not fenced - is decided by C loops over it
+    (:func:`_clean_run`), with the same outcome as the loop of :func:`_admit_each`."""
+    ids = list(map(_LEDGER_ID, adds))  # C loops (no turn of this one per add): one ledger is the usual batch
+    one_ledger = not ids or ids.count(ids[0]) == len(ids)
+    seen: dict[int, LedgerView] = {} if one_ledger else \
+        ledgers.look_many({ledger_id for ledger_id in ids if type(ledger_id) is int})
+    run = _clean_run(adds, ids, max_size) if one_ledger and len(adds) >= RUN_MIN else None
+    if run is None:
+        return _admit_each(ledgers, adds, max_size, refused, records, seen, (-1, b"", False))
+    ledger_id, key = ids[0], adds[0].master_key
+    try:
+        fenced = admit_key(ledgers, ledger_id, key, seen, records)
+    except (WalkitError, OSError) as exc:  # the loop's first turn; the next add looks again, as there
+        refused.append((as_walkit_error(exc), adds[0]))
+        return _admit_each(ledgers, adds[1:], max_size, refused, records, seen, (-1, b"", False))
+    if fenced:  # only recovery adds pass: one by one
+        return _admit_each(ledgers, adds, max_size, refused, records, seen, (ledger_id, key, True))
+    entry_ids, datas = run
+    return list(adds), list(zip(repeat(ledger_id, len(adds)), entry_ids, datas))
+
+
+def _clean_run(adds: list[A], ids: list[int], max_size: int) -> tuple[list[int], list[bytes]] | None:
+    """``(entry ids, payloads)`` of ``adds`` (all of ledger ``ids[0]``) when every add
+    passes :func:`_admit_each`'s combined test and all have one key; else None."""
+    n, ledger_id = len(adds), ids[0]
+    keys = list(map(_MASTER_KEY, adds))
+    key = keys[0]
+    if not (type(ledger_id) is int and 0 <= ledger_id <= _MAX_LEDGER_ID and type(key) is bytes
+            and 0 < len(key) <= _MAX_KEY and keys.count(key) == n and set(map(type, ids)) == _INT
+            and set(map(type, keys)) == _BYTES):
+        return None
+    entry_ids, datas = list(map(_ENTRY_ID, adds)), list(map(_DATA, adds))
+    if set(map(type, entry_ids)) != _INT or set(map(type, datas)) != _BYTES or min(entry_ids) < 0 \
+            or max(entry_ids) > MAX_ENTRY_ID:
+        return None
+    sizes = list(map(len, datas))
+    if min(sizes) < _HEADER_SIZE or max(sizes) > max_size:
+        return None
+    if not all(map(eq, map(_HEADER_IDS.unpack_from, datas), zip(repeat(ledger_id, n), entry_ids))):
+        return None
+    return entry_ids, datas
+
+
+def _admit_each(ledgers: LedgerRecords, adds: list[A], max_size: int, refused: list[tuple[BaseException, A]],
+                records: list[Record], seen: dict[int, LedgerView],
+                last: tuple[int, bytes, bool]) -> tuple[list[A], list[tuple[int, int, bytes]]]:
+    """:func:`admit_batch`'s loop, an add at a time; ``last``: the ledger and key whose
+    state was looked at last, and whether it is fenced (``-1``: none yet)."""
     admitted: list[A] = []
     entries: list[tuple[int, int, bytes]] = []
-    first = adds[0].ledger_id if adds else -1
-    seen: dict[int, LedgerView] = {} if all(add.ledger_id == first for add in adds) else \
-        ledgers.look_many({add.ledger_id for add in adds if type(add.ledger_id) is int})
     header_ids = _HEADER_IDS.unpack_from
-    last_ledger, last_key, fenced = -1, b"", False
+    last_ledger, last_key, fenced = last
     for add in adds:
         ledger_id, entry_id, key, data = add.ledger_id, add.entry_id, add.master_key, add.data
         try:

@@ -56,6 +56,7 @@ import asyncio
 import collections
 import logging
 import ssl
+from itertools import repeat
 from typing import Any, Protocol, cast
 
 from bookie._config import BookieConfig
@@ -220,7 +221,11 @@ class Connection(asyncio.BufferedProtocol):
             self._early.append(data)
             return
         self.server.stats.bytes_in += len(data)
-        for item in self.wire.receive(data):
+        items = self.wire.receive(data)
+        if not self.needs_tls and not any(map(isinstance, items, repeat(ErrorResponse))):
+            self.backlog.extend(items)  # the usual chunk: requests only (one C loop, not one turn each)
+            items = []
+        for item in items:
             if self.needs_tls and not isinstance(item, (ErrorResponse, AuthMessage, StartTls)):
                 self._refuse_plain(item)
                 return
@@ -283,47 +288,27 @@ class Connection(asyncio.BufferedProtocol):
 
     def _pump_backlog(self) -> None:
         server = self.server
-        c, writes = server.config, server.writes
+        c = server.config
         limit, budget = c.max_pending_requests_per_connection, 2 * c.netty_max_frame_size_bytes
-        max_adds, max_bytes, adds_in_flight = c.max_pending_add_requests, c.max_pending_add_bytes, writes.in_flight
         backlog = self.backlog
-        adds: list[AddEntry] = []  # consecutive adds admitted so far: submitted in one call
         unsent = self._unsent()  # changes only when this loop answers something
         while backlog and not self.closed:
             req = backlog[0]
             if self.in_flight >= limit or unsent >= budget:
                 break
             if isinstance(req, AddEntry):
-                backlog.popleft()
-                self.in_flight += 1
-                reason = refusal(server.stopping, server.readonly, req.recovery, adds_in_flight, max_adds, max_bytes)
-                if reason is None:
-                    adds_in_flight.count += 1
-                    adds_in_flight.bytes += len(req.data)
-                    adds.append(req)
-                    continue
-                if adds:  # keep the order: what came before goes first
-                    writes.submit_adds(adds, self.on_added)
-                    adds = []
-                server.stats.refused[reason] += 1
-                self.respond(error_response(Op.ADD_ENTRY, req.ledger_id, req.entry_id, req.request_id,
-                                            refusal_error(reason, server.bookie_id, c)))
-                unsent = self._unsent()
+                if self._pump_adds(limit):  # a refused add was answered
+                    unsent = self._unsent()
                 continue
             is_read = not isinstance(req, WriteLac)
             if is_read and self.reads_in_flight >= _READS_IN_FLIGHT:
                 break
             backlog.popleft()
             self.in_flight += 1
-            if adds:
-                writes.submit_adds(adds, self.on_added)
-                adds = []
             if is_read:
                 self.reads_in_flight += 1
             self._dispatch(req)
             unsent = self._unsent()
-        if adds:
-            writes.submit_adds(adds, self.on_added)
         want_pause = bool(backlog) or server.stopping
         if want_pause != self.reading_paused and self.transport is not None and not self.closed:
             self.reading_paused = want_pause
@@ -331,6 +316,45 @@ class Connection(asyncio.BufferedProtocol):
                 self.transport.pause_reading()
             else:
                 self.transport.resume_reading()
+
+    def _pump_adds(self, limit: int) -> bool:
+        """The run of adds at the head of the backlog, as many as ``limit`` (requests in
+        flight) lets in: each admitted or refused as :func:`~bookie.server._admission.refusal`
+        decides (its usual verdict - server open, room in flight - tested inline, the
+        server's state read once per run: only the loop changes it, and not meanwhile),
+        the admitted ones handed to the core in one call. A refused add ends the run: the
+        adds before it are submitted first (submission order is arrival order), then it
+        is answered; True then (the caller's unsent bytes changed)."""
+        server, backlog = self.server, self.backlog
+        c, writes = server.config, server.writes
+        max_adds, max_bytes, counts = c.max_pending_add_requests, c.max_pending_add_bytes, writes.in_flight
+        stopping, readonly = server.stopping, server.readonly
+        open_ = not stopping and not readonly
+        popleft = backlog.popleft
+        adds: list[AddEntry] = []
+        room = limit - self.in_flight
+        taken = 0
+        reason: str | None = None
+        req: Any = None
+        while taken < room and backlog and isinstance(backlog[0], AddEntry):
+            req = popleft()
+            taken += 1
+            if not (open_ and counts.count < max_adds and counts.bytes < max_bytes):  # else refusal() is None
+                reason = refusal(stopping, readonly, req.recovery, counts, max_adds, max_bytes)
+                if reason is not None:
+                    break
+            counts.count += 1
+            counts.bytes += len(req.data)
+            adds.append(req)
+        self.in_flight += taken
+        if adds:
+            writes.submit_adds(adds, self.on_added)
+        if reason is None:
+            return False
+        server.stats.refused[reason] += 1
+        self.respond(error_response(Op.ADD_ENTRY, req.ledger_id, req.entry_id, req.request_id,
+                                    refusal_error(reason, server.bookie_id, c)))
+        return True
 
     def _dispatch(self, req: ReadEntry | ReadRange | ReadLac | WriteLac | GetBookieInfo | AdminRequest
                   | BkRequest) -> None:

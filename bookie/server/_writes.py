@@ -55,6 +55,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any, Protocol
 
 from bookie._bookie import Bookie
@@ -71,6 +72,7 @@ log = logging.getLogger("bookie.server")
 
 _ADD_DONE = 0
 _LAC_WRITTEN = 1
+_DATA = attrgetter("data")
 _LAC_BODIES = 4096  # ledgers whose last BookKeeper WRITE_LAC body is kept
 
 _NO_KICK = 0  # no add submitted since the last kick
@@ -291,7 +293,7 @@ class Writes:
 
     def _added(self, conn: Peer, reqs: list[AddEntry], err: BaseException | None) -> None:
         self.in_flight.count -= len(reqs)
-        self.in_flight.bytes -= sum([len(req.data) for req in reqs])
+        self.in_flight.bytes -= sum(map(len, map(_DATA, reqs)))
         if err is None:
             conn.respond_added(reqs)
             polls = self._polls

@@ -83,6 +83,8 @@ class EntryLogWriter:
         #: ``on_written(log id, offset, buffer)``: a buffer was just written there (the
         #: recent-writes cache keeps it: the buffer is never changed after that)
         self.on_written = on_written
+        #: Where the last :meth:`append_run` stopped (an index into its ``entry_ids``).
+        self.run_end = 0
 
     def append(self, ledger_id: int, entry_id: int, data: bytes) -> int:
         """Buffer one record (writing the buffer out once it holds ``buffer_size``
@@ -104,6 +106,47 @@ class EntryLogWriter:
                     raise
                 self.no_space = exc  # the record stays in the buffer; a flush writes it later
         return offset
+
+    def append_run(self, ledger_id: int, entry_ids: list[int], slots: dict[int, bytes], table: dict[int, int],
+                   start: int, size_limit: int) -> int:
+        """:meth:`append` for ``entry_ids[start:]`` in order (each one's data in
+        ``slots``), its location (``log id << 32 | offset``) into ``table``, while the log
+        stays within ``size_limit`` bytes (a record that would pass it ends the run,
+        unless the log holds no record yet); returns the index of the first entry not
+        appended. The placement's hot path: the same records and buffer write-outs as one
+        :meth:`append` per entry, with the loop's state in locals. An error raises with
+        the entries before it appended and in ``table``; :attr:`run_end` says how many."""
+        buf, position, buf_start, buffer_size = self._buf, self.position, self._buf_start, self._buffer_size
+        base, head, pack, crc_head = self.log_id << 32, RECORD_HEADER.size, _RECORD_HEADER_PACK, _CRC_HEAD_PACK
+        i, n, used = start, len(entry_ids), 0
+        try:
+            while i < n:
+                entry_id = entry_ids[i]
+                data = slots[entry_id]
+                if position > LOG_HEADER_SIZE and position + head + len(data) > size_limit:
+                    break
+                length = _IDS_SIZE + len(data)
+                buf += pack(length, crc32c(data, crc32c(crc_head(length, ledger_id, entry_id))), ledger_id, entry_id)
+                buf += data
+                offset, position = position, buf_start + len(buf)
+                used += length + 8
+                if len(buf) >= buffer_size:
+                    self.position = position
+                    try:
+                        self.write_out()
+                    except OSError as exc:
+                        if not is_no_space(exc):
+                            raise
+                        self.no_space = exc  # the record stays in the buffer; a flush writes it later
+                    buf, buf_start = self._buf, self._buf_start
+                table[entry_id] = base | offset
+                i += 1
+        finally:
+            self.position, self.run_end = position, i
+            if used:
+                ledgers = self.ledgers
+                ledgers[ledger_id] = ledgers.get(ledger_id, 0) + used
+        return i
 
     def write_out(self) -> None:
         """Write the buffer at the end of the file (no sync). When it fails the buffer

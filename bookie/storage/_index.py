@@ -123,8 +123,11 @@ def runs_of(ids: Iterable[int]) -> list[range]:
 
 def write_slots(f: File, slots: dict[int, int]) -> None:
     """Write every ``entry -> location`` slot, one ``pwrite`` per run of entry ids."""
-    for run in runs_of(slots):
-        raw = struct.pack(f"<{len(run)}Q", *(slots[e] for e in run))
+    ordered = sorted(slots)
+    runs = [range(ordered[0], ordered[-1] + 1)] if ordered and ordered[-1] - ordered[0] == len(ordered) - 1 \
+        else runs_of(ordered)  # the usual case, one run, without a turn of runs_of's loop per entry
+    for run in runs:
+        raw = struct.pack(f"<{len(run)}Q", *map(slots.__getitem__, run))
         f.pwrite(raw, INDEX_HEADER_SIZE + SLOT.size * run[0])
 
 

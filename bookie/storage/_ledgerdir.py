@@ -112,6 +112,8 @@ class LedgerDir:
     #: Bytes the slot log may hold before a flush writes its runs to the index files (0: never used).
     slot_log_bytes: int = 0
     slot_log: SlotLog = field(init=False)
+    #: Entries the last :meth:`append_run` appended (also when it raised).
+    run_placed: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.slot_log = SlotLog(self.fs, f"{self.index_dir}/{SLOT_LOG_NAME}", self.slot_log_bytes)
@@ -350,6 +352,26 @@ class LedgerDir:
         if w is None or (w.position > LOG_HEADER_SIZE and w.position + RECORD_HEADER.size + len(data) > self.size_limit):
             w = self._roll()
         return (w.log_id << 32) | w.append(ledger_id, entry_id, data)  # pack_location(), inlined
+
+    def append_run(self, ledger_id: int, entry_ids: list[int], slots: dict[int, bytes], table: dict[int, int]) -> int:
+        """:meth:`append` for each of ``entry_ids`` (its data in ``slots``), in order, each
+        location into ``table``, rolling the log whenever the next record would pass its
+        size limit (:meth:`EntryLogWriter.append_run`); returns how many were appended -
+        all, unless it raises: :attr:`run_placed` says how many then (those are in ``table``)."""
+        done, n = 0, len(entry_ids)
+        try:
+            while done < n:
+                w = self.writer if self.writer is not None else self._roll()
+                try:
+                    done = w.append_run(ledger_id, entry_ids, slots, table, done, self.size_limit)
+                except BaseException:
+                    done = w.run_end
+                    raise
+                if done < n:  # the next record would pass the size limit
+                    self._roll()
+        finally:
+            self.run_placed = done
+        return done
 
     def read_buffered(self, location: int, ledger_id: int, entry_id: int) -> bytes | None:
         log_id, offset = unpack_location(location)

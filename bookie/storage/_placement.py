@@ -31,6 +31,8 @@ the next one; any other I/O error fails the storage.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
+from itertools import accumulate
 
 from bookie.storage._entrylog import EntryLogWriter
 from bookie.storage._ledgerdir import LedgerDir
@@ -68,16 +70,19 @@ class Placement:
             # only this flush changes ``placing`` (the flush lock): sorted and sized without the lock
             order = cache.order(ledger_id)
             slots = cache.placing[ledger_id]
-            start = 0
-            for at, entry_id in enumerate(order, 1):
-                count, size = count + 1, size + len(slots[entry_id])
-                if count >= self._batch or size >= self._batch_bytes:
-                    batch.append((ledger_id, order[start:at], slots))
-                    self._place_batch(batch, synced)
-                    time.sleep(0)  # an add woken by the lock's release takes it: else it is retaken at once
-                    batch, count, size, start = [], 0, 0, at
-            if start < len(order):
-                batch.append((ledger_id, order[start:], slots))
+            sizes = list(accumulate(map(len, map(slots.__getitem__, order))))  # bytes up to each entry, in C
+            start = base = 0  # base: the ledger's bytes before ``start``
+            while start < len(order):
+                # the entry that fills the batch: the batch-th, or the one that reaches batch_bytes
+                at = min(start + self._batch - count - 1, bisect_left(sizes, self._batch_bytes - size + base, start))
+                if at >= len(order):  # this ledger's rest fills no batch: the next ledgers join it
+                    batch.append((ledger_id, order[start:], slots))
+                    count, size = count + len(order) - start, size + sizes[-1] - base
+                    break
+                batch.append((ledger_id, order[start : at + 1], slots))
+                self._place_batch(batch, synced)
+                time.sleep(0)  # an add woken by the lock's release takes it: else it is retaken at once
+                batch, count, size, start, base = [], 0, 0, at + 1, sizes[at]
         if batch:
             self._place_batch(batch, synced)
 
@@ -96,16 +101,14 @@ class Placement:
                     table = pending[ledger_id] = {}
                 d = sh.dir(ledger_id)
                 dirs[d.number] = d
-                placed = size = 0
+                d.run_placed = 0
                 try:
                     with sh.failing:
-                        for entry_id in entry_ids:
-                            data = slots[entry_id]
-                            table[entry_id] = d.append(ledger_id, entry_id, data)
-                            size += len(data)
-                            placed += 1
+                        d.append_run(ledger_id, entry_ids, slots, table)
                 finally:
-                    cache.placed(ledger_id, entry_ids if placed == len(entry_ids) else entry_ids[:placed], size)
+                    placed = d.run_placed
+                    done = entry_ids if placed == len(entry_ids) else entry_ids[:placed]
+                    cache.placed(ledger_id, done, sum(map(len, map(slots.__getitem__, done))))
             for d in dirs.values():
                 to_sync = self._due_sync(d, synced)
                 if to_sync is not None:

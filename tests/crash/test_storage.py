@@ -209,12 +209,17 @@ def test_adds_are_not_starved_by_a_placing_flush(monkeypatch: pytest.MonkeyPatch
     append = LedgerDir.append
     appended = [0]
 
-    def slow_append(self: LedgerDir, ledger_id: int, entry_id: int, data: bytes) -> int:
-        time.sleep(0.0005)
-        appended[0] += 1
-        return append(self, ledger_id, entry_id, data)
+    def slow_run(self: LedgerDir, ledger_id: int, entry_ids: list[int], slots: dict[int, bytes],
+                 table: dict[int, int]) -> int:  # the placement's run, an append at a time
+        self.run_placed = 0
+        for entry_id in entry_ids:
+            time.sleep(0.0005)
+            appended[0] += 1
+            table[entry_id] = append(self, ledger_id, entry_id, slots[entry_id])
+            self.run_placed += 1
+        return self.run_placed
 
-    monkeypatch.setattr(LedgerDir, "append", slow_append)
+    monkeypatch.setattr(LedgerDir, "append_run", slow_run)
     trials, waited_a_batch = 30, 0
     for _ in range(trials):
         s = LedgerStorage(MemFS(), ["/d"])

@@ -68,8 +68,8 @@ from walkit.protocol._messages import (
     Request,
     Response,
     WriteLac,
+    _new,
     _response_op,
-    _trusted_add,
     _trusted_added,
 )
 
@@ -114,6 +114,7 @@ class ServerConnection:
         src = decoder.join(data)
         events: list[Request | ErrorResponse] = []
         n, off, limit, length_of, add_head = len(src), 0, decoder.limit, _LENGTH.unpack_from, _ADD_HEAD.unpack_from
+        new, add_entry, append = _new, AddEntry, events.append
         error: ProtocolError | None = None
         while n - off >= 4:
             (length,) = length_of(src, off)
@@ -128,8 +129,12 @@ class ServerConnection:
                 key_end = off + 33 + klen
                 if version == 1 and flags <= 1 and klen <= MAX_KEY_SIZE and key_end <= end and ledger <= _I63 \
                         and entry <= _I63:
-                    events.append(_trusted_add(ledger, entry, src[off + 33 : key_end], src[key_end:end], flags == 1,
-                                               rid))
+                    req = new(add_entry)  # _trusted_add(...), inlined: a call less per add
+                    fields = req.__dict__
+                    fields["ledger_id"], fields["entry_id"] = ledger, entry
+                    fields["master_key"] = src[off + 33 : key_end]
+                    fields["data"], fields["recovery"], fields["request_id"] = src[key_end:end], flags == 1, rid
+                    append(req)
                     off = end
                     continue
             events.append(self._event(src[off + 4 : end]))

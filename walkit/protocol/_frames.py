@@ -89,9 +89,8 @@ class FrameDecoder:
             if HEADER_SIZE <= length <= self._limit and len(buf) + len(data) < 4 + length:
                 buf += data  # a large answer comes in many reads: each is copied once, not the
                 return b""  # whole frame again on every read (that was quadratic in its size)
-        buf += data
-        src = bytes(buf)
-        buf.clear()
+        src = b"".join((buf, data))  # one copy: ``buf += data; bytes(buf)`` copied ``data`` twice, into a
+        buf.clear()  # bytearray grown from the held-back bytes (a fresh mmap'd block per read: ~40x slower)
         return src
 
     def keep(self, src: bytes, end: int) -> None:
