@@ -99,13 +99,18 @@ class EntryLogWriter:
         ledgers = self.ledgers
         ledgers[ledger_id] = ledgers.get(ledger_id, 0) + length + 8
         if len(buf) >= self._buffer_size:
-            try:
-                self.write_out()
-            except OSError as exc:
-                if not is_no_space(exc):
-                    raise
-                self.no_space = exc  # the record stays in the buffer; a flush writes it later
+            self._write_out_or_hold()
         return offset
+
+    def _write_out_or_hold(self) -> None:
+        """:meth:`write_out` the full buffer - but on a full disk the records stay in the
+        buffer (:attr:`no_space` set): a flush writes them later."""
+        try:
+            self.write_out()
+        except OSError as exc:
+            if not is_no_space(exc):
+                raise
+            self.no_space = exc
 
     def append_run(self, ledger_id: int, entry_ids: list[int], slots: dict[int, bytes], table: dict[int, int],
                    start: int, size_limit: int) -> int:
@@ -132,12 +137,7 @@ class EntryLogWriter:
                 used += length + 8
                 if len(buf) >= buffer_size:
                     self.position = position
-                    try:
-                        self.write_out()
-                    except OSError as exc:
-                        if not is_no_space(exc):
-                            raise
-                        self.no_space = exc  # the record stays in the buffer; a flush writes it later
+                    self._write_out_or_hold()
                     buf, buf_start = self._buf, self._buf_start
                 table[entry_id] = base | offset
                 i += 1
