@@ -64,7 +64,7 @@ from bookie.server._admission import AddsInFlight
 from bookie.server._answers import Peer, error_response
 from bookie.server._long_poll import LongPolls
 from walkit.logs import context
-from walkit.protocol import AddEntry, Op, WriteLac, WriteLacResponse, parse_entry_header
+from walkit.protocol import ENTRY_HEADER, AddEntry, Op, WriteLac, WriteLacResponse, parse_entry_header
 
 __all__ = ["WriteHost", "Writes"]
 
@@ -159,18 +159,24 @@ class Writes:
         back sends no WRITE_LAC (its idle LAC waits, and the next add carries it:
         walkit/client/_writer_lac.py), so its reader sees each entry when the next one
         arrives rather than when that one is durable. Only with the ledger's durable key
-        (a stranger's add publishes nothing); a recoverer's adds publish nothing."""
+        (a stranger's add publishes nothing); a recoverer's adds publish nothing. Once per
+        ledger and key in a batch, its highest LAC (a pipelined writer's batch of hundreds
+        of adds takes one publication, not one each)."""
         polls = self._polls
+        highest: dict[tuple[int, bytes], int] = {}
         for req in adds:
-            if req.recovery or not polls.waiting_on(req.ledger_id):
+            if req.recovery or not polls.waiting_on(req.ledger_id) or len(req.data) < ENTRY_HEADER.size:
                 continue
+            lac = parse_entry_header(req.data).lac
+            if lac > highest.get((req.ledger_id, req.master_key), -2):
+                highest[(req.ledger_id, req.master_key)] = lac
+        for (ledger_id, master_key), lac in highest.items():
             try:
-                lac = parse_entry_header(req.data).lac
-                if bookie.publish_lac(req.ledger_id, req.master_key, lac, journal=False):
-                    polls.lac_advanced(req.ledger_id, lac)
+                if bookie.publish_lac(ledger_id, master_key, lac, journal=False):
+                    polls.lac_advanced(ledger_id, lac)
             except Exception:  # best effort: the add goes on; its durable answer wakes the polls
-                log.debug("ledger %d: the LAC carried by entry %d not published on arrival", req.ledger_id,
-                          req.entry_id, exc_info=True)
+                log.debug("ledger %d: the LAC %d carried by an add not published on arrival", ledger_id, lac,
+                          exc_info=True)
 
     def reading(self) -> None:
         """A connection's read callback begins: the adds it submits are kicked, and the

@@ -730,6 +730,19 @@ def test_a_long_poll_learns_the_lac_an_add_carries_as_it_arrives(tmp_path: Path,
             release.set()
         assert held.result(10) == 3
         assert [e.data for e in rh.read(2, 2)] == [b"2"]
+        # a stranger's add (another master key) carrying a LAC far ahead publishes nothing
+        poller = threading.Thread(target=lambda: seen.append(rh.wait_for_lac(3, 1.0)))
+        poller.start()
+        deadline = time.monotonic() + 10
+        while not all(cluster.server(i).polls.waiting_on(lh.ledger_id) for i in range(3)):
+            assert time.monotonic() < deadline, "the reader's long polls never parked"
+            time.sleep(0.01)
+        with pytest.raises(UnauthorizedError):
+            raw_add(cluster, lh.metadata, 4, b"forged", 50, 100, list(lh.metadata.ensembles[0][1]),
+                    password=b"not the writer's")
+        poller.join(15)
+        assert seen[-1] == 3, f"a stranger's add moved the LAC the polls saw: {seen}"
+        assert max(cluster.server(i).bookie.read_lac(lh.ledger_id) for i in range(3)) <= 3  # type: ignore[union-attr]  # not 50
 
 
 def test_explicit_lac_makes_the_last_entry_visible(tmp_path: Path, driver: Driver) -> None:
