@@ -20,7 +20,7 @@ from walkit.client._writer import LedgerWriter
 from walkit.errors import EntryTooLargeError, InvalidArgumentError, LedgerClosedError, UsageError, WalkitError
 from walkit.metadata import LedgerMetadata
 
-__all__ = ["LedgerHandle", "ReadHandle", "ReadState", "Entry", "check_payload", "check_range"]
+__all__ = ["LedgerHandle", "ReadHandle", "ReadState", "Entry", "check_payload", "check_range", "largest_entry"]
 
 _FRAME_OVERHEAD = 256  # frame header, ids, master key: well above what an ADD_ENTRY adds
 _ENTRY_HEADER = 32
@@ -28,6 +28,11 @@ _ENTRY_HEADER = 32
 
 # a digest's size by its name, looked up once per name (an unknown name raises, and is not kept)
 _digest_size = functools.lru_cache(maxsize=64)(entry_digest_size)
+
+
+def largest_entry(max_frame_size: int, digest: str) -> int:
+    """The largest entry (bytes) of a ``digest`` ledger that fits in a frame of ``max_frame_size``."""
+    return max_frame_size - _FRAME_OVERHEAD - _ENTRY_HEADER - _digest_size(digest)
 
 
 def check_payload(data: object, max_frame_size: int, digest: str) -> bytes:
@@ -39,7 +44,7 @@ def check_payload(data: object, max_frame_size: int, digest: str) -> bytes:
         payload = bytes(data)
     else:
         raise InvalidArgumentError("an entry is bytes", type=type(data).__name__)
-    limit = max_frame_size - _FRAME_OVERHEAD - _ENTRY_HEADER - _digest_size(digest)
+    limit = largest_entry(max_frame_size, digest)
     if len(payload) > limit:
         raise EntryTooLargeError("entry too large for the frame limit", size=len(payload), limit=limit)
     return payload
@@ -64,7 +69,7 @@ class LedgerHandle(_Handle):
         self._writer = writer
         self._closed = False
         # the largest entry check_payload takes (config and digest are the ledger's for good)
-        self._largest = client.config.max_frame_size - _FRAME_OVERHEAD - _ENTRY_HEADER - _digest_size(writer.meta.digest)
+        self._largest = largest_entry(client.config.max_frame_size, writer.meta.digest)
 
     @property
     def ledger_id(self) -> int:
