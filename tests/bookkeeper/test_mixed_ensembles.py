@@ -86,6 +86,19 @@ def _wait_acks(peer: JavaPeer, count: int, timeout: float = 60.0) -> None:
         time.sleep(0.002)
 
 
+def _wait_replaced(bk: walkit.BookKeeper, ledger: int, victims: set[str], timeout: float = 60.0) -> None:
+    """Until the last fragment of ``ledger`` holds none of ``victims``. A writer learns of
+    a dead bookie from the adds it sends it; those adds complete with Qa acks from the
+    others, and a writer (either client, as BookKeeper's) that is closed before the failed
+    connection is reported records the ledger as it is. So each ledger is closed only once
+    its writer replaced both victims - which is what the test is about."""
+    deadline = time.monotonic() + timeout
+    while set(bk.ledger_metadata(ledger).ensembles[-1][1]) & victims:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"ledger {ledger}: a dead bookie still in {bk.ledger_metadata(ledger).ensembles}")
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize("walkits,javas", [(2, 1), (1, 2)], ids=["2walkit-1java", "1walkit-2java"])
 def test_a_bookie_of_each_kind_dies_mid_write_and_nothing_acknowledged_is_lost(
         mixed: MixedCluster, dialect: str, walkits: int, javas: int) -> None:
@@ -117,6 +130,8 @@ def test_a_bookie_of_each_kind_dies_mid_write_and_nothing_acknowledged_is_lost(
             assert peer.result(180)["entries"] == list(range(done, done + n))
             done += n
         assert [f.result(180) for f in futures] == list(range(TOTAL))  # type: ignore[attr-defined]
+        for ledger in (java_ledger, lh.ledger_id):
+            _wait_replaced(bk, ledger, set(victims))
         lh.close()
         peer.close_ledger(java_ledger)
         everyone = three | {spares[0].bookie_id, spare_javas[0].bookie_id}
