@@ -203,18 +203,17 @@ class _AlignedBuffer:
     memory itself goes when the last view of it (slices included) is gone, so a slice
     that outlives ``close`` never points at freed memory."""
 
-    def __init__(self, owner: Any, size: int) -> None:  # an mmap or a cffi buffer
-        self._view = memoryview(owner).cast("B")[:size]
+    __slots__ = ("view",)
 
-    @property
-    def view(self) -> memoryview:
-        return self._view
+    def __init__(self, owner: Any, size: int) -> None:  # an mmap or a cffi buffer
+        #: the buffer's bytes: an attribute, not a property (read at every journal flush)
+        self.view: memoryview = memoryview(owner).cast("B")[:size]
 
     def __len__(self) -> int:
-        return len(self._view)
+        return len(self.view)
 
     def close(self) -> None:
-        self._view.release()
+        self.view.release()
 
 
 def _byte_view(data: BufferLike) -> memoryview:
@@ -365,10 +364,10 @@ class _NativeBackend(Backend):
     def pwritev_sync(self, fd: int, buffers: Sequence[BufferLike], offset: int,
                      datasync: bool = True) -> int:
         ffi, lib = self._ffi, self._lib
-        ptrs = [ffi.from_buffer(b) for b in buffers]
+        ptrs = list(map(ffi.from_buffer, buffers))  # C loops: no list comprehension's call per flush
         failed_sync = ffi.new("int *")
         try:
-            lens = [len(p) for p in ptrs]
+            lens = list(map(len, ptrs))
             rc = lib.wk_pwritev_sync(fd, ffi.new("void *[]", ptrs), ffi.new("size_t[]", lens),
                                      len(ptrs), offset, lib.WK_SYNC_DATA if datasync else 0,
                                      failed_sync)

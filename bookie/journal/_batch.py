@@ -26,6 +26,7 @@ producer lock held, the lock the frame buffer is used under.
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 from bookie.fs import AlignedBuffer, FileSystem
@@ -48,6 +49,7 @@ _RECORD_TYPES = frozenset({ENTRY, KEY_RECORD, FENCE_RECORD, LAC_RECORD})
 
 _U64_MAX = (1 << 64) - 1
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+_SIZE = itemgetter(1)  # a segment's bytes
 POOL = 16  # spare buffers kept: 16 x buffer_size of memory at most when idle
 
 
@@ -96,7 +98,7 @@ class Batch:
                  records: list[tuple[Callback, Any]], count: int, reason: FlushReason, oldest: float | None) -> None:
         self.segments, self.target, self.offset, self.journal_id = segments, target, offset, journal_id
         self.oldest = oldest  # when its oldest record was queued (the journal's clock)
-        self.length = sum(n for _, n in segments)
+        self.length = sum(map(_SIZE, segments))  # a C loop: no generator per batch
         self.records, self.reason = records, reason  # records: the callbacks only
         self.count = count  # every framed record, with a callback or not
         #: a zero block written after the batch (recycled files: marks the end of this life)

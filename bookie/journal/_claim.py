@@ -43,9 +43,12 @@ class FlushClaim:
     """
 
     def __init__(self) -> None:
-        lock = threading.Lock()
+        # ``with`` on a Condition is two Python calls (its __enter__ and __exit__), on the
+        # lock itself none: claim and release, once per flush, take the lock directly
+        self._lock = lock = threading.Lock()
         self._handed = threading.Condition(lock)  # the sync thread waits here for a batch
         self._idle = threading.Condition(lock)  # the journal thread waits here for the flush to end
+        self._idle_waiters = 0  # threads in wait_idle: release wakes them, and nobody else
         self._handoff: Batch | None = None
         self._busy = False  # a flush is claimed: in flight, or about to be
         self._stop = False
@@ -57,7 +60,7 @@ class FlushClaim:
 
     def claim(self) -> bool:
         """Take the flush if nobody holds it (a kick; the journal's producer lock held)."""
-        with self._handed:
+        with self._lock:
             if self._busy:
                 return False
             self._busy = True  # the flush is ours: the journal thread waits for it
@@ -72,19 +75,26 @@ class FlushClaim:
             self._handed.notify_all()
 
     def release(self) -> None:
-        """The flush is over (its callbacks returned): wake whoever waits for it."""
-        with self._handed:
+        """The flush is over (its callbacks returned): wake whoever waits for it (an
+        inline flush, with nobody waiting, notifies nobody: no Python-level
+        ``notify_all`` per lone add)."""
+        with self._lock:
             self._handoff = None
             self._busy = False
-            self._idle.notify_all()
+            if self._idle_waiters:
+                self._idle.notify_all()
 
     def wait_idle(self, dead: Callable[[], bool]) -> bool:
         """Wait until no flush is in flight (or ``dead()``); True when one was."""
         waited = False
-        with self._handed:
+        with self._lock:
             while self._busy and not dead():
                 waited = True
-                self._idle.wait()
+                self._idle_waiters += 1
+                try:
+                    self._idle.wait()
+                finally:
+                    self._idle_waiters -= 1
         return waited
 
     def next_batch(self) -> Batch | None:

@@ -80,22 +80,27 @@ class OpenJournal:
         nearly full disk still takes batches until it is really full, rather than
         refusing writes with megabytes free. If that fails too, the error is raised
         (:func:`bookie.fs.is_no_space` tells it)."""
-        with self.cond:
-            self.tail = max(self.tail, end)
+        cond = self.cond
+        cond.acquire()  # its lock's own methods (C): ``with cond`` is two Python calls, per batch
+        try:
+            if end > self.tail:
+                self.tail = end
             if end > self.allocated and self.zeroing:  # the chunk in flight starts at allocated
                 self.waiters += 1
                 try:
                     while self.zeroing:
-                        self.cond.wait()
+                        cond.wait()
                 finally:
                     self.waiters -= 1
-                self.cond.notify_all()  # the filler parked for us
+                cond.notify_all()  # the filler parked for us
             if end > self.allocated:
                 self._allocate(end)
                 if self.filler_parked:
-                    self.cond.notify_all()  # the filler goes on past what was just reserved
+                    cond.notify_all()  # the filler goes on past what was just reserved
             elif self.filler_parked and self.allocated - end < self.zero_low_water:
-                self.cond.notify_all()  # the filler tops up the space ahead
+                cond.notify_all()  # the filler tops up the space ahead
+        finally:
+            cond.release()
 
     def _allocate(self, end: int) -> None:
         filling = self.allocated < self.zero_limit and not self.detached  # the filler goes on past this

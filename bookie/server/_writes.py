@@ -259,7 +259,16 @@ class Writes:
                 log.exception("writing answers to %s failed", conn.peer, extra=context(bookie=self._host.bookie_id))
 
     def _on_added(self, conn: Peer, err: BaseException | None, reqs: list[AddEntry]) -> None:
-        """Journal callback for a group of adds (sync thread, or this thread on a refusal)."""
+        """Journal callback for a group of adds (sync thread, or this thread: an inline
+        flush, a refusal). A kick's inline flush with no completion queued before it
+        answers at once (the order is the same: nothing waits ahead of it), without the
+        queue, the drain lock and the drain's call; the kick writes the answer at its end."""
+        if self.kicking and not self._done and threading.get_ident() == self.loop_thread:
+            try:
+                self._added(conn, reqs, err)
+            except Exception:  # as _drain: logged, never raised into the journal's callbacks
+                log.exception("answering a completed request failed")
+            return
         self._done.append((_ADD_DONE, conn, reqs, err))
         self._wake_drain()
 

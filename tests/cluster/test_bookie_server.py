@@ -686,6 +686,73 @@ def test_adds_read_before_other_callbacks_of_the_iteration_are_kicked_after_them
     run(body)
 
 
+def test_an_inline_flush_answers_its_adds_in_its_callback_after_those_queued_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kick's inline flush answers its adds from the journal's callback, on the loop's
+    thread, without queueing them for the drain (no queue, no drain lock, no drain call)
+    - unless a completion is queued already (the sync thread's): then it queues behind
+    it and the drain answers both in their order. Answers written once, at the kick's end."""
+    from bookie.journal import _writer
+    from bookie.server import _writes
+
+    monkeypatch.setattr(_writer, "INLINE_MAX_SYNC", 60.0)  # a slow test machine's disk still flushes inline
+
+    class Peer:  # a connection's side of the answers
+        peer = "test"
+        waiters: set[Any] = set()
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def respond(self, response: Any) -> None:
+            answered.append((self.name, "error", response))
+
+        def respond_added(self, reqs: list[AddEntry]) -> None:
+            answered.append((self.name, [r.entry_id for r in reqs], drains[:]))
+
+        def flush(self) -> None:
+            answered.append((self.name, "flush"))
+
+    answered: list[Any] = []
+    drains: list[str] = []
+
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            writes = server.writes
+            drain = writes._drain
+
+            def counted() -> None:
+                drains.append("drain")
+                drain()
+
+            monkeypatch.setattr(writes, "_drain", counted)
+            lone, queued = Peer("lone"), Peer("queued")
+
+            def submit(peer: Peer, entry_id: int) -> None:
+                add = AddEntry(1, entry_id, KEY, entry(1, entry_id))
+                writes.in_flight.count += 1  # as a connection's pump counts what it submits
+                writes.in_flight.bytes += len(add.data)
+                writes.submit_adds([add], writes.callback_for(lone if peer is lone else queued))
+
+            for e in range(3):  # lone adds, each flushed inline by its kick: answered in its callback
+                submit(lone, e)
+                writes.kick_journal()
+            assert answered == [("lone", [e], []) for e in range(3)] and drains == [], (answered, drains)
+            # a completion the sync thread queued before this kick: the inline one goes behind it
+            del answered[:]
+            earlier = AddEntry(1, 3, KEY, entry(1, 3))
+            writes.in_flight.count += 1
+            writes.in_flight.bytes += len(earlier.data)
+            writes._done.append((_writes._ADD_DONE, queued, [earlier], None))
+            submit(lone, 4)
+            writes.kick_journal()
+            assert answered == [("queued", [3], ["drain"]), ("lone", [4], ["drain"])], answered
+            assert writes.in_flight.count == 0 and writes.in_flight.bytes == 0
+            assert server.bookie is not None and server.bookie.read_entry(1, 4) == entry(1, 4)
+
+    run(body)
+
+
 def test_tls_refuses_a_client_certificate_from_another_ca(tmp_path: Path, certificates: dict[str, str]) -> None:
     (tmp_path / "other").mkdir()
     other = make_certificates(tmp_path / "other")

@@ -320,3 +320,38 @@ def test_slice_outlives_close(backend: native.Backend) -> None:
     head = buf.view[:3]
     buf.close()
     assert bytes(head) == b"abc"  # memory stays until the last view is gone
+
+
+# --- the journal's vector write on a direct file (bookie.fs.real) ----------------------
+def test_direct_vector_write_refuses_any_unaligned_buffer_before_writing(backend: native.Backend,
+                                                                        tmp_path: Path) -> None:
+    """RealFile checks a whole vector for O_DIRECT (each buffer's start and length, a
+    memoryview by its bytes, anything else by its length) in one loop before writing
+    it: an unaligned buffer anywhere refuses the write (EINVAL, nothing written), an
+    aligned vector is written and synced. A closed file refuses as before."""
+    from bookie.fs.real import RealFS
+
+    fs = RealFS(backend)
+    f = fs.open(str(tmp_path / "j.bin"), create=True, direct=True)
+    assert f.direct, "tmp_path is expected to be on a file system with O_DIRECT (ext4)"
+    page = fs.alloc_buffer(2 * PAGE)
+    page.view[:] = pattern(2 * PAGE)
+    zeros = fs.alloc_buffer(PAGE)
+    words = zeros.view.cast("I")  # PAGE bytes, PAGE // 4 items: counted by its bytes
+    for vector, offset in (([page.view[:PAGE], page.view[:100]], 0),  # a short last buffer
+                           ([page.view[:100], page.view[:PAGE]], 0),  # the next starts unaligned
+                           ([page.view[:PAGE]], 100),  # an unaligned offset
+                           ([page.view[:PAGE], bytes(PAGE - 1)], 0)):  # bytes, by its length
+        with pytest.raises(NativeIOError) as info:
+            f.pwritev_sync(vector, offset)
+        assert info.value.errno == errno.EINVAL and "unaligned O_DIRECT write" in str(info.value)
+    assert f.size() == 0  # refused before anything was written
+    assert f.pwritev_sync([page.view[:PAGE], words, page.view[PAGE:]], PAGE) == 3 * PAGE
+    assert (tmp_path / "j.bin").read_bytes() == bytes(PAGE) + pattern(2 * PAGE)[:PAGE] + bytes(PAGE) + \
+        pattern(2 * PAGE)[PAGE:]
+    f.close()
+    with pytest.raises(ValueError, match="closed"):
+        f.pwritev_sync([page.view[:PAGE]], 0)
+    words.release()
+    page.close()
+    zeros.close()

@@ -1005,6 +1005,9 @@ def test_server_answers_many_adds_at_once_as_one_by_one() -> None:
     reqs = [AddEntry(1, e, KEY, b"d", request_id=e + 1) for e in range(5)]
     assert server.send_added_many(reqs) == b"".join(server.send_added(r) for r in reqs)
     assert server.send_added(reqs[0]) == server.send(AddEntryResponse(1, 0, request_id=1))
+    # a lone add's answer (its own path: no list, no join) is the same frame
+    lone = AddEntry(7, 2**63 - 1, KEY, b"d", request_id=2**32 - 1)
+    assert server.send_added_many([lone]) == server.send(AddEntryResponse(7, 2**63 - 1, request_id=2**32 - 1))
 
 
 def test_client_add_fast_path_still_matches_and_refuses() -> None:

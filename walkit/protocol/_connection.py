@@ -169,6 +169,9 @@ class ServerConnection:
         """The frames answering each of ``reqs`` (durable adds), back to back: the bytes of
         :meth:`send_added` for each, joined once."""
         pack = _ADD_RESP.pack
+        if len(reqs) == 1:  # a lone add's answer: its frame, no list or join
+            r = reqs[0]
+            return pack(28, _V, 0x81, 0, r.request_id, r.ledger_id, r.entry_id)
         return b"".join([pack(28, _V, 0x81, 0, r.request_id, r.ledger_id, r.entry_id) for r in reqs])
 
     def send(self, resp: Response) -> bytes:
