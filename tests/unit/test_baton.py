@@ -351,3 +351,46 @@ def _look(baton: Baton) -> None:
         with baton._cond:
             baton._cond.notify_all()
         time.sleep(0.001)
+
+
+def test_a_keyboard_interrupt_at_any_python_step_of_a_call_never_leaves_the_baton_locked(loop: LoopThread) -> None:
+    """A KeyboardInterrupt can be raised at any Python step of the caller. Raised at the
+    start of ``threading.Condition.__exit__`` (a Python frame) it left the baton's lock
+    held, and the loop thread hung waiting for it. Here an interrupt is raised at the first
+    ``__exit__`` the baton calls in threading.py, at every lone call: the baton takes its
+    lock as the C lock itself, so there is no such call, and the lock stays free."""
+    import sys
+
+    baton = _baton(loop)
+    _until_parked(baton, loop)
+    threading_file = threading.__file__
+    raised: list[str] = []
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code.co_filename == threading_file and frame.f_code.co_name == "__exit__" \
+                and frame.f_back is not None and frame.f_back.f_code.co_filename.endswith("_baton.py"):
+            raised.append(frame.f_code.co_name)
+            raise KeyboardInterrupt
+        return None
+
+    for steps in range(5):
+        sys.settrace(tracer)
+        try:
+            loop.lone_run(_later, loop, steps).result()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        free: list[bool] = []
+
+        def take() -> None:
+            free.append(baton._lock.acquire(timeout=5))
+            if free[-1]:
+                baton._lock.release()
+
+        taker = threading.Thread(target=take)
+        taker.start()
+        taker.join()
+        assert free == [True], f"the baton's lock was left held ({raised})"
+    assert raised == []
+    assert loop.run(asyncio.sleep(0, "alive")) == "alive"

@@ -14,7 +14,7 @@ every call is handed over as before) until its future is done, sending its add a
 reading the bookies' answers itself. Nothing else is woken.
 
 **Who may run the loop when.** Exactly one thread runs the loop at any instant; the
-baton says which (:attr:`Baton.state`, under :attr:`Baton._cond`'s lock):
+baton says which (:attr:`Baton.state`, under :attr:`Baton._lock`, :attr:`Baton._cond`'s lock):
 
 * ``LOOP`` - the loop thread, as always (running callbacks or waiting in epoll);
 * ``PARKED`` - nobody: the loop thread waits on :attr:`_cond`, outside epoll, and the
@@ -76,7 +76,9 @@ one that raises (calls the application's handler) only when the signal came whil
 loop waited in ``select`` - where nothing is consumed yet - and otherwise holds the
 signal until the iteration ends, then gives the baton to the loop thread and calls the
 handler. Either way the add goes on on the loop thread; the caller gets the
-KeyboardInterrupt; the client keeps working for other threads.
+KeyboardInterrupt; the client keeps working for other threads. The baton's own lock is
+taken with the C lock's ``with`` (no Python frame in which a KeyboardInterrupt could land
+between taking and giving it back), never with the Condition's.
 
 Counters for tests (not timings): :attr:`loop_iterations` (iterations the loop thread
 ran) and :attr:`pokes` (self-pipe writes from threads other than the one running the
@@ -136,7 +138,12 @@ class Baton:
         self.pokes = 0
         self.park_looks = 0  # times the parked loop thread looked at the baton
         self._loop_ident = loop_ident
-        self._cond = threading.Condition(threading.RLock())  # (re-entrant: a GC finalizer may call_soon_threadsafe)
+        # (re-entrant: a GC finalizer may call_soon_threadsafe.) Entered as the C RLock
+        # itself, never as ``with self._cond``: Condition's __enter__/__exit__ are Python
+        # frames, and a KeyboardInterrupt raised at the start of __exit__ left the lock held
+        # - the loop thread then hung at close, waiting for it
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._callers = 0  # synchronous callers inside run()
         self._want = False  # a lone caller's add was handed over: park once it is done
         self._lone: Future[Any] | None = None  # that add's future (None: not started yet)
@@ -160,7 +167,7 @@ class Baton:
         me = threading.get_ident()
         take = counted = False
         try:
-            with self._cond:
+            with self._lock:
                 self._callers += 1
                 counted = True
                 take = self.state == PARKED and self._callers == 1 and not self.closed and \
@@ -169,7 +176,7 @@ class Baton:
                     self.state, self.driver, self._handover = HELD, me, False
             if take:
                 return self._held(start, args)
-            with self._cond:  # alone, handed over: the loop thread parks once this is done
+            with self._lock:  # alone, handed over: the loop thread parks once this is done
                 lone = self._callers == 1 and self.state == LOOP and not self.closed
                 if lone:
                     self._want, self._lone, self._lone_ident = True, None, me
@@ -177,18 +184,18 @@ class Baton:
                 fut = start(*args)
             except BaseException:
                 if lone:
-                    with self._cond:
+                    with self._lock:
                         self._lone_ident, self._want = 0, False
                 raise
             if lone:
-                with self._cond:
+                with self._lock:
                     self._lone_ident = 0
                     if self._want:
                         self._lone = fut
             return fut
         finally:
             if counted:
-                with self._cond:
+                with self._lock:
                     self._callers -= 1
 
     def _held(self, start: Callable[..., Future[T]], args: tuple[Any, ...]) -> Future[T]:
@@ -230,7 +237,7 @@ class Baton:
                 self._give_back()
                 return
             if fut.done() and not ready:
-                with self._cond:
+                with self._lock:
                     if self._handover or ready:
                         continue
                     when = self._next_timer()  # (the driver runs the loop: it may drop cancelled ones)
@@ -250,7 +257,7 @@ class Baton:
 
     def _give_back(self) -> None:
         """(Driver) the loop thread runs the loop from now on (woken for it)."""
-        with self._cond:
+        with self._lock:
             self.state, self.driver, self._handover = LOOP, 0, False
             self._cond.notify_all()
 
@@ -267,7 +274,7 @@ class Baton:
     def _park(self) -> bool:
         """(Loop thread) park until the baton is the loop thread's again; False when the
         loop may not park now."""
-        with self._cond:
+        with self._lock:
             lone = self._lone
             if not self._want or self.closed or lone is None or not lone.done() or not self.quiet():
                 return False
@@ -309,7 +316,7 @@ class Baton:
         me = threading.get_ident()
         if me != self._loop_ident and me != self.driver:
             self.pokes += 1
-            with self._cond:
+            with self._lock:
                 if me != self._lone_ident:
                     self._want = False
                 if self.state == PARKED:
@@ -321,7 +328,7 @@ class Baton:
 
     def close(self) -> None:
         """The loop stops: never parked again, the baton back with the loop thread."""
-        with self._cond:
+        with self._lock:
             self.closed = True
             if self.state == PARKED:
                 self.state = LOOP
