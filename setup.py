@@ -73,7 +73,7 @@ def _frames_extension() -> Extension:
     CPython's limited API (3.11), so it shares the wheel's ``abi3`` tag with the shim."""
     limited = bool(_stable_abi_wheel())
     return Extension(
-        "bookie._frames", ["native/walkit_frames.c"], py_limited_api=limited,
+        "bookie._frames", ["native/walkit_frames.c", "native/walkit_wire.c"], py_limited_api=limited,
         define_macros=[("Py_LIMITED_API", "0x030B0000")] if limited else [],
         extra_compile_args=["-O2", "-Wall"],
     )

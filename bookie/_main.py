@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -30,13 +31,16 @@ from walkit.logs import configure
 if TYPE_CHECKING:
     from bookie.server import BookieServer
 
-__all__ = ["CONF_HELP", "main", "serve"]
+__all__ = ["CONF_HELP", "GC_YOUNG_THRESHOLD", "main", "serve", "tune_gc"]
 
 CONF_HELP = ("bookie configuration, BookKeeper key names: *.toml is TOML; *.conf and *.properties are "
              "BookKeeper's bk_server.conf (Java properties; keys walkit does not implement are listed in "
              "one warning); another name is TOML if it parses as TOML, else properties")
 
 log = logging.getLogger("bookie")
+
+#: The cyclic collector's youngest-generation threshold in a bookie process (CPython's default: 700).
+GC_YOUNG_THRESHOLD = 10_000
 
 
 async def serve(config: BookieConfig) -> int:
@@ -49,6 +53,7 @@ async def serve(config: BookieConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):  # before start: a signal during start is honoured after it
         loop.add_signal_handler(sig, asked.set)
     await server.start()
+    tune_gc()
     stopper = loop.create_task(_stop_when(asked, server))
     await server.wait_stopped()
     stopper.cancel()
@@ -58,6 +63,21 @@ async def serve(config: BookieConfig) -> int:
     if server.lost_registration:
         return 1  # a supervisor should restart it
     return 0
+
+
+def tune_gc() -> None:
+    """The cyclic garbage collector of a started bookie process (issue 38). What the
+    start made - modules, the configuration, the ledgers' state - is moved out of its
+    sight (``gc.freeze``: it lives as long as the process), and the youngest generation
+    is collected every :data:`GC_YOUNG_THRESHOLD` allocations instead of 700. A
+    pipelined writer's adds are thousands of tracked messages a second that live a few
+    milliseconds: at 700 most are traversed while in flight and promoted, and fill the
+    old generation whose full collections (~15 ms each) they trigger; at 10,000 most die
+    first. Cycles are still collected, later rather than never (measured: the
+    collector's CPU per 100-byte add of ``walkit bench bookie`` ~0.4 us -> ~0.04 us)."""
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 async def _stop_when(asked: asyncio.Event, server: BookieServer) -> None:

@@ -42,6 +42,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "walkit_wire.h"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
     defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #include <nmmintrin.h>
@@ -416,11 +418,15 @@ static PyMethodDef methods[] = {
     {"frame_entry", (PyCFunction)(void (*)(void))frame_entry, METH_FASTCALL, frame_entry_doc},
     {"frame_entries", (PyCFunction)(void (*)(void))frame_entries, METH_FASTCALL, frame_entries_doc},
     {"crc32c", (PyCFunction)(void (*)(void))py_crc32c, METH_FASTCALL, crc32c_doc},
+    {"cut_adds", (PyCFunction)(void (*)(void))cut_adds, METH_FASTCALL, PyDoc_STR(CUT_ADDS_DOC)},
+    {"pack_added", (PyCFunction)(void (*)(void))pack_added, METH_FASTCALL, PyDoc_STR(PACK_ADDED_DOC)},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "bookie._frames", "Journal ENTRY frames packed in C (native/walkit_frames.c).", -1, methods,
+    PyModuleDef_HEAD_INIT, "bookie._frames",
+    "Journal ENTRY frames packed in C (native/walkit_frames.c); walkit ADD_ENTRY frames cut and their answers packed "
+    "(native/walkit_wire.c).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
@@ -428,8 +434,10 @@ PyMODINIT_FUNC PyInit__frames(void)
 {
     PyObject *m = PyModule_Create(&module);
 
-    if (m == NULL)
+    if (m == NULL || wire_init() < 0) {
+        Py_XDECREF(m);
         return NULL;
+    }
 #if WK_HW
     __builtin_cpu_init();
     have_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;

@@ -54,14 +54,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import importlib
 import logging
 import ssl
-from itertools import repeat
+from itertools import islice, repeat
+from operator import attrgetter
 from typing import Any, Protocol, cast
 
+from bookie import native
 from bookie._config import BookieConfig
 from bookie._metrics import ServerStats
-from bookie.server._admission import refusal, refusal_error
+from bookie.server._admission import AddsInFlight, refusal, refusal_error
 from bookie.server._answers import answer_at_once, error_response, failed
 from bookie.server._long_poll import LongPoll, LongPolls
 from bookie.server._reads import ReadPool
@@ -92,6 +95,7 @@ from walkit.protocol import (
     StartTls,
     StartTlsResponse,
     WriteLac,
+    WireCodec,
     WriteLacResponse,
 )
 
@@ -100,8 +104,31 @@ __all__ = ["READ_CHUNK", "Connection", "ConnectionHost"]
 log = logging.getLogger("bookie.server")
 
 _BAD_FRAMES = 16  # malformed frames a connection may send before it is closed
+_RUN_MIN = 16  # adds in the backlog from which _admitted_run's C loops pay (fewer: the loop is cheaper)
+_DATA = attrgetter("data")
 _READS_IN_FLIGHT = 32  # reads one connection may have in flight (each may answer a big entry)
 READ_CHUNK = 256 * 1024  # bytes one socket read may bring (asyncio's own read size)
+
+
+def _load_c_wire() -> WireCodec | None:
+    """``bookie._frames`` when it has the add hot path in C (``native/walkit_wire.c``),
+    else None: not built, an older build, or ``WALKIT_NATIVE=off`` - then every frame is
+    cut, and every answer packed, by :class:`~walkit.protocol.ServerConnection`'s Python
+    loop, the reference. ``WALKIT_NATIVE=require`` makes a missing extension an error."""
+    if native.MODE == "off":
+        return None
+    try:
+        mod = importlib.import_module("bookie._frames")
+    except ImportError as exc:
+        if native.MODE == "require":
+            raise ImportError(f"bookie._frames (walkit's C frame code) is not built: {exc}. Build it with "
+                              f"`pip install -e .` (needs a C compiler), or set {native.ENV_VAR}=auto or off") from exc
+        return None
+    return cast(WireCodec, mod) if hasattr(mod, "cut_adds") and hasattr(mod, "pack_added") else None
+
+
+#: The C hot path of every walkit-dialect connection (None: Python only).
+C_WIRE: WireCodec | None = _load_c_wire()
 
 
 class ConnectionHost(Protocol):
@@ -155,7 +182,7 @@ class Connection(asyncio.BufferedProtocol):
         self._open = open_connections
         self._read_buffer = read_buffer
         #: the sans-IO side: a DialectSniffer until the first frame puts its dialect's here
-        self.wire: ServerWire = DialectSniffer(self._chosen, host.config.netty_max_frame_size_bytes)
+        self.wire: ServerWire = DialectSniffer(self._chosen, host.config.netty_max_frame_size_bytes, C_WIRE)
         self.transport: asyncio.Transport | None = None
         self.backlog: collections.deque[Request | BkRequest] = collections.deque()
         self.in_flight = 0
@@ -324,15 +351,23 @@ class Connection(asyncio.BufferedProtocol):
         server's state read once per run: only the loop changes it, and not meanwhile),
         the admitted ones handed to the core in one call. A refused add ends the run: the
         adds before it are submitted first (submission order is arrival order), then it
-        is answered; True then (the caller's unsent bytes changed)."""
+        is answered; True then (the caller's unsent bytes changed). A pipelined writer's
+        usual backlog - a run of adds all admitted - is taken at once
+        (:func:`_admitted_run`), with the outcome of this loop."""
         server, backlog = self.server, self.backlog
         c, writes = server.config, server.writes
         max_adds, max_bytes, counts = c.max_pending_add_requests, c.max_pending_add_bytes, writes.in_flight
         stopping, readonly = server.stopping, server.readonly
         open_ = not stopping and not readonly
+        room = limit - self.in_flight
+        if open_ and len(backlog) >= _RUN_MIN:
+            run = _admitted_run(backlog, room, counts, max_adds, max_bytes)
+            if run is not None:
+                self.in_flight += len(run)
+                writes.submit_adds(run, self.on_added)
+                return False
         popleft = backlog.popleft
         adds: list[AddEntry] = []
-        room = limit - self.in_flight
         taken = 0
         reason: str | None = None
         req: Any = None
@@ -441,7 +476,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         self.transport, self.needs_tls, self.upgrading = tls, False, False
         # BookKeeper's v2 clients go on in v2: the first frame in TLS picks the dialect again
-        self.wire = DialectSniffer(self._chosen, self.server.config.netty_max_frame_size_bytes)
+        self.wire = DialectSniffer(self._chosen, self.server.config.netty_max_frame_size_bytes, C_WIRE)
         early, self._early = self._early, []
         for data in early:
             self.data_received(data)
@@ -512,6 +547,35 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.write(data)
         if self.backlog:
             self._pump()
+
+
+def _admitted_run(backlog: collections.deque[Any], room: int, counts: AddsInFlight, max_adds: int,
+                  max_bytes: int) -> list[AddEntry] | None:
+    """(The server open) The adds at the head of ``backlog``, at most ``room``, taken
+    off it and counted in flight, when :meth:`Connection._pump_adds`'s loop would admit
+    every one of them - each finds fewer than ``max_adds`` adds and ``max_bytes`` bytes
+    in flight before it - with C loops (no turn per add); else None, nothing taken."""
+    head = list(islice(backlog, max(room, 0)))
+    is_add = list(map(isinstance, head, repeat(AddEntry)))
+    if not all(is_add):
+        head = head[: is_add.index(False)]
+    n = len(head)
+    if n == 0:
+        return None
+    sizes = list(map(len, map(_DATA, head)))
+    last = sizes.pop()  # an add's own bytes do not count for it: those before it do
+    before = sum(sizes)
+    if counts.count + n - 1 >= max_adds or counts.bytes + before >= max_bytes:
+        return None  # one of them is refused: the loop finds which
+    counts.count += n
+    counts.bytes += before + last
+    if n == len(backlog):
+        backlog.clear()
+    else:
+        popleft = backlog.popleft
+        for _ in repeat(None, n):
+            popleft()
+    return head
 
 
 _WRITE_OPS = frozenset({Op.ADD_ENTRY, Op.WRITE_LAC})

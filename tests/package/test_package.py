@@ -249,7 +249,8 @@ def test_sdist_holds_what_the_wheel_needs(builds: Builds) -> None:
     with tarfile.open(builds.sdist) as tf:
         names = {n.partition("/")[2] for n in tf.getnames()}
     assert {"setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "native/build.py",
-            "native/walkit_native.c", "native/walkit_native.h", "native/walkit_frames.c"} <= names
+            "native/walkit_native.c", "native/walkit_native.h", "native/walkit_frames.c", "native/walkit_wire.c",
+            "native/walkit_wire.h"} <= names
     assert not [n for n in names if n.endswith((".so", ".o", ".pyc"))]
     assert _names(builds.wheel) == _names(builds.tree_wheel)  # the sdist lost nothing
 

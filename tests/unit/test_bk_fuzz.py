@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bookie.server._connection import C_WIRE
 from support.bk_fuzz import any_v2, any_v3, framed
 from walkit.errors import ProtocolError
 from walkit.protocol import AuthMessage, ReadEntry, ReadEntryResponse, _bk_v2, _bk_v3, _bk_v3_pb2
@@ -137,11 +138,13 @@ def test_server_connection_is_deaf_to_how_bytes_are_cut(body: bytes, sizes: list
 def test_sniffer_never_raises_and_chooses_once(data: bytes, cut: int) -> None:
     chosen: list[Any] = []
     sniffer = DialectSniffer(chosen.append)
-    sniffer.receive(data[:cut])
-    sniffer.receive(data[cut:])
+    events = sniffer.receive(data[:cut]) + sniffer.receive(data[cut:])
     assert len(chosen) <= 1
     if len(data) >= 5 and data[4] in (1, 2):  # walkit's version byte, v2's: decided at once
         assert sniffer.dialect is (Dialect.WALKIT if data[4] == 1 else Dialect.BK_V2)
+    if C_WIRE is not None:  # a bookie's sniffer, with the C hot path (issue 38): the same events
+        with_c = DialectSniffer(lambda wire: None, c_wire=C_WIRE)
+        assert list(map(repr, with_c.receive(data[:cut]) + with_c.receive(data[cut:]))) == list(map(repr, events))
     sniffer.receive(b"\x00" * 8)
     assert len(chosen) <= 1
 

@@ -53,7 +53,7 @@ from walkit.protocol._messages import (
 )
 from walkit.protocol._codec import decode_request, decode_response, encode_request, encode_response, error_for, status_for
 from walkit.protocol._frames import FrameDecoder
-from walkit.protocol._connection import ClientConnection, ServerConnection
+from walkit.protocol._connection import ClientConnection, ServerConnection, WireCodec
 from walkit.protocol._messages import (
     AuthMessage,
     BkRequest,
@@ -166,6 +166,7 @@ __all__ = [
     "BkServerConnection",
     "DialectSniffer",
     "ServerWire",
+    "WireCodec",
     "decode_availability",
     "encode_availability",
 ]

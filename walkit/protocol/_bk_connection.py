@@ -64,7 +64,7 @@ from typing import Any, Protocol
 from walkit.errors import FrameTooLargeError, InvalidArgumentError, ProtocolError, ProtocolVersionError
 from walkit.protocol import _bk_v2, _bk_v3, _bk_v3_pb2
 from walkit.protocol._codes import DEFAULT_MAX_FRAME_SIZE, PROTOCOL_VERSION, Op, Status
-from walkit.protocol._connection import ServerConnection
+from walkit.protocol._connection import ServerConnection, WireCodec
 from walkit.protocol._dialect import Dialect, codec_for, detect_dialect
 from walkit.protocol._frames import Buffer
 from walkit.protocol._messages import (
@@ -291,11 +291,14 @@ def _v3_refusal(frame: bytes, exc: ProtocolError) -> BkErrorResponse | None:
 class DialectSniffer:
     """A server connection before its first frame: holds bytes until the first frame
     tells the dialect, then builds that dialect's connection, hands it what it holds
-    and gives it to ``chosen`` (once); see the module docstring."""
+    and gives it to ``chosen`` (once); see the module docstring. ``c_wire``: the C hot
+    path a walkit dialect's :class:`ServerConnection` uses (None: Python only)."""
 
-    def __init__(self, chosen: Callable[[ServerWire], None], max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(self, chosen: Callable[[ServerWire], None], max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                 c_wire: WireCodec | None = None) -> None:
         self._chosen = chosen
         self._max = max_frame_size
+        self._c = c_wire  # handed to a walkit dialect's ServerConnection
         self._buf = bytearray()
         self._wire: ServerWire | None = None
         self.dialect: Dialect | None = None
@@ -317,7 +320,7 @@ class DialectSniffer:
         self.dialect = dialect
         wire: ServerWire
         if dialect is Dialect.WALKIT:
-            wire = ServerConnection(self._max)
+            wire = ServerConnection(self._max, self._c)
         else:
             wire = BkServerConnection(dialect, self._max)
         self._buf, self._wire = bytearray(), wire

@@ -86,13 +86,31 @@ class _Entry(Protocol):
     def data(self) -> bytes: ...
 
 
+class WireCodec(Protocol):
+    """The C side of :class:`ServerConnection`'s hot path (``bookie._frames``, built from
+    ``native/walkit_wire.c``): the same messages and bytes as the Python loop, the reference."""
+
+    def cut_adds(self, src: bytes, off: int, limit: int, add_type: type[AddEntry],
+                 events: list[Request | ErrorResponse]) -> int:
+        """Append the AddEntry of each hot-path ADD_ENTRY frame from ``src[off:]`` to
+        ``events``, up to the first frame that is not one; its offset."""
+        ...
+
+    def pack_added(self, reqs: list[AddEntry], version: int) -> bytes | None:
+        """The answer frames of ``reqs``, or None when their ids are not the wire's."""
+        ...
+
+
 class ServerConnection:
     """A bookie's side of one connection: frames in, requests (or errors to send) out."""
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, c_wire: WireCodec | None = None) -> None:
         self._decoder = FrameDecoder(max_frame_size)
         self._max = max_frame_size
         self._closing = False
+        #: The C cut of the add hot path and packing of its answers (a bookie's
+        #: ``bookie._frames``), or None: all in Python, the reference.
+        self._c = c_wire
 
     @property
     def closing(self) -> bool:
@@ -107,7 +125,9 @@ class ServerConnection:
         the frame, ids up to 2^63-1) becomes an AddEntry straight from the received bytes
         - one copy of key and entry, one struct unpack, no second range test. Any other
         frame, a malformed add included, goes through :func:`decode_request` and gets
-        exactly the answer it got before (the same checks, the same messages)."""
+        exactly the answer it got before (the same checks, the same messages). With
+        ``c_wire``, its ``cut_adds`` takes the runs of such adds (the same messages), this
+        loop every frame it stops at."""
         if self._closing:
             return []
         decoder = self._decoder
@@ -115,8 +135,13 @@ class ServerConnection:
         events: list[Request | ErrorResponse] = []
         n, off, limit, length_of, add_head = len(src), 0, decoder.limit, _LENGTH.unpack_from, _ADD_HEAD.unpack_from
         new, add_entry, append = _new, AddEntry, events.append
+        cut = None if self._c is None else self._c.cut_adds
         error: ProtocolError | None = None
         while n - off >= 4:
+            if cut is not None:  # the hot path for a run of adds in one C call; the loop takes the frame it stops at
+                off = cut(src, off, limit, add_entry, events)
+                if n - off < 4:
+                    break
             (length,) = length_of(src, off)
             if not HEADER_SIZE <= length <= limit:
                 error = decoder.refuse(length)
@@ -169,6 +194,10 @@ class ServerConnection:
         """The frames answering each of ``reqs`` (durable adds), back to back: the bytes of
         :meth:`send_added` for each, joined once."""
         pack = _ADD_RESP.pack
+        if self._c is not None and len(reqs) > 1:
+            frames = self._c.pack_added(reqs, _V)
+            if frames is not None:  # else: a message's ids are not the wire's (the join below raises)
+                return frames
         if len(reqs) == 1:  # a lone add's answer: its frame, no list or join
             r = reqs[0]
             return pack(28, _V, 0x81, 0, r.request_id, r.ledger_id, r.entry_id)
