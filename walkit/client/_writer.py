@@ -229,8 +229,8 @@ class LedgerWriter:
         """Complete, in entry order, every pending add from the oldest on that has its
         quorum. Run once per writer and pass of the acks (a thousand writers with an add
         each complete one add each): what it does per writer is kept to the few steps
-        each needs - one lock acquisition for the slots freed, the idle LAC's test before
-        any call, the drained waiters looked at only when there are some."""
+        each needs - the slots freed given back at once and without the lock, the idle
+        LAC's test before any call, the drained waiters looked at only when there are some."""
         if self._changing:
             return  # held until the new fragment's entries went to its replacements
         pending = self.pending
@@ -243,7 +243,7 @@ class LedgerWriter:
         if not ready:
             return
         if freed:
-            self.slots.release(freed)  # one lock acquisition for the batch
+            self.slots.give_back(freed)  # the batch's at once, without the lock (walkit/client/_submit.py)
         stats = self.core.stats
         for add in ready:  # _finish's, without a call per add
             add.done = True
