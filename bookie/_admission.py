@@ -154,8 +154,8 @@ def admit_batch(ledgers: LedgerRecords, adds: list[A], max_size: int, refused: l
     (:func:`_clean_run`), with the same outcome as the loop of :func:`_admit_each`."""
     ids = list(map(_LEDGER_ID, adds))  # C loops (no turn of this one per add): one ledger is the usual batch
     one_ledger = not ids or ids.count(ids[0]) == len(ids)
-    seen: dict[int, LedgerView] = {} if one_ledger else \
-        ledgers.look_many({ledger_id for ledger_id in ids if type(ledger_id) is int})
+    seen: dict[int, LedgerView] = {} if one_ledger else ledgers.look_many(
+        set(ids) if set(map(type, ids)) == _INT else {ledger_id for ledger_id in ids if type(ledger_id) is int})
     if not one_ledger:
         entries = _clean_many(ledgers, adds, ids, max_size, seen, records) if len(adds) >= RUN_MIN else None
         if entries is None:
@@ -228,6 +228,8 @@ def _clean_many(ledgers: LedgerRecords, adds: list[A], ids: list[int], max_size:
     key_of = dict(zip(ids, keys))  # each ledger's last key, in the order the ledgers first appear
     if not all(map(eq, map(key_of.__getitem__, ids), keys)):
         return None  # a ledger with two keys in the batch
+    if all(map(eq, map(seen.get, key_of), zip(key_of.values(), repeat(True), repeat(False)))):
+        return list(zip(ids, entry_ids, datas))  # every ledger known, with that durable key, not fenced: C loops
     for ledger_id, key in key_of.items():
         state = seen.get(ledger_id)
         if state is not None and state[1] and not state[2] and state[0] == key:
