@@ -154,9 +154,14 @@ def admit_batch(ledgers: LedgerRecords, adds: list[A], max_size: int, refused: l
     (:func:`_clean_run`), with the same outcome as the loop of :func:`_admit_each`."""
     ids = list(map(_LEDGER_ID, adds))  # C loops (no turn of this one per add): one ledger is the usual batch
     one_ledger = not ids or ids.count(ids[0]) == len(ids)
-    seen: dict[int, LedgerView] = {} if one_ledger else \
-        ledgers.look_many({ledger_id for ledger_id in ids if type(ledger_id) is int})
-    run = _clean_run(adds, ids, max_size) if one_ledger and len(adds) >= RUN_MIN else None
+    seen: dict[int, LedgerView] = {} if one_ledger else ledgers.look_many(
+        set(ids) if set(map(type, ids)) == _INT else {ledger_id for ledger_id in ids if type(ledger_id) is int})
+    if not one_ledger:
+        entries = _clean_many(ledgers, adds, ids, max_size, seen, records) if len(adds) >= RUN_MIN else None
+        if entries is None:
+            return _admit_each(ledgers, adds, max_size, refused, records, seen, (-1, b"", False))
+        return list(adds), entries
+    run = _clean_run(adds, ids, max_size) if len(adds) >= RUN_MIN else None
     if run is None:
         return _admit_each(ledgers, adds, max_size, refused, records, seen, (-1, b"", False))
     ledger_id, key = ids[0], adds[0].master_key
@@ -191,6 +196,50 @@ def _clean_run(adds: list[A], ids: list[int], max_size: int) -> tuple[list[int],
     if not all(map(eq, map(_HEADER_IDS.unpack_from, datas), zip(repeat(ledger_id, n), entry_ids))):
         return None
     return entry_ids, datas
+
+
+def _clean_many(ledgers: LedgerRecords, adds: list[A], ids: list[int], max_size: int, seen: dict[int, LedgerView],
+                records: list[Record]) -> list[tuple[int, int, bytes]] | None:
+    """The entries of ``adds`` - a batch of several ledgers (``ids``), looked up into
+    ``seen`` - when every add passes :func:`_admit_each`'s combined test, each ledger
+    comes with one key, which is its key, and none is fenced; else None (nothing
+    refused: the caller decides the batch an add at a time). The tests are C loops over
+    the batch, and :func:`admit_key` runs once per ledger rather than once per change of
+    ledger (a batch of round-robin writers changes ledger at every add): it is called,
+    in the order the ledgers first appear, only for a ledger whose durable key is not
+    the one given (a new ledger's MASTER_KEY record goes to ``records`` as the loop
+    would put it there; ``seen`` remembers it, so the loop, if it follows, does not
+    make it again)."""
+    keys = list(map(_MASTER_KEY, adds))
+    if set(map(type, ids)) != _INT or set(map(type, keys)) != _BYTES or min(ids) < 0 or max(ids) > _MAX_LEDGER_ID:
+        return None
+    key_sizes = list(map(len, keys))
+    if min(key_sizes) < 1 or max(key_sizes) > _MAX_KEY:
+        return None
+    entry_ids, datas = list(map(_ENTRY_ID, adds)), list(map(_DATA, adds))
+    if set(map(type, entry_ids)) != _INT or set(map(type, datas)) != _BYTES or min(entry_ids) < 0 \
+            or max(entry_ids) > MAX_ENTRY_ID:
+        return None
+    sizes = list(map(len, datas))
+    if min(sizes) < _HEADER_SIZE or max(sizes) > max_size:
+        return None
+    if not all(map(eq, map(_HEADER_IDS.unpack_from, datas), zip(ids, entry_ids))):
+        return None
+    key_of = dict(zip(ids, keys))  # each ledger's last key, in the order the ledgers first appear
+    if not all(map(eq, map(key_of.__getitem__, ids), keys)):
+        return None  # a ledger with two keys in the batch
+    if all(map(eq, map(seen.get, key_of), zip(key_of.values(), repeat(True), repeat(False)))):
+        return list(zip(ids, entry_ids, datas))  # every ledger known, with that durable key, not fenced: C loops
+    for ledger_id, key in key_of.items():
+        state = seen.get(ledger_id)
+        if state is not None and state[1] and not state[2] and state[0] == key:
+            continue  # its durable key, not fenced: what admit_key would say, without a record
+        try:
+            if admit_key(ledgers, ledger_id, key, seen, records):
+                return None  # fenced: only recovery adds pass
+        except (WalkitError, OSError):
+            return None  # refused: the loop refuses each of its adds, naming why
+    return list(zip(ids, entry_ids, datas))
 
 
 def _admit_each(ledgers: LedgerRecords, adds: list[A], max_size: int, refused: list[tuple[BaseException, A]],

@@ -115,8 +115,8 @@ class EntryAdds:
         sh = self._shared
         ledger_id = entries[0][0] if entries else -1
         state = sh.states.get(ledger_id)
-        if state is None or sh.failure is not None:
-            return False
+        if state is None or sh.failure is not None or entries[-1][0] != ledger_id:
+            return False  # (the last entry's ledger: a batch of many ledgers is told before the batch is unzipped)
         ledger_ids, entry_ids, datas = zip(*entries)
         if ledger_ids.count(ledger_id) != len(entries) or set(map(type, entry_ids)) != _INT \
                 or set(map(type, datas)) != _BYTES or min(entry_ids) < 0 or max(entry_ids) > MAX_ENTRY_ID:

@@ -1186,8 +1186,7 @@ def test_adds_queued_when_the_loop_is_gone_fail_instead_of_hanging(tmp_path: Pat
         real_call(lambda: (busy.set(), release.wait(10)))
         assert busy.wait(10)
         queued = first.add_entry_async(b"queued")  # wakes the (busy) loop: its wake-up is pending
-        with core._ready_lock:  # as if the loop had taken the wake-up but not yet the list
-            core._ready_scheduled = False
+        core._ready_scheduled = False  # as if the loop had taken the wake-up but not yet the writers
 
         def closed(fn: Any, *args: Any) -> None:
             raise walkit.errors.UsageError("client is closed")

@@ -48,6 +48,20 @@ BATCHES: dict[str, Batch] = {
     "too large": lambda: [AddEntry(1, e, KEY, _entry(1, e, MAX if e == 2 else 10)) for e in range(1, 4)],
     "two keys": lambda: [AddEntry(1, e, KEY if e < 3 else b"other-key", _entry(1, e)) for e in range(1, 5)],
     "one add": lambda: [AddEntry(1, 7, KEY, _entry(1, 7))],
+    # several ledgers in one batch (round-robin writers): ledger 1 as the fixture made it, 2 and 3 new
+    "many ledgers": lambda: [AddEntry(lg, e, KEY, _entry(lg, e)) for e in range(1, 12) for lg in (1, 2, 3)],
+    "many ledgers, recovery adds": lambda: [AddEntry(lg, e, KEY, _entry(lg, e), recovery=e % 2 == 0)
+                                            for e in range(1, 6) for lg in (1, 2)],
+    "many ledgers, another key": lambda: [AddEntry(lg, e, b"other-key" if lg == 1 else KEY, _entry(lg, e))
+                                          for e in range(1, 6) for lg in (1, 2, 3)],
+    "many ledgers, a bad header": lambda: [AddEntry(lg, e, KEY, _entry(lg, e if (lg, e) != (2, 3) else 9))
+                                           for e in range(1, 6) for lg in (1, 2)],
+    "many ledgers, too large": lambda: [AddEntry(lg, e, KEY, _entry(lg, e, MAX if (lg, e) == (3, 2) else 10))
+                                        for e in range(1, 4) for lg in (1, 2, 3)],
+    "many ledgers, two keys in one": lambda: [AddEntry(lg, e, b"other-key" if (lg, e) == (2, 4) else KEY,
+                                                       _entry(lg, e)) for e in range(1, 6) for lg in (1, 2)],
+    "many ledgers, a new one with two keys": lambda: [AddEntry(3, 1, b"other-key", _entry(3, 1))] + [
+        AddEntry(lg, e, KEY, _entry(lg, e)) for e in range(1, 4) for lg in (2, 3)],
 }
 
 
@@ -78,5 +92,31 @@ def test_a_batch_is_decided_as_the_add_at_a_time_loop_decides_it(name: str, fenc
         for b in _bookie(fenced, known):
             outcomes.append(_decide(b, adds, whole))
     assert outcomes[0] == outcomes[1]
-    if name == "clean" and not fenced:
+    if name in ("clean", "many ledgers") and not fenced:
         assert outcomes[0][0] == adds and not outcomes[0][2]
+
+
+@pytest.mark.parametrize("known", [False, True])
+def test_a_clean_batch_of_many_ledgers_takes_the_whole_batch_path(known: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clean batch of several ledgers is decided without the add-at-a-time loop, and
+    asks admit_key about a ledger only when its durable key is not the one given: once
+    per new ledger (its MASTER_KEY record), never for a known one."""
+    adds = BATCHES["many ledgers"]()
+    asked: list[int] = []
+    real_admit_key = admission.admit_key
+
+    def counting(ledgers: object, ledger_id: int, *args: object) -> bool:
+        asked.append(ledger_id)
+        return real_admit_key(ledgers, ledger_id, *args)  # type: ignore[arg-type]
+
+    def no_loop(*args: object) -> object:
+        raise AssertionError("a clean batch of many ledgers went through the add-at-a-time loop")
+
+    for b in _bookie(False, known):
+        monkeypatch.setattr(admission, "admit_key", counting)
+        monkeypatch.setattr(admission, "_admit_each", no_loop)
+        admitted, entries, refused, records = _decide(b, adds, True)
+    assert admitted == adds and not refused
+    assert entries == [(a.ledger_id, a.entry_id, a.data) for a in adds]
+    assert asked == ([2, 3] if known else [1, 2, 3])
+    assert [record[1] for record in records] == asked  # a MASTER_KEY record per new ledger, in order

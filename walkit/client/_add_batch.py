@@ -56,6 +56,7 @@ from walkit.protocol import Response
 
 __all__ = ["BatchWriter", "acked", "send_taken"]
 
+_UNSEEN: list[list[AddRun]] = []  # (an identity) no writer of the pass looked up this ensemble yet
 _relays: dict[str, AckRelay] = {}  # bookie -> the relay of its answers to batched adds (immutable: shared)
 
 
@@ -93,21 +94,25 @@ def send_taken(writer: BatchWriter, batch: list[Add], sink: AddGroups | None = N
     ensemble, failed = writer.ensemble, writer.failed
     if failed and not failed.isdisjoint(ensemble):
         return False
-    pool = writer.core.pool
-    clients = pool.ready(ensemble) if sink is None else None
-    targets = None if sink is None else _targets(pool, ensemble, sink)
+    clients = targets = None
+    if sink is None:
+        clients = writer.core.pool.ready(ensemble)
+    else:  # the pass's lists for this ensemble, found by the pass's first writer on it
+        targets = sink.ready.get(ensemble, _UNSEEN)
+        if targets is _UNSEEN:
+            targets = _targets(writer.core.pool, ensemble, sink)
     if clients is None and targets is None:
         return False
     ledger_id, lac, encode, write_sets = writer.ledger_id, writer.lac, writer._encode, writer._write_sets
     size = len(write_sets)
-    now = time.monotonic()
+    now = time.monotonic() if sink is None else sink.now  # (one clock read per pass of many writers)
     for add in batch:
         add.data = encode(ledger_id, add.entry_id, lac, add.length, add.payload)
         add.sent_at = now
         add.sent = write_sets[add.entry_id % size]  # the write set's own tuple, as _send gives it
     lacs = writer.lacs
     if lac > lacs.piggybacked or lacs.idle_since:  # as _send: the LAC rides on these entries
-        lacs.carried(lac)
+        lacs.carried(lac, now)
     writer.pending.extend(batch)
     key, recovery, qw = writer.key, writer.recovery, len(write_sets[0])
     # the bookie at ``index`` is in entry e's write set when (index - e) mod E < Qw
@@ -133,12 +138,9 @@ def send_taken(writer: BatchWriter, batch: list[Add], sink: AddGroups | None = N
 def _targets(pool: BookiePool, ensemble: tuple[str, ...], sink: AddGroups) -> list[list[AddRun]] | None:
     """The lists of the pass ``sink`` that gather the runs to each of ``ensemble``'s
     bookies, in the ensemble's order; None when one of them has no usable connection
-    (:meth:`BookiePool.ready <walkit.client._pool.BookiePool.ready>`). Looked up once per
-    ensemble and pass, not once per writer."""
-    try:
-        return sink.ready[ensemble]
-    except KeyError:
-        pass
+    (:meth:`BookiePool.ready <walkit.client._pool.BookiePool.ready>`). Made once per
+    ensemble and pass (:func:`send_taken` finds them in ``sink.ready`` afterwards), not
+    once per writer."""
     clients = pool.ready(ensemble)
     targets = None if clients is None else [sink.runs_of(client, _relay(bookie))
                                             for bookie, client in zip(ensemble, clients)]

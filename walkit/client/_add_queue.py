@@ -18,10 +18,19 @@ that taking a slot and queueing the add are one step).
 * Whether the writer must be scheduled on the loop (``ClientCore.schedule``) is decided
   under the lock too: only the first add queued since the loop's last :meth:`take` asks
   for it, so a burst of adds costs one hand-over to the loop.
-* :meth:`AddQueue.take` (loop) empties the queue in one go and re-opens scheduling.
-  The list is copied and cleared, never swapped for a fresh one: a fresh list would live
-  until the ledger's next add, long enough to reach the cyclic GC's oldest generation
-  when thousands of ledgers are written round-robin (and make its full passes come often).
+* :meth:`AddQueue.take` (loop) empties the queue in one go and re-opens scheduling,
+  without the lock (a client writing round-robin over a thousand ledgers takes each
+  writer's queue once per add, and the lock was a good part of that): the queue is a
+  deque, whose ``append`` (under the lock, in entry order) and ``popleft`` are atomic,
+  so a take gets a prefix of the adds in entry order. Scheduling is re-opened *before*
+  the deque is emptied, and :meth:`AddQueue.put` appends before it looks, and sets the
+  flag only when it found it clear: an add appended after the take's last ``popleft``
+  finds the flag clear and schedules the writer; one that found it set was appended
+  before the take that clears it empties the deque (at worst a writer is scheduled
+  with nothing left to take). The deque is emptied, never swapped for a fresh one: a
+  fresh one would live until the ledger's next add, long enough to reach the cyclic
+  GC's oldest generation when thousands of ledgers are written round-robin (and make
+  its full passes come often).
 * A failed writer drains the queue (:meth:`AddQueue.take_failed`) and fails every add
   in it; scheduling is left as it is, since the loop's pending call clears it.
 
@@ -34,6 +43,7 @@ stops tracking tuples of strings), and it is its own context for the bookies' an
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable
@@ -88,6 +98,10 @@ class Add:
 class AddQueue:
     """The adds submitted to ``writer`` and not yet taken by the loop (module docstring)."""
 
+    # slots, not an instance dict: a pass over a thousand writers reads each one's state in fewer places
+    __slots__ = ("_writer", "_ledger_id", "_in_loop", "_lock", "slots", "_incoming", "_scheduled", "_next_entry_id",
+                 "_length", "closing")
+
     def __init__(self, writer: AckSink, ledger_id: int, max_pending_adds: int, in_loop: Callable[[], bool],
                  next_entry_id: int, length: int) -> None:
         self._writer = writer
@@ -95,7 +109,7 @@ class AddQueue:
         self._in_loop = in_loop  # whether the caller is the client's loop thread (which must never wait)
         self._lock = threading.Lock()
         self.slots = Slots(max_pending_adds, self._lock)  # max_pending_adds, under the same lock
-        self._incoming: list[Add] = []
+        self._incoming: collections.deque[Add] = collections.deque()
         self._scheduled = False
         self._next_entry_id = next_entry_id
         self._length = length
@@ -133,10 +147,11 @@ class AddQueue:
             add = Add(self._writer, entry_id, payload, self._length, future)
             if not entry_id & _SAMPLE:  # one add in 8 is timed (walkit_client_add_seconds)
                 add.started = time.monotonic()
-            self._incoming.append(add)
-            schedule = not self._scheduled
-            self._scheduled = True
-        return add, schedule
+            self._incoming.append(add)  # before the flag is read (module docstring)
+            if self._scheduled:
+                return add, False
+            self._scheduled = True  # only when it was clear: never over a take's clearing
+        return add, True
 
     def unput(self, add: Add) -> None:
         """(Any thread) take back ``add``, just put, that nothing will ever send (the
@@ -147,17 +162,21 @@ class AddQueue:
             self.slots.release_locked()
 
     def take(self) -> list[Add]:
-        """(Loop) every add queued, in order; the next put schedules the writer again."""
-        with self._lock:
-            batch = self._incoming.copy()  # (a copy: see the module docstring)
-            self._incoming.clear()
-            self._scheduled = False
-        return batch
+        """(Loop) every add queued, in order; the next put schedules the writer again.
+        No lock: see the module docstring."""
+        self._scheduled = False  # before the deque is emptied
+        incoming = self._incoming
+        count = len(incoming)
+        if count == 1:  # a writer among a thousand: an add per take
+            return [incoming.popleft()]
+        popleft = incoming.popleft
+        return [popleft() for _ in range(count)]
 
     def take_failed(self) -> list[Add]:
         """(Loop) every add queued, for the failed writer to fail."""
         with self._lock:
-            batch, self._incoming = self._incoming, []
+            batch = list(self._incoming)
+            self._incoming.clear()
         return batch
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import ssl
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
@@ -100,13 +101,16 @@ class AddGroups:
     :meth:`BookieClient.queue_add_groups` to queue in one call (:meth:`queue`); and, per
     ensemble, the lists of its bookies' runs (None: ``BookiePool.ready`` said one is not
     usable), found once per ensemble rather than once per writer - nothing in a pass,
-    which runs on the loop without yielding, changes a connection's state."""
+    which runs on the loop without yielding, changes a connection's state. ``now``: when
+    the pass began (``time.monotonic()``), the send time of every add of the pass - a
+    pass lasts milliseconds, an add's timeout seconds."""
 
-    __slots__ = ("groups", "ready")
+    __slots__ = ("groups", "ready", "now")
 
     def __init__(self) -> None:
         self.groups: dict[BookieClient, tuple[AckRelay, list[AddRun]]] = {}
         self.ready: dict[tuple[str, ...], list[list[AddRun]] | None] = {}
+        self.now = time.monotonic()
 
     def runs_of(self, client: BookieClient, relay: AckRelay) -> list[AddRun]:
         """The list gathering the runs to ``client`` (answered to ``relay``)."""

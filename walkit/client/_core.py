@@ -31,6 +31,7 @@ the store does not answer, goes on with the endpoint known before.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 import threading
@@ -110,8 +111,7 @@ class ClientCore:
         self.writers_lock = threading.Lock()  # writers are made on any thread (BookKeeper.create_ledger)
         self.stats = CLIENTS.new(self)  # written on the loop thread only (walkit/client/_stats.py)
         # writers with adds to send (any thread appends; the loop takes them all at once)
-        self._ready_lock = threading.Lock()
-        self._ready: list[_Sender] = []
+        self._ready: collections.deque[_Sender] = collections.deque()
         self._ready_scheduled = False
         # writers with adds in flight, for the one add-timeout sweep (loop only)
         self._watched: set[_Timed] = set()
@@ -134,19 +134,27 @@ class ClientCore:
         """(Any thread) ``writer`` has adds queued: the loop sends them soon, with those
         of every writer queued meanwhile (one wake-up for all). Raises UsageError when
         the client is closed; the adds of writers queued with this one are then failed
-        (nothing would ever send them)."""
-        with self._ready_lock:
-            self._ready.append(writer)
-            if self._ready_scheduled:
-                return
-            self._ready_scheduled = True
+        (nothing would ever send them).
+
+        No lock: a client writing round-robin over a thousand ledgers schedules a writer
+        for nearly every add, and a lock its loop thread takes too cost a hand-over of the
+        interpreter lock now and then. A deque's ``append`` and ``popleft`` are atomic;
+        the loop clears ``_ready_scheduled`` *before* it empties the deque
+        (:meth:`_send_ready`), so a writer appended after the loop took the last one
+        finds the flag clear and wakes the loop itself, and one that finds it set was
+        appended before the pass that the setter woke empties the deque (at worst a
+        pass finds nothing: two threads that both found the flag clear)."""
+        self._ready.append(writer)
+        if self._ready_scheduled:
+            return
+        self._ready_scheduled = True
         try:
             self.loop.call(self._send_ready)
         except UsageError as exc:
-            with self._ready_lock:
-                writers, self._ready = self._ready, []
-                self._ready_scheduled = False
-            for other in writers:
+            self._ready_scheduled = False
+            ready = self._ready
+            while ready:
+                other = ready.popleft()
                 if other is not writer:
                     other.abandon_incoming(exc)
             raise
@@ -158,18 +166,18 @@ class ClientCore:
         them (frames of different ledgers share a write; each writer's stay in entry
         order), not one call per writer and bookie - a pass over a thousand writers with
         an add each costs three calls rather than three thousand."""
-        with self._ready_lock:
-            writers, self._ready = self._ready, []
-            self._ready_scheduled = False
-        bookies: set[str] = set()
+        self._ready_scheduled = False  # before the deque is emptied: schedule()'s docstring
+        ready = self._ready
+        ensembles: set[Sequence[str]] = set()
         sink = AddGroups()
         try:
-            for writer in writers:
+            while ready:
+                writer = ready.popleft()
                 writer.take_incoming(False, sink)
-                bookies.update(writer.ensemble)
+                ensembles.add(writer.ensemble)
         finally:  # what was made pending is sent, whatever happened to a writer after it
             sink.queue()
-        self.pool.flush(bookies)
+        self.pool.flush({bookie for ensemble in ensembles for bookie in ensemble})
 
     def watch_adds(self, writer: _Timed) -> None:
         """(Loop) ``writer`` has adds in flight: the client's timeout sweep, one timer

@@ -42,7 +42,8 @@
   ``release()``, ValueError on a release past the limit), in a fraction of the time
   (that one is pure Python in 3.11: ~5 µs per acquire and release here). The condition
   is made by the first wait: a client writing 10,000 ledgers that never fill their slots
-  keeps no condition (five objects the cyclic GC walks) for each.
+  keeps no condition (five objects the cyclic GC walks) for each. The client's loop gives
+  completed adds' slots back without the lock (:meth:`Slots.give_back`).
 """
 
 from __future__ import annotations
@@ -163,7 +164,11 @@ class QuickFuture(Future[T]):
 
 
 class Slots:
-    """``limit`` slots counted under ``lock`` (the writer's submission lock)."""
+    """``limit`` slots counted under ``lock`` (the writer's submission lock); the client's
+    loop gives completed adds' slots back without it (:meth:`give_back`)."""
+
+    # slots, not an instance dict: a pass over a thousand writers reads each one's state in fewer places
+    __slots__ = ("limit", "free", "_lock", "_freed", "_waiting", "returned", "_folded")
 
     def __init__(self, limit: int, lock: threading.Lock) -> None:
         self.limit = limit
@@ -171,6 +176,8 @@ class Slots:
         self._lock = lock
         self._freed: threading.Condition | None = None  # made by the first wait (a writer of many that never waits makes none)
         self._waiting = 0
+        self.returned = 0  # slots given back by give_back, ever (written by the loop's thread only)
+        self._folded = 0  # how many of those are in ``free`` (under the lock)
 
     def acquire(self, blocking: bool = True) -> bool:
         """Take a slot, waiting for one if ``blocking``; False when none is free (not blocking)."""
@@ -182,8 +189,36 @@ class Slots:
         with self._lock:
             self.release_locked(n)
 
+    def give_back(self, n: int) -> None:
+        """(The thread running the client's loop only) give back the slots of ``n`` adds
+        just completed, without the lock when no thread waits for a slot. A client
+        writing round-robin over a thousand ledgers completes an add per writer at a
+        time, and the lock it took here was the one the application's thread was taking
+        for that writer's next add (it refills the window with the writer whose add just
+        completed): the two threads met on it, each meeting a hand-over of the
+        interpreter lock. The count goes to :attr:`returned`, which only this thread
+        writes; a taker adds what is new in it to ``free`` under the lock (``_fold``)
+        when ``free`` runs out. No wake-up is lost: a taker counts itself in
+        ``_waiting`` before it folds for the last time and waits; this looks at
+        ``_waiting`` after counting, so either the taker's fold sees the count or this
+        sees the taker, and then notifies it under the lock (which the taker gives up
+        only by waiting). No ValueError here: completions give back what their adds took."""
+        self.returned += n
+        if self._waiting:
+            with self._lock:
+                assert self._freed is not None  # made by the waiter before it counted itself
+                self._freed.notify(n)
+
+    def _fold(self) -> None:
+        """(Lock held) the slots given back by :meth:`give_back` since the last fold go to ``free``."""
+        returned = self.returned
+        self.free += returned - self._folded
+        self._folded = returned
+
     def take_locked(self, blocking: bool) -> bool:
         """:meth:`acquire` for a caller holding the lock (a wait releases it meanwhile)."""
+        if self.free <= 0:
+            self._fold()
         if self.free > 0:
             self.free -= 1
             return True
@@ -192,10 +227,12 @@ class Slots:
         freed = self._freed
         if freed is None:
             freed = self._freed = threading.Condition(self._lock)
-        self._waiting += 1
+        self._waiting += 1  # before the last fold: see give_back
         try:
+            self._fold()
             while self.free <= 0:
                 freed.wait()
+                self._fold()
         finally:
             self._waiting -= 1
         self.free -= 1
@@ -203,6 +240,7 @@ class Slots:
 
     def release_locked(self, n: int = 1) -> None:
         """:meth:`release` for a caller holding the lock."""
+        self._fold()
         if self.free + n > self.limit:
             raise ValueError(f"slots released too many times (limit={self.limit})")
         self.free += n

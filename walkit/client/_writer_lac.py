@@ -55,7 +55,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Container, Sequence, Sized
+from collections.abc import Collection, Container, Sequence, Sized
 from typing import Any, Protocol
 
 from walkit.client._add_queue import AddQueue
@@ -106,6 +106,10 @@ class LacWriter(Protocol):
 class LacPublisher:
     """The LAC that ``writer`` sends on its own (module docstring)."""
 
+    # slots, not an instance dict: a pass over a thousand writers reads each one's state in fewer places
+    __slots__ = ("writer", "piggybacked", "interval", "idle", "yields", "idle_delay", "_timer", "_idle_timer",
+                 "_idle_to", "idle_since", "_back_to_back")
+
     def __init__(self, writer: LacWriter, lac: int) -> None:
         config = writer.core.config
         self.writer = writer
@@ -118,20 +122,21 @@ class LacPublisher:
         self.idle_delay = config.idle_lac_delay
         self._timer: asyncio.TimerHandle | None = None  # the explicit-LAC timer
         self._idle_timer: asyncio.TimerHandle | None = None  # the idle LAC's wait
-        self._idle_to: list[str] | None = None  # where the idle LAC goes
+        self._idle_to: Collection[str] | None = None  # where the idle LAC goes (went_idle's acked)
         self.idle_since = 0.0  # (time.monotonic()) when the writer went idle; 0: it is not
         self._back_to_back = False  # its last idle spell was shorter than idle_delay
 
-    def carried(self, lac: int) -> None:
+    def carried(self, lac: int, now: float = 0.0) -> None:
         """(Loop) an entry was encoded with ``lac`` piggybacked: no idle LAC is owed (the
-        writer calls it when ``lac`` is news, or the writer was idle: ``idle_since``)."""
+        writer calls it when ``lac`` is news, or the writer was idle: ``idle_since``).
+        ``now``: ``time.monotonic()`` as the caller read it (0: read it here)."""
         if lac > self.piggybacked:
             self.piggybacked = lac
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
         if self.idle_since:
-            self._back_to_back = time.monotonic() - self.idle_since < self.idle_delay
+            self._back_to_back = (now or time.monotonic()) - self.idle_since < self.idle_delay
             self.idle_since = 0.0
 
     def arm(self) -> None:
@@ -141,9 +146,12 @@ class LacPublisher:
                 writer.pending or writer.lac > self.piggybacked):  # an idle writer with nothing to send: no timer
             self._timer = asyncio.get_running_loop().call_later(self.interval, self._send_lac)
 
-    def went_idle(self, acked: list[str] | None) -> None:
+    def went_idle(self, acked: Collection[str] | None) -> None:
         """(Loop) the last pending add completed, none is queued: publish the LAC to
-        ``acked`` (None: the ensemble) after ``idle_delay`` unless an entry carries it."""
+        the bookies of the ensemble in ``acked`` (those that acknowledged its entry; None
+        or none of them: the ensemble) after ``idle_delay`` unless an entry carries it.
+        Which bookies those are is worked out only when the LAC leaves (a writer that
+        yields to a crowd sends nothing)."""
         writer = self.writer
         if not self.idle or writer.lac <= self.piggybacked:
             return
@@ -155,7 +163,7 @@ class LacPublisher:
             if crowded:
                 return
         if not self._back_to_back:  # (idle_delay 0: never) it idled longer last time: at once
-            self.publish(acked)
+            self.publish(self._among(acked))
             return
         self._idle_to = acked
         if self._idle_timer is None:
@@ -173,7 +181,7 @@ class LacPublisher:
         writer = self.writer
         if writer.error is None and writer.meta.state is not LedgerState.CLOSED and not writer.pending and \
                 not writer.queue.queued:  # (an add on its way carries it)
-            self.publish(self._idle_to)
+            self.publish(self._among(self._idle_to))
 
     def _send_lac(self) -> None:
         self._timer = None
@@ -182,6 +190,12 @@ class LacPublisher:
             return
         self.publish()
         self.arm()
+
+    def _among(self, acked: Collection[str] | None) -> list[str] | None:
+        """The bookies of the ensemble in ``acked``, in the ensemble's order (None: none)."""
+        if not acked:
+            return None
+        return [b for b in self.writer.ensemble if b in acked] or None
 
     def publish(self, to: list[str] | None = None) -> None:
         """Send the LAC on its own (WRITE_LAC) to ``to`` (None: the ensemble), unless an
