@@ -448,6 +448,10 @@ class Bookie:
         (:meth:`bookie._reads.Reads.read_recent`)."""
         return self._reads.read_recent(ledger_id, entry_id)
 
+    def memory_lac(self, ledger_id: int) -> int | None:
+        """:meth:`read_lac` from memory alone, else None (:meth:`bookie._reads.Reads.memory_lac`)."""
+        return self._reads.memory_lac(ledger_id)
+
     def read_memory(self, ledger_id: int, entry_id: int) -> tuple[bytes, int] | None:
         """``(entry, LAC)`` of a stored entry from memory alone, else None
         (:meth:`bookie._reads.Reads.read_memory`)."""

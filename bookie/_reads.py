@@ -124,6 +124,18 @@ class Reads:
         except WalkitError:  # not stored, storage closed: the slow path gives the answer
             return None
 
+    def memory_lac(self, ledger_id: int) -> int | None:
+        """What :meth:`read_lac` answers, from memory alone - the ledger's last entry in
+        its log's write buffer, or its LAC remembered - else None (no entry stored, the
+        ledger unknown, or only a read would tell). For the event loop: a tailing
+        reader's long poll is checked without a hand-off to the read pool."""
+        s = self._stored.storage
+        try:
+            last = s.last_entry_id(ledger_id)
+            return None if last < 0 else self._memory_lac(s, ledger_id, last, -1, b"")
+        except WalkitError:  # not stored, storage closed: the slow path gives the answer
+            return None
+
     def read_memory(self, ledger_id: int, entry_id: int) -> tuple[bytes, int] | None:
         """``(entry, LAC)`` for a READ_ENTRY of a stored ``entry_id`` from memory alone - the
         entry in its log's write buffer or read ahead, and a LAC known without a read

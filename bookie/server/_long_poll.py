@@ -9,8 +9,10 @@ previous one (an add whose entry carries a higher LAC, or a WRITE_LAC:
 ends (then ENOENTRY). Its answer carries the entry the poller named when this bookie
 holds it (a follower names the next one it needs), else the last entry.
 
-Ordering: the waiter is registered (on the loop) before the LAC is first read (on the
-pool), so an advance between the two is never missed; whoever takes the waiter out of
+Ordering: the waiter is registered (on the loop) before the LAC is first read - on the
+loop when memory knows it (the ledger's last entry still in its log's write buffer, as a
+tailed ledger's is: :meth:`bookie.Bookie.memory_lac`, no thread hand-off), else on the
+pool - so an advance between the two is never missed; whoever takes the waiter out of
 the parked set first (advance, first check, timeout, stop, the connection going) answers
 it - :attr:`LongPoll.done` says it was taken, and every path checks it, so a poll is
 answered exactly once. The parked polls of a ledger are kept sorted by (previous LAC,
@@ -110,6 +112,11 @@ class LongPolls:
         waiters.add(waiter)
         conn.waiters.add(waiter)
         self.count += 1
+        assert host.bookie is not None
+        lac = host.bookie.memory_lac(req.ledger_id)
+        if lac is not None:  # a tailed ledger's LAC is in memory: checked here, no hand-off to the pool
+            self._first_check(waiter, lac)
+            return
         loop = host.loop
 
         def checked(fut: Any) -> None:  # pool thread
@@ -119,7 +126,6 @@ class LongPolls:
                 lac = -1  # a ledger this bookie has not seen yet: wait for its first entry
             loop.call_soon_threadsafe(self._first_check, waiter, lac)
 
-        assert host.bookie is not None
         try:
             host.read_executor.submit(host.bookie.read_lac, req.ledger_id).add_done_callback(checked)
         except RuntimeError:  # the read pool is shut down (stopping): answer as a timeout

@@ -163,6 +163,51 @@ def test_long_poll(tmp_path: Path) -> None:
     run(body)
 
 
+def test_a_long_poll_on_a_ledger_in_memory_is_checked_without_the_read_pool(tmp_path: Path) -> None:
+    """A tailing reader's poll arrives while the ledger's last entry is still in its
+    log's write buffer: its first LAC check runs on the loop (``Bookie.memory_lac``), not
+    on the read pool and back - an explicit LAC counts, as on the pool - and a ledger
+    that memory knows nothing of still goes to the pool."""
+    async def body() -> None:
+        async with in_process(config(tmp_path)) as server:
+            client = await client_of(server)
+            await client.add_entry(1, 0, KEY, entry(1, 0, lac=-1))
+            await client.add_entry(1, 1, KEY, entry(1, 1, lac=0))
+            real = server.read_executor
+            submitted: list[str] = []
+
+            class Recording:
+                def submit(self, fn: Any, *args: Any) -> Any:
+                    submitted.append(getattr(fn, "__name__", repr(fn)))
+                    return real.submit(fn, *args)
+
+            server.read_executor = Recording()  # type: ignore[assignment]
+            try:
+                now = await client.read_entry(1, 1, previous_lac=-1, timeout_ms=5000)  # LAC 0 passed -1
+                assert (now.entry_id, now.lac) == (1, 0)
+                poll = asyncio.ensure_future(client.read_entry(1, 1, previous_lac=0, timeout_ms=10_000))
+                await asyncio.sleep(0.2)
+                assert not poll.done()
+                await client.write_lac(1, 1, KEY)  # explicit LAC 1: wakes the poll
+                assert (await poll).lac == 1
+                # a poll arriving after the explicit LAC passed its previous one: answered at once
+                again = await client.read_entry(1, 1, previous_lac=0, timeout_ms=10_000)
+                assert (again.entry_id, again.lac) == (1, 1)
+                assert "read_lac" not in submitted, f"a first check went to the read pool: {submitted}"
+                # a ledger this bookie has not seen: the pool's check (it waits for the first entry)
+                poll = asyncio.ensure_future(client.read_entry(4, 0, previous_lac=-1, timeout_ms=10_000))
+                await asyncio.sleep(0.1)
+                assert "read_lac" in submitted
+                await client.add_entry(4, 0, KEY, entry(4, 0, lac=-1))
+                await client.add_entry(4, 1, KEY, entry(4, 1, lac=0))
+                assert (await poll).entry_id == 0
+            finally:
+                server.read_executor = real
+            await client.close()
+
+    run(body)
+
+
 def test_long_poll_answers_survive_failures_on_the_loop(tmp_path: Path) -> None:
     """A poll names the entry it wants (one not stored yet: the last comes instead); a
     failure while answering a poll from memory on the loop falls back to the read pool,
