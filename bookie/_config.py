@@ -92,8 +92,7 @@ class BookieConfig:
         "walkit's sync thread groups while busy, so waiting on an idle disk only adds latency)")
     journal_inline_flush: bool = _key(
         "journalInlineFlush", True, "walkit: an idle journal writes and syncs the adds of one event-loop iteration "
-        "on the loop's thread (no thread switch per append; taken only while a write + sync is quick and no "
-        "reader's long poll waits); false: "
+        "on the loop's thread (no thread switch per append; taken only while a write + sync is quick); false: "
         "the loop hands the batch straight to the sync thread")
     # Journal files: 2 GiB files, zero-filled 16 MiB ahead, 5 kept behind the mark.
     journal_max_size_mb: int = _key("journalMaxSizeMB", 2048, "MiB: a journal file rolls at this size")

@@ -13,11 +13,10 @@ read) an idle journal writes, syncs and calls back on the loop's own thread
 (``journalInlineFlush``; no thread switch between a lone add and its answer, which the
 kick drains and writes at once, in the same loop iteration), while a busy one groups them
 into its next batch, written by its sync thread (:meth:`bookie.journal.Journal.kick`).
-While tailing readers follow (long polls wait, or this kick's adds woke some with the
-LAC they carry) the kick never flushes inline: the loop, blocked in an inline fdatasync,
-would answer none of their polls and reads, and a reader of a writer appending back to
-back would be held one sync behind per entry. Answers held for the kick (the polls an
-add woke, reads from memory) are written before the journal is kicked, not after.
+Answers held for the kick that wait on no fsync (the long polls an arriving add woke
+with the LAC it carries, reads served from memory) are written before the journal is
+kicked, not after its inline sync: a reader following a writer that appends back to back
+is not held one sync behind per entry.
 
 Where the kick runs: adds submitted by a connection's read callback (between
 :meth:`Writes.reading` and :meth:`Writes.read_done`) are kicked at the end of that
@@ -126,7 +125,6 @@ class Writes:
         self._drain_scheduled = False
         self._kick = _NO_KICK  # whether a journal kick is due, and how it will run
         self._reading = False  # inside a connection's read callback (reading .. read_done)
-        self._followed = False  # adds of this kick came while long polls waited: no inline flush
         self._write_scheduled = False  # _write_answers is in the loop's queue
         #: Inside :meth:`kick_journal`: answers are drained and written by it.
         self.kicking = False
@@ -148,7 +146,6 @@ class Writes:
         assert bookie is not None
         if self._polls.any_waiting():
             self._publish_carried(bookie, adds)
-            self._followed = True
         bookie.add_batch_cb(adds, callback, defer=True)
         if self._kick == _NO_KICK:
             if self._reading:  # read_done kicks (or schedules the kick) at the callback's end
@@ -248,12 +245,9 @@ class Writes:
             return
         if self.unflushed:  # answers that wait on no fsync (reads, long polls woken by an add's LAC) go first
             self._write_answers()
-        # Readers follow: the sync goes to the sync thread, the loop stays free for their polls and reads.
-        inline = host.config.journal_inline_flush and not (self._followed or self._polls.any_waiting())
-        self._followed = False
         self.kicking = True  # an inline flush's answers: drained and written below, not scheduled
         try:
-            host.bookie.kick_journal(inline)
+            host.bookie.kick_journal(host.config.journal_inline_flush)
         finally:
             if self._done:
                 self._drain()  # never raises (each completion's failure is logged)

@@ -784,55 +784,6 @@ def test_a_long_poll_learns_the_lac_an_add_carries_as_it_arrives(tmp_path: Path,
         assert max(cluster.server(i).bookie.read_lac(lh.ledger_id) for i in range(3)) <= 3  # type: ignore[union-attr]  # not 50
 
 
-def test_a_bookie_with_a_tailing_reader_answers_it_while_an_add_syncs(tmp_path: Path, driver: Driver) -> None:
-    """A bookie's idle journal writes and syncs a lone add on the event loop's thread
-    (``journalInlineFlush``), which then serves nobody until the fdatasync returns. While
-    long polls wait it hands the batch to its sync thread instead, and answers given
-    before the kick (the poll woken by the LAC the add carries, a read) are written
-    before any sync (bookie/server/_writes.py ``kick_journal``): a reader following a
-    writer that appends back to back is not held a sync behind per entry. Here every
-    bookie's next sync takes 1.5 s; the poll and a read are answered meanwhile."""
-    if driver.spec.driver != "local":
-        pytest.skip("bookie logic: one driver is enough")
-    with local_cluster(tmp_path, driver, bookies=3) as cluster, client(cluster, idle_lac=False) as bk, \
-            client(cluster) as reader_bk:
-        lh = bk.create_ledger()
-        for i in range(3):
-            lh.add_entry(b"%d" % i)
-        rh = reader_bk.open_ledger(lh.ledger_id, recovery=False)
-        assert rh.last_add_confirmed == 1
-        seen: list[tuple[int, float]] = []
-        poller = threading.Thread(target=lambda: seen.append((rh.wait_for_lac(1, 20.0), time.monotonic())))
-        poller.start()
-        deadline = time.monotonic() + 10
-        while not all(cluster.server(i).polls.waiting_on(lh.ledger_id) for i in range(3)):
-            assert time.monotonic() < deadline, "the reader's long polls never parked"
-            time.sleep(0.01)
-        synced_on: list[int] = []
-        for i in range(3):
-            journal = cluster.server(i).bookie.journal  # type: ignore[union-attr]
-            sync, real = journal._sync, journal._sync.write
-
-            def slow_once(batch: object, sync: Any = sync, real: Any = real) -> Any:
-                sync.write = real  # only this flush is slow
-                synced_on.append(threading.get_ident())
-                time.sleep(1.5)
-                return real(batch)
-
-            sync.write = slow_once
-        started = time.monotonic()
-        held = lh.add_entry_async(b"3")  # carries LAC 2
-        poller.join(15)
-        assert seen and seen[0][0] == 2, f"the poll did not learn the LAC entry 3 carries: {seen}"
-        assert seen[0][1] - started < 1.0, "the poll's answer waited for the add's sync"
-        before = time.monotonic()
-        assert [e.data for e in rh.read(0, 2)] == [b"0", b"1", b"2"]
-        assert time.monotonic() - before < 1.0 and not held.done(), "a read waited for the add's sync"
-        assert held.result(10) == 3
-        loop_threads = {cluster.server(i).writes.loop_thread for i in range(3)}
-        assert synced_on and not set(synced_on) & loop_threads, f"synced on the event loop: {synced_on}"
-
-
 def test_explicit_lac_makes_the_last_entry_visible(tmp_path: Path, driver: Driver) -> None:
     with local_cluster(tmp_path, driver, bookies=3) as cluster, \
             client(cluster, explicit_lac_interval=0.05, idle_lac=False) as bk:
